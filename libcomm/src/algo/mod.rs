@@ -1,0 +1,445 @@
+//! Collective algorithms on host memory, written as sequences of
+//! point-to-point steps run by the progress engine (`exec`).
+//!
+//! Conventions: buffers are raw pointers (they may alias for in-place
+//! operations: `send == recv`, or the send block inside the receive buffer);
+//! sizes are in elements of `dt` unless named `bytes`. Every rank computes the
+//! same chunk boundaries, so no sizes are exchanged; the transports' message
+//! headers still check them, turning a mismatch between ranks into an error.
+
+pub mod tuner;
+
+use crate::core::CommCore;
+use crate::error::Result;
+use crate::exec::Xfer;
+use crate::reduce;
+use crate::transport::Reduce;
+use crate::types::{Combine, DataType, ReduceOp};
+use tuner::{Algo, Coll};
+
+/// Balanced split of `count` elements into `n` chunks: chunk `c` is
+/// `[bound(c), bound(c+1))`.
+#[inline]
+fn bound(c: usize, count: usize, n: usize) -> usize {
+    ((c as u128 * count as u128) / n as u128) as usize
+}
+
+fn red(dt: DataType, op: Combine, other: *const u8) -> Reduce {
+    Reduce { dtype: dt, op, other }
+}
+
+/// The input a reduction really combines: pre-multiplied by the rank's scalar
+/// for `PreMulSum` (into `hold`), the user's buffer otherwise.
+fn prepared_input(op: ReduceOp, dt: DataType, src: *const u8, count: usize, hold: &mut Vec<u8>) -> *const u8 {
+    match op {
+        ReduceOp::PreMulSum(s) => {
+            hold.resize(count * dt.size(), 0);
+            unsafe { reduce::scale(dt, hold.as_mut_ptr(), src, count, s) };
+            hold.as_ptr()
+        }
+        _ => src,
+    }
+}
+
+/// Final scaling of an average.
+fn finish_avg(op: ReduceOp, dt: DataType, buf: *mut u8, count: usize, n: usize) {
+    if op == ReduceOp::Avg && count > 0 {
+        unsafe { reduce::divide(dt, buf, count, n) };
+    }
+}
+
+fn copy(dst: *mut u8, src: *const u8, bytes: usize) {
+    if bytes > 0 && dst as *const u8 != src {
+        unsafe { std::ptr::copy(src, dst, bytes) };
+    }
+}
+
+pub(crate) fn all_reduce(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let n = c.ctx.nranks;
+    let mut hold = Vec::new();
+    let src = prepared_input(op, dt, send, count, &mut hold);
+    if n == 1 {
+        copy(recv, src, count * dt.size());
+        finish_avg(op, dt, recv, count, n);
+        return Ok(());
+    }
+    match tuner::choose(Coll::AllReduce, count * dt.size(), n, &c.ctx.cfg.algo) {
+        Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
+        _ => {
+            let owned = ring_reduce_scatter(c, src, recv, count, dt, op.combine(), 1)?;
+            let (lo, hi) = (bound(owned, count, n), bound(owned + 1, count, n));
+            finish_avg(op, dt, unsafe { recv.add(lo * dt.size()) }, hi - lo, n);
+            ring_all_gather_chunks(c, recv, count, dt, 1)
+        }
+    }
+}
+
+/// Ring reduce-scatter over `work` (which must be writable for the whole
+/// buffer): after n-1 steps rank r holds the full reduction of chunk
+/// `(r + k) mod n` in `work`. Returns that chunk's index.
+fn ring_reduce_scatter(
+    c: &mut CommCore,
+    src: *const u8,
+    work: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: Combine,
+    k: usize,
+) -> Result<usize> {
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let at = |ch: usize| bound(ch, count, n) * es;
+    let len = |ch: usize| (bound(ch + 1, count, n) - bound(ch, count, n)) * es;
+    for s in 0..n - 1 {
+        let sc = (k + r + 2 * n - 1 - s) % n;
+        let rc = (k + r + 2 * n - 2 - s) % n;
+        let sptr = if s == 0 { unsafe { src.add(at(sc)) } } else { unsafe { work.add(at(sc)) as *const u8 } };
+        let rptr = unsafe { work.add(at(rc)) };
+        let other = unsafe { src.add(at(rc)) };
+        c.exec(&mut [
+            Xfer::send(right, sptr, len(sc)),
+            Xfer::recv_reduce(left, rptr, len(rc), red(dt, op, other)),
+        ])?;
+    }
+    Ok((k + r) % n)
+}
+
+/// Ring all-gather of the chunks of a `count`-element buffer where rank r
+/// starts with chunk `(r + k) mod n` in place.
+fn ring_all_gather_chunks(c: &mut CommCore, buf: *mut u8, count: usize, dt: DataType, k: usize) -> Result<()> {
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
+    let at = |ch: usize| bound(ch, count, n) * es;
+    let len = |ch: usize| (bound(ch + 1, count, n) - bound(ch, count, n)) * es;
+    for s in 0..n - 1 {
+        let sc = (k + r + n - s) % n;
+        let rc = (k + r + 2 * n - 1 - s) % n;
+        c.exec(&mut [
+            Xfer::send(right, unsafe { buf.add(at(sc)) }, len(sc)),
+            Xfer::recv(left, unsafe { buf.add(at(rc)) }, len(rc)),
+        ])?;
+    }
+    Ok(())
+}
+
+/// Recursive doubling, with the usual fold of the ranks beyond the largest
+/// power of two into their neighbours first. Every combine is commutative, so
+/// every rank ends with bit-identical results.
+fn all_reduce_rd(
+    c: &mut CommCore,
+    src: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let bytes = count * es;
+    let comb = op.combine();
+    copy(recv, src, bytes);
+    let p = 1usize << (usize::BITS - 1 - n.leading_zeros());
+    let rem = n - p;
+    if r < 2 * rem {
+        if r % 2 == 0 {
+            c.exec(&mut [Xfer::send(r + 1, recv, bytes)])?;
+        } else {
+            c.exec(&mut [Xfer::recv_reduce(r - 1, recv, bytes, red(dt, comb, recv))])?;
+        }
+    }
+    let newrank = if r < 2 * rem {
+        (r % 2 == 1).then_some(r / 2)
+    } else {
+        Some(r - rem)
+    };
+    if let Some(nr) = newrank {
+        let tmp = c.scratch(bytes);
+        let mut mask = 1;
+        while mask < p {
+            let pn = nr ^ mask;
+            let partner = if pn < rem { pn * 2 + 1 } else { pn + rem };
+            c.exec(&mut [Xfer::send(partner, recv, bytes), Xfer::recv(partner, tmp, bytes)])?;
+            unsafe { reduce::combine(dt, comb, recv, recv, tmp, count) };
+            mask <<= 1;
+        }
+    }
+    if r < 2 * rem {
+        if r % 2 == 1 {
+            c.exec(&mut [Xfer::send(r - 1, recv, bytes)])?;
+        } else {
+            c.exec(&mut [Xfer::recv(r + 1, recv, bytes)])?;
+        }
+    }
+    finish_avg(op, dt, recv, count, n);
+    Ok(())
+}
+
+pub(crate) fn broadcast(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+    root: usize,
+) -> Result<()> {
+    let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    if r == root {
+        copy(recv, send, bytes);
+    }
+    if n == 1 {
+        return Ok(());
+    }
+    let vr = (r + n - root) % n;
+    let real = |v: usize| (v + root) % n;
+    match tuner::choose(Coll::Broadcast, bytes, n, &c.ctx.cfg.algo) {
+        Algo::Tree => {
+            let mut mask = 1;
+            while mask < n {
+                if vr & mask != 0 {
+                    c.exec(&mut [Xfer::recv(real(vr - mask), recv, bytes)])?;
+                    break;
+                }
+                mask <<= 1;
+            }
+            let mut sends = Vec::new();
+            mask >>= 1;
+            while mask > 0 {
+                if vr + mask < n {
+                    sends.push(Xfer::send(real(vr + mask), recv, bytes));
+                }
+                mask >>= 1;
+            }
+            c.exec(&mut sends)
+        }
+        _ => {
+            // Pipelined chain: each rank forwards what it has received so far.
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            if vr == 0 {
+                c.exec(&mut [Xfer::send(next, recv, bytes)])
+            } else if vr == n - 1 {
+                c.exec(&mut [Xfer::recv(prev, recv, bytes)])
+            } else {
+                c.exec(&mut [Xfer::recv(prev, recv, bytes), Xfer::send(next, recv, bytes).gated(0)])
+            }
+        }
+    }
+}
+
+pub(crate) fn reduce(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let bytes = count * es;
+    let mut hold = Vec::new();
+    let src = prepared_input(op, dt, send, count, &mut hold);
+    let comb = op.combine();
+    if n == 1 {
+        copy(recv, src, bytes);
+        finish_avg(op, dt, recv, count, n);
+        return Ok(());
+    }
+    // Non-roots accumulate in scratch: their receive buffer is not theirs to use.
+    let mut own_scratch = Vec::new();
+    match tuner::choose(Coll::Reduce, bytes, n, &c.ctx.cfg.algo) {
+        Algo::Tree => {
+            let acc = if r == root {
+                recv
+            } else {
+                own_scratch.resize(bytes, 0);
+                own_scratch.as_mut_ptr()
+            };
+            copy(acc, src, bytes);
+            let vr = (r + n - root) % n;
+            let real = |v: usize| (v + root) % n;
+            let mut mask = 1;
+            while mask < n {
+                if vr & mask == 0 {
+                    if vr | mask < n {
+                        c.exec(&mut [Xfer::recv_reduce(real(vr | mask), acc, bytes, red(dt, comb, acc))])?;
+                    }
+                } else {
+                    c.exec(&mut [Xfer::send(real(vr & !mask), acc, bytes)])?;
+                    break;
+                }
+                mask <<= 1;
+            }
+        }
+        _ => {
+            let work = if r == root {
+                recv
+            } else {
+                own_scratch.resize(bytes, 0);
+                own_scratch.as_mut_ptr()
+            };
+            let owned = ring_reduce_scatter(c, src, work, count, dt, comb, 1)?;
+            let at = |ch: usize| bound(ch, count, n) * es;
+            let len = |ch: usize| (bound(ch + 1, count, n) - bound(ch, count, n)) * es;
+            if r == root {
+                let mut xs: Vec<Xfer> = (0..n)
+                    .filter(|&p| p != root)
+                    .map(|p| {
+                        let ch = (p + 1) % n;
+                        Xfer::recv(p, unsafe { recv.add(at(ch)) }, len(ch))
+                    })
+                    .collect();
+                c.exec(&mut xs)?;
+            } else {
+                c.exec(&mut [Xfer::send(root, unsafe { work.add(at(owned)) }, len(owned))])?;
+            }
+        }
+    }
+    if r == root {
+        finish_avg(op, dt, recv, count, n);
+    }
+    Ok(())
+}
+
+/// `recv` holds n blocks of `bytes`; rank r's block comes from `send`.
+pub(crate) fn all_gather(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+    let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    copy(unsafe { recv.add(r * bytes) }, send, bytes);
+    if n == 1 {
+        return Ok(());
+    }
+    match tuner::choose(Coll::AllGather, bytes * n, n, &c.ctx.cfg.algo) {
+        Algo::Direct => {
+            let mut xs = Vec::with_capacity(2 * n);
+            for p in (0..n).filter(|&p| p != r) {
+                xs.push(Xfer::send(p, unsafe { recv.add(r * bytes) }, bytes));
+                xs.push(Xfer::recv(p, unsafe { recv.add(p * bytes) }, bytes));
+            }
+            c.exec(&mut xs)
+        }
+        _ => {
+            // Byte-typed chunks of exactly `bytes` each: rank r starts with chunk r.
+            ring_all_gather_chunks(c, recv, bytes * n, DataType::U8, 0)
+        }
+    }
+}
+
+/// `send` holds n blocks of `count` elements; rank r receives the reduction of block r.
+pub(crate) fn reduce_scatter(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let bytes = count * es;
+    let mut hold = Vec::new();
+    let src = prepared_input(op, dt, send, count * n, &mut hold);
+    let comb = op.combine();
+    if n == 1 {
+        copy(recv, src, bytes);
+        finish_avg(op, dt, recv, count, n);
+        return Ok(());
+    }
+    match tuner::choose(Coll::ReduceScatter, bytes * n, n, &c.ctx.cfg.algo) {
+        Algo::Direct => {
+            // Receive every peer's block, then combine in rank order so the
+            // result does not depend on arrival order.
+            let tmp = c.scratch(bytes * n);
+            let mut xs = Vec::with_capacity(2 * n);
+            for p in (0..n).filter(|&p| p != r) {
+                xs.push(Xfer::send(p, unsafe { src.add(p * bytes) }, bytes));
+                xs.push(Xfer::recv(p, unsafe { tmp.add(p * bytes) }, bytes));
+            }
+            c.exec(&mut xs)?;
+            let tmp = c.scratch(bytes * n);
+            copy(unsafe { tmp.add(r * bytes) }, unsafe { src.add(r * bytes) }, bytes);
+            let acc = unsafe { tmp.add(r * bytes) };
+            for p in (0..n).filter(|&p| p != r) {
+                unsafe { reduce::combine(dt, comb, acc, acc, tmp.add(p * bytes), count) };
+            }
+            copy(recv, acc, bytes);
+        }
+        _ => {
+            // Chunks of the ring are exactly the n blocks; rank r ends owning block r.
+            let work = c.scratch(bytes * n);
+            let owned = ring_reduce_scatter(c, src, work, count * n, dt, comb, 0)?;
+            debug_assert_eq!(owned, r);
+            let work = c.scratch(bytes * n);
+            copy(recv, unsafe { work.add(r * bytes) }, bytes);
+        }
+    }
+    finish_avg(op, dt, recv, count, n);
+    Ok(())
+}
+
+/// Block p of `send` goes to rank p; block p of `recv` comes from rank p.
+pub(crate) fn all_to_all(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+    let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    // In place, blocks would be overwritten before they are sent: send from a copy.
+    let mut hold = Vec::new();
+    let src = if send == recv as *const u8 && n > 1 {
+        hold.extend_from_slice(unsafe { std::slice::from_raw_parts(send, bytes * n) });
+        hold.as_ptr()
+    } else {
+        send
+    };
+    copy(unsafe { recv.add(r * bytes) }, unsafe { src.add(r * bytes) }, bytes);
+    match tuner::choose(Coll::AllToAll, bytes * n, n, &c.ctx.cfg.algo) {
+        Algo::Direct => {
+            let mut xs = Vec::with_capacity(2 * n);
+            for p in (0..n).filter(|&p| p != r) {
+                xs.push(Xfer::send(p, unsafe { src.add(p * bytes) }, bytes));
+                xs.push(Xfer::recv(p, unsafe { recv.add(p * bytes) }, bytes));
+            }
+            c.exec(&mut xs)
+        }
+        _ => {
+            for s in 1..n {
+                let (to, from) = ((r + s) % n, (r + n - s) % n);
+                c.exec(&mut [
+                    Xfer::send(to, unsafe { src.add(to * bytes) }, bytes),
+                    Xfer::recv(from, unsafe { recv.add(from * bytes) }, bytes),
+                ])?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Root gathers n blocks of `bytes` (NCCL's ncclGather).
+pub(crate) fn gather(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize, root: usize) -> Result<()> {
+    let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    if r == root {
+        copy(unsafe { recv.add(r * bytes) }, send, bytes);
+        let mut xs: Vec<Xfer> = (0..n)
+            .filter(|&p| p != r)
+            .map(|p| Xfer::recv(p, unsafe { recv.add(p * bytes) }, bytes))
+            .collect();
+        c.exec(&mut xs)
+    } else {
+        c.exec(&mut [Xfer::send(root, send, bytes)])
+    }
+}
+
+/// Root scatters n blocks of `bytes` (NCCL's ncclScatter).
+pub(crate) fn scatter(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize, root: usize) -> Result<()> {
+    let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    if r == root {
+        let mut xs: Vec<Xfer> = (0..n)
+            .filter(|&p| p != r)
+            .map(|p| Xfer::send(p, unsafe { send.add(p * bytes) }, bytes))
+            .collect();
+        c.exec(&mut xs)?;
+        copy(recv, unsafe { send.add(r * bytes) }, bytes);
+        Ok(())
+    } else {
+        c.exec(&mut [Xfer::recv(root, recv, bytes)])
+    }
+}

@@ -1,0 +1,790 @@
+//! The public communicator.
+//!
+//! A `Communicator` is one rank's handle. Its lifecycle is the state machine
+//! of [`CommState`]; its live resources ([`CommCore`]) sit behind one mutex, so
+//! calls from several threads are serialized; abort and the status queries
+//! never take that mutex, so they work while a collective is blocked.
+
+use crate::algo;
+use crate::bootstrap::{PeerInfo, client, root};
+use crate::config::Config;
+use crate::core::{CommCore, Ctx, job_label};
+use crate::error::{Error, ErrorKind, Result};
+use crate::fault::Fault;
+use crate::group::GroupOp;
+use crate::state::{CommState, StateCell};
+use crate::transport::shm::FAIL_ABORT;
+use crate::transport::tcp;
+use crate::types::{DataType, Element, ReduceOp};
+use crate::unique_id::{UniqueId, hex};
+use sha2::{Digest, Sha256};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+pub(crate) struct Shared {
+    pub label: String,
+    pub rank: usize,
+    pub nranks: usize,
+    pub cfg: Config,
+    pub state: StateCell,
+    core: Mutex<Option<CommCore>>,
+    fault: OnceLock<Arc<Fault>>,
+    async_err: Mutex<Option<Error>>,
+    /// Set by abort/destroy to stop a bootstrap in progress.
+    cancel: AtomicBool,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    ended_at: Mutex<Option<SystemTime>>,
+}
+
+/// One rank's handle on a communicator. Dropping it destroys it.
+pub struct Communicator {
+    pub(crate) s: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("id", &self.s.label)
+            .field("rank", &self.s.rank)
+            .field("nranks", &self.s.nranks)
+            .field("state", &self.s.state.get())
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn since_epoch(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    format!("unix time {}.{:03}", d.as_secs(), d.subsec_millis())
+}
+
+impl Shared {
+    fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<Shared> {
+        Arc::new(Shared {
+            label,
+            rank,
+            nranks,
+            cfg,
+            state: StateCell::new(CommState::Initializing),
+            core: Mutex::new(None),
+            fault: OnceLock::new(),
+            async_err: Mutex::new(None),
+            cancel: AtomicBool::new(false),
+            worker: Mutex::new(None),
+            ended_at: Mutex::new(None),
+        })
+    }
+
+    fn state_error(&self, state: CommState, what: &'static str) -> Error {
+        match state {
+            CommState::Destroyed => Error::InvalidUsage(format!(
+                "communicator {} (rank {}) was destroyed{}; {what} is not allowed on a destroyed communicator",
+                self.label,
+                self.rank,
+                lock(&self.ended_at).map(|t| format!(" at {}", since_epoch(t))).unwrap_or_default()
+            )),
+            CommState::Failed => {
+                let cause = lock(&self.async_err).as_ref().map(|e| format!(" ({e})")).unwrap_or_default();
+                Error::InvalidUsage(format!(
+                    "communicator {} (rank {}) has failed{cause}; {what} is not allowed: abort or destroy it",
+                    self.label, self.rank
+                ))
+            }
+            _ => Error::InvalidState {
+                comm: self.label.clone(),
+                rank: self.rank,
+                state,
+                what,
+            },
+        }
+    }
+
+    /// Installs the result of a bootstrap (init or split).
+    fn finish_init(&self, r: Result<CommCore>) {
+        let mut g = lock(&self.core);
+        match r {
+            Ok(core) => {
+                let fault = core.fault.clone();
+                if self.state.transition_from(&[CommState::Initializing], CommState::Ready) {
+                    let _ = self.fault.set(fault);
+                    *g = Some(core);
+                }
+                // Else it was aborted or destroyed meanwhile: dropping `core` releases it.
+            }
+            Err(e) => {
+                crate::log::warn_log!("comm {} rank {}: init failed: {e}", self.label, self.rank);
+                lock(&self.async_err).get_or_insert(e);
+                self.state.transition_from(&[CommState::Initializing], CommState::Failed);
+            }
+        }
+    }
+
+    fn cancelled(&self) -> Option<Error> {
+        self.cancel.load(Ordering::Acquire).then(|| Error::Aborted {
+            comm: self.label.clone(),
+            rank: self.rank,
+            by: Some(self.rank),
+        })
+    }
+
+    fn run_or_spawn(self: &Arc<Self>, blocking: bool, work: impl FnOnce(&Arc<Shared>) -> Result<CommCore> + Send + 'static) -> Result<()> {
+        if blocking {
+            let r = work(self);
+            self.finish_init(r);
+            return Ok(());
+        }
+        let s = self.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("weft-init-{}", self.rank))
+            .spawn(move || {
+                let r = work(&s);
+                s.finish_init(r);
+            })
+            .map_err(|e| Error::sys("spawning the init thread", e))?;
+        *lock(&self.worker) = Some(h);
+        Ok(())
+    }
+
+    fn join_worker(&self) {
+        let h = lock(&self.worker).take();
+        if let Some(h) = h {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn check_rank_args(nranks: usize, rank: usize) -> Result<()> {
+    if nranks == 0 {
+        return Err(Error::arg("nranks must be at least 1"));
+    }
+    if nranks > (1 << 20) {
+        return Err(Error::arg(format!("nranks {nranks} is larger than Weft supports (1048576)")));
+    }
+    if rank >= nranks {
+        return Err(Error::arg(format!("rank {rank} is out of range for {nranks} ranks (valid: 0..={})", nranks - 1)));
+    }
+    Ok(())
+}
+
+fn bytes_of(count: usize, dt: DataType, what: &str) -> Result<usize> {
+    count
+        .checked_mul(dt.size())
+        .filter(|b| *b <= isize::MAX as usize)
+        .ok_or_else(|| Error::arg(format!("{what}: {count} elements of {dt} overflow the address space")))
+}
+
+fn check_ptr(p: *const u8, bytes: usize, what: &str) -> Result<()> {
+    if bytes > 0 && p.is_null() {
+        return Err(Error::arg(format!("{what} is NULL but {bytes} bytes were requested")));
+    }
+    Ok(())
+}
+
+/// Refuses buffers that overlap other than in the exact in-place layout.
+fn check_overlap(a: *const u8, alen: usize, b: *const u8, blen: usize, inplace_ok: bool, what: &str) -> Result<()> {
+    if alen == 0 || blen == 0 {
+        return Ok(());
+    }
+    let (a0, a1, b0, b1) = (a as usize, a as usize + alen, b as usize, b as usize + blen);
+    if a0 < b1 && b0 < a1 && !inplace_ok {
+        return Err(Error::arg(format!(
+            "{what}: send and receive buffers overlap but are not the in-place layout"
+        )));
+    }
+    Ok(())
+}
+
+impl Communicator {
+    /// Blocking init with configuration from the environment (NCCL's `ncclCommInitRank`).
+    pub fn init(id: &UniqueId, nranks: usize, rank: usize) -> Result<Communicator> {
+        Self::init_with_config(id, nranks, rank, Config::from_env()?)
+    }
+
+    /// Init with an explicit configuration; with `cfg.blocking == false` it
+    /// returns at once in state `Initializing` (poll [`state`](Self::state),
+    /// [`wait_ready`](Self::wait_ready) or [`async_error`](Self::async_error)).
+    pub fn init_with_config(id: &UniqueId, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+        check_rank_args(nranks, rank)?;
+        let label = cfg.name.clone().unwrap_or_else(|| hex(&id.nonce[..4]));
+        let s = Shared::new(label, rank, nranks, cfg.clone());
+        let id = id.clone();
+        let blocking = cfg.blocking;
+        s.run_or_spawn(blocking, move |s| bootstrap(s, &id))?;
+        let c = Communicator { s };
+        if blocking {
+            c.wait_ready(None)?;
+        }
+        Ok(c)
+    }
+
+    /// Non-blocking init: returns at once; the communicator becomes Ready (or Failed) later.
+    pub fn init_nonblocking(id: &UniqueId, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+        Self::init_with_config(id, nranks, rank, cfg.blocking(false))
+    }
+
+    /// Init from the launcher's environment (`weft run`, the operator, torchrun-style):
+    /// rank from `WEFT_RANK`/`RANK`, size from `WEFT_WORLD_SIZE`/`WORLD_SIZE`, id from
+    /// `WEFT_BOOTSTRAP`/`NCCL_COMM_ID` and the job secret.
+    pub fn from_env() -> Result<Communicator> {
+        let get = |a: &str, b: &str| -> Result<usize> {
+            let v = std::env::var(a).or_else(|_| std::env::var(b)).map_err(|_| {
+                Error::arg(format!("{a} (or {b}) is not set: start ranks with `weft run -n N -- ...`"))
+            })?;
+            v.trim().parse().map_err(|_| Error::arg(format!("{a}={v} is not a number")))
+        };
+        let rank = get("WEFT_RANK", "RANK")?;
+        let nranks = get("WEFT_WORLD_SIZE", "WORLD_SIZE")?;
+        Self::init(&UniqueId::from_env()?, nranks, rank)
+    }
+
+    /// `n` ranks in this process, one communicator each (NCCL's `ncclCommInitAll`).
+    pub fn init_all(n: usize) -> Result<Vec<Communicator>> {
+        check_rank_args(n, 0)?;
+        let id = UniqueId::new()?;
+        let cfg = Config::from_env()?;
+        let comms: Vec<Communicator> = (0..n)
+            .map(|r| Self::init_nonblocking(&id, n, r, cfg.clone()))
+            .collect::<Result<_>>()?;
+        for c in &comms {
+            c.wait_ready(None)?;
+        }
+        Ok(comms)
+    }
+
+    pub fn rank(&self) -> usize {
+        self.s.rank
+    }
+
+    pub fn count(&self) -> usize {
+        self.s.nranks
+    }
+
+    /// A short identifier shown in errors and logs.
+    pub fn id(&self) -> &str {
+        &self.s.label
+    }
+
+    pub fn state(&self) -> CommState {
+        self.s.state.get()
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.s.cfg
+    }
+
+    /// Waits until init finished; returns its error if it failed.
+    /// With a timeout that expires first: `Err(Error::InProgress)`.
+    pub fn wait_ready(&self, timeout: Option<Duration>) -> Result<()> {
+        match self.s.state.wait_settled(timeout) {
+            CommState::Ready => Ok(()),
+            CommState::Initializing => Err(Error::InProgress),
+            CommState::Failed => Err(lock(&self.s.async_err)
+                .clone()
+                .unwrap_or_else(|| self.s.state_error(CommState::Failed, "waiting"))),
+            st => Err(self.s.state_error(st, "waiting for init")),
+        }
+    }
+
+    /// NCCL's `ncclCommGetAsyncError`: `Ok` while healthy, `Err(InProgress)` while
+    /// initializing, otherwise the error that broke the communicator. Also
+    /// notices failures raised by peers while this rank is idle.
+    pub fn async_error(&self) -> Result<()> {
+        match self.s.state.get() {
+            CommState::Initializing => Err(Error::InProgress),
+            CommState::Ready => {
+                if let Some(f) = self.s.fault.get() {
+                    if let Some(r) = f.check() {
+                        let e = if r.abort {
+                            Error::Aborted { comm: self.s.label.clone(), rank: self.s.rank, by: Some(r.origin) }
+                        } else {
+                            Error::Remote {
+                                comm: self.s.label.clone(),
+                                rank: self.s.rank,
+                                detail: format!("rank {} failed: {}", r.origin, r.reason),
+                            }
+                        };
+                        self.record_failure(&e);
+                        return Err(e);
+                    }
+                }
+                Ok(())
+            }
+            CommState::Failed => Err(lock(&self.s.async_err)
+                .clone()
+                .unwrap_or_else(|| self.s.state_error(CommState::Failed, "query"))),
+            CommState::Aborted => Err(Error::Aborted { comm: self.s.label.clone(), rank: self.s.rank, by: Some(self.s.rank) }),
+            CommState::Destroyed => Err(self.s.state_error(CommState::Destroyed, "querying the async error")),
+        }
+    }
+
+    fn record_failure(&self, e: &Error) {
+        if matches!(e.kind(), ErrorKind::RemoteError | ErrorKind::Internal | ErrorKind::SystemError) {
+            lock(&self.s.async_err).get_or_insert_with(|| e.clone());
+            self.s.state.transition_from(&[CommState::Ready], CommState::Failed);
+        }
+    }
+
+    /// Runs `f` on the live core, serialized with every other call on this communicator.
+    pub(crate) fn with_core<R>(&self, what: &'static str, f: impl FnOnce(&mut CommCore) -> Result<R>) -> Result<R> {
+        let st = self.s.state.get();
+        if st != CommState::Ready {
+            return Err(self.s.state_error(st, what));
+        }
+        let mut g = lock(&self.s.core);
+        let st = self.s.state.get();
+        let core = match g.as_mut() {
+            Some(c) if st == CommState::Ready => c,
+            _ => return Err(self.s.state_error(st, what)),
+        };
+        let r = f(core);
+        if let Err(e) = &r {
+            self.record_failure(e);
+        }
+        r
+    }
+
+    /// Splits into sub-communicators (NCCL's `ncclCommSplit`): ranks passing the
+    /// same `color` form one, ordered by `key` then by rank here; `None` (NCCL's
+    /// `NCCL_SPLIT_NOCOLOR`) takes part but gets no communicator. Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
+        self.split_with_config(color, key, self.s.cfg.clone())
+    }
+
+    /// Split with a configuration for the child; non-blocking configurations
+    /// return a child still `Initializing` (the exchange with the parent's ranks
+    /// is done before returning, so calls on the parent stay ordered).
+    pub fn split_with_config(&self, color: Option<u32>, key: i32, cfg: Config) -> Result<Option<Communicator>> {
+        let plan = self.with_core("split", |core| {
+            let n = core.ctx.nranks;
+            let seq = core.split_seq();
+            let mut mine = [0u8; 16];
+            mine[..8].copy_from_slice(&color.map(|c| c as i64).unwrap_or(-1).to_le_bytes());
+            mine[8..12].copy_from_slice(&key.to_le_bytes());
+            let mut all = vec![0u8; 16 * n];
+            algo::all_gather(core, mine.as_ptr(), all.as_mut_ptr(), 16)?;
+            let Some(color) = color else { return Ok(None) };
+            let mut members: Vec<(i32, usize)> = (0..n)
+                .filter_map(|r| {
+                    let e = &all[16 * r..16 * r + 16];
+                    let c = i64::from_le_bytes(e[..8].try_into().unwrap());
+                    let k = i32::from_le_bytes(e[8..12].try_into().unwrap());
+                    (c == color as i64).then_some((k, r))
+                })
+                .collect();
+            members.sort();
+            let new_rank = members.iter().position(|&(_, r)| r == core.ctx.rank).expect("self is a member");
+            let mut h = Sha256::new();
+            h.update(core.ctx.id);
+            h.update(seq.to_le_bytes());
+            h.update((color as i64).to_le_bytes());
+            let id: [u8; 16] = h.finalize()[..16].try_into().unwrap();
+            let peers: Vec<PeerInfo> = members.iter().map(|&(_, r)| core.ctx.peers[r].clone()).collect();
+            Ok(Some((id, new_rank, peers, core.ctx.secret, core.endpoint.clone())))
+        })?;
+        let Some((id, rank, peers, secret, endpoint)) = plan else {
+            return Ok(None);
+        };
+        let label = cfg.name.clone().unwrap_or_else(|| hex(&id[..4]));
+        let nranks = peers.len();
+        let s = Shared::new(label.clone(), rank, nranks, cfg.clone());
+        let blocking = cfg.blocking;
+        s.run_or_spawn(blocking, move |s| {
+            let ctx = Arc::new(Ctx { id, label, rank, nranks, secret, peers, cfg: s.cfg.clone(), job: job_label() });
+            CommCore::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
+        })?;
+        let c = Communicator { s };
+        if blocking {
+            c.wait_ready(None)?;
+        }
+        Ok(Some(c))
+    }
+
+    /// Aborts: pending and future calls on this communicator fail here and on
+    /// every other rank of it (they see `Error::Aborted`), resources are
+    /// released. Idempotent; afterwards only `destroy` is allowed.
+    pub fn abort(&self) -> Result<()> {
+        let from = self.s.state.get();
+        match from {
+            CommState::Destroyed => return Err(self.s.state_error(from, "abort")),
+            CommState::Aborted => return Ok(()),
+            _ => {}
+        }
+        self.s.cancel.store(true, Ordering::Release);
+        if !self.s.state.transition_from(&[CommState::Initializing, CommState::Ready, CommState::Failed], CommState::Aborted) {
+            return match self.s.state.get() {
+                CommState::Aborted => Ok(()),
+                st => Err(self.s.state_error(st, "abort")),
+            };
+        }
+        *lock(&self.s.ended_at) = Some(SystemTime::now());
+        // Lock-free: wake everyone, including a collective of ours blocked in another thread.
+        if let Some(f) = self.s.fault.get() {
+            f.raise(FAIL_ABORT, &format!("rank {} called abort", self.s.rank));
+        }
+        self.s.join_worker();
+        let core = lock(&self.s.core).take();
+        drop(core);
+        Ok(())
+    }
+
+    /// Destroys: waits for an operation in flight on another thread, releases
+    /// everything. A second destroy is an error (`AlreadyDestroyed`), never UB.
+    pub fn destroy(&self) -> Result<()> {
+        let from = self.s.state.get();
+        if from == CommState::Destroyed {
+            return Err(Error::AlreadyDestroyed { comm: self.s.label.clone(), rank: self.s.rank });
+        }
+        if from == CommState::Initializing {
+            self.s.cancel.store(true, Ordering::Release);
+            self.s.join_worker();
+        }
+        let core = lock(&self.s.core).take();
+        if !self.s.state.transition_from(
+            &[CommState::Initializing, CommState::Ready, CommState::Failed, CommState::Aborted],
+            CommState::Destroyed,
+        ) {
+            return Err(Error::AlreadyDestroyed { comm: self.s.label.clone(), rank: self.s.rank });
+        }
+        *lock(&self.s.ended_at) = Some(SystemTime::now());
+        drop(core);
+        Ok(())
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        if self.s.state.get() != CommState::Destroyed {
+            let _ = self.destroy();
+        }
+    }
+}
+
+/// Bootstrap of a new communicator from a unique id.
+fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
+    let deadline = Instant::now() + s.cfg.init_timeout;
+    if id.rank0_serves && s.rank == 0 {
+        root::serve_at(id, s.nranks)?;
+    }
+    let ep = tcp::endpoint()?;
+    let hostname = s.cfg.hostname.clone().unwrap_or_else(crate::topology::system_hostname);
+    let me = PeerInfo {
+        host_id: crate::topology::host_id(s.cfg.hostname.as_deref()),
+        pid: std::process::id(),
+        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), ep.port),
+        hostname,
+    };
+    let (comm_id, peers) = client::rendezvous(id, s.rank, s.nranks, me, deadline, &|| s.cancelled())?;
+    let ctx = Arc::new(Ctx {
+        id: comm_id,
+        label: s.label.clone(),
+        rank: s.rank,
+        nranks: s.nranks,
+        secret: id.secret,
+        peers,
+        cfg: s.cfg.clone(),
+        job: job_label(),
+    });
+    CommCore::build(ctx, ep, deadline)
+}
+
+/// Raw operations (used by groups and the C ABI): pointers are host memory;
+/// in-place layouts are NCCL's.
+impl Communicator {
+    /// Checks an operation's arguments against this communicator, without running it.
+    pub(crate) fn validate(&self, op: &GroupOp) -> Result<()> {
+        let (n, me, what) = (self.s.nranks, self.s.rank, op.name());
+        let root_ok = |root: usize| -> Result<()> {
+            if root >= n {
+                return Err(Error::arg(format!("{what}: root {root} is out of range for {n} ranks")));
+            }
+            Ok(())
+        };
+        let times_n = |count: usize| count.checked_mul(n).unwrap_or(usize::MAX);
+        match *op {
+            GroupOp::AllReduce { send, recv, count, dtype, .. } => {
+                let b = bytes_of(count, dtype, what)?;
+                check_ptr(send, b, "all_reduce: send buffer")?;
+                check_ptr(recv, b, "all_reduce: receive buffer")?;
+                check_overlap(send, b, recv, b, send == recv as *const u8, what)
+            }
+            GroupOp::Broadcast { send, recv, count, dtype, root } => {
+                let b = bytes_of(count, dtype, what)?;
+                root_ok(root)?;
+                if me == root {
+                    check_ptr(send, b, "broadcast: send buffer (root)")?;
+                    check_overlap(send, b, recv, b, send == recv as *const u8, what)?;
+                }
+                check_ptr(recv, b, "broadcast: receive buffer")
+            }
+            GroupOp::Reduce { send, recv, count, dtype, root, .. } => {
+                let b = bytes_of(count, dtype, what)?;
+                root_ok(root)?;
+                check_ptr(send, b, "reduce: send buffer")?;
+                if me == root {
+                    check_ptr(recv, b, "reduce: receive buffer (root)")?;
+                    check_overlap(send, b, recv, b, send == recv as *const u8, what)?;
+                }
+                Ok(())
+            }
+            GroupOp::AllGather { send, recv, count, dtype } => {
+                let b = bytes_of(count, dtype, what)?;
+                let total = bytes_of(times_n(count), dtype, what)?;
+                check_ptr(send, b, "all_gather: send buffer")?;
+                check_ptr(recv, total, "all_gather: receive buffer")?;
+                let inplace = send == recv.wrapping_add(me * b) as *const u8;
+                check_overlap(send, b, recv, total, inplace, what)
+            }
+            GroupOp::ReduceScatter { send, recv, count, dtype, .. } => {
+                let b = bytes_of(count, dtype, what)?;
+                let total = bytes_of(times_n(count), dtype, what)?;
+                check_ptr(send, total, "reduce_scatter: send buffer")?;
+                check_ptr(recv, b, "reduce_scatter: receive buffer")?;
+                let inplace = recv as *const u8 == send.wrapping_add(me * b);
+                check_overlap(send, total, recv, b, inplace, what)
+            }
+            GroupOp::AllToAll { send, recv, count, dtype } => {
+                let total = bytes_of(times_n(count), dtype, what)?;
+                check_ptr(send, total, "all_to_all: send buffer")?;
+                check_ptr(recv, total, "all_to_all: receive buffer")?;
+                check_overlap(send, total, recv, total, send == recv as *const u8, what)
+            }
+            GroupOp::Gather { send, recv, count, dtype, root } => {
+                let b = bytes_of(count, dtype, what)?;
+                root_ok(root)?;
+                check_ptr(send, b, "gather: send buffer")?;
+                if me == root {
+                    check_ptr(recv, bytes_of(times_n(count), dtype, what)?, "gather: receive buffer (root)")?;
+                }
+                Ok(())
+            }
+            GroupOp::Scatter { send, recv, count, dtype, root } => {
+                let b = bytes_of(count, dtype, what)?;
+                root_ok(root)?;
+                check_ptr(recv, b, "scatter: receive buffer")?;
+                if me == root {
+                    check_ptr(send, bytes_of(times_n(count), dtype, what)?, "scatter: send buffer (root)")?;
+                }
+                Ok(())
+            }
+            GroupOp::Send { buf, count, dtype, peer } => {
+                if peer >= n {
+                    return Err(Error::arg(format!("send: peer {peer} is out of range for {n} ranks")));
+                }
+                check_ptr(buf, bytes_of(count, dtype, what)?, "send: buffer")
+            }
+            GroupOp::Recv { buf, count, dtype, peer } => {
+                if peer >= n {
+                    return Err(Error::arg(format!("recv: peer {peer} is out of range for {n} ranks")));
+                }
+                check_ptr(buf, bytes_of(count, dtype, what)?, "recv: buffer")
+            }
+        }
+    }
+
+    /// Validates, then runs one operation.
+    ///
+    /// # Safety
+    /// The operation's pointers must be valid for the sizes it names.
+    pub unsafe fn submit(&self, op: GroupOp) -> Result<()> {
+        self.validate(&op)?;
+        let st = self.s.state.get();
+        if st != CommState::Ready {
+            return Err(self.s.state_error(st, op.name()));
+        }
+        if op.is_empty() {
+            return Ok(());
+        }
+        self.with_core(op.name(), |c| unsafe { run_op(c, &op) })
+    }
+
+    /// # Safety
+    /// `send`/`recv` must be valid for `count` elements of `dtype` (they may be equal).
+    pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
+        unsafe { self.submit(GroupOp::AllReduce { send, recv, count, dtype, op }) }
+    }
+    /// # Safety
+    /// `recv` valid for `count` elements everywhere; `send` at the root.
+    pub unsafe fn broadcast_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+        unsafe { self.submit(GroupOp::Broadcast { send, recv, count, dtype, root }) }
+    }
+    /// # Safety
+    /// `send` valid for `count` elements; `recv` at the root.
+    pub unsafe fn reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: usize) -> Result<()> {
+        unsafe { self.submit(GroupOp::Reduce { send, recv, count, dtype, op, root }) }
+    }
+    /// `recv` holds `count * nranks` elements; in place: `send == recv + rank * count`.
+    ///
+    /// # Safety
+    /// Buffers valid for those sizes.
+    pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Result<()> {
+        unsafe { self.submit(GroupOp::AllGather { send, recv, count, dtype }) }
+    }
+    /// `send` holds `count * nranks` elements; in place: `recv == send + rank * count`.
+    ///
+    /// # Safety
+    /// Buffers valid for those sizes.
+    pub unsafe fn reduce_scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
+        unsafe { self.submit(GroupOp::ReduceScatter { send, recv, count, dtype, op }) }
+    }
+    /// `count` elements to and from every rank (`count * nranks` in each buffer).
+    ///
+    /// # Safety
+    /// Buffers valid for those sizes (they may be equal).
+    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Result<()> {
+        unsafe { self.submit(GroupOp::AllToAll { send, recv, count, dtype }) }
+    }
+    /// # Safety
+    /// Root's `recv` holds `count * nranks` elements; `send` holds `count`.
+    pub unsafe fn gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+        unsafe { self.submit(GroupOp::Gather { send, recv, count, dtype, root }) }
+    }
+    /// # Safety
+    /// Root's `send` holds `count * nranks` elements; `recv` holds `count`.
+    pub unsafe fn scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
+        unsafe { self.submit(GroupOp::Scatter { send, recv, count, dtype, root }) }
+    }
+    /// # Safety
+    /// `buf` valid for `count` elements.
+    pub unsafe fn send_raw(&self, buf: *const u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+        unsafe { self.submit(GroupOp::Send { buf, count, dtype, peer }) }
+    }
+    /// # Safety
+    /// `buf` valid for `count` elements.
+    pub unsafe fn recv_raw(&self, buf: *mut u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
+        unsafe { self.submit(GroupOp::Recv { buf, count, dtype, peer }) }
+    }
+}
+
+/// Runs a validated operation on the core.
+pub(crate) unsafe fn run_op(c: &mut CommCore, op: &GroupOp) -> Result<()> {
+    use crate::exec::Xfer;
+    c.coll_seq += 1;
+    match *op {
+        GroupOp::AllReduce { send, recv, count, dtype, op } => algo::all_reduce(c, send, recv, count, dtype, op),
+        GroupOp::Broadcast { send, recv, count, dtype, root } => algo::broadcast(c, send, recv, count * dtype.size(), root),
+        GroupOp::Reduce { send, recv, count, dtype, op, root } => algo::reduce(c, send, recv, count, dtype, op, root),
+        GroupOp::AllGather { send, recv, count, dtype } => algo::all_gather(c, send, recv, count * dtype.size()),
+        GroupOp::ReduceScatter { send, recv, count, dtype, op } => algo::reduce_scatter(c, send, recv, count, dtype, op),
+        GroupOp::AllToAll { send, recv, count, dtype } => algo::all_to_all(c, send, recv, count * dtype.size()),
+        GroupOp::Gather { send, recv, count, dtype, root } => algo::gather(c, send, recv, count * dtype.size(), root),
+        GroupOp::Scatter { send, recv, count, dtype, root } => algo::scatter(c, send, recv, count * dtype.size(), root),
+        GroupOp::Send { buf, count, dtype, peer } => c.exec(&mut [Xfer::send(peer, buf, count * dtype.size())]),
+        GroupOp::Recv { buf, count, dtype, peer } => c.exec(&mut [Xfer::recv(peer, buf, count * dtype.size())]),
+    }
+}
+
+fn len_err(what: &str, detail: String) -> Error {
+    Error::arg(format!("{what}: {detail}"))
+}
+
+/// Typed, safe collectives on slices.
+impl Communicator {
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(len_err("all_reduce", format!("send has {} elements, receive {}", send.len(), recv.len())));
+        }
+        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+    }
+
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
+    }
+
+    /// `send` is read on the root only (others may pass an empty slice).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        if self.s.rank == root && send.len() != recv.len() {
+            return Err(len_err("broadcast", format!("root's send has {} elements, receive {}", send.len(), recv.len())));
+        }
+        unsafe { self.broadcast_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, root) }
+    }
+
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        unsafe { self.broadcast_raw(p, p, buf.len(), T::DTYPE, root) }
+    }
+
+    /// `recv` is written on the root only (others may pass an empty slice).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        if self.s.rank == root && send.len() != recv.len() {
+            return Err(len_err("reduce", format!("send has {} elements, root's receive {}", send.len(), recv.len())));
+        }
+        unsafe { self.reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op, root) }
+    }
+
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        unsafe { self.reduce_raw(p, p, buf.len(), T::DTYPE, op, root) }
+    }
+
+    /// `recv.len() == send.len() * count()`.
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if Some(recv.len()) != send.len().checked_mul(self.s.nranks) {
+            return Err(len_err("all_gather", format!(
+                "receive must hold {} x {} ranks elements, has {}", send.len(), self.s.nranks, recv.len())));
+        }
+        unsafe { self.all_gather_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE) }
+    }
+
+    /// This rank's block is at `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        if buf.len() % self.s.nranks != 0 {
+            return Err(len_err("all_gather_in_place", format!("{} elements do not divide into {} ranks", buf.len(), self.s.nranks)));
+        }
+        let n = buf.len() / self.s.nranks;
+        let p = buf.as_mut_ptr();
+        unsafe { self.all_gather_raw(p.add(self.s.rank * n).cast(), p.cast(), n, T::DTYPE) }
+    }
+
+    /// `send.len() == recv.len() * count()`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        if Some(send.len()) != recv.len().checked_mul(self.s.nranks) {
+            return Err(len_err("reduce_scatter", format!(
+                "send must hold {} x {} ranks elements, has {}", recv.len(), self.s.nranks, send.len())));
+        }
+        unsafe { self.reduce_scatter_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, op) }
+    }
+
+    /// The result lands in `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        if buf.len() % self.s.nranks != 0 {
+            return Err(len_err("reduce_scatter_in_place", format!("{} elements do not divide into {} ranks", buf.len(), self.s.nranks)));
+        }
+        let n = buf.len() / self.s.nranks;
+        let p = buf.as_mut_ptr();
+        unsafe { self.reduce_scatter_raw(p.cast(), p.add(self.s.rank * n).cast(), n, T::DTYPE, op) }
+    }
+
+    /// Block p (of `len / count()` elements) of `send` goes to rank p.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        if send.len() != recv.len() || send.len() % self.s.nranks != 0 {
+            return Err(len_err("all_to_all", format!(
+                "send ({}) and receive ({}) must be equal and divisible by {} ranks", send.len(), recv.len(), self.s.nranks)));
+        }
+        unsafe { self.all_to_all_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len() / self.s.nranks, T::DTYPE) }
+    }
+
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        if buf.len() % self.s.nranks != 0 {
+            return Err(len_err("all_to_all_in_place", format!("{} elements do not divide into {} ranks", buf.len(), self.s.nranks)));
+        }
+        let p = buf.as_mut_ptr().cast::<u8>();
+        unsafe { self.all_to_all_raw(p, p, buf.len() / self.s.nranks, T::DTYPE) }
+    }
+
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        unsafe { self.send_raw(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer) }
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        unsafe { self.recv_raw(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer) }
+    }
+}

@@ -1,0 +1,253 @@
+//! The live resources of a Ready communicator: its table of peers, the
+//! shared-memory segments of its local ranks, its channels and the failure
+//! domain. Owned by the communicator behind one mutex, so every operation on a
+//! communicator is serialized; everything lock-free (abort, status) goes
+//! through [`Fault`] instead.
+
+use crate::bootstrap::PeerInfo;
+use crate::config::{Config, TransportPref};
+use crate::error::{Error, Result};
+use crate::fault::Fault;
+use crate::log::info_log;
+use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
+use crate::transport::tcp::{self, CommId, Endpoint};
+use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
+use crate::unique_id::hex;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// Immutable facts about a communicator.
+pub(crate) struct Ctx {
+    pub id: CommId,
+    pub label: String,
+    pub rank: usize,
+    pub nranks: usize,
+    pub secret: [u8; 32],
+    pub peers: Vec<PeerInfo>,
+    pub cfg: Config,
+    pub job: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeerKind {
+    Me,
+    Shm,
+    Tcp,
+}
+
+pub(crate) struct CommCore {
+    // Field order matters for Drop: channels (raw ring pointers) go before the mappings.
+    pub chans: Vec<Option<Chan>>,
+    pub seqs: Vec<Seqs>,
+    pub fault: Arc<Fault>,
+    pub local_maps: Vec<Option<Arc<Mapping>>>,
+    pub kinds: Vec<PeerKind>,
+    pub ctx: Arc<Ctx>,
+    pub endpoint: Arc<Endpoint>,
+    pub oversubscribed: bool,
+    /// Reused scratch memory for algorithms that need it.
+    pub scratch: Vec<u8>,
+    /// Number of collectives issued (for diagnostics).
+    pub coll_seq: u64,
+    split_count: u64,
+    own_name: String,
+}
+
+pub(crate) fn job_label() -> String {
+    let j: String = std::env::var("WEFT_JOB")
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(40)
+        .collect();
+    if j.is_empty() { "anon".into() } else { j }
+}
+
+/// /dev/shm names start with `weft-<job>-`, which `weft run` cleans up after a crash.
+fn segment_name(job: &str, id: &CommId, rank: usize) -> String {
+    format!("/weft-{job}-{}-{rank}", hex(&id[..8]))
+}
+
+impl CommCore {
+    pub fn build(ctx: Arc<Ctx>, endpoint: Arc<Endpoint>, deadline: Instant) -> Result<CommCore> {
+        let (me, n) = (ctx.rank, ctx.nranks);
+        let my_host = ctx.peers[me].host_id;
+        let kinds: Vec<PeerKind> = (0..n)
+            .map(|r| {
+                if r == me {
+                    PeerKind::Me
+                } else if ctx.cfg.transport != TransportPref::Tcp && ctx.peers[r].host_id == my_host {
+                    PeerKind::Shm
+                } else {
+                    PeerKind::Tcp
+                }
+            })
+            .collect();
+        if ctx.cfg.transport == TransportPref::Shm {
+            if let Some(r) = kinds.iter().position(|k| *k == PeerKind::Tcp) {
+                return Err(Error::InvalidUsage(format!(
+                    "WEFT_TRANSPORT=shm, but rank {r} is on another host ({}) than rank {me} ({})",
+                    ctx.peers[r].hostname, ctx.peers[me].hostname
+                )));
+            }
+        }
+        let locals: Vec<usize> = (0..n).filter(|&r| kinds[r] != PeerKind::Tcp).collect();
+        let nlocal = locals.len();
+        let local_index = |r: usize| locals.iter().position(|&x| x == r).expect("local rank");
+        let cap = shm::ring_capacity(nlocal, ctx.cfg.shm_ring_bytes);
+        let own_name = segment_name(&ctx.job, &ctx.id, me);
+        let own = Arc::new(Mapping::create(&own_name, nlocal, cap, me)?);
+        let mut local_maps: Vec<Option<Arc<Mapping>>> = vec![None; n];
+        let opened = (|| -> Result<()> {
+            for &r in locals.iter().filter(|&&r| r != me) {
+                let name = segment_name(&ctx.job, &ctx.id, r);
+                let m = Mapping::open(&name, nlocal, cap, deadline, ctx.peers[r].pid)?;
+                // The last local rank to map a segment unlinks its name.
+                if m.control().opened.fetch_add(1, Ordering::AcqRel) + 1 == nlocal as u32 - 1 {
+                    shm::unlink(&name);
+                }
+                local_maps[r] = Some(Arc::new(m));
+            }
+            Ok(())
+        })();
+        if let Err(e) = opened {
+            shm::unlink(&own_name);
+            return Err(e);
+        }
+        let mut chans: Vec<Option<Chan>> = (0..n).map(|_| None).collect();
+        for &r in locals.iter().filter(|&&r| r != me) {
+            let peer = local_maps[r].as_ref().unwrap();
+            chans[r] = Some(Chan::Shm(ShmChan {
+                send: RingEnd::new(peer, local_index(me), peer, true),
+                recv: RingEnd::new(&own, local_index(r), peer, false),
+            }));
+        }
+        let ntcp = kinds.iter().filter(|k| **k == PeerKind::Tcp).count();
+        if ntcp > 0 {
+            tcp::check_fd_budget(ntcp)?;
+        }
+        endpoint.register(ctx.id, ctx.secret);
+        let fault = Arc::new(Fault {
+            rank: me,
+            own: own.clone(),
+            locals: locals
+                .iter()
+                .filter(|&&r| r != me)
+                .map(|&r| (r, local_maps[r].clone().unwrap()))
+                .collect(),
+            tcp: Default::default(),
+        });
+        info_log!(
+            "comm {} rank {me}/{n}: {} local rank(s) over shared memory (ring {} KiB), {ntcp} over TCP",
+            ctx.label,
+            nlocal,
+            cap / 1024
+        );
+        Ok(CommCore {
+            chans,
+            seqs: (0..n).map(|_| Seqs::default()).collect(),
+            fault,
+            local_maps,
+            kinds,
+            oversubscribed: nlocal > crate::topology::online_cpus(),
+            endpoint,
+            ctx,
+            scratch: Vec::new(),
+            coll_seq: 0,
+            split_count: 0,
+            own_name,
+        })
+    }
+
+    /// The channel to `peer`, connecting it on first use (TCP).
+    pub(crate) fn chan(&mut self, peer: usize) -> Result<()> {
+        if self.chans[peer].is_some() {
+            return Ok(());
+        }
+        debug_assert_eq!(self.kinds[peer], PeerKind::Tcp);
+        let ctx = self.ctx.clone();
+        let me = ctx.rank;
+        let fault = self.fault.clone();
+        let label = ctx.label.clone();
+        let cancelled = || {
+            fault.check().map(|r| Error::Remote {
+                comm: label.clone(),
+                rank: me,
+                detail: format!("rank {} failed while connecting: {}", r.origin, r.reason),
+            })
+        };
+        let info = &ctx.peers[peer];
+        let stream = if me < peer {
+            let deadline = Instant::now() + ctx.cfg.init_timeout;
+            tcp::connect(info.addr, ctx.id, &ctx.secret, me as u32, peer as u32, deadline, &cancelled)
+                .map_err(|e| Error::Remote {
+                    comm: label.clone(),
+                    rank: me,
+                    detail: format!("connecting to rank {peer} at {} ({}): {e}", info.addr, info.hostname),
+                })?
+        } else {
+            let peer_timeout = ctx.cfg.peer_timeout;
+            let mut next_probe = peer_timeout;
+            self.endpoint.wait_for(ctx.id, peer as u32, me as u32, |waited| {
+                if let Some(e) = cancelled() {
+                    return Err(e);
+                }
+                if waited >= next_probe {
+                    next_probe = waited + peer_timeout;
+                    if !tcp::probe(info.addr) {
+                        return Err(Error::Remote {
+                            comm: label.clone(),
+                            rank: me,
+                            detail: format!(
+                                "rank {peer} at {} ({}) is unreachable: its process has exited",
+                                info.addr, info.hostname
+                            ),
+                        });
+                    }
+                }
+                Ok(())
+            })?
+        };
+        tcp::tune(&stream, ctx.cfg.peer_timeout)?;
+        if let Ok(c) = stream.try_clone() {
+            self.fault.tcp.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+        }
+        self.chans[peer] = Some(Chan::Tcp(TcpChan::new(stream)));
+        Ok(())
+    }
+
+    /// A per-communicator split counter (identical on every rank, since
+    /// operations on a communicator are ordered the same everywhere).
+    pub(crate) fn split_seq(&mut self) -> u64 {
+        self.split_count += 1;
+        self.split_count
+    }
+
+    pub(crate) fn scratch(&mut self, bytes: usize) -> *mut u8 {
+        if self.scratch.len() < bytes {
+            self.scratch.resize(bytes, 0);
+        }
+        self.scratch.as_mut_ptr()
+    }
+}
+
+impl Drop for CommCore {
+    fn drop(&mut self) {
+        // Tell local peers we are gone (they stop waiting for us), release the
+        // endpoint registration; the mappings unmap as they drop.
+        self.fault.own.control().state.store(ST_DESTROYED, Ordering::Release);
+        for (_, m) in &self.fault.locals {
+            m.control().ring();
+        }
+        self.endpoint.unregister(self.ctx.id);
+        // Normally the last local peer to map it already unlinked it; not if a
+        // peer died during init.
+        shm::unlink(&self.own_name);
+        self.chans.clear();
+    }
+}
+
+pub(crate) fn default_deadline(cfg: &Config) -> Instant {
+    Instant::now() + cfg.init_timeout.max(Duration::from_millis(100))
+}

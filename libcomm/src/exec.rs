@@ -1,0 +1,305 @@
+//! The progress engine: drives a set of point-to-point transfers of one
+//! communicator to completion.
+//!
+//! All transfers progress together, non-blockingly, so any set of matched
+//! sends and receives completes regardless of order (grouped send/recv, ring
+//! steps that send and receive at once). Transfers to the same peer in the same
+//! direction run in list order. A send may be *gated* on a receive: it only
+//! sends what that receive has delivered (pipelined forwarding).
+//!
+//! Waiting: spin briefly, then yield, then sleep on this rank's futex doorbell
+//! (shared memory) or in poll(2) (TCP), in slices of at most 100 ms, checking
+//! for raised failures every iteration and peer liveness every slice. With more
+//! local ranks than cores the spin phase is skipped, so oversubscribed jobs
+//! (64 ranks on 2 cores) make progress instead of burning their time slices.
+
+use crate::core::{CommCore, PeerKind};
+use crate::error::{Error, Result};
+use crate::transport::shm::{FAIL_ERROR, ST_DESTROYED};
+use crate::transport::{Progress, Reduce, futex};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+pub(crate) struct Xfer {
+    pub peer: usize,
+    pub send: bool,
+    pub ptr: *mut u8,
+    pub len: usize,
+    pub red: Option<Reduce>,
+    /// Index of a receive in the same batch whose delivered bytes bound this send.
+    pub gate: Option<usize>,
+    pub p: Progress,
+    started: bool,
+}
+
+impl Xfer {
+    pub fn send(peer: usize, ptr: *const u8, len: usize) -> Xfer {
+        Xfer {
+            peer,
+            send: true,
+            ptr: ptr as *mut u8,
+            len,
+            red: None,
+            gate: None,
+            p: Progress::default(),
+            started: false,
+        }
+    }
+    pub fn recv(peer: usize, ptr: *mut u8, len: usize) -> Xfer {
+        Xfer {
+            send: false,
+            ..Xfer::send(peer, ptr, len)
+        }
+    }
+    pub fn recv_reduce(peer: usize, ptr: *mut u8, len: usize, red: Reduce) -> Xfer {
+        Xfer {
+            red: Some(red),
+            ..Xfer::recv(peer, ptr, len)
+        }
+    }
+    pub fn gated(mut self, on: usize) -> Xfer {
+        self.gate = Some(on);
+        self
+    }
+}
+
+const SLICE: Duration = Duration::from_millis(100);
+
+impl CommCore {
+    /// Runs `xs` to completion, or fails the communicator and returns why.
+    pub(crate) fn exec(&mut self, xs: &mut [Xfer]) -> Result<()> {
+        match self.exec_inner(xs) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn exec_inner(&mut self, xs: &mut [Xfer]) -> Result<()> {
+        self.check_raised()?;
+        self.exec_self(xs)?;
+        // Connect before waiting for connections: lower ranks never wait, so
+        // lazy connection setup cannot deadlock.
+        for pass_connecting in [true, false] {
+            for i in 0..xs.len() {
+                let peer = xs[i].peer;
+                if !xs[i].p.done && (peer > self.ctx.rank) == pass_connecting {
+                    self.chan(peer)?;
+                }
+            }
+        }
+        let n = self.ctx.nranks;
+        let mut busy = vec![0u8; n];
+        let own = self.fault.own.clone();
+        let ctrl = own.control();
+        let mut idle: u32 = 0;
+        let mut last_progress = Instant::now();
+        let mut last_check = Instant::now();
+        let spin = if self.oversubscribed { 0 } else { 4000 };
+        loop {
+            let seen = ctrl.doorbell.load(Ordering::SeqCst);
+            let mut progress = false;
+            let mut pending = false;
+            let mut tcp_pending = false;
+            let mut shm_pending = false;
+            busy.iter_mut().for_each(|b| *b = 0);
+            for i in 0..xs.len() {
+                if xs[i].p.done {
+                    continue;
+                }
+                pending = true;
+                let (peer, bit) = (xs[i].peer, if xs[i].send { 1 } else { 2 });
+                if busy[peer] & bit != 0 {
+                    continue;
+                }
+                busy[peer] |= bit;
+                let limit = match xs[i].gate {
+                    Some(g) => xs[g].p.payload,
+                    None => xs[i].len,
+                };
+                let x = &mut xs[i];
+                if !x.started {
+                    let s = &mut self.seqs[peer];
+                    let c = if x.send { &mut s.send } else { &mut s.recv };
+                    x.p.seq = *c;
+                    *c = c.wrapping_add(1);
+                    x.started = true;
+                }
+                let chan = self.chans[peer].as_mut().expect("channel established above");
+                let step = unsafe {
+                    if x.send {
+                        chan.send_step(x.ptr, x.len, limit, &mut x.p)
+                    } else {
+                        chan.recv_step(x.ptr, x.len, x.red, &mut x.p)
+                    }
+                };
+                match step {
+                    Ok(made) => progress |= made,
+                    Err(why) => return Err(self.peer_error(peer, &why)),
+                }
+                if !x.p.done {
+                    if chan.is_tcp() {
+                        tcp_pending = true;
+                    } else {
+                        shm_pending = true;
+                    }
+                }
+            }
+            if !pending {
+                return Ok(());
+            }
+            if progress {
+                idle = 0;
+                last_progress = Instant::now();
+                continue;
+            }
+            self.check_raised()?;
+            idle += 1;
+            if idle < spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            if idle < spin + 8 {
+                std::thread::yield_now();
+                continue;
+            }
+            // Block for a while.
+            if tcp_pending {
+                let mut fds: Vec<libc::pollfd> = xs
+                    .iter()
+                    .filter(|x| !x.p.done)
+                    .filter_map(|x| {
+                        self.chans[x.peer].as_ref().and_then(|c| c.fd()).map(|fd| libc::pollfd {
+                            fd,
+                            events: if x.send { libc::POLLOUT } else { libc::POLLIN },
+                            revents: 0,
+                        })
+                    })
+                    .collect();
+                let ms = if shm_pending { 1 } else { SLICE.as_millis() as i32 };
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            } else {
+                ctrl.sleepers.fetch_add(1, Ordering::SeqCst);
+                futex::wait(&ctrl.doorbell, seen, SLICE);
+                ctrl.sleepers.fetch_sub(1, Ordering::SeqCst);
+            }
+            if last_check.elapsed() >= SLICE {
+                last_check = Instant::now();
+                self.check_peers(xs)?;
+                if let Some(t) = self.ctx.cfg.timeout {
+                    if last_progress.elapsed() >= t {
+                        let waiting: Vec<String> = xs
+                            .iter()
+                            .filter(|x| !x.p.done)
+                            .map(|x| format!("{} rank {}", if x.send { "sending to" } else { "receiving from" }, x.peer))
+                            .collect();
+                        return Err(Error::Timeout {
+                            comm: self.ctx.label.clone(),
+                            rank: self.ctx.rank,
+                            after_ms: t.as_millis() as u64,
+                            waiting_for: waiting.join(", "),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Transfers to ourselves: pair the k-th send with the k-th receive.
+    fn exec_self(&mut self, xs: &mut [Xfer]) -> Result<()> {
+        let me = self.ctx.rank;
+        let sends: Vec<usize> = (0..xs.len()).filter(|&i| xs[i].peer == me && xs[i].send).collect();
+        let recvs: Vec<usize> = (0..xs.len()).filter(|&i| xs[i].peer == me && !xs[i].send).collect();
+        if sends.len() != recvs.len() {
+            return Err(Error::InvalidUsage(format!(
+                "rank {me} posted {} send(s) to itself but {} receive(s) from itself",
+                sends.len(),
+                recvs.len()
+            )));
+        }
+        for (&s, &r) in sends.iter().zip(&recvs) {
+            if xs[s].len != xs[r].len {
+                return Err(Error::InvalidUsage(format!(
+                    "rank {me} sends {} bytes to itself but receives {}",
+                    xs[s].len, xs[r].len
+                )));
+            }
+            let (src, dst, len, red) = (xs[s].ptr as *const u8, xs[r].ptr, xs[r].len, xs[r].red);
+            unsafe {
+                match red {
+                    None if src != dst as *const u8 => std::ptr::copy(src, dst, len),
+                    None => {}
+                    Some(rd) => crate::reduce::combine(rd.dtype, rd.op, dst, rd.other, src, len / rd.dtype.size()),
+                }
+            }
+            for i in [s, r] {
+                xs[i].p.done = true;
+                xs[i].p.payload = len;
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns a raised failure into this rank's error.
+    pub(crate) fn check_raised(&self) -> Result<()> {
+        match self.fault.check() {
+            None => Ok(()),
+            Some(r) if r.abort => Err(Error::Aborted {
+                comm: self.ctx.label.clone(),
+                rank: self.ctx.rank,
+                by: Some(r.origin),
+            }),
+            Some(r) => Err(Error::Remote {
+                comm: self.ctx.label.clone(),
+                rank: self.ctx.rank,
+                detail: if r.origin == self.ctx.rank {
+                    r.reason
+                } else if r.reason.is_empty() {
+                    format!("rank {} failed", r.origin)
+                } else {
+                    format!("rank {} failed: {}", r.origin, r.reason)
+                },
+            }),
+        }
+    }
+
+    fn peer_error(&self, peer: usize, why: &str) -> Error {
+        let p = &self.ctx.peers[peer];
+        Error::Remote {
+            comm: self.ctx.label.clone(),
+            rank: self.ctx.rank,
+            detail: format!("rank {peer} (pid {} on {}): {why}", p.pid, p.hostname),
+        }
+    }
+
+    /// Liveness of the peers we are waiting for.
+    fn check_peers(&self, xs: &[Xfer]) -> Result<()> {
+        for x in xs.iter().filter(|x| !x.p.done) {
+            let peer = x.peer;
+            if self.kinds[peer] != PeerKind::Shm {
+                continue;
+            }
+            if let Some(m) = &self.local_maps[peer] {
+                if m.control().state.load(Ordering::Acquire) == ST_DESTROYED {
+                    return Err(self.peer_error(peer, "it destroyed its communicator while this rank was waiting for it"));
+                }
+            }
+            let pid = self.ctx.peers[peer].pid;
+            if !crate::topology::pid_alive(pid) {
+                return Err(self.peer_error(peer, "the process exited"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the communicator failed (spreading the failure to peers) and
+    /// returns the error to report.
+    pub(crate) fn fail(&self, e: Error) -> Error {
+        match &e {
+            // Already raised by someone: pass it on but keep their reason.
+            Error::Aborted { .. } => self.fault.spread(crate::transport::shm::FAIL_ABORT),
+            Error::Remote { .. } if self.fault.check().is_some() => self.fault.spread(FAIL_ERROR),
+            _ => self.fault.raise(FAIL_ERROR, &e.to_string()),
+        }
+        e
+    }
+}

@@ -1,0 +1,71 @@
+//! Failure propagation within a communicator.
+//!
+//! When any rank aborts or notices a failure (a peer process died, a
+//! connection dropped, a mismatched message arrived), it raises the failure on
+//! its own control block and on every local peer's, and shuts down its TCP
+//! connections so remote peers see the loss at once. Every waiting rank checks
+//! its own flag, so a whole job learns of a failure within one wait slice.
+//! This object is shared by the communicator's lock-free paths (abort from
+//! another thread) and the progress engine.
+
+use crate::transport::shm::{FAIL_ABORT, Mapping};
+use std::net::TcpStream;
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct Fault {
+    pub rank: usize,
+    pub own: Arc<Mapping>,
+    /// (rank, mapping) of every local peer.
+    pub locals: Vec<(usize, Arc<Mapping>)>,
+    pub tcp: Mutex<Vec<TcpStream>>,
+}
+
+/// A failure seen by this rank: who raised it, whether it was an abort, why.
+#[derive(Debug, Clone)]
+pub(crate) struct Raised {
+    pub origin: usize,
+    pub abort: bool,
+    pub reason: String,
+}
+
+impl Fault {
+    /// Raises a failure originating here. Idempotent; the first reason wins.
+    pub fn raise(&self, kind: u32, reason: &str) {
+        let c = self.own.control();
+        if c.failure().is_none() {
+            c.set_reason(reason);
+        }
+        c.raise(self.rank, kind);
+        self.spread(kind);
+    }
+
+    /// Passes a failure we observed on to our local and remote peers.
+    pub fn spread(&self, kind: u32) {
+        let origin = self.own.control().failure().map(|f| f.0).unwrap_or(self.rank);
+        for (_, m) in &self.locals {
+            m.control().raise(origin, kind);
+        }
+        for s in self.tcp.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    #[inline]
+    pub fn check(&self) -> Option<Raised> {
+        let (origin, kind) = self.own.control().failure()?;
+        let reason = if origin == self.rank {
+            self.own.control().reason()
+        } else {
+            self.locals
+                .iter()
+                .find(|(r, _)| *r == origin)
+                .map(|(_, m)| m.control().reason())
+                .unwrap_or_default()
+        };
+        Some(Raised {
+            origin,
+            abort: kind == FAIL_ABORT,
+            reason,
+        })
+    }
+}

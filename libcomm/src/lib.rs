@@ -1,0 +1,51 @@
+//! libcomm: Weft's communication library.
+//!
+//! Communicators over ranks (processes or threads) with the collectives of
+//! NCCL — all-reduce, all-gather, reduce-scatter, broadcast, reduce,
+//! all-to-all, gather, scatter, send/recv and group calls — on host memory,
+//! over shared memory within a host and TCP across hosts. Its lifecycle is an
+//! explicit state machine; every failure is a typed error, never a hang or a
+//! crash. See `docs/ARCHITECTURE.md` in the repository.
+//!
+//! ```no_run
+//! use libcomm::{Communicator, ReduceOp};
+//! // Started by `weft run -n 4 -- my_program`:
+//! let comm = Communicator::from_env()?;
+//! let mut grads = vec![1.0f32; 1024];
+//! comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
+//! comm.destroy()?;
+//! # Ok::<(), libcomm::Error>(())
+//! ```
+
+pub mod algo;
+mod bootstrap;
+mod comm;
+mod config;
+mod core;
+mod error;
+mod exec;
+mod fault;
+mod group;
+pub(crate) mod log;
+mod reduce;
+mod state;
+mod topology;
+mod transport;
+mod types;
+mod unique_id;
+
+pub use algo::tuner::{Algo, AlgoOverride, Coll};
+pub use comm::Communicator;
+pub use config::{Config, TransportPref};
+pub use error::{Error, ErrorKind, Result};
+pub use group::{Group, GroupOp};
+pub use state::CommState;
+pub use types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
+pub use unique_id::{UNIQUE_ID_BYTES, UniqueId};
+
+/// Version as NCCL encodes it (major*10000 + minor*100 + patch): we implement
+/// the API of NCCL 2.28.
+pub const NCCL_COMPAT_VERSION: i32 = 22803;
+
+/// Weft's own version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,154 @@
+//! The communicator lifecycle as one explicit state machine.
+//!
+//! Every transition goes through [`StateCell::transition`], which checks it
+//! against the table below; an unexpected transition is a bug and reported as
+//! an internal error instead of silently corrupting state. Waiters (non-blocking
+//! init) are woken on every change.
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CommState {
+    /// Bootstrap (init or split) is still running.
+    Initializing,
+    /// Usable.
+    Ready,
+    /// An error made it unusable (a peer died, init failed); it must be destroyed or aborted.
+    Failed,
+    /// `abort` was called here or by a peer; it must be destroyed.
+    Aborted,
+    /// Resources released; any further use is an error.
+    Destroyed,
+}
+
+impl fmt::Display for CommState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CommState::Initializing => "initializing",
+            CommState::Ready => "ready",
+            CommState::Failed => "failed",
+            CommState::Aborted => "aborted",
+            CommState::Destroyed => "destroyed",
+        })
+    }
+}
+
+impl CommState {
+    /// Whether `self -> to` is a legal transition.
+    pub fn can_become(self, to: CommState) -> bool {
+        use CommState::*;
+        matches!(
+            (self, to),
+            (Initializing, Ready | Failed | Aborted | Destroyed)
+                | (Ready, Failed | Aborted | Destroyed)
+                | (Failed, Aborted | Destroyed)
+                | (Aborted, Destroyed)
+        )
+    }
+}
+
+/// The current state plus a condition variable to wait for changes.
+pub(crate) struct StateCell {
+    state: Mutex<CommState>,
+    changed: Condvar,
+}
+
+impl StateCell {
+    pub fn new(s: CommState) -> Self {
+        StateCell {
+            state: Mutex::new(s),
+            changed: Condvar::new(),
+        }
+    }
+
+    pub fn get(&self) -> CommState {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves to `to` if legal; returns the previous state. A no-op when already there.
+    #[cfg(test)]
+    pub fn transition(&self, to: CommState) -> Result<CommState> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let from = *s;
+        if from == to {
+            return Ok(from);
+        }
+        if !from.can_become(to) {
+            return Err(Error::Internal(format!(
+                "illegal communicator state transition {from} -> {to}"
+            )));
+        }
+        *s = to;
+        self.changed.notify_all();
+        Ok(from)
+    }
+
+    /// Moves to `to` only if the current state is one of `from`; returns whether it did.
+    pub fn transition_from(&self, from: &[CommState], to: CommState) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if from.contains(&*s) && s.can_become(to) {
+            *s = to;
+            self.changed.notify_all();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Waits until the state is no longer `Initializing`, or the timeout passes.
+    pub fn wait_settled(&self, timeout: Option<Duration>) -> CommState {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while *s == CommState::Initializing {
+            match deadline {
+                None => s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner()),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break;
+                    }
+                    s = self
+                        .changed
+                        .wait_timeout(s, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+        }
+        *s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CommState::*;
+
+    #[test]
+    fn transition_table() {
+        let all = [Initializing, Ready, Failed, Aborted, Destroyed];
+        for from in all {
+            for to in all {
+                let legal = from.can_become(to);
+                let expect = match from {
+                    Initializing => to != Initializing,
+                    Ready => matches!(to, Failed | Aborted | Destroyed),
+                    Failed => matches!(to, Aborted | Destroyed),
+                    Aborted => to == Destroyed,
+                    Destroyed => false,
+                };
+                assert_eq!(legal, expect, "{from} -> {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn illegal_transition_is_an_error_not_a_panic() {
+        let c = StateCell::new(Destroyed);
+        assert!(matches!(c.transition(Ready), Err(Error::Internal(_))));
+        assert_eq!(c.get(), Destroyed);
+    }
+}
