@@ -79,6 +79,7 @@ impl RunArgs {
         spec.job = self.job.clone();
         spec.bootstrap = self.bootstrap.clone();
         spec.forward_signals = true;
+        spec.subreaper = true;
         spec
     }
 }

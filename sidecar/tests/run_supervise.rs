@@ -216,3 +216,21 @@ fn shared_memory_of_the_job_is_removed() {
     assert!(other.exists(), "another job's segment was removed");
     std::fs::remove_file(other).unwrap();
 }
+
+#[test]
+fn processes_that_escaped_the_process_group_are_killed() {
+    // `setsid` moves the grandchild into a new session and process group, out of
+    // reach of the group kill; weft, as subreaper, must still end it.
+    let dir = scratch("escaped");
+    let script = format!(
+        "setsid sleep 60 > /dev/null 2>&1 & echo $! > {d}/g$RANK.tmp; mv {d}/g$RANK.tmp {d}/g$RANK; \
+         if [ $RANK = 1 ]; then exit 6; fi; sleep 30",
+        d = dir.display()
+    );
+    let run = weft(&["run", "-n", "2", "--", "sh", "-c", &script]);
+    assert_eq!(run.code, Some(6), "{}", run.err());
+    let pids = pids_in(wait_files(&dir, 2));
+    assert_all_gone(&pids);
+    assert!(run.err().contains("leftover"), "{}", run.err());
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -63,6 +63,11 @@ pub struct LaunchSpec {
     /// Catch SIGINT/SIGTERM/SIGHUP while running and forward them to the ranks.
     /// Process-wide: at most one launch at a time may set this.
     pub forward_signals: bool,
+    /// Become the subreaper of the ranks' descendants and, at the end, kill any
+    /// that escaped their rank's process group (`setsid`, daemons).
+    /// Process-wide and it makes every other child of the caller look like an
+    /// escapee: only for a process that does nothing but launch (the CLI).
+    pub subreaper: bool,
     /// Start of our own messages on stderr, e.g. `weft run`.
     pub label: String,
 }
@@ -83,6 +88,7 @@ impl LaunchSpec {
             job: None,
             bootstrap: None,
             forward_signals: false,
+            subreaper: false,
             label: "weft run".into(),
         }
     }
@@ -271,6 +277,16 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     } else {
         None
     };
+    let old_subreaper = if spec.subreaper {
+        Some(
+            process::become_subreaper().map_err(|source| LaunchError::Setup {
+                what: "becoming the subreaper of the ranks",
+                source,
+            })?,
+        )
+    } else {
+        None
+    };
     let start = Instant::now();
 
     let mut live: Vec<Live> = Vec::with_capacity(spec.ranks);
@@ -291,6 +307,10 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
                 for l in &live {
                     process::signal_group(l.pid, libc::SIGKILL);
                     process::reap(l.pid);
+                }
+                if let Some(old) = old_subreaper {
+                    process::kill_orphans();
+                    process::set_subreaper(old);
                 }
                 drop(pipes);
                 return Err(LaunchError::Spawn {
@@ -419,6 +439,18 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
         std::thread::sleep(TICK);
     }
 
+    if let Some(old) = old_subreaper {
+        let n = process::kill_orphans();
+        if n > 0 {
+            diag(
+                label,
+                &format!(
+                    "killed {n} leftover process(es) that had left their rank's process group"
+                ),
+            );
+        }
+        process::set_subreaper(old);
+    }
     let outputs = pump.finish();
     let shm_removed = shm::remove_job_segments(std::path::Path::new(shm::SHM_DIR), &job.job);
     drop(signals);

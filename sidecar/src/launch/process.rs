@@ -140,3 +140,78 @@ pub fn describe(status: &ExitStatus) -> String {
         (None, None) => format!("ended with status {status}"),
     }
 }
+
+/// Makes this process the reaper of its orphaned descendants
+/// (`PR_SET_CHILD_SUBREAPER`), returning the previous setting.
+///
+/// A rank's process that leaves its process group (`setsid`, daemonising)
+/// escapes the group kill; as subreaper the launcher inherits it when its
+/// parent dies, and [`kill_orphans`] can then find and end it.
+/// Process-wide: for a launcher process, not for a library caller.
+pub fn become_subreaper() -> io::Result<bool> {
+    let mut old: libc::c_int = 0;
+    // SAFETY: prctl with an out-pointer to a c_int, then a plain set.
+    unsafe {
+        if libc::prctl(
+            libc::PR_GET_CHILD_SUBREAPER,
+            &mut old as *mut libc::c_int,
+            0,
+            0,
+            0,
+        ) != 0
+            || libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(old != 0)
+}
+
+/// Restores the subreaper setting saved by [`become_subreaper`].
+pub fn set_subreaper(on: bool) {
+    // SAFETY: plain prctl set.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, on as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Our current children, from `/proc/self/task/*/children` (orphans adopted
+/// by a subreaper become children of one of its threads).
+fn children() -> Vec<libc::pid_t> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// SIGKILLs and reaps every remaining child (and, as they are adopted in
+/// turn, their descendants). Only for a subreaper whose ranks are all reaped:
+/// any child left then is a rank's escaped descendant. Returns how many live
+/// processes it killed (zombies are just reaped).
+pub fn kill_orphans() -> usize {
+    let mut killed = 0;
+    // Bounded: each round kills a generation; deeper trees are adopted next round.
+    for _ in 0..100 {
+        let kids = children();
+        if kids.is_empty() {
+            break;
+        }
+        for pid in kids {
+            if !has_exited(pid) {
+                // SAFETY: our own child (a zombie or live process keeps its pid reserved).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                killed += 1;
+            }
+            reap(pid);
+        }
+    }
+    killed
+}
