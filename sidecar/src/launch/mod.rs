@@ -16,14 +16,16 @@
 //!
 //! Modules: [`env`] (the rank environment contract), [`process`] (spawning a
 //! rank in its own process group), [`output`] (prefixing lines), [`signals`]
-//! (forwarding), [`shm`] (leftover segment cleanup); this file is the
-//! supervision loop that ties them together.
+//! (forwarding), [`shm`] (leftover segment cleanup) and `supervise` (the
+//! loop that watches the ranks); this file holds the public types and ties
+//! the pieces together.
 
 pub mod env;
 pub mod output;
 pub mod process;
 pub mod shm;
 pub mod signals;
+mod supervise;
 
 use std::ffi::OsString;
 use std::io;
@@ -32,10 +34,6 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 pub use output::RankOutput;
-
-/// How often the supervisor checks ranks, signals and deadlines. Bounds how
-/// late a failure is noticed; costs one `waitid` per live rank per tick.
-const TICK: Duration = Duration::from_millis(10);
 
 /// What to launch and how. Build with [`LaunchSpec::new`] and set fields.
 #[derive(Debug, Clone)]
@@ -250,12 +248,6 @@ fn job_env(spec: &LaunchSpec) -> Result<env::JobEnv, LaunchError> {
     })
 }
 
-/// One rank under supervision.
-struct Live {
-    pid: libc::pid_t,
-    status: Option<ExitStatus>,
-}
-
 /// Runs the job described by `spec` to its end and reports how it ended.
 ///
 /// Blocks the calling thread, which must not exit before this returns (it is
@@ -289,24 +281,21 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     };
     let start = Instant::now();
 
-    let mut live: Vec<Live> = Vec::with_capacity(spec.ranks);
+    let mut live: Vec<libc::pid_t> = Vec::with_capacity(spec.ranks);
     let mut pipes = Vec::with_capacity(spec.ranks);
     for rank in 0..spec.ranks {
         let mut vars = job.rank_vars(rank);
         vars.extend(spec.env_extra.iter().cloned());
         match process::spawn_rank(&spec.program, &spec.args, &vars) {
             Ok(s) => {
-                live.push(Live {
-                    pid: s.pid,
-                    status: None,
-                });
+                live.push(s.pid);
                 pipes.push((s.stdout, s.stderr));
             }
             Err(source) => {
                 // Never leave the ranks already started behind.
-                for l in &live {
-                    process::signal_group(l.pid, libc::SIGKILL);
-                    process::reap(l.pid);
+                for &pid in &live {
+                    process::signal_group(pid, libc::SIGKILL);
+                    process::reap(pid);
                 }
                 if let Some(old) = old_subreaper {
                     process::kill_orphans();
@@ -330,114 +319,9 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     };
     let pump = output::Pump::start(pipes, sink);
 
-    let mut stop: Option<StopReason> = None;
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
-    let mut interrupts = 0usize;
-    let running = |live: &[Live]| live.iter().filter(|l| l.status.is_none()).count();
-    // Starts stopping the job: `sig` to every live rank now, SIGKILL after the grace.
-    let begin_stop = |live: &[Live], sig, kill_at: &mut Option<Instant>| {
-        for l in live.iter().filter(|l| l.status.is_none()) {
-            process::signal_group(l.pid, sig);
-        }
-        kill_at.get_or_insert(Instant::now() + spec.grace);
-    };
-
-    while running(&live) > 0 {
-        // 1. Signals to the launcher: forward; a second SIGINT means "now".
-        for (sig, n) in signals.as_ref().map(|g| g.take()).unwrap_or_default() {
-            let name = signals::signal_name(sig);
-            if sig == libc::SIGINT {
-                interrupts += n;
-            }
-            if sig == libc::SIGINT && interrupts >= 2 {
-                diag(
-                    label,
-                    &format!("{name} again; killing {} ranks", running(&live)),
-                );
-                begin_stop(&live, libc::SIGKILL, &mut kill_at);
-                killed = true;
-                continue;
-            }
-            let hint = if sig == libc::SIGINT {
-                " (interrupt again to kill them)"
-            } else {
-                ""
-            };
-            diag(
-                label,
-                &format!(
-                    "received {name}; forwarding it to {} ranks{hint}",
-                    running(&live)
-                ),
-            );
-            stop.get_or_insert(StopReason::Signal(sig));
-            begin_stop(&live, sig, &mut kill_at);
-        }
-
-        // 2. Ranks that ended: kill what is left of their group, reap, judge.
-        for rank in 0..live.len() {
-            let l = &live[rank];
-            if l.status.is_some() || !process::has_exited(l.pid) {
-                continue;
-            }
-            let pid = l.pid;
-            process::signal_group(pid, libc::SIGKILL);
-            let status = process::reap(pid);
-            live[rank].status = Some(status);
-            if !status.success() && stop.is_none() {
-                let others = running(&live);
-                let tail = if others > 0 {
-                    let s = if others == 1 { "" } else { "s" };
-                    format!("; stopping the other {others} rank{s}")
-                } else {
-                    String::new()
-                };
-                diag(
-                    label,
-                    &format!(
-                        "rank {rank} (pid {pid}) {}{tail}",
-                        process::describe(&status)
-                    ),
-                );
-                stop = Some(StopReason::RankFailed {
-                    rank,
-                    pid: pid as u32,
-                    status,
-                });
-                begin_stop(&live, libc::SIGTERM, &mut kill_at);
-            }
-        }
-        if running(&live) == 0 {
-            break;
-        }
-
-        // 3. Deadlines: the job timeout, then the grace period.
-        if let Some(t) = spec.timeout
-            && stop.is_none()
-            && start.elapsed() >= t
-        {
-            diag(
-                label,
-                &format!("timed out after {:?}; stopping {} ranks", t, running(&live)),
-            );
-            stop = Some(StopReason::Timeout(t));
-            begin_stop(&live, libc::SIGTERM, &mut kill_at);
-        }
-        if !killed && kill_at.is_some_and(|k| Instant::now() >= k) {
-            let n = running(&live);
-            diag(
-                label,
-                &format!(
-                    "{n} rank(s) still running after {:?}; sending SIGKILL",
-                    spec.grace
-                ),
-            );
-            begin_stop(&live, libc::SIGKILL, &mut kill_at);
-            killed = true;
-        }
-        std::thread::sleep(TICK);
-    }
+    let pids = live.clone();
+    let supervisor = supervise::Supervisor::new(label, spec.grace, spec.timeout, start, pids);
+    let (statuses, stop) = supervisor.run(signals.as_ref());
 
     if let Some(old) = old_subreaper {
         let n = process::kill_orphans();
@@ -456,12 +340,13 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     drop(signals);
     let ranks = live
         .into_iter()
+        .zip(statuses)
         .zip(outputs)
         .enumerate()
-        .map(|(rank, (l, output))| RankResult {
+        .map(|(rank, ((pid, status), output))| RankResult {
             rank,
-            pid: l.pid as u32,
-            status: l.status.expect("every rank reaped"),
+            pid: pid as u32,
+            status,
             output,
         })
         .collect();
