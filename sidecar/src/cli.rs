@@ -22,8 +22,22 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start N ranks of a command on this machine, as the operator would in pods.
+    #[command(after_help = RUN_HELP)]
     Run(RunArgs),
 }
+
+const RUN_HELP: &str = "\
+Each rank gets WEFT_RANK, WEFT_LOCAL_RANK, WEFT_WORLD_SIZE, WEFT_LOCAL_RANKS,
+WEFT_RANK_OFFSET, WEFT_NNODES, WEFT_NODE_RANK, WEFT_BOOTSTRAP, NCCL_COMM_ID,
+WEFT_JOB, WEFT_JOB_SECRET, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT and torchrun's PET_* variables.
+
+When a rank fails the others get SIGTERM, then SIGKILL after --grace.
+SIGINT/SIGTERM/SIGHUP are forwarded to every rank; a second SIGINT kills them.
+
+Exit status: 0 when every rank exits 0; else the first failing rank's code
+(128+N when killed by signal N); 124 on --timeout; 128+N when weft run itself
+got signal N; 127 when CMD cannot be found; 2 for bad arguments.";
 
 /// `weft run -n N [options] [--] CMD [ARGS...]`
 #[derive(Debug, Args)]

@@ -87,3 +87,22 @@ fn concurrent_long_lines_never_interleave() {
     }
     assert_eq!(counts, [200; 4]);
 }
+
+#[test]
+fn arguments_after_the_command_belong_to_it() {
+    // Without `--`, options after CMD (even weft's own names) are CMD's arguments.
+    let run = weft(&[
+        "run",
+        "-n",
+        "1",
+        "sh",
+        "-c",
+        "echo \"$@\"",
+        "sh",
+        "--timeout",
+        "-n",
+        "5",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.err());
+    assert_eq!(run.out(), "[0] --timeout -n 5\n");
+}
