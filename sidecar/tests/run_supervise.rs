@@ -32,13 +32,30 @@ fn first_failing_code_propagates_and_others_are_stopped() {
     );
 }
 
+/// Shell that waits until `n` files `g<rank>` exist in `dir` (all ranks ready).
+fn wait_all(dir: &std::path::Path, n: usize) -> String {
+    format!(
+        "until [ $(ls {} | grep -c '^g[0-9]*$') -ge {n} ]; do sleep 0.02; done",
+        dir.display()
+    )
+}
+
 #[test]
 fn rank_ignoring_sigterm_is_killed_after_grace() {
-    let script = "if [ $RANK = 0 ]; then sleep 0.2; exit 5; fi; trap '' TERM; sleep 30";
-    let run = weft(&["run", "-n", "2", "--grace", "0.5", "--", "sh", "-c", script]);
+    // Rank 0 fails only once rank 1 ignores SIGTERM, so only SIGKILL can end rank 1.
+    let dir = scratch("grace");
+    let script = format!(
+        "if [ $RANK = 0 ]; then {}; exit 5; fi; trap '' TERM; touch {}/g1; sleep 30",
+        wait_all(&dir, 1),
+        dir.display()
+    );
+    let run = weft(&[
+        "run", "-n", "2", "--grace", "0.5", "--", "sh", "-c", &script,
+    ]);
+    let _ = std::fs::remove_dir_all(dir);
     assert_eq!(run.code, Some(5));
     assert!(
-        run.elapsed >= Duration::from_millis(600),
+        run.elapsed >= Duration::from_millis(500),
         "grace not honoured: {:?}",
         run.elapsed
     );
@@ -155,7 +172,8 @@ fn no_orphans_when_a_rank_fails() {
     let dir = scratch("orphans");
     let script = format!(
         "sleep 60 & echo $! > {d}/g$RANK.tmp; mv {d}/g$RANK.tmp {d}/g$RANK; \
-         if [ $RANK = 1 ]; then sleep 0.3; exit 4; fi; wait",
+         if [ $RANK = 1 ]; then {}; exit 4; fi; wait",
+        wait_all(&dir, 3),
         d = dir.display()
     );
     let run = weft(&["run", "-n", "3", "--", "sh", "-c", &script]);
@@ -224,7 +242,8 @@ fn processes_that_escaped_the_process_group_are_killed() {
     let dir = scratch("escaped");
     let script = format!(
         "setsid sleep 60 > /dev/null 2>&1 & echo $! > {d}/g$RANK.tmp; mv {d}/g$RANK.tmp {d}/g$RANK; \
-         if [ $RANK = 1 ]; then exit 6; fi; sleep 30",
+         if [ $RANK = 1 ]; then {}; exit 6; fi; sleep 30",
+        wait_all(&dir, 2),
         d = dir.display()
     );
     let run = weft(&["run", "-n", "2", "--", "sh", "-c", &script]);
