@@ -55,11 +55,17 @@ pub struct RunArgs {
     /// Stop every rank and exit 124 when the job runs longer than this.
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     pub timeout: Option<Duration>,
-    /// Job name (WEFT_JOB); default local-<pid>.
-    #[arg(long, value_name = "NAME")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        help = "Job name (WEFT_JOB); default local-<pid>"
+    )]
     pub job: Option<String>,
-    /// Rendezvous address (WEFT_BOOTSTRAP, NCCL_COMM_ID); default 127.0.0.1:<free port>.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        help = "Rendezvous address (WEFT_BOOTSTRAP, NCCL_COMM_ID); default 127.0.0.1:<free port>"
+    )]
     pub bootstrap: Option<String>,
     /// The command each rank runs, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true,

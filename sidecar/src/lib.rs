@@ -1,6 +1,6 @@
 //! Weft's per-pod side: the `weft` command line and the libraries behind it.
 //!
-//! Today this holds the local launcher ([`launch`], used by `weft run`, by
+//! Today this holds the local launcher ([`mod@launch`], used by `weft run`, by
 //! `weft bench` and by multi-process tests) and the command-line definition
 //! ([`cli`]). The sidecar engine (proxy, RAS, telemetry) lands here as further
 //! modules and subcommands.

@@ -14,17 +14,17 @@
 //! assert_eq!(outcome.ranks[2].output.stdout, b"rank 2\n");
 //! ```
 //!
-//! Modules: [`env`] (the rank environment contract), [`process`] (spawning a
-//! rank in its own process group), [`output`] (prefixing lines), [`signals`]
+//! Modules: [`mod@env`] (the rank environment contract), `process` (spawning a
+//! rank in its own process group), `output` (prefixing lines), `signals`
 //! (forwarding), [`shm`] (leftover segment cleanup) and `supervise` (the
 //! loop that watches the ranks); this file holds the public types and ties
 //! the pieces together.
 
 pub mod env;
-pub mod output;
-pub mod process;
+pub(crate) mod output;
+mod process;
 pub mod shm;
-pub mod signals;
+mod signals;
 mod supervise;
 
 use std::ffi::OsString;
