@@ -106,3 +106,16 @@ fn arguments_after_the_command_belong_to_it() {
     assert_eq!(run.code, Some(0), "{}", run.err());
     assert_eq!(run.out(), "[0] --timeout -n 5\n");
 }
+
+#[test]
+fn over_long_lines_are_written_in_pieces_without_loss() {
+    // 200 KB without a newline exceeds the 64 KiB line buffer: it is written in
+    // pieces, only the first prefixed, and not a byte is lost or added.
+    let script = r#"head -c 200000 /dev/zero | tr '\0' a; echo"#;
+    let run = weft(&["run", "-n", "1", "--", "sh", "-c", script]);
+    assert_eq!(run.code, Some(0));
+    let mut want = b"[0] ".to_vec();
+    want.extend(std::iter::repeat_n(b'a', 200_000));
+    want.push(b'\n');
+    assert!(run.stdout == want, "got {} bytes", run.stdout.len());
+}
