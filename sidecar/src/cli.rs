@@ -1,0 +1,116 @@
+//! The `weft` command line. Each subcommand is a variant of [`Command`] with
+//! its own argument struct and handler; [`dispatch`] returns the process exit code.
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::launch::{self, LaunchSpec};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "weft",
+    version,
+    about = "Weft: Kubernetes-native collective communication"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start N ranks of a command on this machine, as the operator would in pods.
+    #[command(after_help = RUN_HELP)]
+    Run(RunArgs),
+}
+
+const RUN_HELP: &str = "\
+Each rank gets WEFT_RANK, WEFT_LOCAL_RANK, WEFT_WORLD_SIZE, WEFT_LOCAL_RANKS,
+WEFT_RANK_OFFSET, WEFT_NNODES, WEFT_NODE_RANK, WEFT_BOOTSTRAP, NCCL_COMM_ID,
+WEFT_JOB, WEFT_JOB_SECRET, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT and torchrun's PET_* variables.
+
+When a rank fails the others get SIGTERM, then SIGKILL after --grace.
+SIGINT/SIGTERM/SIGHUP are forwarded to every rank; a second SIGINT kills them.
+
+Exit status: 0 when every rank exits 0; else the first failing rank's code
+(128+N when killed by signal N); 124 on --timeout; 128+N when weft run itself
+got signal N; 127 when CMD cannot be found; 2 for bad arguments.";
+
+/// `weft run -n N [options] [--] CMD [ARGS...]`
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Number of ranks to start.
+    #[arg(short = 'n', long = "nproc", visible_alias = "ranks", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub nproc: u32,
+    /// Print ranks' output as is, without `[rank] ` prefixes.
+    #[arg(long)]
+    pub no_prefix: bool,
+    /// Seconds between SIGTERM and SIGKILL when stopping ranks.
+    #[arg(long, value_name = "SECS", default_value = "3", value_parser = parse_secs)]
+    pub grace: Duration,
+    /// Stop every rank and exit 124 when the job runs longer than this.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub timeout: Option<Duration>,
+    #[arg(
+        long,
+        value_name = "NAME",
+        help = "Job name (WEFT_JOB); default local-<pid>"
+    )]
+    pub job: Option<String>,
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        help = "Rendezvous address (WEFT_BOOTSTRAP, NCCL_COMM_ID); default 127.0.0.1:<free port>"
+    )]
+    pub bootstrap: Option<String>,
+    /// The command each rank runs, and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true,
+          value_name = "CMD", value_parser = clap::value_parser!(OsString))]
+    pub command: Vec<OsString>,
+}
+
+/// Seconds as an integer or decimal, e.g. `3` or `0.5`.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a valid duration"))
+}
+
+/// Runs the parsed command line; returns the exit code.
+pub fn dispatch(cli: Cli) -> i32 {
+    match cli.command {
+        Command::Run(args) => run(args),
+    }
+}
+
+impl RunArgs {
+    /// The library spec for these arguments.
+    pub fn to_spec(&self) -> LaunchSpec {
+        let mut spec = LaunchSpec::new(self.nproc as usize, self.command[0].clone());
+        spec.args = self.command[1..].to_vec();
+        spec.prefix = !self.no_prefix;
+        spec.grace = self.grace;
+        spec.timeout = self.timeout;
+        spec.job = self.job.clone();
+        spec.bootstrap = self.bootstrap.clone();
+        spec.forward_signals = true;
+        spec.subreaper = true;
+        spec
+    }
+}
+
+/// `weft run`: launch, wait, and exit like the first failing rank.
+pub fn run(args: RunArgs) -> i32 {
+    match launch::launch(&args.to_spec()) {
+        Ok(outcome) => outcome.exit_code(),
+        Err(e) => {
+            let _ = launch::output::write_all(2, format!("weft run: {e}\n").as_bytes());
+            e.exit_code()
+        }
+    }
+}

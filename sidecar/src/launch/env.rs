@@ -1,0 +1,162 @@
+//! The environment contract between a launcher and each rank process.
+//!
+//! The names are a contract with the data plane (libcomm reads the `WEFT_*`
+//! ones), with PyTorch (`RANK`, `MASTER_ADDR`, ...) and torchrun (`PET_*`):
+//! they must match what the operator gives pods, so a program behaves the
+//! same under `weft run` and in a cluster.
+
+use std::io;
+use std::net::{Ipv4Addr, TcpListener};
+
+/// Loopback address every local rank uses for rendezvous.
+pub const LOCALHOST: &str = "127.0.0.1";
+
+/// Job-wide values shared by all ranks of one local launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobEnv {
+    /// `WEFT_JOB`: names the job; shared-memory segments are `/dev/shm/weft-<job>-*`.
+    pub job: String,
+    /// Number of ranks (all on this node).
+    pub world_size: usize,
+    /// `WEFT_BOOTSTRAP` and `NCCL_COMM_ID`: `host:port` of the rendezvous.
+    pub bootstrap: String,
+    /// `MASTER_PORT` / `PET_MASTER_PORT`: distinct from the bootstrap port, so
+    /// a PyTorch store and Weft's bootstrap never fight over one port.
+    pub master_port: u16,
+    /// `WEFT_JOB_SECRET`: `None` when the launcher's own environment already
+    /// has one (the ranks inherit it).
+    pub secret: Option<String>,
+}
+
+impl JobEnv {
+    /// The variables for rank `rank`, to be set on top of the inherited environment.
+    pub fn rank_vars(&self, rank: usize) -> Vec<(String, String)> {
+        let n = self.world_size.to_string();
+        let r = rank.to_string();
+        let port = self.master_port.to_string();
+        let mut vars: Vec<(&str, String)> = vec![
+            ("WEFT_RANK", r.clone()),
+            ("WEFT_LOCAL_RANK", r.clone()),
+            ("WEFT_WORLD_SIZE", n.clone()),
+            ("WEFT_LOCAL_RANKS", n.clone()),
+            ("WEFT_RANK_OFFSET", "0".into()),
+            ("WEFT_NNODES", "1".into()),
+            ("WEFT_NODE_RANK", "0".into()),
+            ("WEFT_BOOTSTRAP", self.bootstrap.clone()),
+            ("NCCL_COMM_ID", self.bootstrap.clone()),
+            ("WEFT_JOB", self.job.clone()),
+            ("RANK", r.clone()),
+            ("LOCAL_RANK", r),
+            ("WORLD_SIZE", n.clone()),
+            ("LOCAL_WORLD_SIZE", n.clone()),
+            ("MASTER_ADDR", LOCALHOST.into()),
+            ("MASTER_PORT", port.clone()),
+            ("PET_NNODES", "1".into()),
+            ("PET_NODE_RANK", "0".into()),
+            ("PET_NPROC_PER_NODE", n),
+            ("PET_MASTER_ADDR", LOCALHOST.into()),
+            ("PET_MASTER_PORT", port),
+        ];
+        if let Some(secret) = &self.secret {
+            vars.push(("WEFT_JOB_SECRET", secret.clone()));
+        }
+        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+}
+
+/// Job names end up in file names (`/dev/shm/weft-<job>-*`) and in Kubernetes
+/// object names, so keep them to a safe alphabet.
+pub fn validate_job(job: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+    if job.is_empty() || job.len() > 200 || job.starts_with('.') || !job.chars().all(ok_char) {
+        return Err(format!(
+            "invalid job name '{job}': use 1-200 characters from [A-Za-z0-9._-], not starting with '.'"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a `HOST:PORT` bootstrap address and returns its port.
+pub fn parse_bootstrap(addr: &str) -> Result<u16, String> {
+    let bad = || format!("invalid bootstrap address '{addr}': expected HOST:PORT");
+    let (host, port) = addr.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() || port == 0 {
+        return Err(bad());
+    }
+    Ok(port)
+}
+
+/// Finds `count` distinct free TCP ports on 127.0.0.1, none equal to `avoid`.
+///
+/// All listeners are held until every port is chosen, so the kernel cannot hand
+/// out the same port twice; they are closed on return (the usual small race
+/// with other processes remains, as with every launcher that does this).
+pub fn free_ports(count: usize, avoid: Option<u16>) -> io::Result<Vec<u16>> {
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    // A few extra tries in case the kernel hands out `avoid` itself.
+    for _ in 0..count + 8 {
+        if ports.len() == count {
+            break;
+        }
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let p = l.local_addr()?.port();
+        held.push(l);
+        if Some(p) != avoid {
+            ports.push(p);
+        }
+    }
+    if ports.len() < count {
+        return Err(io::Error::other(
+            "could not find free TCP ports on 127.0.0.1",
+        ));
+    }
+    Ok(ports)
+}
+
+/// 32 random bytes from the OS as 64 lowercase hex characters.
+pub fn fresh_secret() -> io::Result<String> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(format!("getrandom: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bootstrap_parsing() {
+        assert_eq!(parse_bootstrap("127.0.0.1:29500"), Ok(29500));
+        assert_eq!(parse_bootstrap("[::1]:7"), Ok(7));
+        assert!(parse_bootstrap("nohost").is_err());
+        assert!(parse_bootstrap(":80").is_err());
+        assert!(parse_bootstrap("h:0").is_err());
+        assert!(parse_bootstrap("h:99999").is_err());
+    }
+
+    #[test]
+    fn job_names() {
+        assert!(validate_job("local-123").is_ok());
+        assert!(validate_job("a/b").is_err());
+        assert!(validate_job("").is_err());
+        assert!(validate_job("..").is_err());
+    }
+
+    #[test]
+    fn ports_are_distinct_and_avoid() {
+        let p = free_ports(2, None).unwrap();
+        assert_ne!(p[0], p[1]);
+        let q = free_ports(1, Some(p[0])).unwrap();
+        assert_ne!(q[0], p[0]);
+    }
+
+    #[test]
+    fn secret_is_64_hex() {
+        let s = fresh_secret().unwrap();
+        assert_eq!(s.len(), 64);
+        assert!(s.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(s, fresh_secret().unwrap());
+    }
+}

@@ -1,0 +1,361 @@
+//! The local launcher behind `weft run`: start N ranks of a program on this
+//! machine with the environment the operator gives pods, pass their output
+//! through, and supervise them so that one failure stops the job and nothing
+//! is left behind.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! let mut spec = weft::LaunchSpec::new(4, "sh");
+//! spec.args = vec!["-c".into(), "echo rank $WEFT_RANK".into()];
+//! spec.capture = true;
+//! spec.timeout = Some(Duration::from_secs(30));
+//! let outcome = weft::launch(&spec).unwrap();
+//! assert_eq!(outcome.exit_code(), 0);
+//! assert_eq!(outcome.ranks[2].output.stdout, b"rank 2\n");
+//! ```
+//!
+//! Modules: [`mod@env`] (the rank environment contract), `process` (spawning a
+//! rank in its own process group), `output` (prefixing lines), `signals`
+//! (forwarding), [`shm`] (leftover segment cleanup) and `supervise` (the
+//! loop that watches the ranks); this file holds the public types and ties
+//! the pieces together.
+
+pub mod env;
+pub(crate) mod output;
+mod process;
+pub mod shm;
+mod signals;
+mod supervise;
+
+use std::ffi::OsString;
+use std::io;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+pub use output::RankOutput;
+
+/// What to launch and how. Build with [`LaunchSpec::new`] and set fields.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Number of ranks (>= 1), all on this machine.
+    pub ranks: usize,
+    /// Program to run for each rank (looked up in `PATH` when it has no `/`).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Extra variables for every rank, set last (they override the contract).
+    pub env_extra: Vec<(String, String)>,
+    /// Prefix each printed line with `[rank] ` (ignored when capturing).
+    pub prefix: bool,
+    /// Collect each rank's output into [`RankResult::output`] instead of printing it.
+    pub capture: bool,
+    /// Time between SIGTERM and SIGKILL when stopping ranks.
+    pub grace: Duration,
+    /// Stop everything when the job runs longer than this (exit code 124).
+    pub timeout: Option<Duration>,
+    /// `WEFT_JOB`; default `local-<launcher pid>`.
+    pub job: Option<String>,
+    /// `WEFT_BOOTSTRAP` as `HOST:PORT`; default 127.0.0.1 and a free port.
+    pub bootstrap: Option<String>,
+    /// Catch SIGINT/SIGTERM/SIGHUP while running and forward them to the ranks.
+    /// Process-wide: at most one launch at a time may set this.
+    pub forward_signals: bool,
+    /// Become the subreaper of the ranks' descendants and, at the end, kill any
+    /// that escaped their rank's process group (`setsid`, daemons).
+    /// Process-wide and it makes every other child of the caller look like an
+    /// escapee: only for a process that does nothing but launch (the CLI).
+    pub subreaper: bool,
+    /// Start of our own messages on stderr, e.g. `weft run`.
+    pub label: String,
+}
+
+impl LaunchSpec {
+    /// `ranks` copies of `program` with no arguments, prefixed output, 3 s
+    /// grace, no timeout, no signal forwarding.
+    pub fn new(ranks: usize, program: impl Into<OsString>) -> Self {
+        LaunchSpec {
+            ranks,
+            program: program.into(),
+            args: Vec::new(),
+            env_extra: Vec::new(),
+            prefix: true,
+            capture: false,
+            grace: Duration::from_secs(3),
+            timeout: None,
+            job: None,
+            bootstrap: None,
+            forward_signals: false,
+            subreaper: false,
+            label: "weft run".into(),
+        }
+    }
+}
+
+/// Why the launcher stopped the job early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The first rank to fail (non-zero exit or killed by a signal).
+    RankFailed {
+        rank: usize,
+        pid: u32,
+        status: ExitStatus,
+    },
+    /// The launcher received this signal and forwarded it.
+    Signal(i32),
+    /// [`LaunchSpec::timeout`] ran out.
+    Timeout(Duration),
+}
+
+/// How one rank ended.
+#[derive(Debug, Clone)]
+pub struct RankResult {
+    pub rank: usize,
+    pub pid: u32,
+    pub status: ExitStatus,
+    /// Its output when [`LaunchSpec::capture`] was set, else empty.
+    pub output: RankOutput,
+}
+
+/// How the whole launch ended. Every rank has been reaped.
+#[derive(Debug, Clone)]
+pub struct LaunchOutcome {
+    pub job: String,
+    pub bootstrap: String,
+    /// Indexed by rank.
+    pub ranks: Vec<RankResult>,
+    /// `None` when every rank ran to its own end.
+    pub stop: Option<StopReason>,
+    /// Leftover `/dev/shm/weft-<job>-*` files that were removed.
+    pub shm_removed: Vec<PathBuf>,
+    pub elapsed: Duration,
+}
+
+impl LaunchOutcome {
+    /// The first rank that failed, if one did before any signal or timeout.
+    pub fn first_failure(&self) -> Option<&RankResult> {
+        match self.stop {
+            Some(StopReason::RankFailed { rank, .. }) => self.ranks.get(rank),
+            _ => None,
+        }
+    }
+
+    /// What `weft run` exits with: the first failing rank's code (128 + signal
+    /// when it was killed), 124 on timeout, 128 + signal when the launcher was
+    /// signalled, 0 when every rank succeeded.
+    pub fn exit_code(&self) -> i32 {
+        match &self.stop {
+            Some(StopReason::RankFailed { status, .. }) => process::exit_code_of(status),
+            Some(StopReason::Timeout(_)) => 124,
+            Some(StopReason::Signal(sig)) => 128 + sig,
+            None => self
+                .ranks
+                .iter()
+                .map(|r| process::exit_code_of(&r.status))
+                .find(|&c| c != 0)
+                .unwrap_or(0),
+        }
+    }
+
+    /// True when the job ran to completion and every rank exited 0.
+    pub fn success(&self) -> bool {
+        self.exit_code() == 0
+    }
+}
+
+/// Why a launch could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// The spec is unusable (0 ranks, bad job name or bootstrap address).
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// A rank's program could not be started; the ranks already started were killed.
+    #[error("cannot start '{program}': {}", os_message(source))]
+    Spawn {
+        rank: usize,
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Setting up the launch failed (ports, randomness, signal handlers).
+    #[error("{what}: {source}")]
+    Setup {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl LaunchError {
+    /// Shell conventions: 2 usage, 127 command not found, 126 not executable, 1 otherwise.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            LaunchError::InvalidSpec(_) => 2,
+            LaunchError::Spawn { source, .. } if source.kind() == io::ErrorKind::NotFound => 127,
+            LaunchError::Spawn { .. } => 126,
+            LaunchError::Setup { .. } => 1,
+        }
+    }
+}
+
+/// `"No such file or directory"` rather than `"... (os error 2)"`.
+fn os_message(e: &io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+/// Writes `"<label>: <msg>\n"` to stderr in one write, so it never splits a rank's line.
+fn diag(label: &str, msg: &str) {
+    let _ = output::write_all(2, format!("{label}: {msg}\n").as_bytes());
+}
+
+/// Works out the job-wide environment from the spec.
+fn job_env(spec: &LaunchSpec) -> Result<env::JobEnv, LaunchError> {
+    if spec.ranks == 0 {
+        return Err(LaunchError::InvalidSpec(
+            "the number of ranks must be at least 1".into(),
+        ));
+    }
+    let job = spec
+        .job
+        .clone()
+        .unwrap_or_else(|| format!("local-{}", std::process::id()));
+    env::validate_job(&job).map_err(LaunchError::InvalidSpec)?;
+    let setup = |what| move |source| LaunchError::Setup { what, source };
+    let given_port = match &spec.bootstrap {
+        Some(b) => Some(env::parse_bootstrap(b).map_err(LaunchError::InvalidSpec)?),
+        None => None,
+    };
+    let wanted = if given_port.is_some() { 1 } else { 2 };
+    let ports = env::free_ports(wanted, given_port).map_err(setup("finding free ports"))?;
+    let bootstrap = match &spec.bootstrap {
+        Some(b) => b.clone(),
+        None => format!("{}:{}", env::LOCALHOST, ports[1]),
+    };
+    let secret = match std::env::var_os("WEFT_JOB_SECRET") {
+        Some(_) => None,
+        None => Some(env::fresh_secret().map_err(setup("generating the job secret"))?),
+    };
+    Ok(env::JobEnv {
+        job,
+        world_size: spec.ranks,
+        bootstrap,
+        master_port: ports[0],
+        secret,
+    })
+}
+
+/// Runs the job described by `spec` to its end and reports how it ended.
+///
+/// Blocks the calling thread, which must not exit before this returns (it is
+/// the ranks' parent for PDEATHSIG). Output is printed as it comes (or
+/// captured). When a rank fails, the others get SIGTERM and, after
+/// `spec.grace`, SIGKILL. Each rank's process group is SIGKILLed when its
+/// leader exits, so a rank's leftover children die with it. On return every
+/// rank is reaped and the job's `/dev/shm/weft-<job>-*` files are removed.
+pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
+    let job = job_env(spec)?;
+    let label = spec.label.as_str();
+    let signals = if spec.forward_signals {
+        Some(
+            signals::SignalGuard::install().map_err(|source| LaunchError::Setup {
+                what: "installing signal handlers",
+                source,
+            })?,
+        )
+    } else {
+        None
+    };
+    let old_subreaper = if spec.subreaper {
+        Some(
+            process::become_subreaper().map_err(|source| LaunchError::Setup {
+                what: "becoming the subreaper of the ranks",
+                source,
+            })?,
+        )
+    } else {
+        None
+    };
+    let start = Instant::now();
+
+    let mut live: Vec<libc::pid_t> = Vec::with_capacity(spec.ranks);
+    let mut pipes = Vec::with_capacity(spec.ranks);
+    for rank in 0..spec.ranks {
+        let mut vars = job.rank_vars(rank);
+        vars.extend(spec.env_extra.iter().cloned());
+        match process::spawn_rank(&spec.program, &spec.args, &vars) {
+            Ok(s) => {
+                live.push(s.pid);
+                pipes.push((s.stdout, s.stderr));
+            }
+            Err(source) => {
+                // Never leave the ranks already started behind.
+                for &pid in &live {
+                    process::signal_group(pid, libc::SIGKILL);
+                    process::reap(pid);
+                }
+                if let Some(old) = old_subreaper {
+                    process::kill_orphans();
+                    process::set_subreaper(old);
+                }
+                drop(pipes);
+                return Err(LaunchError::Spawn {
+                    rank,
+                    program: spec.program.to_string_lossy().into_owned(),
+                    source,
+                });
+            }
+        }
+    }
+    let sink = if spec.capture {
+        output::Sink::Capture
+    } else {
+        output::Sink::Print {
+            prefix: spec.prefix,
+        }
+    };
+    let pump = output::Pump::start(pipes, sink);
+
+    let pids = live.clone();
+    let supervisor = supervise::Supervisor::new(label, spec.grace, spec.timeout, start, pids);
+    let (statuses, stop) = supervisor.run(signals.as_ref());
+
+    if let Some(old) = old_subreaper {
+        let n = process::kill_orphans();
+        if n > 0 {
+            diag(
+                label,
+                &format!(
+                    "killed {n} leftover process(es) that had left their rank's process group"
+                ),
+            );
+        }
+        process::set_subreaper(old);
+    }
+    let outputs = pump.finish();
+    let shm_removed = shm::remove_job_segments(std::path::Path::new(shm::SHM_DIR), &job.job);
+    drop(signals);
+    let ranks = live
+        .into_iter()
+        .zip(statuses)
+        .zip(outputs)
+        .enumerate()
+        .map(|(rank, ((pid, status), output))| RankResult {
+            rank,
+            pid: pid as u32,
+            status,
+            output,
+        })
+        .collect();
+    Ok(LaunchOutcome {
+        job: job.job,
+        bootstrap: job.bootstrap,
+        ranks,
+        stop,
+        shm_removed,
+        elapsed: start.elapsed(),
+    })
+}

@@ -1,0 +1,271 @@
+//! Moving ranks' output to ours: one thread polls every rank's stdout and
+//! stderr pipe and writes whole lines, each as a single `write(2)` prefixed
+//! with the rank (`[3] ...`), so lines of different ranks never interleave
+//! mid-line. Bytes are passed through untouched (invalid UTF-8 included).
+//!
+//! Two exceptions to "whole lines": a line longer than [`MAX_LINE`] is written
+//! in pieces (bounded memory), and a final line without a newline is written
+//! at end of stream with a newline added, so the next prefix starts a line.
+//!
+//! In capture mode nothing is printed: each rank's raw bytes are collected.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest piece buffered while waiting for a newline.
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// How long to keep draining pipes after every rank has ended. Only a process
+/// that escaped its rank's process group can hold a pipe open that long.
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// What one rank wrote, when captured.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RankOutput {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Where output goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Sink {
+    /// To our stdout/stderr, with `[rank] ` prefixes when `prefix`.
+    Print { prefix: bool },
+    /// Into [`RankOutput`] buffers.
+    Capture,
+}
+
+struct Stream {
+    fd: OwnedFd,
+    rank: usize,
+    is_stderr: bool,
+    pending: Vec<u8>,
+    /// A piece of an over-long line was written: the rest gets no new prefix.
+    mid_line: bool,
+    open: bool,
+}
+
+/// The running output thread.
+pub struct Pump {
+    done: Arc<AtomicBool>,
+    handle: JoinHandle<Vec<RankOutput>>,
+}
+
+impl Pump {
+    /// Starts pumping `pipes[rank] = (stdout, stderr)`.
+    pub fn start(pipes: Vec<(OwnedFd, OwnedFd)>, sink: Sink) -> Pump {
+        let ranks = pipes.len();
+        let mut streams = Vec::with_capacity(2 * ranks);
+        for (rank, (out, err)) in pipes.into_iter().enumerate() {
+            for (fd, is_stderr) in [(out, false), (err, true)] {
+                streams.push(Stream {
+                    fd,
+                    rank,
+                    is_stderr,
+                    pending: Vec::new(),
+                    mid_line: false,
+                    open: true,
+                });
+            }
+        }
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = done.clone();
+        let handle = std::thread::Builder::new()
+            .name("weft-output".into())
+            .spawn(move || {
+                let mut w = Writer {
+                    sink,
+                    width: digits(ranks.saturating_sub(1)),
+                    out: vec![RankOutput::default(); ranks],
+                    broken: [false; 2],
+                };
+                pump(&mut streams, &mut w, &flag);
+                w.out
+            })
+            .expect("spawn output thread");
+        Pump { done, handle }
+    }
+
+    /// Call once every rank has ended: drains what is left (bounded by
+    /// [`DRAIN`]) and returns the captured output (empty buffers when printing).
+    pub fn finish(self) -> Vec<RankOutput> {
+        self.done.store(true, Ordering::SeqCst);
+        self.handle.join().unwrap_or_default()
+    }
+}
+
+fn digits(mut n: usize) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
+}
+
+fn pump(streams: &mut [Stream], w: &mut Writer, done: &AtomicBool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let open: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].open).collect();
+        if open.is_empty() {
+            return;
+        }
+        if done.load(Ordering::SeqCst) {
+            let d = *deadline.get_or_insert_with(|| Instant::now() + DRAIN);
+            if Instant::now() >= d {
+                for s in streams.iter_mut().filter(|s| s.open) {
+                    close(s, w);
+                }
+                return;
+            }
+        }
+        let mut fds: Vec<libc::pollfd> = open
+            .iter()
+            .map(|&i| libc::pollfd {
+                fd: streams[i].fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: fds is a valid array of pollfd of the given length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+        if n <= 0 {
+            continue; // timeout or EINTR: re-check the done flag
+        }
+        for (pfd, &i) in fds.iter().zip(&open) {
+            if pfd.revents == 0 {
+                continue;
+            }
+            let s = &mut streams[i];
+            // SAFETY: reading into our own buffer from an fd we own.
+            let got = unsafe { libc::read(s.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if got > 0 {
+                s.pending.extend_from_slice(&buf[..got as usize]);
+                emit_lines(s, w);
+            } else if got == 0
+                || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+            {
+                close(s, w);
+            }
+        }
+    }
+}
+
+/// Writes every complete line in `s.pending`, and a piece of an over-long line.
+fn emit_lines(s: &mut Stream, w: &mut Writer) {
+    let mut start = 0;
+    while let Some(nl) = s.pending[start..].iter().position(|&b| b == b'\n') {
+        let end = start + nl + 1;
+        w.write(
+            s.rank,
+            s.is_stderr,
+            &s.pending[start..end],
+            !s.mid_line,
+            false,
+        );
+        s.mid_line = false;
+        start = end;
+    }
+    s.pending.drain(..start);
+    if s.pending.len() >= MAX_LINE {
+        w.write(s.rank, s.is_stderr, &s.pending, !s.mid_line, false);
+        s.pending.clear();
+        s.mid_line = true;
+    }
+}
+
+/// End of stream: flush a partial last line (adding the newline) and close.
+fn close(s: &mut Stream, w: &mut Writer) {
+    if !s.pending.is_empty() {
+        w.write(s.rank, s.is_stderr, &s.pending, !s.mid_line, true);
+        s.pending.clear();
+    }
+    s.open = false;
+}
+
+struct Writer {
+    sink: Sink,
+    width: usize,
+    out: Vec<RankOutput>,
+    /// Our stdout/stderr went away (EPIPE...): keep draining, stop writing.
+    broken: [bool; 2],
+}
+
+impl Writer {
+    fn write(&mut self, rank: usize, is_stderr: bool, bytes: &[u8], prefix: bool, add_nl: bool) {
+        match self.sink {
+            Sink::Capture => {
+                let o = &mut self.out[rank];
+                let buf = if is_stderr {
+                    &mut o.stderr
+                } else {
+                    &mut o.stdout
+                };
+                buf.extend_from_slice(bytes);
+            }
+            Sink::Print { prefix: want } => {
+                let idx = usize::from(is_stderr);
+                if self.broken[idx] {
+                    return;
+                }
+                let mut line = Vec::with_capacity(bytes.len() + self.width + 4);
+                if want && prefix {
+                    line.extend_from_slice(format!("[{rank:>w$}] ", w = self.width).as_bytes());
+                }
+                line.extend_from_slice(bytes);
+                if add_nl {
+                    line.push(b'\n');
+                }
+                if write_all(if is_stderr { 2 } else { 1 }, &line).is_err() {
+                    self.broken[idx] = true;
+                }
+            }
+        }
+    }
+}
+
+/// One `write(2)` per call in the normal case; loops only on a short write
+/// (huge line into a full pipe) or EINTR, and waits out EAGAIN when our
+/// inherited stdout happens to be non-blocking.
+pub fn write_all(fd: RawFd, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: writing from a valid slice.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n >= 0 {
+            bytes = &bytes[n as usize..];
+            continue;
+        }
+        let err = std::io::Error::last_os_error();
+        match err.kind() {
+            std::io::ErrorKind::Interrupted => {}
+            std::io::ErrorKind::WouldBlock => {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut p, 1, 100) };
+            }
+            _ => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::digits;
+
+    #[test]
+    fn prefix_width() {
+        assert_eq!(digits(0), 1);
+        assert_eq!(digits(9), 1);
+        assert_eq!(digits(10), 2);
+        assert_eq!(digits(127), 3);
+    }
+}

@@ -1,0 +1,13 @@
+//! Weft's per-pod side: the `weft` command line and the libraries behind it.
+//!
+//! Today this holds the local launcher ([`mod@launch`], used by `weft run`, by
+//! `weft bench` and by multi-process tests) and the command-line definition
+//! ([`cli`]). The sidecar engine (proxy, RAS, telemetry) lands here as further
+//! modules and subcommands.
+
+pub mod cli;
+pub mod launch;
+
+pub use launch::{
+    LaunchError, LaunchOutcome, LaunchSpec, RankOutput, RankResult, StopReason, launch,
+};
