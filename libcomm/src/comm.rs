@@ -87,10 +87,15 @@ impl Shared {
                 "communicator {} (rank {}) was destroyed{}; {what} is not allowed on a destroyed communicator",
                 self.label,
                 self.rank,
-                lock(&self.ended_at).map(|t| format!(" at {}", since_epoch(t))).unwrap_or_default()
+                lock(&self.ended_at)
+                    .map(|t| format!(" at {}", since_epoch(t)))
+                    .unwrap_or_default()
             )),
             CommState::Failed => {
-                let cause = lock(&self.async_err).as_ref().map(|e| format!(" ({e})")).unwrap_or_default();
+                let cause = lock(&self.async_err)
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default();
                 Error::InvalidUsage(format!(
                     "communicator {} (rank {}) has failed{cause}; {what} is not allowed: abort or destroy it",
                     self.label, self.rank
@@ -111,7 +116,10 @@ impl Shared {
         match r {
             Ok(core) => {
                 let fault = core.fault.clone();
-                if self.state.transition_from(&[CommState::Initializing], CommState::Ready) {
+                if self
+                    .state
+                    .transition_from(&[CommState::Initializing], CommState::Ready)
+                {
                     let _ = self.fault.set(fault);
                     *g = Some(core);
                 }
@@ -120,7 +128,8 @@ impl Shared {
             Err(e) => {
                 crate::log::warn_log!("comm {} rank {}: init failed: {e}", self.label, self.rank);
                 lock(&self.async_err).get_or_insert(e);
-                self.state.transition_from(&[CommState::Initializing], CommState::Failed);
+                self.state
+                    .transition_from(&[CommState::Initializing], CommState::Failed);
             }
         }
     }
@@ -133,7 +142,11 @@ impl Shared {
         })
     }
 
-    fn run_or_spawn(self: &Arc<Self>, blocking: bool, work: impl FnOnce(&Arc<Shared>) -> Result<CommCore> + Send + 'static) -> Result<()> {
+    fn run_or_spawn(
+        self: &Arc<Self>,
+        blocking: bool,
+        work: impl FnOnce(&Arc<Shared>) -> Result<CommCore> + Send + 'static,
+    ) -> Result<()> {
         if blocking {
             let r = work(self);
             self.finish_init(r);
@@ -166,10 +179,15 @@ fn check_rank_args(nranks: usize, rank: usize) -> Result<()> {
         return Err(Error::arg("nranks must be at least 1"));
     }
     if nranks > (1 << 20) {
-        return Err(Error::arg(format!("nranks {nranks} is larger than Weft supports (1048576)")));
+        return Err(Error::arg(format!(
+            "nranks {nranks} is larger than Weft supports (1048576)"
+        )));
     }
     if rank >= nranks {
-        return Err(Error::arg(format!("rank {rank} is out of range for {nranks} ranks (valid: 0..={})", nranks - 1)));
+        return Err(Error::arg(format!(
+            "rank {rank} is out of range for {nranks} ranks (valid: 0..={})",
+            nranks - 1
+        )));
     }
     Ok(())
 }
@@ -178,18 +196,31 @@ fn bytes_of(count: usize, dt: DataType, what: &str) -> Result<usize> {
     count
         .checked_mul(dt.size())
         .filter(|b| *b <= isize::MAX as usize)
-        .ok_or_else(|| Error::arg(format!("{what}: {count} elements of {dt} overflow the address space")))
+        .ok_or_else(|| {
+            Error::arg(format!(
+                "{what}: {count} elements of {dt} overflow the address space"
+            ))
+        })
 }
 
 fn check_ptr(p: *const u8, bytes: usize, what: &str) -> Result<()> {
     if bytes > 0 && p.is_null() {
-        return Err(Error::arg(format!("{what} is NULL but {bytes} bytes were requested")));
+        return Err(Error::arg(format!(
+            "{what} is NULL but {bytes} bytes were requested"
+        )));
     }
     Ok(())
 }
 
 /// Refuses buffers that overlap other than in the exact in-place layout.
-fn check_overlap(a: *const u8, alen: usize, b: *const u8, blen: usize, inplace_ok: bool, what: &str) -> Result<()> {
+fn check_overlap(
+    a: *const u8,
+    alen: usize,
+    b: *const u8,
+    blen: usize,
+    inplace_ok: bool,
+    what: &str,
+) -> Result<()> {
     if alen == 0 || blen == 0 {
         return Ok(());
     }
@@ -211,7 +242,12 @@ impl Communicator {
     /// Init with an explicit configuration; with `cfg.blocking == false` it
     /// returns at once in state `Initializing` (poll [`state`](Self::state),
     /// [`wait_ready`](Self::wait_ready) or [`async_error`](Self::async_error)).
-    pub fn init_with_config(id: &UniqueId, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+    pub fn init_with_config(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        cfg: Config,
+    ) -> Result<Communicator> {
         check_rank_args(nranks, rank)?;
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id.nonce[..4]));
         let s = Shared::new(label, rank, nranks, cfg.clone());
@@ -226,7 +262,12 @@ impl Communicator {
     }
 
     /// Non-blocking init: returns at once; the communicator becomes Ready (or Failed) later.
-    pub fn init_nonblocking(id: &UniqueId, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
+    pub fn init_nonblocking(
+        id: &UniqueId,
+        nranks: usize,
+        rank: usize,
+        cfg: Config,
+    ) -> Result<Communicator> {
         Self::init_with_config(id, nranks, rank, cfg.blocking(false))
     }
 
@@ -235,10 +276,16 @@ impl Communicator {
     /// `WEFT_BOOTSTRAP`/`NCCL_COMM_ID` and the job secret.
     pub fn from_env() -> Result<Communicator> {
         let get = |a: &str, b: &str| -> Result<usize> {
-            let v = std::env::var(a).or_else(|_| std::env::var(b)).map_err(|_| {
-                Error::arg(format!("{a} (or {b}) is not set: start ranks with `weft run -n N -- ...`"))
-            })?;
-            v.trim().parse().map_err(|_| Error::arg(format!("{a}={v} is not a number")))
+            let v = std::env::var(a)
+                .or_else(|_| std::env::var(b))
+                .map_err(|_| {
+                    Error::arg(format!(
+                        "{a} (or {b}) is not set: start ranks with `weft run -n N -- ...`"
+                    ))
+                })?;
+            v.trim()
+                .parse()
+                .map_err(|_| Error::arg(format!("{a}={v} is not a number")))
         };
         let rank = get("WEFT_RANK", "RANK")?;
         let nranks = get("WEFT_WORLD_SIZE", "WORLD_SIZE")?;
@@ -250,12 +297,22 @@ impl Communicator {
         check_rank_args(n, 0)?;
         let id = UniqueId::new()?;
         let cfg = Config::from_env()?;
-        let comms: Vec<Communicator> = (0..n)
-            .map(|r| Self::init_nonblocking(&id, n, r, cfg.clone()))
-            .collect::<Result<_>>()?;
-        for c in &comms {
-            c.wait_ready(None)?;
-        }
+        // Blocking communicators (as NCCL's CommInitAll makes), initialised concurrently.
+        let comms: Vec<Result<Communicator>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (id, cfg) = (&id, cfg.clone());
+                    sc.spawn(move || Self::init_with_config(id, n, r, cfg))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(Error::Internal("init thread panicked".into())))
+                })
+                .collect()
+        });
+        let comms: Vec<Communicator> = comms.into_iter().collect::<Result<_>>()?;
         Ok(comms)
     }
 
@@ -303,7 +360,11 @@ impl Communicator {
                 if let Some(f) = self.s.fault.get() {
                     if let Some(r) = f.check() {
                         let e = if r.abort {
-                            Error::Aborted { comm: self.s.label.clone(), rank: self.s.rank, by: Some(r.origin) }
+                            Error::Aborted {
+                                comm: self.s.label.clone(),
+                                rank: self.s.rank,
+                                by: Some(r.origin),
+                            }
                         } else {
                             Error::Remote {
                                 comm: self.s.label.clone(),
@@ -320,20 +381,35 @@ impl Communicator {
             CommState::Failed => Err(lock(&self.s.async_err)
                 .clone()
                 .unwrap_or_else(|| self.s.state_error(CommState::Failed, "query"))),
-            CommState::Aborted => Err(Error::Aborted { comm: self.s.label.clone(), rank: self.s.rank, by: Some(self.s.rank) }),
-            CommState::Destroyed => Err(self.s.state_error(CommState::Destroyed, "querying the async error")),
+            CommState::Aborted => Err(Error::Aborted {
+                comm: self.s.label.clone(),
+                rank: self.s.rank,
+                by: Some(self.s.rank),
+            }),
+            CommState::Destroyed => Err(self
+                .s
+                .state_error(CommState::Destroyed, "querying the async error")),
         }
     }
 
     fn record_failure(&self, e: &Error) {
-        if matches!(e.kind(), ErrorKind::RemoteError | ErrorKind::Internal | ErrorKind::SystemError) {
+        if matches!(
+            e.kind(),
+            ErrorKind::RemoteError | ErrorKind::Internal | ErrorKind::SystemError
+        ) {
             lock(&self.s.async_err).get_or_insert_with(|| e.clone());
-            self.s.state.transition_from(&[CommState::Ready], CommState::Failed);
+            self.s
+                .state
+                .transition_from(&[CommState::Ready], CommState::Failed);
         }
     }
 
     /// Runs `f` on the live core, serialized with every other call on this communicator.
-    pub(crate) fn with_core<R>(&self, what: &'static str, f: impl FnOnce(&mut CommCore) -> Result<R>) -> Result<R> {
+    pub(crate) fn with_core<R>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut CommCore) -> Result<R>,
+    ) -> Result<R> {
         let st = self.s.state.get();
         if st != CommState::Ready {
             return Err(self.s.state_error(st, what));
@@ -361,7 +437,12 @@ impl Communicator {
     /// Split with a configuration for the child; non-blocking configurations
     /// return a child still `Initializing` (the exchange with the parent's ranks
     /// is done before returning, so calls on the parent stay ordered).
-    pub fn split_with_config(&self, color: Option<u32>, key: i32, cfg: Config) -> Result<Option<Communicator>> {
+    pub fn split_with_config(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        cfg: Config,
+    ) -> Result<Option<Communicator>> {
         let plan = self.with_core("split", |core| {
             let n = core.ctx.nranks;
             let seq = core.split_seq();
@@ -380,14 +461,26 @@ impl Communicator {
                 })
                 .collect();
             members.sort();
-            let new_rank = members.iter().position(|&(_, r)| r == core.ctx.rank).expect("self is a member");
+            let new_rank = members
+                .iter()
+                .position(|&(_, r)| r == core.ctx.rank)
+                .expect("self is a member");
             let mut h = Sha256::new();
             h.update(core.ctx.id);
             h.update(seq.to_le_bytes());
             h.update((color as i64).to_le_bytes());
             let id: [u8; 16] = h.finalize()[..16].try_into().unwrap();
-            let peers: Vec<PeerInfo> = members.iter().map(|&(_, r)| core.ctx.peers[r].clone()).collect();
-            Ok(Some((id, new_rank, peers, core.ctx.secret, core.endpoint.clone())))
+            let peers: Vec<PeerInfo> = members
+                .iter()
+                .map(|&(_, r)| core.ctx.peers[r].clone())
+                .collect();
+            Ok(Some((
+                id,
+                new_rank,
+                peers,
+                core.ctx.secret,
+                core.endpoint.clone(),
+            )))
         })?;
         let Some((id, rank, peers, secret, endpoint)) = plan else {
             return Ok(None);
@@ -397,7 +490,16 @@ impl Communicator {
         let s = Shared::new(label.clone(), rank, nranks, cfg.clone());
         let blocking = cfg.blocking;
         s.run_or_spawn(blocking, move |s| {
-            let ctx = Arc::new(Ctx { id, label, rank, nranks, secret, peers, cfg: s.cfg.clone(), job: job_label() });
+            let ctx = Arc::new(Ctx {
+                id,
+                label,
+                rank,
+                nranks,
+                secret,
+                peers,
+                cfg: s.cfg.clone(),
+                job: job_label(),
+            });
             CommCore::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
         })?;
         let c = Communicator { s };
@@ -418,7 +520,10 @@ impl Communicator {
             _ => {}
         }
         self.s.cancel.store(true, Ordering::Release);
-        if !self.s.state.transition_from(&[CommState::Initializing, CommState::Ready, CommState::Failed], CommState::Aborted) {
+        if !self.s.state.transition_from(
+            &[CommState::Initializing, CommState::Ready, CommState::Failed],
+            CommState::Aborted,
+        ) {
             return match self.s.state.get() {
                 CommState::Aborted => Ok(()),
                 st => Err(self.s.state_error(st, "abort")),
@@ -440,7 +545,10 @@ impl Communicator {
     pub fn destroy(&self) -> Result<()> {
         let from = self.s.state.get();
         if from == CommState::Destroyed {
-            return Err(Error::AlreadyDestroyed { comm: self.s.label.clone(), rank: self.s.rank });
+            return Err(Error::AlreadyDestroyed {
+                comm: self.s.label.clone(),
+                rank: self.s.rank,
+            });
         }
         if from == CommState::Initializing {
             self.s.cancel.store(true, Ordering::Release);
@@ -448,10 +556,18 @@ impl Communicator {
         }
         let core = lock(&self.s.core).take();
         if !self.s.state.transition_from(
-            &[CommState::Initializing, CommState::Ready, CommState::Failed, CommState::Aborted],
+            &[
+                CommState::Initializing,
+                CommState::Ready,
+                CommState::Failed,
+                CommState::Aborted,
+            ],
             CommState::Destroyed,
         ) {
-            return Err(Error::AlreadyDestroyed { comm: self.s.label.clone(), rank: self.s.rank });
+            return Err(Error::AlreadyDestroyed {
+                comm: self.s.label.clone(),
+                rank: self.s.rank,
+            });
         }
         *lock(&self.s.ended_at) = Some(SystemTime::now());
         drop(core);
@@ -474,14 +590,19 @@ fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
         root::serve_at(id, s.nranks)?;
     }
     let ep = tcp::endpoint()?;
-    let hostname = s.cfg.hostname.clone().unwrap_or_else(crate::topology::system_hostname);
+    let hostname = s
+        .cfg
+        .hostname
+        .clone()
+        .unwrap_or_else(crate::topology::system_hostname);
     let me = PeerInfo {
         host_id: crate::topology::host_id(s.cfg.hostname.as_deref()),
         pid: std::process::id(),
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), ep.port),
         hostname,
     };
-    let (comm_id, peers) = client::rendezvous(id, s.rank, s.nranks, me, deadline, &|| s.cancelled())?;
+    let (comm_id, peers) =
+        client::rendezvous(id, s.rank, s.nranks, me, deadline, &|| s.cancelled())?;
     let ctx = Arc::new(Ctx {
         id: comm_id,
         label: s.label.clone(),
@@ -503,19 +624,33 @@ impl Communicator {
         let (n, me, what) = (self.s.nranks, self.s.rank, op.name());
         let root_ok = |root: usize| -> Result<()> {
             if root >= n {
-                return Err(Error::arg(format!("{what}: root {root} is out of range for {n} ranks")));
+                return Err(Error::arg(format!(
+                    "{what}: root {root} is out of range for {n} ranks"
+                )));
             }
             Ok(())
         };
         let times_n = |count: usize| count.checked_mul(n).unwrap_or(usize::MAX);
         match *op {
-            GroupOp::AllReduce { send, recv, count, dtype, .. } => {
+            GroupOp::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                ..
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 check_ptr(send, b, "all_reduce: send buffer")?;
                 check_ptr(recv, b, "all_reduce: receive buffer")?;
                 check_overlap(send, b, recv, b, send == recv as *const u8, what)
             }
-            GroupOp::Broadcast { send, recv, count, dtype, root } => {
+            GroupOp::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 root_ok(root)?;
                 if me == root {
@@ -524,7 +659,14 @@ impl Communicator {
                 }
                 check_ptr(recv, b, "broadcast: receive buffer")
             }
-            GroupOp::Reduce { send, recv, count, dtype, root, .. } => {
+            GroupOp::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+                ..
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 root_ok(root)?;
                 check_ptr(send, b, "reduce: send buffer")?;
@@ -534,7 +676,12 @@ impl Communicator {
                 }
                 Ok(())
             }
-            GroupOp::AllGather { send, recv, count, dtype } => {
+            GroupOp::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 let total = bytes_of(times_n(count), dtype, what)?;
                 check_ptr(send, b, "all_gather: send buffer")?;
@@ -542,7 +689,13 @@ impl Communicator {
                 let inplace = send == recv.wrapping_add(me * b) as *const u8;
                 check_overlap(send, b, recv, total, inplace, what)
             }
-            GroupOp::ReduceScatter { send, recv, count, dtype, .. } => {
+            GroupOp::ReduceScatter {
+                send,
+                recv,
+                count,
+                dtype,
+                ..
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 let total = bytes_of(times_n(count), dtype, what)?;
                 check_ptr(send, total, "reduce_scatter: send buffer")?;
@@ -550,39 +703,78 @@ impl Communicator {
                 let inplace = recv as *const u8 == send.wrapping_add(me * b);
                 check_overlap(send, total, recv, b, inplace, what)
             }
-            GroupOp::AllToAll { send, recv, count, dtype } => {
+            GroupOp::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            } => {
                 let total = bytes_of(times_n(count), dtype, what)?;
                 check_ptr(send, total, "all_to_all: send buffer")?;
                 check_ptr(recv, total, "all_to_all: receive buffer")?;
                 check_overlap(send, total, recv, total, send == recv as *const u8, what)
             }
-            GroupOp::Gather { send, recv, count, dtype, root } => {
+            GroupOp::Gather {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 root_ok(root)?;
                 check_ptr(send, b, "gather: send buffer")?;
                 if me == root {
-                    check_ptr(recv, bytes_of(times_n(count), dtype, what)?, "gather: receive buffer (root)")?;
+                    check_ptr(
+                        recv,
+                        bytes_of(times_n(count), dtype, what)?,
+                        "gather: receive buffer (root)",
+                    )?;
                 }
                 Ok(())
             }
-            GroupOp::Scatter { send, recv, count, dtype, root } => {
+            GroupOp::Scatter {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            } => {
                 let b = bytes_of(count, dtype, what)?;
                 root_ok(root)?;
                 check_ptr(recv, b, "scatter: receive buffer")?;
                 if me == root {
-                    check_ptr(send, bytes_of(times_n(count), dtype, what)?, "scatter: send buffer (root)")?;
+                    check_ptr(
+                        send,
+                        bytes_of(times_n(count), dtype, what)?,
+                        "scatter: send buffer (root)",
+                    )?;
                 }
                 Ok(())
             }
-            GroupOp::Send { buf, count, dtype, peer } => {
+            GroupOp::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
                 if peer >= n {
-                    return Err(Error::arg(format!("send: peer {peer} is out of range for {n} ranks")));
+                    return Err(Error::arg(format!(
+                        "send: peer {peer} is out of range for {n} ranks"
+                    )));
                 }
                 check_ptr(buf, bytes_of(count, dtype, what)?, "send: buffer")
             }
-            GroupOp::Recv { buf, count, dtype, peer } => {
+            GroupOp::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            } => {
                 if peer >= n {
-                    return Err(Error::arg(format!("recv: peer {peer} is out of range for {n} ranks")));
+                    return Err(Error::arg(format!(
+                        "recv: peer {peer} is out of range for {n} ranks"
+                    )));
                 }
                 check_ptr(buf, bytes_of(count, dtype, what)?, "recv: buffer")
             }
@@ -607,59 +799,203 @@ impl Communicator {
 
     /// # Safety
     /// `send`/`recv` must be valid for `count` elements of `dtype` (they may be equal).
-    pub unsafe fn all_reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
-        unsafe { self.submit(GroupOp::AllReduce { send, recv, count, dtype, op }) }
+    pub unsafe fn all_reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            })
+        }
     }
     /// # Safety
     /// `recv` valid for `count` elements everywhere; `send` at the root.
-    pub unsafe fn broadcast_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
-        unsafe { self.submit(GroupOp::Broadcast { send, recv, count, dtype, root }) }
+    pub unsafe fn broadcast_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            })
+        }
     }
     /// # Safety
     /// `send` valid for `count` elements; `recv` at the root.
-    pub unsafe fn reduce_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: usize) -> Result<()> {
-        unsafe { self.submit(GroupOp::Reduce { send, recv, count, dtype, op, root }) }
+    pub unsafe fn reduce_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            })
+        }
     }
     /// `recv` holds `count * nranks` elements; in place: `send == recv + rank * count`.
     ///
     /// # Safety
     /// Buffers valid for those sizes.
-    pub unsafe fn all_gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Result<()> {
-        unsafe { self.submit(GroupOp::AllGather { send, recv, count, dtype }) }
+    pub unsafe fn all_gather_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            })
+        }
     }
     /// `send` holds `count * nranks` elements; in place: `recv == send + rank * count`.
     ///
     /// # Safety
     /// Buffers valid for those sizes.
-    pub unsafe fn reduce_scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp) -> Result<()> {
-        unsafe { self.submit(GroupOp::ReduceScatter { send, recv, count, dtype, op }) }
+    pub unsafe fn reduce_scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::ReduceScatter {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            })
+        }
     }
     /// `count` elements to and from every rank (`count * nranks` in each buffer).
     ///
     /// # Safety
     /// Buffers valid for those sizes (they may be equal).
-    pub unsafe fn all_to_all_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Result<()> {
-        unsafe { self.submit(GroupOp::AllToAll { send, recv, count, dtype }) }
+    pub unsafe fn all_to_all_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            })
+        }
     }
     /// # Safety
     /// Root's `recv` holds `count * nranks` elements; `send` holds `count`.
-    pub unsafe fn gather_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
-        unsafe { self.submit(GroupOp::Gather { send, recv, count, dtype, root }) }
+    pub unsafe fn gather_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::Gather {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            })
+        }
     }
     /// # Safety
     /// Root's `send` holds `count * nranks` elements; `recv` holds `count`.
-    pub unsafe fn scatter_raw(&self, send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize) -> Result<()> {
-        unsafe { self.submit(GroupOp::Scatter { send, recv, count, dtype, root }) }
+    pub unsafe fn scatter_raw(
+        &self,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::Scatter {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            })
+        }
     }
     /// # Safety
     /// `buf` valid for `count` elements.
-    pub unsafe fn send_raw(&self, buf: *const u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
-        unsafe { self.submit(GroupOp::Send { buf, count, dtype, peer }) }
+    pub unsafe fn send_raw(
+        &self,
+        buf: *const u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::Send {
+                buf,
+                count,
+                dtype,
+                peer,
+            })
+        }
     }
     /// # Safety
     /// `buf` valid for `count` elements.
-    pub unsafe fn recv_raw(&self, buf: *mut u8, count: usize, dtype: DataType, peer: usize) -> Result<()> {
-        unsafe { self.submit(GroupOp::Recv { buf, count, dtype, peer }) }
+    pub unsafe fn recv_raw(
+        &self,
+        buf: *mut u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        unsafe {
+            self.submit(GroupOp::Recv {
+                buf,
+                count,
+                dtype,
+                peer,
+            })
+        }
     }
 }
 
@@ -668,16 +1004,73 @@ pub(crate) unsafe fn run_op(c: &mut CommCore, op: &GroupOp) -> Result<()> {
     use crate::exec::Xfer;
     c.coll_seq += 1;
     match *op {
-        GroupOp::AllReduce { send, recv, count, dtype, op } => algo::all_reduce(c, send, recv, count, dtype, op),
-        GroupOp::Broadcast { send, recv, count, dtype, root } => algo::broadcast(c, send, recv, count * dtype.size(), root),
-        GroupOp::Reduce { send, recv, count, dtype, op, root } => algo::reduce(c, send, recv, count, dtype, op, root),
-        GroupOp::AllGather { send, recv, count, dtype } => algo::all_gather(c, send, recv, count * dtype.size()),
-        GroupOp::ReduceScatter { send, recv, count, dtype, op } => algo::reduce_scatter(c, send, recv, count, dtype, op),
-        GroupOp::AllToAll { send, recv, count, dtype } => algo::all_to_all(c, send, recv, count * dtype.size()),
-        GroupOp::Gather { send, recv, count, dtype, root } => algo::gather(c, send, recv, count * dtype.size(), root),
-        GroupOp::Scatter { send, recv, count, dtype, root } => algo::scatter(c, send, recv, count * dtype.size(), root),
-        GroupOp::Send { buf, count, dtype, peer } => c.exec(&mut [Xfer::send(peer, buf, count * dtype.size())]),
-        GroupOp::Recv { buf, count, dtype, peer } => c.exec(&mut [Xfer::recv(peer, buf, count * dtype.size())]),
+        GroupOp::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        } => algo::all_reduce(c, send, recv, count, dtype, op),
+        GroupOp::Broadcast {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => algo::broadcast(c, send, recv, count * dtype.size(), root),
+        GroupOp::Reduce {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+            root,
+        } => algo::reduce(c, send, recv, count, dtype, op, root),
+        GroupOp::AllGather {
+            send,
+            recv,
+            count,
+            dtype,
+        } => algo::all_gather(c, send, recv, count * dtype.size()),
+        GroupOp::ReduceScatter {
+            send,
+            recv,
+            count,
+            dtype,
+            op,
+        } => algo::reduce_scatter(c, send, recv, count, dtype, op),
+        GroupOp::AllToAll {
+            send,
+            recv,
+            count,
+            dtype,
+        } => algo::all_to_all(c, send, recv, count * dtype.size()),
+        GroupOp::Gather {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => algo::gather(c, send, recv, count * dtype.size(), root),
+        GroupOp::Scatter {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => algo::scatter(c, send, recv, count * dtype.size(), root),
+        GroupOp::Send {
+            buf,
+            count,
+            dtype,
+            peer,
+        } => c.exec(&mut [Xfer::send(peer, buf, count * dtype.size())]),
+        GroupOp::Recv {
+            buf,
+            count,
+            dtype,
+            peer,
+        } => c.exec(&mut [Xfer::recv(peer, buf, count * dtype.size())]),
     }
 }
 
@@ -689,9 +1082,20 @@ fn len_err(what: &str, detail: String) -> Error {
 impl Communicator {
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         if send.len() != recv.len() {
-            return Err(len_err("all_reduce", format!("send has {} elements, receive {}", send.len(), recv.len())));
+            return Err(len_err(
+                "all_reduce",
+                format!("send has {} elements, receive {}", send.len(), recv.len()),
+            ));
         }
-        unsafe { self.all_reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op) }
+        unsafe {
+            self.all_reduce_raw(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+                op,
+            )
+        }
     }
 
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
@@ -702,9 +1106,24 @@ impl Communicator {
     /// `send` is read on the root only (others may pass an empty slice).
     pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
         if self.s.rank == root && send.len() != recv.len() {
-            return Err(len_err("broadcast", format!("root's send has {} elements, receive {}", send.len(), recv.len())));
+            return Err(len_err(
+                "broadcast",
+                format!(
+                    "root's send has {} elements, receive {}",
+                    send.len(),
+                    recv.len()
+                ),
+            ));
         }
-        unsafe { self.broadcast_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, root) }
+        unsafe {
+            self.broadcast_raw(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                recv.len(),
+                T::DTYPE,
+                root,
+            )
+        }
     }
 
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
@@ -713,14 +1132,41 @@ impl Communicator {
     }
 
     /// `recv` is written on the root only (others may pass an empty slice).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         if self.s.rank == root && send.len() != recv.len() {
-            return Err(len_err("reduce", format!("send has {} elements, root's receive {}", send.len(), recv.len())));
+            return Err(len_err(
+                "reduce",
+                format!(
+                    "send has {} elements, root's receive {}",
+                    send.len(),
+                    recv.len()
+                ),
+            ));
         }
-        unsafe { self.reduce_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE, op, root) }
+        unsafe {
+            self.reduce_raw(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+                op,
+                root,
+            )
+        }
     }
 
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         let p = buf.as_mut_ptr().cast::<u8>();
         unsafe { self.reduce_raw(p, p, buf.len(), T::DTYPE, op, root) }
     }
@@ -728,16 +1174,37 @@ impl Communicator {
     /// `recv.len() == send.len() * count()`.
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         if Some(recv.len()) != send.len().checked_mul(self.s.nranks) {
-            return Err(len_err("all_gather", format!(
-                "receive must hold {} x {} ranks elements, has {}", send.len(), self.s.nranks, recv.len())));
+            return Err(len_err(
+                "all_gather",
+                format!(
+                    "receive must hold {} x {} ranks elements, has {}",
+                    send.len(),
+                    self.s.nranks,
+                    recv.len()
+                ),
+            ));
         }
-        unsafe { self.all_gather_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len(), T::DTYPE) }
+        unsafe {
+            self.all_gather_raw(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+            )
+        }
     }
 
     /// This rank's block is at `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         if buf.len() % self.s.nranks != 0 {
-            return Err(len_err("all_gather_in_place", format!("{} elements do not divide into {} ranks", buf.len(), self.s.nranks)));
+            return Err(len_err(
+                "all_gather_in_place",
+                format!(
+                    "{} elements do not divide into {} ranks",
+                    buf.len(),
+                    self.s.nranks
+                ),
+            ));
         }
         let n = buf.len() / self.s.nranks;
         let p = buf.as_mut_ptr();
@@ -745,18 +1212,45 @@ impl Communicator {
     }
 
     /// `send.len() == recv.len() * count()`.
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         if Some(send.len()) != recv.len().checked_mul(self.s.nranks) {
-            return Err(len_err("reduce_scatter", format!(
-                "send must hold {} x {} ranks elements, has {}", recv.len(), self.s.nranks, send.len())));
+            return Err(len_err(
+                "reduce_scatter",
+                format!(
+                    "send must hold {} x {} ranks elements, has {}",
+                    recv.len(),
+                    self.s.nranks,
+                    send.len()
+                ),
+            ));
         }
-        unsafe { self.reduce_scatter_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), recv.len(), T::DTYPE, op) }
+        unsafe {
+            self.reduce_scatter_raw(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                recv.len(),
+                T::DTYPE,
+                op,
+            )
+        }
     }
 
     /// The result lands in `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         if buf.len() % self.s.nranks != 0 {
-            return Err(len_err("reduce_scatter_in_place", format!("{} elements do not divide into {} ranks", buf.len(), self.s.nranks)));
+            return Err(len_err(
+                "reduce_scatter_in_place",
+                format!(
+                    "{} elements do not divide into {} ranks",
+                    buf.len(),
+                    self.s.nranks
+                ),
+            ));
         }
         let n = buf.len() / self.s.nranks;
         let p = buf.as_mut_ptr();
@@ -766,15 +1260,36 @@ impl Communicator {
     /// Block p (of `len / count()` elements) of `send` goes to rank p.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         if send.len() != recv.len() || send.len() % self.s.nranks != 0 {
-            return Err(len_err("all_to_all", format!(
-                "send ({}) and receive ({}) must be equal and divisible by {} ranks", send.len(), recv.len(), self.s.nranks)));
+            return Err(len_err(
+                "all_to_all",
+                format!(
+                    "send ({}) and receive ({}) must be equal and divisible by {} ranks",
+                    send.len(),
+                    recv.len(),
+                    self.s.nranks
+                ),
+            ));
         }
-        unsafe { self.all_to_all_raw(send.as_ptr().cast(), recv.as_mut_ptr().cast(), send.len() / self.s.nranks, T::DTYPE) }
+        unsafe {
+            self.all_to_all_raw(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len() / self.s.nranks,
+                T::DTYPE,
+            )
+        }
     }
 
     pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         if buf.len() % self.s.nranks != 0 {
-            return Err(len_err("all_to_all_in_place", format!("{} elements do not divide into {} ranks", buf.len(), self.s.nranks)));
+            return Err(len_err(
+                "all_to_all_in_place",
+                format!(
+                    "{} elements do not divide into {} ranks",
+                    buf.len(),
+                    self.s.nranks
+                ),
+            ));
         }
         let p = buf.as_mut_ptr().cast::<u8>();
         unsafe { self.all_to_all_raw(p, p, buf.len() / self.s.nranks, T::DTYPE) }

@@ -77,7 +77,8 @@ impl CommCore {
             .map(|r| {
                 if r == me {
                     PeerKind::Me
-                } else if ctx.cfg.transport != TransportPref::Tcp && ctx.peers[r].host_id == my_host {
+                } else if ctx.cfg.transport != TransportPref::Tcp && ctx.peers[r].host_id == my_host
+                {
                     PeerKind::Shm
                 } else {
                     PeerKind::Tcp
@@ -180,38 +181,54 @@ impl CommCore {
         let info = &ctx.peers[peer];
         let stream = if me < peer {
             let deadline = Instant::now() + ctx.cfg.init_timeout;
-            tcp::connect(info.addr, ctx.id, &ctx.secret, me as u32, peer as u32, deadline, &cancelled)
-                .map_err(|e| Error::Remote {
-                    comm: label.clone(),
-                    rank: me,
-                    detail: format!("connecting to rank {peer} at {} ({}): {e}", info.addr, info.hostname),
-                })?
+            tcp::connect(
+                info.addr,
+                ctx.id,
+                &ctx.secret,
+                me as u32,
+                peer as u32,
+                deadline,
+                &cancelled,
+            )
+            .map_err(|e| Error::Remote {
+                comm: label.clone(),
+                rank: me,
+                detail: format!(
+                    "connecting to rank {peer} at {} ({}): {e}",
+                    info.addr, info.hostname
+                ),
+            })?
         } else {
             let peer_timeout = ctx.cfg.peer_timeout;
             let mut next_probe = peer_timeout;
-            self.endpoint.wait_for(ctx.id, peer as u32, me as u32, |waited| {
-                if let Some(e) = cancelled() {
-                    return Err(e);
-                }
-                if waited >= next_probe {
-                    next_probe = waited + peer_timeout;
-                    if !tcp::probe(info.addr) {
-                        return Err(Error::Remote {
-                            comm: label.clone(),
-                            rank: me,
-                            detail: format!(
-                                "rank {peer} at {} ({}) is unreachable: its process has exited",
-                                info.addr, info.hostname
-                            ),
-                        });
+            self.endpoint
+                .wait_for(ctx.id, peer as u32, me as u32, |waited| {
+                    if let Some(e) = cancelled() {
+                        return Err(e);
                     }
-                }
-                Ok(())
-            })?
+                    if waited >= next_probe {
+                        next_probe = waited + peer_timeout;
+                        if !tcp::probe(info.addr) {
+                            return Err(Error::Remote {
+                                comm: label.clone(),
+                                rank: me,
+                                detail: format!(
+                                    "rank {peer} at {} ({}) is unreachable: its process has exited",
+                                    info.addr, info.hostname
+                                ),
+                            });
+                        }
+                    }
+                    Ok(())
+                })?
         };
         tcp::tune(&stream, ctx.cfg.peer_timeout)?;
         if let Ok(c) = stream.try_clone() {
-            self.fault.tcp.lock().unwrap_or_else(|e| e.into_inner()).push(c);
+            self.fault
+                .tcp
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(c);
         }
         self.chans[peer] = Some(Chan::Tcp(TcpChan::new(stream)));
         Ok(())
@@ -236,7 +253,11 @@ impl Drop for CommCore {
     fn drop(&mut self) {
         // Tell local peers we are gone (they stop waiting for us), release the
         // endpoint registration; the mappings unmap as they drop.
-        self.fault.own.control().state.store(ST_DESTROYED, Ordering::Release);
+        self.fault
+            .own
+            .control()
+            .state
+            .store(ST_DESTROYED, Ordering::Release);
         for (_, m) in &self.fault.locals {
             m.control().ring();
         }

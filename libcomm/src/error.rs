@@ -93,9 +93,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidArgument(_) => ErrorKind::InvalidArgument,
-            Error::InvalidState { .. } | Error::AlreadyDestroyed { .. } | Error::InvalidUsage(_) => {
-                ErrorKind::InvalidUsage
-            }
+            Error::InvalidState { .. }
+            | Error::AlreadyDestroyed { .. }
+            | Error::InvalidUsage(_) => ErrorKind::InvalidUsage,
             Error::Aborted { .. } | Error::Remote { .. } | Error::Timeout { .. } => {
                 ErrorKind::RemoteError
             }

@@ -124,7 +124,9 @@ impl CommCore {
                     *c = c.wrapping_add(1);
                     x.started = true;
                 }
-                let chan = self.chans[peer].as_mut().expect("channel established above");
+                let chan = self.chans[peer]
+                    .as_mut()
+                    .expect("channel established above");
                 let step = unsafe {
                     if x.send {
                         chan.send_step(x.ptr, x.len, limit, &mut x.p)
@@ -164,18 +166,24 @@ impl CommCore {
             }
             // Block for a while.
             if tcp_pending {
-                let mut fds: Vec<libc::pollfd> = xs
-                    .iter()
-                    .filter(|x| !x.p.done)
-                    .filter_map(|x| {
-                        self.chans[x.peer].as_ref().and_then(|c| c.fd()).map(|fd| libc::pollfd {
-                            fd,
-                            events: if x.send { libc::POLLOUT } else { libc::POLLIN },
-                            revents: 0,
+                let mut fds: Vec<libc::pollfd> =
+                    xs.iter()
+                        .filter(|x| !x.p.done)
+                        .filter_map(|x| {
+                            self.chans[x.peer].as_ref().and_then(|c| c.fd()).map(|fd| {
+                                libc::pollfd {
+                                    fd,
+                                    events: if x.send { libc::POLLOUT } else { libc::POLLIN },
+                                    revents: 0,
+                                }
+                            })
                         })
-                    })
-                    .collect();
-                let ms = if shm_pending { 1 } else { SLICE.as_millis() as i32 };
+                        .collect();
+                let ms = if shm_pending {
+                    1
+                } else {
+                    SLICE.as_millis() as i32
+                };
                 unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
             } else {
                 ctrl.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -190,7 +198,17 @@ impl CommCore {
                         let waiting: Vec<String> = xs
                             .iter()
                             .filter(|x| !x.p.done)
-                            .map(|x| format!("{} rank {}", if x.send { "sending to" } else { "receiving from" }, x.peer))
+                            .map(|x| {
+                                format!(
+                                    "{} rank {}",
+                                    if x.send {
+                                        "sending to"
+                                    } else {
+                                        "receiving from"
+                                    },
+                                    x.peer
+                                )
+                            })
                             .collect();
                         return Err(Error::Timeout {
                             comm: self.ctx.label.clone(),
@@ -207,8 +225,12 @@ impl CommCore {
     /// Transfers to ourselves: pair the k-th send with the k-th receive.
     fn exec_self(&mut self, xs: &mut [Xfer]) -> Result<()> {
         let me = self.ctx.rank;
-        let sends: Vec<usize> = (0..xs.len()).filter(|&i| xs[i].peer == me && xs[i].send).collect();
-        let recvs: Vec<usize> = (0..xs.len()).filter(|&i| xs[i].peer == me && !xs[i].send).collect();
+        let sends: Vec<usize> = (0..xs.len())
+            .filter(|&i| xs[i].peer == me && xs[i].send)
+            .collect();
+        let recvs: Vec<usize> = (0..xs.len())
+            .filter(|&i| xs[i].peer == me && !xs[i].send)
+            .collect();
         if sends.len() != recvs.len() {
             return Err(Error::InvalidUsage(format!(
                 "rank {me} posted {} send(s) to itself but {} receive(s) from itself",
@@ -228,7 +250,14 @@ impl CommCore {
                 match red {
                     None if src != dst as *const u8 => std::ptr::copy(src, dst, len),
                     None => {}
-                    Some(rd) => crate::reduce::combine(rd.dtype, rd.op, dst, rd.other, src, len / rd.dtype.size()),
+                    Some(rd) => crate::reduce::combine(
+                        rd.dtype,
+                        rd.op,
+                        dst,
+                        rd.other,
+                        src,
+                        len / rd.dtype.size(),
+                    ),
                 }
             }
             for i in [s, r] {
@@ -280,7 +309,10 @@ impl CommCore {
             }
             if let Some(m) = &self.local_maps[peer] {
                 if m.control().state.load(Ordering::Acquire) == ST_DESTROYED {
-                    return Err(self.peer_error(peer, "it destroyed its communicator while this rank was waiting for it"));
+                    return Err(self.peer_error(
+                        peer,
+                        "it destroyed its communicator while this rank was waiting for it",
+                    ));
                 }
             }
             let pid = self.ctx.peers[peer].pid;

@@ -41,7 +41,12 @@ impl Fault {
 
     /// Passes a failure we observed on to our local and remote peers.
     pub fn spread(&self, kind: u32) {
-        let origin = self.own.control().failure().map(|f| f.0).unwrap_or(self.rank);
+        let origin = self
+            .own
+            .control()
+            .failure()
+            .map(|f| f.0)
+            .unwrap_or(self.rank);
         for (_, m) in &self.locals {
             m.control().raise(origin, kind);
         }

@@ -17,16 +17,73 @@ use std::marker::PhantomData;
 /// One operation, as raw pointers (host memory).
 #[derive(Debug, Clone, Copy)]
 pub enum GroupOp {
-    AllReduce { send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp },
-    Broadcast { send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize },
-    Reduce { send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp, root: usize },
-    AllGather { send: *const u8, recv: *mut u8, count: usize, dtype: DataType },
-    ReduceScatter { send: *const u8, recv: *mut u8, count: usize, dtype: DataType, op: ReduceOp },
-    AllToAll { send: *const u8, recv: *mut u8, count: usize, dtype: DataType },
-    Gather { send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize },
-    Scatter { send: *const u8, recv: *mut u8, count: usize, dtype: DataType, root: usize },
-    Send { buf: *const u8, count: usize, dtype: DataType, peer: usize },
-    Recv { buf: *mut u8, count: usize, dtype: DataType, peer: usize },
+    AllReduce {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    },
+    Broadcast {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    },
+    Reduce {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    },
+    AllGather {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+    },
+    ReduceScatter {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    },
+    AllToAll {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+    },
+    Gather {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    },
+    Scatter {
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    },
+    Send {
+        buf: *const u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    },
+    Recv {
+        buf: *mut u8,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    },
 }
 
 impl GroupOp {
@@ -99,41 +156,113 @@ impl<'a> Group<'a> {
         Ok(self)
     }
 
-    pub fn send<T: Element>(&mut self, comm: &'a Communicator, buf: &'a [T], peer: usize) -> Result<&mut Self> {
-        let op = GroupOp::Send { buf: buf.as_ptr().cast(), count: buf.len(), dtype: T::DTYPE, peer };
+    pub fn send<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        buf: &'a [T],
+        peer: usize,
+    ) -> Result<&mut Self> {
+        let op = GroupOp::Send {
+            buf: buf.as_ptr().cast(),
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer,
+        };
         unsafe { self.push_raw(comm, op) }
     }
 
-    pub fn recv<T: Element>(&mut self, comm: &'a Communicator, buf: &'a mut [T], peer: usize) -> Result<&mut Self> {
-        let op = GroupOp::Recv { buf: buf.as_mut_ptr().cast(), count: buf.len(), dtype: T::DTYPE, peer };
+    pub fn recv<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        buf: &'a mut [T],
+        peer: usize,
+    ) -> Result<&mut Self> {
+        let op = GroupOp::Recv {
+            buf: buf.as_mut_ptr().cast(),
+            count: buf.len(),
+            dtype: T::DTYPE,
+            peer,
+        };
         unsafe { self.push_raw(comm, op) }
     }
 
-    pub fn all_reduce<T: Element>(&mut self, comm: &'a Communicator, send: &'a [T], recv: &'a mut [T], op: ReduceOp) -> Result<&mut Self> {
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        send: &'a [T],
+        recv: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
         if send.len() != recv.len() {
-            return Err(Error::arg(format!("all_reduce: send has {} elements, receive {}", send.len(), recv.len())));
+            return Err(Error::arg(format!(
+                "all_reduce: send has {} elements, receive {}",
+                send.len(),
+                recv.len()
+            )));
         }
-        let g = GroupOp::AllReduce { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: send.len(), dtype: T::DTYPE, op };
+        let g = GroupOp::AllReduce {
+            send: send.as_ptr().cast(),
+            recv: recv.as_mut_ptr().cast(),
+            count: send.len(),
+            dtype: T::DTYPE,
+            op,
+        };
         unsafe { self.push_raw(comm, g) }
     }
 
-    pub fn all_reduce_in_place<T: Element>(&mut self, comm: &'a Communicator, buf: &'a mut [T], op: ReduceOp) -> Result<&mut Self> {
+    pub fn all_reduce_in_place<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        buf: &'a mut [T],
+        op: ReduceOp,
+    ) -> Result<&mut Self> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        let g = GroupOp::AllReduce { send: p, recv: p, count: buf.len(), dtype: T::DTYPE, op };
+        let g = GroupOp::AllReduce {
+            send: p,
+            recv: p,
+            count: buf.len(),
+            dtype: T::DTYPE,
+            op,
+        };
         unsafe { self.push_raw(comm, g) }
     }
 
-    pub fn broadcast_in_place<T: Element>(&mut self, comm: &'a Communicator, buf: &'a mut [T], root: usize) -> Result<&mut Self> {
+    pub fn broadcast_in_place<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        buf: &'a mut [T],
+        root: usize,
+    ) -> Result<&mut Self> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        let g = GroupOp::Broadcast { send: p, recv: p, count: buf.len(), dtype: T::DTYPE, root };
+        let g = GroupOp::Broadcast {
+            send: p,
+            recv: p,
+            count: buf.len(),
+            dtype: T::DTYPE,
+            root,
+        };
         unsafe { self.push_raw(comm, g) }
     }
 
-    pub fn all_gather<T: Element>(&mut self, comm: &'a Communicator, send: &'a [T], recv: &'a mut [T]) -> Result<&mut Self> {
+    pub fn all_gather<T: Element>(
+        &mut self,
+        comm: &'a Communicator,
+        send: &'a [T],
+        recv: &'a mut [T],
+    ) -> Result<&mut Self> {
         if Some(recv.len()) != send.len().checked_mul(comm.count()) {
-            return Err(Error::arg(format!("all_gather: receive must hold {} x {} elements", send.len(), comm.count())));
+            return Err(Error::arg(format!(
+                "all_gather: receive must hold {} x {} elements",
+                send.len(),
+                comm.count()
+            )));
         }
-        let g = GroupOp::AllGather { send: send.as_ptr().cast(), recv: recv.as_mut_ptr().cast(), count: send.len(), dtype: T::DTYPE };
+        let g = GroupOp::AllGather {
+            send: send.as_ptr().cast(),
+            recv: recv.as_mut_ptr().cast(),
+            count: send.len(),
+            dtype: T::DTYPE,
+        };
         unsafe { self.push_raw(comm, g) }
     }
 
@@ -161,7 +290,9 @@ impl<'a> Group<'a> {
                 let mut first: Option<Error> = None;
                 for h in handles {
                     let r = match h {
-                        Ok(h) => h.join().unwrap_or_else(|_| Err(Error::Internal("a group worker panicked".into()))),
+                        Ok(h) => h.join().unwrap_or_else(|_| {
+                            Err(Error::Internal("a group worker panicked".into()))
+                        }),
                         Err(e) => Err(Error::sys("spawning a group worker", e)),
                     };
                     if let Err(e) = r {
@@ -182,8 +313,18 @@ fn run_batch(b: Batch<'_>) -> Result<()> {
             let mut xs: Vec<Xfer> = p2p
                 .iter()
                 .map(|op| match *op {
-                    GroupOp::Send { buf, count, dtype, peer } => Xfer::send(peer, buf, count * dtype.size()),
-                    GroupOp::Recv { buf, count, dtype, peer } => Xfer::recv(peer, buf, count * dtype.size()),
+                    GroupOp::Send {
+                        buf,
+                        count,
+                        dtype,
+                        peer,
+                    } => Xfer::send(peer, buf, count * dtype.size()),
+                    GroupOp::Recv {
+                        buf,
+                        count,
+                        dtype,
+                        peer,
+                    } => Xfer::recv(peer, buf, count * dtype.size()),
                     _ => unreachable!("filtered to p2p"),
                 })
                 .collect();

@@ -40,7 +40,12 @@ pub fn emit(lvl: Level, args: std::fmt::Arguments<'_>) {
         Level::Info => "INFO",
         _ => "TRACE",
     };
-    let line = format!("{}:{}:{} weft {tag} {args}\n", host(), std::process::id(), crate::topology::gettid());
+    let line = format!(
+        "{}:{}:{} weft {tag} {args}\n",
+        host(),
+        std::process::id(),
+        crate::topology::gettid()
+    );
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 

@@ -148,7 +148,10 @@ pub(crate) unsafe fn scale(dtype: DataType, dst: *mut u8, src: *const u8, count:
     unsafe fn go<T: Num>(d: *mut u8, s_: *const u8, count: usize, s: f64) {
         let (d, src) = (d.cast::<T>(), s_.cast::<T>());
         for i in 0..count {
-            unsafe { d.add(i).write_unaligned(src.add(i).read_unaligned().scale(s)) }
+            unsafe {
+                d.add(i)
+                    .write_unaligned(src.add(i).read_unaligned().scale(s))
+            }
         }
     }
     unsafe { dispatch!(dtype, go, (dst, src, count, s)) }
@@ -173,7 +176,14 @@ mod tests {
         let b = [0.5f32, 4.0, -1.0];
         let mut d = [0f32; 3];
         let run = |op, d: &mut [f32; 3]| unsafe {
-            combine(DataType::F32, op, d.as_mut_ptr().cast(), a.as_ptr().cast(), b.as_ptr().cast(), 3)
+            combine(
+                DataType::F32,
+                op,
+                d.as_mut_ptr().cast(),
+                a.as_ptr().cast(),
+                b.as_ptr().cast(),
+                3,
+            )
         };
         run(Combine::Min, &mut d);
         assert_eq!(d, [0.5, -2.0, -1.0]);
@@ -205,8 +215,21 @@ mod tests {
         let b = [bf16::from_f32(0.5), bf16::from_f32(-0.5)];
         let mut d = [bf16::ZERO; 2];
         unsafe {
-            combine(DataType::Bf16, Combine::Sum, d.as_mut_ptr().cast(), a.as_ptr().cast(), b.as_ptr().cast(), 2);
-            scale(DataType::Bf16, d.as_mut_ptr().cast(), d.as_ptr().cast(), 2, 2.0);
+            combine(
+                DataType::Bf16,
+                Combine::Sum,
+                d.as_mut_ptr().cast(),
+                a.as_ptr().cast(),
+                b.as_ptr().cast(),
+                2,
+            );
+            scale(
+                DataType::Bf16,
+                d.as_mut_ptr().cast(),
+                d.as_ptr().cast(),
+                2,
+                2.0,
+            );
         }
         assert_eq!(d.map(|x| x.to_f32()), [3.0, 4.0]);
     }

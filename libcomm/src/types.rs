@@ -284,7 +284,11 @@ fn fp8_decode(v: u8, man_bits: u32, bias: i32, ieee: bool) -> f64 {
     let m = (v & ((1 << man_bits) - 1)) as f64;
     let max_e = (1 << exp_bits) - 1;
     if ieee && e == max_e {
-        return if m == 0.0 { sign * f64::INFINITY } else { f64::NAN };
+        return if m == 0.0 {
+            sign * f64::INFINITY
+        } else {
+            f64::NAN
+        };
     }
     if !ieee && e == max_e && m as u32 == (1 << man_bits) - 1 {
         return f64::NAN;

@@ -48,8 +48,7 @@ pub(crate) fn hex(b: &[u8]) -> String {
 
 pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
     let mut b = [0u8; N];
-    getrandom::fill(&mut b)
-        .map_err(|e| Error::Internal(format!("no system randomness: {e}")))?;
+    getrandom::fill(&mut b).map_err(|e| Error::Internal(format!("no system randomness: {e}")))?;
     Ok(b)
 }
 
@@ -63,7 +62,10 @@ impl UniqueId {
             .unwrap_or_else(|| "0.0.0.0:0".into());
         let listener = TcpListener::bind(&bind)
             .map_err(|e| Error::sys(format!("bootstrap root: bind {bind}"), e))?;
-        let port = listener.local_addr().map_err(|e| Error::sys("getsockname", e))?.port();
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::sys("getsockname", e))?
+            .port();
         let ip = advertised_ip();
         let id = UniqueId {
             root: SocketAddr::new(ip, port),
@@ -88,7 +90,13 @@ impl UniqueId {
         let job = std::env::var("WEFT_JOB").unwrap_or_default();
         let epoch = std::env::var("WEFT_RESTART_EPOCH").unwrap_or_default();
         let secret_text = job_secret()?;
-        Self::from_parts(&addr, &job, &epoch, secret_text.as_deref(), Duration::from_secs(120))
+        Self::from_parts(
+            &addr,
+            &job,
+            &epoch,
+            secret_text.as_deref(),
+            Duration::from_secs(120),
+        )
     }
 
     /// Builds an env-style id; `secret` None means unauthenticated (a warning is logged).
@@ -110,7 +118,10 @@ impl UniqueId {
             }
         };
         let secret: [u8; 32] = Sha256::digest(format!("weft-secret\0{secret_material}")).into();
-        let nonce_full = Sha256::digest(format!("weft-nonce\0{job}\0{epoch}\0{addr}\0{}", hex(&secret)));
+        let nonce_full = Sha256::digest(format!(
+            "weft-nonce\0{job}\0{epoch}\0{addr}\0{}",
+            hex(&secret)
+        ));
         Ok(UniqueId {
             root,
             nonce: nonce_full[..16].try_into().unwrap(),
@@ -123,7 +134,11 @@ impl UniqueId {
         let mut b = [0u8; UNIQUE_ID_BYTES];
         b[0..4].copy_from_slice(MAGIC);
         b[4] = VERSION;
-        b[5] = if self.rank0_serves { FLAG_RANK0_SERVES } else { 0 };
+        b[5] = if self.rank0_serves {
+            FLAG_RANK0_SERVES
+        } else {
+            0
+        };
         b[6..8].copy_from_slice(&self.root.port().to_be_bytes());
         let v6 = match self.root.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped(),
@@ -189,8 +204,12 @@ pub(crate) fn job_secret() -> Result<Option<String>> {
         }
     }
     if let Ok(path) = std::env::var("WEFT_JOB_SECRET_FILE") {
-        let s = std::fs::read_to_string(&path)
-            .map_err(|e| Error::sys(format!("reading job secret from WEFT_JOB_SECRET_FILE={path}"), e))?;
+        let s = std::fs::read_to_string(&path).map_err(|e| {
+            Error::sys(
+                format!("reading job secret from WEFT_JOB_SECRET_FILE={path}"),
+                e,
+            )
+        })?;
         return Ok(Some(s.trim().to_string()));
     }
     Ok(None)
@@ -199,7 +218,10 @@ pub(crate) fn job_secret() -> Result<Option<String>> {
 /// The address other hosts should use for us: `WEFT_LISTEN_ADDR`, else the
 /// source address of a route towards a public range (no packet is sent), else loopback.
 pub(crate) fn advertised_ip() -> IpAddr {
-    if let Some(ip) = std::env::var("WEFT_LISTEN_ADDR").ok().and_then(|a| a.parse().ok()) {
+    if let Some(ip) = std::env::var("WEFT_LISTEN_ADDR")
+        .ok()
+        .and_then(|a| a.parse().ok())
+    {
         return ip;
     }
     std::net::UdpSocket::bind("0.0.0.0:0")

@@ -25,12 +25,22 @@ fn bound(c: usize, count: usize, n: usize) -> usize {
 }
 
 fn red(dt: DataType, op: Combine, other: *const u8) -> Reduce {
-    Reduce { dtype: dt, op, other }
+    Reduce {
+        dtype: dt,
+        op,
+        other,
+    }
 }
 
 /// The input a reduction really combines: pre-multiplied by the rank's scalar
 /// for `PreMulSum` (into `hold`), the user's buffer otherwise.
-fn prepared_input(op: ReduceOp, dt: DataType, src: *const u8, count: usize, hold: &mut Vec<u8>) -> *const u8 {
+fn prepared_input(
+    op: ReduceOp,
+    dt: DataType,
+    src: *const u8,
+    count: usize,
+    hold: &mut Vec<u8>,
+) -> *const u8 {
     match op {
         ReduceOp::PreMulSum(s) => {
             hold.resize(count * dt.size(), 0);
@@ -100,7 +110,11 @@ fn ring_reduce_scatter(
     for s in 0..n - 1 {
         let sc = (k + r + 2 * n - 1 - s) % n;
         let rc = (k + r + 2 * n - 2 - s) % n;
-        let sptr = if s == 0 { unsafe { src.add(at(sc)) } } else { unsafe { work.add(at(sc)) as *const u8 } };
+        let sptr = if s == 0 {
+            unsafe { src.add(at(sc)) }
+        } else {
+            unsafe { work.add(at(sc)) as *const u8 }
+        };
         let rptr = unsafe { work.add(at(rc)) };
         let other = unsafe { src.add(at(rc)) };
         c.exec(&mut [
@@ -113,7 +127,13 @@ fn ring_reduce_scatter(
 
 /// Ring all-gather of the chunks of a `count`-element buffer where rank r
 /// starts with chunk `(r + k) mod n` in place.
-fn ring_all_gather_chunks(c: &mut CommCore, buf: *mut u8, count: usize, dt: DataType, k: usize) -> Result<()> {
+fn ring_all_gather_chunks(
+    c: &mut CommCore,
+    buf: *mut u8,
+    count: usize,
+    dt: DataType,
+    k: usize,
+) -> Result<()> {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let at = |ch: usize| bound(ch, count, n) * es;
@@ -164,7 +184,10 @@ fn all_reduce_rd(
         while mask < p {
             let pn = nr ^ mask;
             let partner = if pn < rem { pn * 2 + 1 } else { pn + rem };
-            c.exec(&mut [Xfer::send(partner, recv, bytes), Xfer::recv(partner, tmp, bytes)])?;
+            c.exec(&mut [
+                Xfer::send(partner, recv, bytes),
+                Xfer::recv(partner, tmp, bytes),
+            ])?;
             unsafe { reduce::combine(dt, comb, recv, recv, tmp, count) };
             mask <<= 1;
         }
@@ -224,7 +247,10 @@ pub(crate) fn broadcast(
             } else if vr == n - 1 {
                 c.exec(&mut [Xfer::recv(prev, recv, bytes)])
             } else {
-                c.exec(&mut [Xfer::recv(prev, recv, bytes), Xfer::send(next, recv, bytes).gated(0)])
+                c.exec(&mut [
+                    Xfer::recv(prev, recv, bytes),
+                    Xfer::send(next, recv, bytes).gated(0),
+                ])
             }
         }
     }
@@ -266,7 +292,12 @@ pub(crate) fn reduce(
             while mask < n {
                 if vr & mask == 0 {
                     if vr | mask < n {
-                        c.exec(&mut [Xfer::recv_reduce(real(vr | mask), acc, bytes, red(dt, comb, acc))])?;
+                        c.exec(&mut [Xfer::recv_reduce(
+                            real(vr | mask),
+                            acc,
+                            bytes,
+                            red(dt, comb, acc),
+                        )])?;
                     }
                 } else {
                     c.exec(&mut [Xfer::send(real(vr & !mask), acc, bytes)])?;
@@ -306,7 +337,12 @@ pub(crate) fn reduce(
 }
 
 /// `recv` holds n blocks of `bytes`; rank r's block comes from `send`.
-pub(crate) fn all_gather(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+pub(crate) fn all_gather(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     copy(unsafe { recv.add(r * bytes) }, send, bytes);
     if n == 1 {
@@ -359,7 +395,11 @@ pub(crate) fn reduce_scatter(
             }
             c.exec(&mut xs)?;
             let tmp = c.scratch(bytes * n);
-            copy(unsafe { tmp.add(r * bytes) }, unsafe { src.add(r * bytes) }, bytes);
+            copy(
+                unsafe { tmp.add(r * bytes) },
+                unsafe { src.add(r * bytes) },
+                bytes,
+            );
             let acc = unsafe { tmp.add(r * bytes) };
             for p in (0..n).filter(|&p| p != r) {
                 unsafe { reduce::combine(dt, comb, acc, acc, tmp.add(p * bytes), count) };
@@ -380,7 +420,12 @@ pub(crate) fn reduce_scatter(
 }
 
 /// Block p of `send` goes to rank p; block p of `recv` comes from rank p.
-pub(crate) fn all_to_all(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+pub(crate) fn all_to_all(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     // In place, blocks would be overwritten before they are sent: send from a copy.
     let mut hold = Vec::new();
@@ -390,7 +435,11 @@ pub(crate) fn all_to_all(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes
     } else {
         send
     };
-    copy(unsafe { recv.add(r * bytes) }, unsafe { src.add(r * bytes) }, bytes);
+    copy(
+        unsafe { recv.add(r * bytes) },
+        unsafe { src.add(r * bytes) },
+        bytes,
+    );
     match tuner::choose(Coll::AllToAll, bytes * n, n, &c.ctx.cfg.algo) {
         Algo::Direct => {
             let mut xs = Vec::with_capacity(2 * n);
@@ -414,7 +463,13 @@ pub(crate) fn all_to_all(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes
 }
 
 /// Root gathers n blocks of `bytes` (NCCL's ncclGather).
-pub(crate) fn gather(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize, root: usize) -> Result<()> {
+pub(crate) fn gather(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+    root: usize,
+) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
         copy(unsafe { recv.add(r * bytes) }, send, bytes);
@@ -429,7 +484,13 @@ pub(crate) fn gather(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: us
 }
 
 /// Root scatters n blocks of `bytes` (NCCL's ncclScatter).
-pub(crate) fn scatter(c: &mut CommCore, send: *const u8, recv: *mut u8, bytes: usize, root: usize) -> Result<()> {
+pub(crate) fn scatter(
+    c: &mut CommCore,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+    root: usize,
+) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
         let mut xs: Vec<Xfer> = (0..n)

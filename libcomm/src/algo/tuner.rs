@@ -107,7 +107,9 @@ impl std::str::FromStr for AlgoOverride {
                     let coll = Coll::ALL
                         .into_iter()
                         .find(|x| x.name() == c || (c == "bcast" && *x == Coll::Broadcast))
-                        .ok_or_else(|| Error::arg(format!("WEFT_ALGO: unknown collective '{c}'")))?;
+                        .ok_or_else(|| {
+                            Error::arg(format!("WEFT_ALGO: unknown collective '{c}'"))
+                        })?;
                     let algo = parse_algo(a)?;
                     if !coll.supports(algo) {
                         return Err(Error::arg(format!(
@@ -148,7 +150,11 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, o: &AlgoOverride) -> Algo {
             };
         }
         if matches!(a, Algo::Ring | Algo::Pairwise) {
-            return if coll == Coll::AllToAll { Algo::Pairwise } else { Algo::Ring };
+            return if coll == Coll::AllToAll {
+                Algo::Pairwise
+            } else {
+                Algo::Ring
+            };
         }
     }
     let small = match coll {
@@ -186,7 +192,10 @@ mod tests {
         assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Ring);
         assert_eq!(choose(Coll::AllToAll, 8, 4, &o), Algo::Pairwise);
         let o: AlgoOverride = "allreduce:rd, broadcast:ring".parse().unwrap();
-        assert_eq!(choose(Coll::AllReduce, 1 << 30, 4, &o), Algo::RecursiveDoubling);
+        assert_eq!(
+            choose(Coll::AllReduce, 1 << 30, 4, &o),
+            Algo::RecursiveDoubling
+        );
         assert_eq!(choose(Coll::Broadcast, 8, 4, &o), Algo::Ring);
         assert!("allreduce:pairwise".parse::<AlgoOverride>().is_err());
         assert!("warp".parse::<AlgoOverride>().is_err());

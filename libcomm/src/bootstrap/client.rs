@@ -24,7 +24,10 @@ pub(crate) fn connect_retry(
             return Err(e);
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        match TcpStream::connect_timeout(&addr, left.clamp(Duration::from_millis(10), Duration::from_secs(2))) {
+        match TcpStream::connect_timeout(
+            &addr,
+            left.clamp(Duration::from_millis(10), Duration::from_secs(2)),
+        ) {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);
@@ -37,7 +40,9 @@ pub(crate) fn connect_retry(
                     )));
                 }
                 if Instant::now() + backoff >= deadline {
-                    return Err(Error::Bootstrap(format!("cannot connect to {what} at {addr}: {e}")));
+                    return Err(Error::Bootstrap(format!(
+                        "cannot connect to {what} at {addr}: {e}"
+                    )));
                 }
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_millis(500));

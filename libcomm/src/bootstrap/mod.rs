@@ -27,7 +27,10 @@ pub struct PeerInfo {
 
 impl PeerInfo {
     pub(crate) fn encode(&self, e: &mut Enc) {
-        e.u64(self.host_id).u32(self.pid).addr(self.addr).str(&self.hostname);
+        e.u64(self.host_id)
+            .u32(self.pid)
+            .addr(self.addr)
+            .str(&self.hostname);
     }
     pub(crate) fn decode(d: &mut Dec<'_>) -> Result<PeerInfo> {
         Ok(PeerInfo {
@@ -50,7 +53,10 @@ pub(crate) struct Hello {
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
-        e.bytes(&self.nonce).bytes(&self.client_nonce).u32(self.rank).u32(self.nranks);
+        e.bytes(&self.nonce)
+            .bytes(&self.client_nonce)
+            .u32(self.rank)
+            .u32(self.nranks);
         self.info.encode(&mut e);
         e.0
     }

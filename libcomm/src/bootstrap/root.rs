@@ -52,7 +52,11 @@ impl Root {
                 warn_log!("bootstrap root: could not send the table to rank {rank}: {e}");
             }
         }
-        info_log!("bootstrap root {}: {} ranks connected", self.id.root, table.len());
+        info_log!(
+            "bootstrap root {}: {} ranks connected",
+            self.id.root,
+            table.len()
+        );
         self.done = true;
     }
 }
@@ -71,13 +75,19 @@ impl Handler for Root {
             Err(e) => return self.refuse(a, e.to_string()),
         };
         if hello.nonce != self.id.nonce {
-            return self.refuse(a, "this hello belongs to another unique id (another communicator or job)".into());
+            return self.refuse(
+                a,
+                "this hello belongs to another unique id (another communicator or job)".into(),
+            );
         }
         let n = *self.nranks.get_or_insert(hello.nranks);
         if hello.nranks != n {
             return self.refuse(
                 a,
-                format!("rank {} says the communicator has {} ranks, but others said {n}", hello.rank, hello.nranks),
+                format!(
+                    "rank {} says the communicator has {} ranks, but others said {n}",
+                    hello.rank, hello.nranks
+                ),
             );
         }
         if self.ranks.is_empty() {
@@ -88,7 +98,10 @@ impl Handler for Root {
             return self.refuse(a, format!("rank {r} is out of range for {n} ranks"));
         }
         if self.ranks[r].is_some() {
-            return self.refuse(a, format!("rank {r} joined twice (two processes were given the same rank)"));
+            return self.refuse(
+                a,
+                format!("rank {r} joined twice (two processes were given the same rank)"),
+            );
         }
         self.ranks[r] = Some(Arrived {
             stream: a.stream,
@@ -106,15 +119,23 @@ impl Handler for Root {
             return true;
         }
         if Instant::now() >= self.deadline {
-            let missing: Vec<usize> = (0..self.ranks.len()).filter(|&r| self.ranks[r].is_none()).collect();
+            let missing: Vec<usize> = (0..self.ranks.len())
+                .filter(|&r| self.ranks[r].is_none())
+                .collect();
             let reason = if self.ranks.is_empty() {
                 "bootstrap root timed out: no rank connected".to_string()
             } else {
-                format!("bootstrap timed out: ranks {missing:?} of {} never connected", self.ranks.len())
+                format!(
+                    "bootstrap timed out: ranks {missing:?} of {} never connected",
+                    self.ranks.len()
+                )
             };
             warn_log!("{reason}");
             for a in self.ranks.iter_mut().filter_map(Option::take) {
-                let peer = a.stream.peer_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
+                let peer = a
+                    .stream
+                    .peer_addr()
+                    .unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
                 server::reject(a.stream, peer, "bootstrap root", &reason);
             }
             return true;
@@ -143,7 +164,13 @@ pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
     std::thread::Builder::new()
         .name("weft-bootstrap-root".into())
         .spawn(move || {
-            server::serve(listener, "bootstrap root", wire::MAX_PAYLOAD, HANDSHAKE_TIMEOUT, &mut root)
+            server::serve(
+                listener,
+                "bootstrap root",
+                wire::MAX_PAYLOAD,
+                HANDSHAKE_TIMEOUT,
+                &mut root,
+            )
         })
         .map(|_| ())
         .map_err(|e| Error::sys("spawning the bootstrap root thread", e))
@@ -162,7 +189,9 @@ pub(crate) fn serve_at(id: &UniqueId, nranks: usize) -> Result<()> {
             }
             Err(e) => {
                 return Err(Error::sys(
-                    format!("rank 0 cannot serve the bootstrap root at {bind} (from WEFT_BOOTSTRAP/NCCL_COMM_ID)"),
+                    format!(
+                        "rank 0 cannot serve the bootstrap root at {bind} (from WEFT_BOOTSTRAP/NCCL_COMM_ID)"
+                    ),
                     e,
                 ));
             }

@@ -55,7 +55,11 @@ pub(crate) fn reject(mut stream: TcpStream, peer: SocketAddr, what: &str, reason
     warn_log!("{what}: rejected connection from {peer}: {reason}");
     let msg = wire::encode(Kind::Error, reason.as_bytes(), &[0u8; 32], b"");
     let _ = stream.set_nonblocking(false);
-    let _ = wire::write_all(&mut stream, &msg, Instant::now() + Duration::from_millis(200));
+    let _ = wire::write_all(
+        &mut stream,
+        &msg,
+        Instant::now() + Duration::from_millis(200),
+    );
 }
 
 pub(crate) fn serve(
@@ -108,7 +112,9 @@ pub(crate) fn serve(
                     let _ = stream.set_nodelay(true);
                     let mut s = stream;
                     let hello = wire::encode(Kind::Challenge, &challenge, &[0u8; 32], b"");
-                    if wire::write_all(&mut s, &hello, Instant::now() + Duration::from_millis(500)).is_err() {
+                    if wire::write_all(&mut s, &hello, Instant::now() + Duration::from_millis(500))
+                        .is_err()
+                    {
                         continue;
                     }
                     if s.set_nonblocking(true).is_err() {

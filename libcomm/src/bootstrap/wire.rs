@@ -115,7 +115,9 @@ impl FrameBuf {
         let (kind, len) = parse_header(&self.buf[..HEADER], max_payload)?;
         let header: [u8; HEADER] = self.buf[..HEADER].try_into().unwrap();
         let payload = self.buf[HEADER..HEADER + len].to_vec();
-        let tag = self.buf[HEADER + len..HEADER + len + TAG].try_into().unwrap();
+        let tag = self.buf[HEADER + len..HEADER + len + TAG]
+            .try_into()
+            .unwrap();
         self.buf.drain(..HEADER + len + TAG);
         Ok(Some(Frame {
             kind,
@@ -151,7 +153,11 @@ fn parse_header(h: &[u8], max_payload: usize) -> Result<(Kind, usize)> {
 }
 
 /// Blocking read of one frame before `deadline` (socket must be blocking).
-pub fn read_frame(s: &mut std::net::TcpStream, max_payload: usize, deadline: Instant) -> Result<Frame> {
+pub fn read_frame(
+    s: &mut std::net::TcpStream,
+    max_payload: usize,
+    deadline: Instant,
+) -> Result<Frame> {
     let mut fb = FrameBuf::default();
     loop {
         let need = fb.need(max_payload)?;
@@ -160,15 +166,25 @@ pub fn read_frame(s: &mut std::net::TcpStream, max_payload: usize, deadline: Ins
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Bootstrap("timed out waiting for a bootstrap message".into()));
+            return Err(Error::Bootstrap(
+                "timed out waiting for a bootstrap message".into(),
+            ));
         }
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .map_err(|e| Error::sys("setsockopt", e))?;
         let mut tmp = vec![0u8; need.min(1 << 20)];
         match s.read(&mut tmp) {
-            Ok(0) => return Err(Error::Bootstrap("connection closed by the other side during bootstrap".into())),
+            Ok(0) => {
+                return Err(Error::Bootstrap(
+                    "connection closed by the other side during bootstrap".into(),
+                ));
+            }
             Ok(n) => fb.extend(&tmp[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(Error::Bootstrap(format!("reading bootstrap message: {e}"))),
         }
@@ -176,8 +192,11 @@ pub fn read_frame(s: &mut std::net::TcpStream, max_payload: usize, deadline: Ins
 }
 
 pub fn write_all(s: &mut std::net::TcpStream, bytes: &[u8], deadline: Instant) -> Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    s.set_write_timeout(Some(left)).map_err(|e| Error::sys("setsockopt", e))?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    s.set_write_timeout(Some(left))
+        .map_err(|e| Error::sys("setsockopt", e))?;
     s.write_all(bytes)
         .map_err(|e| Error::Bootstrap(format!("sending bootstrap message: {e}")))
 }
@@ -185,7 +204,11 @@ pub fn write_all(s: &mut std::net::TcpStream, bytes: &[u8], deadline: Instant) -
 /// Waits until `s` is readable (or closed) for at most `t`.
 pub fn wait_readable(s: &std::net::TcpStream, t: Duration) -> bool {
     use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
     let ms = t.as_millis().min(i32::MAX as u128) as i32;
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
@@ -256,7 +279,10 @@ impl<'a> Dec<'a> {
     pub fn str(&mut self, max: usize) -> Result<String> {
         let n = self.u16()? as usize;
         if n > max {
-            return Err(Error::Bootstrap(format!("string of {n} bytes in {} message exceeds {max}", self.what)));
+            return Err(Error::Bootstrap(format!(
+                "string of {n} bytes in {} message exceeds {max}",
+                self.what
+            )));
         }
         String::from_utf8(self.take(n)?.to_vec())
             .map_err(|_| Error::Bootstrap(format!("invalid UTF-8 in {} message", self.what)))
@@ -264,14 +290,21 @@ impl<'a> Dec<'a> {
     pub fn addr(&mut self) -> Result<SocketAddr> {
         let v6 = Ipv6Addr::from(self.array::<16>()?);
         let port = self.u16()?;
-        let ip = v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6));
+        let ip = v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6));
         Ok(SocketAddr::new(ip, port))
     }
     pub fn finish(&self) -> Result<()> {
         if self.b.is_empty() {
             Ok(())
         } else {
-            Err(Error::Bootstrap(format!("{} trailing bytes in {} message", self.b.len(), self.what)))
+            Err(Error::Bootstrap(format!(
+                "{} trailing bytes in {} message",
+                self.b.len(),
+                self.what
+            )))
         }
     }
 }
@@ -292,7 +325,10 @@ mod tests {
         assert_eq!(f.kind, Kind::Hello);
         assert_eq!(f.payload, b"payload");
         f.verify(&secret, b"chal").unwrap();
-        assert!(f.verify(&secret, b"other").is_err(), "replay under another challenge");
+        assert!(
+            f.verify(&secret, b"other").is_err(),
+            "replay under another challenge"
+        );
         assert!(f.verify(&[8u8; 32], b"chal").is_err(), "wrong secret");
     }
 

@@ -23,6 +23,11 @@ pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Duration) {
 
 pub(crate) fn wake_all(word: &AtomicU32) {
     unsafe {
-        libc::syscall(libc::SYS_futex, word as *const AtomicU32, libc::FUTEX_WAKE, i32::MAX);
+        libc::syscall(
+            libc::SYS_futex,
+            word as *const AtomicU32,
+            libc::FUTEX_WAKE,
+            i32::MAX,
+        );
     }
 }

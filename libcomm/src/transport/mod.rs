@@ -143,7 +143,13 @@ impl Chan {
     ///
     /// # Safety
     /// `src .. + len` must stay valid until the message is done.
-    pub unsafe fn send_step(&mut self, src: *const u8, len: usize, limit: usize, p: &mut Progress) -> StepResult {
+    pub unsafe fn send_step(
+        &mut self,
+        src: *const u8,
+        len: usize,
+        limit: usize,
+        p: &mut Progress,
+    ) -> StepResult {
         match self {
             Chan::Shm(c) => unsafe { shm_send(&mut c.send, src, len, limit, p) },
             Chan::Tcp(c) => unsafe { tcp_send(c, src, len, limit, p) },
@@ -154,7 +160,13 @@ impl Chan {
     ///
     /// # Safety
     /// `dst .. + len` (and the reduction operand) must stay valid until done.
-    pub unsafe fn recv_step(&mut self, dst: *mut u8, len: usize, red: Option<Reduce>, p: &mut Progress) -> StepResult {
+    pub unsafe fn recv_step(
+        &mut self,
+        dst: *mut u8,
+        len: usize,
+        red: Option<Reduce>,
+        p: &mut Progress,
+    ) -> StepResult {
         match self {
             Chan::Shm(c) => unsafe { shm_recv(&mut c.recv, dst, len, red, p) },
             Chan::Tcp(c) => unsafe { tcp_recv(c, dst, len, red, p) },
@@ -166,7 +178,13 @@ fn internal(e: Error) -> String {
     e.to_string()
 }
 
-unsafe fn shm_send(ring: &mut RingEnd, src: *const u8, len: usize, limit: usize, p: &mut Progress) -> StepResult {
+unsafe fn shm_send(
+    ring: &mut RingEnd,
+    src: *const u8,
+    len: usize,
+    limit: usize,
+    p: &mut Progress,
+) -> StepResult {
     let total = MSG_HDR + pad8(len);
     if p.pos >= total {
         p.done = true;
@@ -202,7 +220,13 @@ unsafe fn shm_send(ring: &mut RingEnd, src: *const u8, len: usize, limit: usize,
     Ok(wrote > 0)
 }
 
-unsafe fn shm_recv(ring: &mut RingEnd, dst: *mut u8, len: usize, red: Option<Reduce>, p: &mut Progress) -> StepResult {
+unsafe fn shm_recv(
+    ring: &mut RingEnd,
+    dst: *mut u8,
+    len: usize,
+    red: Option<Reduce>,
+    p: &mut Progress,
+) -> StepResult {
     let total = MSG_HDR + pad8(len);
     if p.pos >= total {
         p.done = true;
@@ -279,14 +303,21 @@ fn send_nosignal(s: &TcpStream, bufs: &[&[u8]]) -> std::io::Result<usize> {
     }
 }
 
-unsafe fn tcp_send(c: &mut TcpChan, src: *const u8, len: usize, limit: usize, p: &mut Progress) -> StepResult {
+unsafe fn tcp_send(
+    c: &mut TcpChan,
+    src: *const u8,
+    len: usize,
+    limit: usize,
+    p: &mut Progress,
+) -> StepResult {
     let total = MSG_HDR + len;
     let mut made = false;
     while p.pos < total {
         let off = p.pos.saturating_sub(MSG_HDR);
         let ready = limit.min(len);
         let body_end = ready.min(off + TCP_PIECE);
-        let body = unsafe { std::slice::from_raw_parts(src.add(off), body_end.saturating_sub(off)) };
+        let body =
+            unsafe { std::slice::from_raw_parts(src.add(off), body_end.saturating_sub(off)) };
         let h = header(len, p.seq);
         let hdr: &[u8] = if p.pos < MSG_HDR { &h[p.pos..] } else { &[] };
         if hdr.is_empty() && body.is_empty() {
@@ -308,7 +339,13 @@ unsafe fn tcp_send(c: &mut TcpChan, src: *const u8, len: usize, limit: usize, p:
     Ok(made)
 }
 
-unsafe fn tcp_recv(c: &mut TcpChan, dst: *mut u8, len: usize, red: Option<Reduce>, p: &mut Progress) -> StepResult {
+unsafe fn tcp_recv(
+    c: &mut TcpChan,
+    dst: *mut u8,
+    len: usize,
+    red: Option<Reduce>,
+    p: &mut Progress,
+) -> StepResult {
     let mut made = false;
     while p.pos < MSG_HDR {
         match (&c.sock).read(&mut c.hdr_in[p.pos..]) {

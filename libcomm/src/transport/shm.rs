@@ -70,7 +70,10 @@ impl Control {
         let n = s.len().min(255);
         bytes[..n].copy_from_slice(&s.as_bytes()[..n]);
         for (i, w) in self.reason.iter().enumerate() {
-            w.store(u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()), Ordering::Relaxed);
+            w.store(
+                u64::from_ne_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap()),
+                Ordering::Relaxed,
+            );
         }
         std::sync::atomic::fence(Ordering::Release);
     }
@@ -179,9 +182,14 @@ impl Mapping {
             }
             p.cast::<u8>()
         } else {
-            let cname = CString::new(name).map_err(|_| Error::Internal("NUL in shm name".into()))?;
+            let cname =
+                CString::new(name).map_err(|_| Error::Internal("NUL in shm name".into()))?;
             let fd = unsafe {
-                libc::shm_open(cname.as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)
+                libc::shm_open(
+                    cname.as_ptr(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+                    0o600,
+                )
             };
             if fd < 0 {
                 return Err(shm_error("cannot create", name));
@@ -209,7 +217,14 @@ impl Mapping {
                 )));
             }
             let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
             };
             unsafe { libc::close(fd) };
             if p == libc::MAP_FAILED {
@@ -218,7 +233,12 @@ impl Mapping {
             }
             p.cast::<u8>()
         };
-        let m = Mapping { base, len, nlocal, cap };
+        let m = Mapping {
+            base,
+            len,
+            nlocal,
+            cap,
+        };
         let c = m.control();
         c.pid.store(std::process::id(), Ordering::Relaxed);
         c.rank.store(rank as u32, Ordering::Relaxed);
@@ -244,20 +264,36 @@ impl Mapping {
                 let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize == len;
                 if ok {
                     let p = unsafe {
-                        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
+                        libc::mmap(
+                            std::ptr::null_mut(),
+                            len,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_SHARED,
+                            fd,
+                            0,
+                        )
                     };
                     unsafe { libc::close(fd) };
                     if p == libc::MAP_FAILED {
                         return Err(shm_error("cannot map", name));
                     }
-                    let m = Mapping { base: p.cast(), len, nlocal, cap };
+                    let m = Mapping {
+                        base: p.cast(),
+                        len,
+                        nlocal,
+                        cap,
+                    };
                     if m.control().magic.load(Ordering::Acquire) == MAGIC_READY {
                         return Ok(m);
                     }
                     drop(m); // still initialising: try again
                 } else {
                     unsafe { libc::close(fd) };
-                    if st.st_size as usize > len || (st.st_size != 0 && st.st_size as usize != len && Instant::now() >= deadline) {
+                    if st.st_size as usize > len
+                        || (st.st_size != 0
+                            && st.st_size as usize != len
+                            && Instant::now() >= deadline)
+                    {
                         return Err(Error::Internal(format!(
                             "shared memory segment {name} has size {} but {len} was expected (ranks disagree about the layout: mixed Weft versions or settings?)",
                             st.st_size
@@ -267,14 +303,19 @@ impl Mapping {
             } else {
                 let e = std::io::Error::last_os_error();
                 if e.raw_os_error() != Some(libc::ENOENT) {
-                    return Err(Error::sys(format!("cannot open shared memory segment /dev/shm{name}"), e));
+                    return Err(Error::sys(
+                        format!("cannot open shared memory segment /dev/shm{name}"),
+                        e,
+                    ));
                 }
             }
             if !crate::topology::pid_alive(peer_pid) {
                 return Err(Error::Remote {
                     comm: String::new(),
                     rank: 0,
-                    detail: format!("local peer process {peer_pid} exited before its shared memory {name} appeared"),
+                    detail: format!(
+                        "local peer process {peer_pid} exited before its shared memory {name} appeared"
+                    ),
                 });
             }
             if Instant::now() >= deadline {
@@ -293,7 +334,9 @@ impl Mapping {
 
     fn ring_header(&self, sender_local: usize) -> &RingHeader {
         assert!(sender_local < self.nlocal);
-        unsafe { &*(self.base.add(CTRL_BYTES + sender_local * RING_HDR_BYTES) as *const RingHeader) }
+        unsafe {
+            &*(self.base.add(CTRL_BYTES + sender_local * RING_HDR_BYTES) as *const RingHeader)
+        }
     }
 
     fn ring_data(&self, sender_local: usize) -> *mut u8 {
@@ -334,7 +377,12 @@ unsafe impl Send for RingEnd {}
 
 impl RingEnd {
     /// The ring in `receiver`'s segment written by local index `sender_local`.
-    pub fn new(receiver: &Mapping, sender_local: usize, to_wake: &Mapping, sending: bool) -> RingEnd {
+    pub fn new(
+        receiver: &Mapping,
+        sender_local: usize,
+        to_wake: &Mapping,
+        sending: bool,
+    ) -> RingEnd {
         let hdr = receiver.ring_header(sender_local);
         let pos = if sending {
             hdr.tail.load(Ordering::Acquire)
@@ -364,7 +412,9 @@ impl RingEnd {
         let head = self.hdr().head.load(Ordering::Acquire);
         let used = self.pos.wrapping_sub(head);
         if used > self.cap() {
-            return Err(Error::Internal("shared memory ring corrupted (head beyond tail)".into()));
+            return Err(Error::Internal(
+                "shared memory ring corrupted (head beyond tail)".into(),
+            ));
         }
         Ok((self.cap() - used) as usize)
     }
@@ -375,7 +425,9 @@ impl RingEnd {
         let tail = self.hdr().tail.load(Ordering::Acquire);
         let avail = tail.wrapping_sub(self.pos);
         if avail > self.cap() || avail % 8 != 0 {
-            return Err(Error::Internal("shared memory ring corrupted (tail beyond capacity)".into()));
+            return Err(Error::Internal(
+                "shared memory ring corrupted (tail beyond capacity)".into(),
+            ));
         }
         Ok(avail as usize)
     }
@@ -385,7 +437,12 @@ impl RingEnd {
     pub fn regions(&self, offset: usize, n: usize) -> [(*mut u8, usize); 2] {
         let start = (self.pos + offset as u64) & self.mask;
         let first = (self.cap() - start).min(n as u64) as usize;
-        unsafe { [(self.data.add(start as usize), first), (self.data, n - first)] }
+        unsafe {
+            [
+                (self.data.add(start as usize), first),
+                (self.data, n - first),
+            ]
+        }
     }
 
     /// Sender: publish `n` more bytes (a multiple of 8).

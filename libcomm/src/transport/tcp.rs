@@ -56,7 +56,10 @@ struct ConnectMsg {
 impl ConnectMsg {
     fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
-        e.bytes(&self.comm).u32(self.src).u32(self.dst).bytes(&self.client_nonce);
+        e.bytes(&self.comm)
+            .u32(self.src)
+            .u32(self.dst)
+            .bytes(&self.client_nonce);
         e.0
     }
     fn decode(b: &[u8]) -> Result<ConnectMsg> {
@@ -85,9 +88,13 @@ impl Endpoint {
             .ok()
             .map(|a| format!("{a}:0"))
             .unwrap_or_else(|| "0.0.0.0:0".into());
-        let l = TcpListener::bind(&bind).map_err(|e| Error::sys(format!("peer endpoint: bind {bind}"), e))?;
+        let l = TcpListener::bind(&bind)
+            .map_err(|e| Error::sys(format!("peer endpoint: bind {bind}"), e))?;
         server::set_backlog(&l, 4096);
-        let port = l.local_addr().map_err(|e| Error::sys("getsockname", e))?.port();
+        let port = l
+            .local_addr()
+            .map_err(|e| Error::sys("getsockname", e))?
+            .port();
         let ep = Arc::new(Endpoint {
             port,
             reg: Mutex::new(Registry::default()),
@@ -164,7 +171,10 @@ fn accept_verified(p: Parked, secret: &[u8; 32]) -> Option<TcpStream> {
     match wire::write_all(&mut s, &ack, Instant::now() + Duration::from_secs(5)) {
         Ok(()) => Some(s),
         Err(e) => {
-            warn_log!("peer endpoint: lost connection from {} while accepting: {e}", p.peer);
+            warn_log!(
+                "peer endpoint: lost connection from {} while accepting: {e}",
+                p.peer
+            );
             None
         }
     }
@@ -178,7 +188,12 @@ impl Handler for EndpointHandler {
     fn on_frame(&mut self, a: Accepted) {
         if a.frame.kind != Kind::Connect {
             let k = a.frame.kind;
-            return server::reject(a.stream, a.peer, "peer endpoint", &format!("expected a connect, got {k:?}"));
+            return server::reject(
+                a.stream,
+                a.peer,
+                "peer endpoint",
+                &format!("expected a connect, got {k:?}"),
+            );
         }
         let m = match ConnectMsg::decode(&a.frame.payload) {
             Ok(m) => m,
@@ -234,14 +249,31 @@ pub(crate) fn connect(
     deadline: Instant,
     cancelled: &dyn Fn() -> Option<Error>,
 ) -> Result<TcpStream> {
-    let mut s = connect_retry(addr, deadline, &format!("rank {dst}'s endpoint"), true, cancelled)?;
+    let mut s = connect_retry(
+        addr,
+        deadline,
+        &format!("rank {dst}'s endpoint"),
+        true,
+        cancelled,
+    )?;
     let ch = wire::read_frame(&mut s, 64, deadline)?;
     if ch.kind != Kind::Challenge || ch.payload.len() != 16 {
-        return Err(Error::Bootstrap(format!("{addr} is not a Weft peer endpoint")));
+        return Err(Error::Bootstrap(format!(
+            "{addr} is not a Weft peer endpoint"
+        )));
     }
     let client_nonce: [u8; 16] = crate::unique_id::random()?;
-    let msg = ConnectMsg { comm, src, dst, client_nonce };
-    wire::write_all(&mut s, &wire::encode(Kind::Connect, &msg.encode(), secret, &ch.payload), deadline)?;
+    let msg = ConnectMsg {
+        comm,
+        src,
+        dst,
+        client_nonce,
+    };
+    wire::write_all(
+        &mut s,
+        &wire::encode(Kind::Connect, &msg.encode(), secret, &ch.payload),
+        deadline,
+    )?;
     loop {
         if let Some(e) = cancelled() {
             return Err(e);
@@ -257,11 +289,15 @@ pub(crate) fn connect(
                     "rank {dst} refused the connection: {}",
                     String::from_utf8_lossy(&f.payload)
                 ))),
-                k => Err(Error::Bootstrap(format!("unexpected {k:?} from rank {dst}"))),
+                k => Err(Error::Bootstrap(format!(
+                    "unexpected {k:?} from rank {dst}"
+                ))),
             };
         }
         if Instant::now() >= deadline {
-            return Err(Error::Bootstrap(format!("rank {dst} at {addr} did not accept our connection in time")));
+            return Err(Error::Bootstrap(format!(
+                "rank {dst} at {addr} did not accept our connection in time"
+            )));
         }
     }
 }
@@ -269,13 +305,20 @@ pub(crate) fn connect(
 /// Prepares an established data connection: non-blocking, no Nagle, and
 /// keepalive/user timeouts so a vanished host is noticed within `peer_timeout`.
 pub(crate) fn tune(s: &TcpStream, peer_timeout: Duration) -> Result<()> {
-    s.set_nonblocking(true).map_err(|e| Error::sys("fcntl", e))?;
+    s.set_nonblocking(true)
+        .map_err(|e| Error::sys("fcntl", e))?;
     let _ = s.set_nodelay(true);
     let fd = s.as_raw_fd();
     let secs = (peer_timeout.as_secs() as i32 / 3).max(1);
     let ms = peer_timeout.as_millis().min(i32::MAX as u128) as i32;
     let set = |level, opt, v: i32| unsafe {
-        libc::setsockopt(fd, level, opt, (&v as *const i32).cast(), std::mem::size_of::<i32>() as u32)
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&v as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        )
     };
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs);
@@ -290,7 +333,10 @@ pub(crate) fn tune(s: &TcpStream, peer_timeout: Duration) -> Result<()> {
 
 /// Raises the soft fd limit to the hard one (as MPI runtimes do), once.
 fn raise_fd_limit() {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
             rl.rlim_cur = rl.rlim_max;
@@ -302,11 +348,16 @@ fn raise_fd_limit() {
 /// Checks up front that `needed` more descriptors fit under the limit.
 pub(crate) fn check_fd_budget(needed: usize) -> Result<()> {
     raise_fd_limit();
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
         return Ok(());
     }
-    let open = std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0);
+    let open = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0);
     let limit = rl.rlim_cur as usize;
     let reserve = 32;
     if open + needed + reserve > limit {
