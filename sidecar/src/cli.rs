@@ -24,6 +24,12 @@ pub enum Command {
     /// Start N ranks of a command on this machine, as the operator would in pods.
     #[command(after_help = RUN_HELP)]
     Run(RunArgs),
+    /// Measure a collective across N local ranks (nccl-tests' table).
+    #[command(after_help = crate::bench::args::HELP)]
+    Bench(crate::bench::BenchArgs),
+    /// One rank of `weft bench` (started by it, not by hand).
+    #[command(name = "bench-rank", hide = true)]
+    BenchRank(crate::bench::BenchArgs),
 }
 
 const RUN_HELP: &str = "\
@@ -85,6 +91,8 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 pub fn dispatch(cli: Cli) -> i32 {
     match cli.command {
         Command::Run(args) => run(args),
+        Command::Bench(args) => crate::bench::run(args),
+        Command::BenchRank(args) => crate::bench::rank(args),
     }
 }
 

@@ -5,6 +5,7 @@
 //! ([`cli`]). The sidecar engine (proxy, RAS, telemetry) lands here as further
 //! modules and subcommands.
 
+pub mod bench;
 pub mod cli;
 pub mod launch;
 

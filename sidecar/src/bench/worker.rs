@@ -1,0 +1,288 @@
+//! One rank of `weft bench` (the hidden `weft bench-rank` command): joins the
+//! communicator from the launcher's environment, times every size out of
+//! place and in place, checks results when asked, and on rank 0 prints the
+//! table.
+//!
+//! Timing, per size and placement: `-w` warm-up calls, a barrier (a
+//! one-element all-reduce), then `--iters` back-to-back calls timed with a
+//! monotonic clock; time per call = elapsed / iters on each rank, averaged
+//! over ranks (nccl-tests' default `-a 1`). With `--check`, one more call on
+//! freshly filled random data is checked afterwards (not timed).
+
+use std::io::Write;
+use std::time::Instant;
+
+use libcomm::{Communicator, DataType, ReduceOp};
+
+use super::args::BenchArgs;
+use super::ops::{BenchOp, Layout};
+use super::report::{self, Header, Measure, Row};
+use super::sizes;
+
+/// Where rank 0 reports the total of wrong elements to `weft bench`.
+pub const RESULT_ENV: &str = "WEFT_BENCH_RESULT";
+
+/// Runs one rank; returns its exit code.
+pub fn main(args: &BenchArgs) -> i32 {
+    match run(args) {
+        Ok(()) => 0,
+        Err(e) => {
+            let rank = std::env::var("WEFT_RANK").unwrap_or_else(|_| "?".into());
+            let _ = writeln!(std::io::stderr(), "weft bench: rank {rank}: {e}");
+            1
+        }
+    }
+}
+
+/// A buffer of `bytes` bytes, 8-byte aligned.
+struct Buf(Vec<u64>);
+
+impl Buf {
+    fn new(bytes: usize) -> Buf {
+        Buf(vec![0u64; bytes.div_ceil(8).max(1)])
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        let len = self.0.len() * 8;
+        // SAFETY: u64 storage viewed as bytes; any bit pattern is valid for both.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) }
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr().cast()
+    }
+}
+
+struct Bench<'a> {
+    comm: &'a Communicator,
+    args: &'a BenchArgs,
+    rank: usize,
+    n: usize,
+    send: Buf,
+    recv: Buf,
+}
+
+fn err(what: &str, e: libcomm::Error) -> String {
+    format!("{what}: {e}")
+}
+
+fn hostname() -> String {
+    let mut b = [0u8; 256];
+    // SAFETY: the buffer is valid for its length.
+    let r = unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) };
+    if r != 0 {
+        return "localhost".into();
+    }
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+impl Bench<'_> {
+    fn barrier(&self) -> Result<(), String> {
+        let mut x = [1.0f32];
+        self.comm
+            .all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .map_err(|e| err("barrier", e))
+    }
+
+    fn sum_f64(&self, v: f64) -> Result<f64, String> {
+        let mut x = [v];
+        self.comm
+            .all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .map_err(|e| err("combining times", e))?;
+        Ok(x[0])
+    }
+
+    fn sum_u64(&self, v: u64) -> Result<u64, String> {
+        let mut x = [v];
+        self.comm
+            .all_reduce_in_place(&mut x, ReduceOp::Sum)
+            .map_err(|e| err("combining error counts", e))?;
+        Ok(x[0])
+    }
+
+    /// The send and receive pointers of one call.
+    fn ptrs(&mut self, l: &Layout, in_place: bool) -> (*const u8, *mut u8) {
+        let ts = self.args.dtype.size();
+        let recv = self.recv.ptr();
+        if in_place {
+            let (so, ro) = self.args.coll.inplace_offsets(l, self.rank);
+            // SAFETY: offsets stay within the receive buffer, sized for the largest layout.
+            unsafe { (recv.add(so * ts).cast_const(), recv.add(ro * ts)) }
+        } else {
+            (self.send.ptr().cast_const(), recv)
+        }
+    }
+
+    fn call(&mut self, l: &Layout, in_place: bool) -> Result<(), String> {
+        let (s, r) = self.ptrs(l, in_place);
+        let a = self.args;
+        // SAFETY: both buffers hold `buffer_elems` of the largest layout; the
+        // in-place offsets are those the collective documents.
+        unsafe {
+            a.coll
+                .run(self.comm, s, r, l, a.dtype, a.redop, a.root as usize)
+                .map_err(|e| err(a.coll.name(), e))
+        }
+    }
+
+    /// Times one size in one placement; checks it with `--check`.
+    fn measure(&mut self, l: &Layout, in_place: bool, seed: u64) -> Result<Measure, String> {
+        let a = self.args;
+        for _ in 0..a.warmup {
+            self.call(l, in_place)?;
+        }
+        self.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            self.call(l, in_place)?;
+        }
+        let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
+        let secs = self.sum_f64(secs)? / self.n as f64;
+        let algbw = a.coll.algbw(l, a.dtype, self.n, secs);
+        let wrong = if a.check {
+            Some(self.check(l, in_place, seed)?)
+        } else {
+            None
+        };
+        Ok(Measure {
+            time_us: secs * 1e6,
+            algbw,
+            busbw: algbw * a.coll.busbw_factor(self.n),
+            wrong,
+        })
+    }
+
+    /// One call on random data; returns the wrong elements summed over ranks.
+    fn check(&mut self, l: &Layout, in_place: bool, seed: u64) -> Result<u64, String> {
+        let a = self.args;
+        let ts = a.dtype.size();
+        let d = a.coll.data(a.dtype, a.redop, self.n, seed);
+        let (so, ro) = if in_place {
+            a.coll.inplace_offsets(l, self.rank)
+        } else {
+            (0, 0)
+        };
+        let send_len = l.send_elems * ts;
+        if in_place {
+            let buf = self.recv.bytes();
+            d.fill_sentinel(&mut buf[..l.buffer_elems() * ts]);
+            d.fill(self.rank, 0, &mut buf[so * ts..so * ts + send_len]);
+        } else {
+            d.fill_sentinel(&mut self.recv.bytes()[..l.recv_elems * ts]);
+            d.fill(self.rank, 0, &mut self.send.bytes()[..send_len]);
+        }
+        self.call(l, in_place)?;
+        let out = &self.recv.bytes()[ro * ts..ro * ts + l.recv_elems * ts];
+        let wrong = a.coll.wrong(&d, self.rank, a.root as usize, l, out);
+        self.sum_u64(wrong)
+    }
+}
+
+fn run(args: &BenchArgs) -> Result<(), String> {
+    let comm = Communicator::from_env().map_err(|e| err("joining the communicator", e))?;
+    let rank = comm.rank();
+    let n = comm.count();
+    if n != args.nranks as usize {
+        return Err(format!(
+            "started with {n} ranks but -n {} was asked",
+            args.nranks
+        ));
+    }
+    let coll: BenchOp = args.coll;
+    let dt: DataType = args.dtype;
+    let sizes = sizes::sweep(args.min_bytes, args.max_bytes, args.factor);
+    let largest = sizes
+        .iter()
+        .map(|&s| coll.layout(s, dt, n).buffer_elems())
+        .max()
+        .unwrap_or(0);
+    let bytes = largest * dt.size();
+    let mut b = Bench {
+        comm: &comm,
+        args,
+        rank,
+        n,
+        send: Buf::new(bytes),
+        recv: Buf::new(bytes),
+    };
+    // Valid, finite values of the type in both buffers (never NaN or
+    // subnormal patterns, which would time the FPU rather than the fabric).
+    let init = coll.data(dt, args.redop, n, 0);
+    let init = super::check::Data {
+        op: Some(args.redop),
+        ..init
+    };
+    init.fill(rank, 0, &mut b.send.bytes()[..bytes]);
+    init.fill(rank, 0, &mut b.recv.bytes()[..bytes]);
+
+    // Who is where, for the header.
+    let mut pids = vec![0u64; n];
+    comm.all_gather(&[std::process::id() as u64], &mut pids)
+        .map_err(|e| err("gathering rank information", e))?;
+    let host = hostname();
+    let header = Header {
+        op: coll.name(),
+        nranks: n,
+        min_bytes: args.min_bytes,
+        max_bytes: args.max_bytes,
+        factor: args.factor,
+        warmup: args.warmup,
+        iters: args.iters,
+        check: args.check,
+        device: "host",
+        algo: args.algo.clone(),
+        ranks: pids.iter().map(|&p| (p as u32, host.clone())).collect(),
+    };
+    let mut out = std::io::stdout();
+    let print = rank == 0 && !args.json;
+    if print {
+        let _ = out.write_all(report::header(&header).as_bytes());
+        let _ = out.flush();
+    }
+    let redop = if coll.has_redop() {
+        args.redop.name()
+    } else {
+        "none"
+    };
+    let root = if coll.has_root() {
+        args.root as i64
+    } else {
+        -1
+    };
+    let mut rows = Vec::with_capacity(sizes.len());
+    for (i, &size) in sizes.iter().enumerate() {
+        let l = coll.layout(size, dt, n);
+        let seed = 0x5eed_0000 + 2 * i as u64;
+        let oop = b.measure(&l, false, seed)?;
+        let ip = b.measure(&l, true, seed + 1)?;
+        let row = Row {
+            size: l.bytes(dt),
+            count: l.count,
+            dtype: dt.name(),
+            redop,
+            root,
+            out_of_place: oop,
+            in_place: ip,
+        };
+        if print {
+            let _ = out.write_all(report::row(&row).as_bytes());
+            let _ = out.flush();
+        }
+        rows.push(row);
+    }
+    if rank == 0 {
+        let text = if args.json {
+            report::json(&header, dt.name(), redop, root, &rows)
+        } else {
+            report::footer(coll.name(), &rows)
+        };
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        if let Some(path) = std::env::var_os(RESULT_ENV) {
+            std::fs::write(&path, format!("wrong={}\n", report::total_wrong(&rows)))
+                .map_err(|e| format!("writing {}: {e}", path.to_string_lossy()))?;
+        }
+    }
+    comm.destroy()
+        .map_err(|e| err("destroying the communicator", e))?;
+    Ok(())
+}

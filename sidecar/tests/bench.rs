@@ -1,0 +1,163 @@
+//! `weft bench`: every collective runs across local ranks, prints nccl-tests'
+//! table and finds no wrong element on random data.
+
+mod common;
+
+use common::*;
+
+/// Data rows of the table (lines not starting with `#`), split into columns.
+fn rows(out: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// Runs `weft bench ARGS`, asserts success, the table's shape and #wrong 0.
+fn bench_ok(args: &[&str], op: &str, sizes: &[u64], redop: &str, root: &str) {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--timeout", "25"]);
+    let run = weft(&all);
+    let out = run.out();
+    assert_eq!(
+        run.code,
+        Some(0),
+        "weft {}\nstdout:\n{out}\nstderr:\n{}",
+        all.join(" "),
+        run.err()
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("# weft bench"), "{out}");
+    assert_eq!(lines[1], format!("# Collective test starting: {op}"));
+    assert!(out.contains("out-of-place"), "{out}");
+    assert!(out.contains("in-place"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("#       size         count")),
+        "{out}"
+    );
+    assert!(out.contains("# Out of bounds values : 0 OK\n"), "{out}");
+    assert!(out.contains("# Avg bus bandwidth    : "), "{out}");
+    assert!(
+        out.ends_with(&format!("# Collective test concluded: {op}\n")),
+        "{out}"
+    );
+    let rows = rows(&out);
+    let got: Vec<u64> = rows.iter().map(|r| r[0].parse().unwrap()).collect();
+    assert_eq!(got, sizes, "{out}");
+    for r in &rows {
+        assert_eq!(r.len(), 13, "{r:?}");
+        assert_eq!(r[2], "float");
+        assert_eq!(r[3], redop);
+        assert_eq!(r[4], root);
+        for c in [5, 6, 7, 9, 10, 11] {
+            let v: f64 = r[c]
+                .parse()
+                .unwrap_or_else(|_| panic!("column {c} of {r:?}"));
+            assert!(v >= 0.0);
+        }
+        assert_eq!(r[8], "0", "out-of-place #wrong in {r:?}");
+        assert_eq!(r[12], "0", "in-place #wrong in {r:?}");
+    }
+    // Only rank 0 prints: one table.
+    assert_eq!(out.matches("Collective test starting").count(), 1);
+}
+
+#[test]
+fn all_reduce_three_ranks_checked() {
+    bench_ok(
+        &[
+            "all_reduce",
+            "-n",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "64K",
+            "-f",
+            "8",
+            "--check",
+        ],
+        "all_reduce",
+        &[8, 64, 512, 4096, 32768],
+        "sum",
+        "-1",
+    );
+}
+
+#[test]
+fn every_other_collective_checked() {
+    let common = [
+        "-n", "3", "-b", "1K", "-e", "64K", "-f", "8", "-w", "1", "-i", "2", "--check",
+    ];
+    for (op, name, sizes, redop, root) in [
+        (
+            "all_gather",
+            "all_gather",
+            [1008, 8160, 65520],
+            "none",
+            "-1",
+        ),
+        (
+            "reducescatter",
+            "reduce_scatter",
+            [1008, 8160, 65520],
+            "sum",
+            "-1",
+        ),
+        ("broadcast", "broadcast", [1024, 8192, 65536], "none", "1"),
+        ("reduce", "reduce", [1024, 8192, 65536], "sum", "1"),
+        ("alltoall", "alltoall", [1008, 8160, 65520], "none", "-1"),
+        ("sendrecv", "sendrecv", [1024, 8192, 65536], "none", "-1"),
+    ] {
+        let mut args = vec![op];
+        args.extend_from_slice(&common);
+        args.extend_from_slice(&["-r", "1"]);
+        bench_ok(&args, name, &sizes, redop, root);
+    }
+}
+
+#[test]
+fn json_output() {
+    let run = weft(&[
+        "bench",
+        "allreduce",
+        "-n",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "64",
+        "-f",
+        "8",
+        "--json",
+        "--check",
+        "-a",
+        "ring",
+        "--timeout",
+        "25",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.err());
+    let out = run.out();
+    assert!(out.starts_with("{\n"), "{out}");
+    assert!(out.contains("\"op\": \"all_reduce\""), "{out}");
+    assert!(out.contains("\"algo\": \"ring\""), "{out}");
+    assert_eq!(out.matches("\"size\": ").count(), 2, "{out}");
+    assert!(out.contains("\"out_of_bounds\": 0"), "{out}");
+}
+
+#[test]
+fn bad_arguments_and_cuda() {
+    let run = weft(&["bench", "all_reduce", "--device", "cuda"]);
+    assert_eq!(run.code, Some(2));
+    assert!(
+        run.err().contains("the CUDA backend is not built yet"),
+        "{}",
+        run.err()
+    );
+    let run = weft(&["bench", "all_reduce", "-n", "2", "-r", "2"]);
+    assert_eq!(run.code, Some(2), "{}", run.err());
+    let run = weft(&["bench", "allreducee"]);
+    assert_eq!(run.code, Some(2), "{}", run.err());
+}
