@@ -13,7 +13,7 @@
 #   ROUNDS   alternate weft/MPI runs this many times and keep, per size and
 #            placement, each side's best (lowest) time (1)
 #   ALGOS    extra weft runs with WEFT_ALGO set to each of these, e.g. "ring rd"
-#   OUT      folder for the raw outputs (bench/results)
+#   OUT      folder for the raw outputs ($CARGO_TARGET_DIR/compare-mpi)
 #   CARGO_TARGET_DIR  where cargo builds (target)
 #
 # MPI settings (see docs/PERFORMANCE.md): shared-memory BTL only
@@ -31,7 +31,7 @@ WARMUP=${WARMUP:-5}
 ITERS=${ITERS:-20}
 ROUNDS=${ROUNDS:-1}
 ALGOS=${ALGOS:-}
-OUT=${OUT:-bench/results}
+OUT=${OUT:-${CARGO_TARGET_DIR:-target}/compare-mpi}
 TARGET=${CARGO_TARGET_DIR:-target}
 mkdir -p "$OUT"
 

@@ -5,6 +5,7 @@
 //! an internal error instead of silently corrupting state. Waiters (non-blocking
 //! init) are woken on every change.
 
+#[cfg(test)]
 use crate::error::{Error, Result};
 use std::fmt;
 use std::sync::{Condvar, Mutex};

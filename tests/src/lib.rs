@@ -1,2 +1,6 @@
-//! Shared helpers of the multi-process tests: deterministic random data,
-//! independent reference implementations, and a bounded launcher.
+//! Shared helpers of the multi-process tests: deterministic random data with
+//! an independent reference ([`data`]), and a bounded launcher ([`job`]).
+
+pub mod data;
+pub mod job;
+pub mod matrix;

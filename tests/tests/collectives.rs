@@ -1,0 +1,86 @@
+//! Every collective x data type x reduction op x count, in place and out of
+//! place, checked against an independent reference on random data, with ranks
+//! as separate processes: 1, 2, 3, 4, 7 and 8 ranks over shared memory, and
+//! over TCP and a mix of both (ranks on simulated hosts).
+
+mod common;
+
+use std::time::Duration;
+use weft_tests::job::{self, JobSpec};
+
+fn matrix(n: usize, extra: &[(&str, &str)], per_rank_host: Option<usize>) {
+    let seed = common::seed().to_string();
+    let mut spec =
+        JobSpec::new(common::worker(), n, &["matrix", &seed]).timeout(Duration::from_secs(900));
+    for (k, v) in extra {
+        spec = spec.env(k, v);
+    }
+    if let Some(per_host) = per_rank_host {
+        spec = spec
+            .per_rank(move |r| vec![("WEFT_HOSTNAME".into(), format!("host-{}", r / per_host))]);
+    }
+    let run = job::run(spec);
+    run.assert_success();
+    for r in 0..n {
+        let f = run.facts(r);
+        assert_eq!(
+            f.get("failures").map(String::as_str),
+            Some("0"),
+            "rank {r}:\n{}",
+            run.dump()
+        );
+        assert_eq!(
+            f.get("cases").map(String::as_str),
+            Some("2880"),
+            "rank {r} ran every case"
+        );
+    }
+    assert!(
+        run.leaked_shm.is_empty(),
+        "shared memory left behind: {:?}",
+        run.leaked_shm
+    );
+    eprintln!("{n} ranks: {:.1?}", run.elapsed);
+}
+
+#[test]
+fn matrix_1_rank() {
+    matrix(1, &[], None);
+}
+
+#[test]
+fn matrix_2_ranks() {
+    matrix(2, &[], None);
+}
+
+#[test]
+fn matrix_3_ranks() {
+    matrix(3, &[], None);
+}
+
+#[test]
+fn matrix_4_ranks() {
+    matrix(4, &[], None);
+}
+
+#[test]
+fn matrix_7_ranks() {
+    matrix(7, &[], None);
+}
+
+#[test]
+fn matrix_8_ranks() {
+    matrix(8, &[], None);
+}
+
+/// Every pair over TCP (as between hosts).
+#[test]
+fn matrix_3_ranks_tcp() {
+    matrix(3, &[("WEFT_TRANSPORT", "tcp")], None);
+}
+
+/// Two simulated hosts of two ranks: shared memory within, TCP across.
+#[test]
+fn matrix_4_ranks_two_hosts() {
+    matrix(4, &[], Some(2));
+}

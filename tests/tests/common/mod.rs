@@ -1,0 +1,34 @@
+//! Helpers shared by the multi-process test files.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub fn worker() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_rank-worker"))
+}
+
+/// The data seed: `WEFT_TEST_SEED` to reproduce a failure, else fresh per run
+/// (printed, so every failure names it).
+pub fn seed() -> u64 {
+    let s = std::env::var("WEFT_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                % 1_000_000_007
+        });
+    eprintln!("data seed {s} (rerun with WEFT_TEST_SEED={s})");
+    s
+}
+
+pub fn num(facts: &std::collections::HashMap<String, String>, key: &str) -> u64 {
+    facts
+        .get(key)
+        .unwrap_or_else(|| panic!("rank did not report {key}: {facts:?}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number: {facts:?}"))
+}

@@ -1,0 +1,116 @@
+//! Communicator lifecycle across processes: splits, non-blocking init with
+//! concurrent splits, abort, a killed rank, mismatched calls, bad input.
+
+mod common;
+
+use common::num;
+use std::time::Duration;
+use weft_tests::job::{self, JobSpec};
+
+#[test]
+fn split_colors_keys_nocolor_nested_and_concurrent_with_parent() {
+    let run =
+        job::run(JobSpec::new(common::worker(), 6, &["split"]).timeout(Duration::from_secs(120)));
+    run.assert_success();
+    for r in 0..6 {
+        assert_eq!(run.facts(r)["split"], "ok");
+    }
+    assert!(run.leaked_shm.is_empty(), "{:?}", run.leaked_shm);
+}
+
+/// The DESIGN.md failure: non-blocking init, then splits from several threads
+/// at once with collectives in between, many times.
+#[test]
+fn nonblocking_init_and_concurrent_splits_repeated() {
+    let run = job::run(
+        JobSpec::new(common::worker(), 4, &["nbsplit", "25", "4"])
+            .timeout(Duration::from_secs(300)),
+    );
+    run.assert_success();
+    for r in 0..4 {
+        assert_eq!(num(&run.facts(r), "reps"), 25);
+    }
+    assert!(run.leaked_shm.is_empty(), "{:?}", run.leaked_shm);
+}
+
+#[test]
+fn abort_fails_every_rank_within_seconds() {
+    let run =
+        job::run(JobSpec::new(common::worker(), 4, &["abort"]).timeout(Duration::from_secs(60)));
+    run.assert_success();
+    assert!(num(&run.facts(0), "aborted_ms") < 2000);
+    for r in 1..4 {
+        let f = run.facts(r);
+        assert_eq!(f["aborted_by"], "0", "rank {r}: {}", run.dump());
+        // Blocked since the start; rank 0 aborts after 500 ms.
+        assert!(
+            num(&f, "error_ms") < 3500,
+            "rank {r} took {} ms",
+            f["error_ms"]
+        );
+    }
+}
+
+fn killed_rank(n: usize, transport: &str) {
+    let run = job::run(
+        JobSpec::new(common::worker(), n, &["kill"])
+            .env("WEFT_TRANSPORT", transport)
+            .env("WEFT_PEER_TIMEOUT_MS", "2000")
+            .timeout(Duration::from_secs(60)),
+    );
+    let victim = n - 1;
+    assert_eq!(
+        run.ranks[victim].signal,
+        Some(libc::SIGKILL),
+        "{}",
+        run.dump()
+    );
+    for r in 0..victim {
+        assert_eq!(run.ranks[r].code, Some(0), "survivor {r}:\n{}", run.dump());
+        let f = run.facts(r);
+        assert_eq!(f["kind"], "RemoteError", "rank {r}: {}", run.dump());
+        assert!(
+            num(&f, "detect_ms") < 4000,
+            "rank {r} needed {} ms",
+            f["detect_ms"]
+        );
+    }
+    assert!(
+        run.elapsed < Duration::from_secs(20),
+        "job took {:?}",
+        run.elapsed
+    );
+    assert!(run.leaked_shm.is_empty(), "{:?}", run.leaked_shm);
+}
+
+#[test]
+fn sigkilled_rank_fails_survivors_shm() {
+    killed_rank(4, "shm");
+}
+
+#[test]
+fn sigkilled_rank_fails_survivors_tcp() {
+    killed_rank(3, "tcp");
+}
+
+#[test]
+fn mismatched_counts_fail_that_communicator_only() {
+    let run =
+        job::run(JobSpec::new(common::worker(), 3, &["mismatch"]).timeout(Duration::from_secs(60)));
+    run.assert_success();
+    for r in 0..3 {
+        let f = run.facts(r);
+        assert!(num(&f, "mismatch_ms") < 3000, "{}", run.dump());
+        assert_eq!(f["world"], "ok");
+    }
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let run =
+        job::run(JobSpec::new(common::worker(), 3, &["badinput"]).timeout(Duration::from_secs(90)));
+    run.assert_success();
+    for r in 0..3 {
+        assert_eq!(run.facts(r)["badinput"], "ok", "{}", run.dump());
+    }
+}
