@@ -166,10 +166,10 @@ impl Shared {
 
     fn join_worker(&self) {
         let h = lock(&self.worker).take();
-        if let Some(h) = h {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
+        if let Some(h) = h
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
         }
     }
 }
@@ -357,24 +357,24 @@ impl Communicator {
         match self.s.state.get() {
             CommState::Initializing => Err(Error::InProgress),
             CommState::Ready => {
-                if let Some(f) = self.s.fault.get() {
-                    if let Some(r) = f.check() {
-                        let e = if r.abort {
-                            Error::Aborted {
-                                comm: self.s.label.clone(),
-                                rank: self.s.rank,
-                                by: Some(r.origin),
-                            }
-                        } else {
-                            Error::Remote {
-                                comm: self.s.label.clone(),
-                                rank: self.s.rank,
-                                detail: format!("rank {} failed: {}", r.origin, r.reason),
-                            }
-                        };
-                        self.record_failure(&e);
-                        return Err(e);
-                    }
+                if let Some(f) = self.s.fault.get()
+                    && let Some(r) = f.check()
+                {
+                    let e = if r.abort {
+                        Error::Aborted {
+                            comm: self.s.label.clone(),
+                            rank: self.s.rank,
+                            by: Some(r.origin),
+                        }
+                    } else {
+                        Error::Remote {
+                            comm: self.s.label.clone(),
+                            rank: self.s.rank,
+                            detail: format!("rank {} failed: {}", r.origin, r.reason),
+                        }
+                    };
+                    self.record_failure(&e);
+                    return Err(e);
                 }
                 Ok(())
             }
@@ -630,7 +630,7 @@ impl Communicator {
             }
             Ok(())
         };
-        let times_n = |count: usize| count.checked_mul(n).unwrap_or(usize::MAX);
+        let times_n = |count: usize| count.saturating_mul(n);
         match *op {
             GroupOp::AllReduce {
                 send,
@@ -642,7 +642,7 @@ impl Communicator {
                 let b = bytes_of(count, dtype, what)?;
                 check_ptr(send, b, "all_reduce: send buffer")?;
                 check_ptr(recv, b, "all_reduce: receive buffer")?;
-                check_overlap(send, b, recv, b, send == recv as *const u8, what)
+                check_overlap(send, b, recv, b, std::ptr::eq(send, recv), what)
             }
             GroupOp::Broadcast {
                 send,
@@ -655,7 +655,7 @@ impl Communicator {
                 root_ok(root)?;
                 if me == root {
                     check_ptr(send, b, "broadcast: send buffer (root)")?;
-                    check_overlap(send, b, recv, b, send == recv as *const u8, what)?;
+                    check_overlap(send, b, recv, b, std::ptr::eq(send, recv), what)?;
                 }
                 check_ptr(recv, b, "broadcast: receive buffer")
             }
@@ -672,7 +672,7 @@ impl Communicator {
                 check_ptr(send, b, "reduce: send buffer")?;
                 if me == root {
                     check_ptr(recv, b, "reduce: receive buffer (root)")?;
-                    check_overlap(send, b, recv, b, send == recv as *const u8, what)?;
+                    check_overlap(send, b, recv, b, std::ptr::eq(send, recv), what)?;
                 }
                 Ok(())
             }
@@ -686,7 +686,7 @@ impl Communicator {
                 let total = bytes_of(times_n(count), dtype, what)?;
                 check_ptr(send, b, "all_gather: send buffer")?;
                 check_ptr(recv, total, "all_gather: receive buffer")?;
-                let inplace = send == recv.wrapping_add(me * b) as *const u8;
+                let inplace = std::ptr::eq(send, recv.wrapping_add(me * b));
                 check_overlap(send, b, recv, total, inplace, what)
             }
             GroupOp::ReduceScatter {
@@ -700,7 +700,7 @@ impl Communicator {
                 let total = bytes_of(times_n(count), dtype, what)?;
                 check_ptr(send, total, "reduce_scatter: send buffer")?;
                 check_ptr(recv, b, "reduce_scatter: receive buffer")?;
-                let inplace = recv as *const u8 == send.wrapping_add(me * b);
+                let inplace = std::ptr::eq(recv, send.wrapping_add(me * b));
                 check_overlap(send, total, recv, b, inplace, what)
             }
             GroupOp::AllToAll {
@@ -712,7 +712,7 @@ impl Communicator {
                 let total = bytes_of(times_n(count), dtype, what)?;
                 check_ptr(send, total, "all_to_all: send buffer")?;
                 check_ptr(recv, total, "all_to_all: receive buffer")?;
-                check_overlap(send, total, recv, total, send == recv as *const u8, what)
+                check_overlap(send, total, recv, total, std::ptr::eq(send, recv), what)
             }
             GroupOp::Gather {
                 send,
@@ -1196,7 +1196,7 @@ impl Communicator {
 
     /// This rank's block is at `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        if buf.len() % self.s.nranks != 0 {
+        if !buf.len().is_multiple_of(self.s.nranks) {
             return Err(len_err(
                 "all_gather_in_place",
                 format!(
@@ -1242,7 +1242,7 @@ impl Communicator {
 
     /// The result lands in `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        if buf.len() % self.s.nranks != 0 {
+        if !buf.len().is_multiple_of(self.s.nranks) {
             return Err(len_err(
                 "reduce_scatter_in_place",
                 format!(
@@ -1259,7 +1259,7 @@ impl Communicator {
 
     /// Block p (of `len / count()` elements) of `send` goes to rank p.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        if send.len() != recv.len() || send.len() % self.s.nranks != 0 {
+        if send.len() != recv.len() || !send.len().is_multiple_of(self.s.nranks) {
             return Err(len_err(
                 "all_to_all",
                 format!(
@@ -1281,7 +1281,7 @@ impl Communicator {
     }
 
     pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        if buf.len() % self.s.nranks != 0 {
+        if !buf.len().is_multiple_of(self.s.nranks) {
             return Err(len_err(
                 "all_to_all_in_place",
                 format!(

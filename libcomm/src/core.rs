@@ -85,13 +85,13 @@ impl CommCore {
                 }
             })
             .collect();
-        if ctx.cfg.transport == TransportPref::Shm {
-            if let Some(r) = kinds.iter().position(|k| *k == PeerKind::Tcp) {
-                return Err(Error::InvalidUsage(format!(
-                    "WEFT_TRANSPORT=shm, but rank {r} is on another host ({}) than rank {me} ({})",
-                    ctx.peers[r].hostname, ctx.peers[me].hostname
-                )));
-            }
+        if ctx.cfg.transport == TransportPref::Shm
+            && let Some(r) = kinds.iter().position(|k| *k == PeerKind::Tcp)
+        {
+            return Err(Error::InvalidUsage(format!(
+                "WEFT_TRANSPORT=shm, but rank {r} is on another host ({}) than rank {me} ({})",
+                ctx.peers[r].hostname, ctx.peers[me].hostname
+            )));
         }
         let locals: Vec<usize> = (0..n).filter(|&r| kinds[r] != PeerKind::Tcp).collect();
         let nlocal = locals.len();
@@ -115,6 +115,16 @@ impl CommCore {
         if let Err(e) = opened {
             shm::unlink(&own_name);
             return Err(e);
+        }
+        // Local barrier: return only once every local peer has mapped our
+        // segment, so that destroying right after init can never unlink it
+        // from under a slower peer (NCCL ends init with a bootstrap barrier
+        // for the same reason).
+        if nlocal > 1 {
+            if let Err(e) = wait_all_mapped(&own, nlocal, &locals, &ctx, deadline) {
+                shm::unlink(&own_name);
+                return Err(e);
+            }
         }
         let mut chans: Vec<Option<Chan>> = (0..n).map(|_| None).collect();
         for &r in locals.iter().filter(|&&r| r != me) {
@@ -267,6 +277,46 @@ impl Drop for CommCore {
         shm::unlink(&self.own_name);
         self.chans.clear();
     }
+}
+
+/// Waits until `nlocal - 1` peers have counted themselves into our segment.
+fn wait_all_mapped(
+    own: &Mapping,
+    nlocal: usize,
+    locals: &[usize],
+    ctx: &Ctx,
+    deadline: Instant,
+) -> Result<()> {
+    let want = nlocal as u32 - 1;
+    let mut backoff = Duration::from_micros(50);
+    let mut next_liveness = Instant::now() + Duration::from_millis(100);
+    while own.control().opened.load(Ordering::Acquire) < want {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Error::Bootstrap(format!(
+                "timed out waiting for {} local rank(s) to map this rank's shared memory",
+                want - own.control().opened.load(Ordering::Acquire)
+            )));
+        }
+        if now >= next_liveness {
+            next_liveness = now + Duration::from_millis(100);
+            for &r in locals.iter().filter(|&&r| r != ctx.rank) {
+                if !crate::topology::pid_alive(ctx.peers[r].pid) {
+                    return Err(Error::Remote {
+                        comm: ctx.label.clone(),
+                        rank: ctx.rank,
+                        detail: format!(
+                            "local rank {r} (pid {}) exited during init",
+                            ctx.peers[r].pid
+                        ),
+                    });
+                }
+            }
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(2));
+    }
+    Ok(())
 }
 
 pub(crate) fn default_deadline(cfg: &Config) -> Instant {

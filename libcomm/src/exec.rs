@@ -193,30 +193,30 @@ impl CommCore {
             if last_check.elapsed() >= SLICE {
                 last_check = Instant::now();
                 self.check_peers(xs)?;
-                if let Some(t) = self.ctx.cfg.timeout {
-                    if last_progress.elapsed() >= t {
-                        let waiting: Vec<String> = xs
-                            .iter()
-                            .filter(|x| !x.p.done)
-                            .map(|x| {
-                                format!(
-                                    "{} rank {}",
-                                    if x.send {
-                                        "sending to"
-                                    } else {
-                                        "receiving from"
-                                    },
-                                    x.peer
-                                )
-                            })
-                            .collect();
-                        return Err(Error::Timeout {
-                            comm: self.ctx.label.clone(),
-                            rank: self.ctx.rank,
-                            after_ms: t.as_millis() as u64,
-                            waiting_for: waiting.join(", "),
-                        });
-                    }
+                if let Some(t) = self.ctx.cfg.timeout
+                    && last_progress.elapsed() >= t
+                {
+                    let waiting: Vec<String> = xs
+                        .iter()
+                        .filter(|x| !x.p.done)
+                        .map(|x| {
+                            format!(
+                                "{} rank {}",
+                                if x.send {
+                                    "sending to"
+                                } else {
+                                    "receiving from"
+                                },
+                                x.peer
+                            )
+                        })
+                        .collect();
+                    return Err(Error::Timeout {
+                        comm: self.ctx.label.clone(),
+                        rank: self.ctx.rank,
+                        after_ms: t.as_millis() as u64,
+                        waiting_for: waiting.join(", "),
+                    });
                 }
             }
         }
@@ -248,7 +248,7 @@ impl CommCore {
             let (src, dst, len, red) = (xs[s].ptr as *const u8, xs[r].ptr, xs[r].len, xs[r].red);
             unsafe {
                 match red {
-                    None if src != dst as *const u8 => std::ptr::copy(src, dst, len),
+                    None if !std::ptr::eq(src, dst) => std::ptr::copy(src, dst, len),
                     None => {}
                     Some(rd) => crate::reduce::combine(
                         rd.dtype,
@@ -302,18 +302,21 @@ impl CommCore {
 
     /// Liveness of the peers we are waiting for.
     fn check_peers(&self, xs: &[Xfer]) -> Result<()> {
+        // A raised failure explains a vanished peer better than the vanishing
+        // itself (an aborting rank drops its resources right after raising).
+        self.check_raised()?;
         for x in xs.iter().filter(|x| !x.p.done) {
             let peer = x.peer;
             if self.kinds[peer] != PeerKind::Shm {
                 continue;
             }
-            if let Some(m) = &self.local_maps[peer] {
-                if m.control().state.load(Ordering::Acquire) == ST_DESTROYED {
-                    return Err(self.peer_error(
-                        peer,
-                        "it destroyed its communicator while this rank was waiting for it",
-                    ));
-                }
+            if let Some(m) = &self.local_maps[peer]
+                && m.control().state.load(Ordering::Acquire) == ST_DESTROYED
+            {
+                return Err(self.peer_error(
+                    peer,
+                    "it destroyed its communicator while this rank was waiting for it",
+                ));
             }
             let pid = self.ctx.peers[peer].pid;
             if !crate::topology::pid_alive(pid) {

@@ -82,9 +82,10 @@ impl UniqueId {
     /// serves the root, and the job secret (`WEFT_JOB_SECRET`, or the file named
     /// by `WEFT_JOB_SECRET_FILE`) authenticates it.
     pub fn from_env() -> Result<UniqueId> {
-        let addr = std::env::var("WEFT_BOOTSTRAP")
-            .or_else(|_| std::env::var("NCCL_COMM_ID"))
-            .map_err(|_| {
+        let set = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let addr = set("WEFT_BOOTSTRAP")
+            .or_else(|| set("NCCL_COMM_ID"))
+            .ok_or_else(|| {
                 Error::arg("neither WEFT_BOOTSTRAP nor NCCL_COMM_ID is set (start ranks with `weft run`, or set WEFT_BOOTSTRAP=host:port)")
             })?;
         let job = std::env::var("WEFT_JOB").unwrap_or_default();
@@ -198,10 +199,10 @@ impl UniqueId {
 
 /// The job secret from `WEFT_JOB_SECRET`, or the file `WEFT_JOB_SECRET_FILE` names.
 pub(crate) fn job_secret() -> Result<Option<String>> {
-    if let Ok(s) = std::env::var("WEFT_JOB_SECRET") {
-        if !s.is_empty() {
-            return Ok(Some(s));
-        }
+    if let Ok(s) = std::env::var("WEFT_JOB_SECRET")
+        && !s.is_empty()
+    {
+        return Ok(Some(s));
     }
     if let Ok(path) = std::env::var("WEFT_JOB_SECRET_FILE") {
         let s = std::fs::read_to_string(&path).map_err(|e| {

@@ -59,7 +59,7 @@ fn finish_avg(op: ReduceOp, dt: DataType, buf: *mut u8, count: usize, n: usize) 
 }
 
 fn copy(dst: *mut u8, src: *const u8, bytes: usize) {
-    if bytes > 0 && dst as *const u8 != src {
+    if bytes > 0 && !std::ptr::eq(dst, src) {
         unsafe { std::ptr::copy(src, dst, bytes) };
     }
 }
@@ -429,7 +429,7 @@ pub(crate) fn all_to_all(
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     // In place, blocks would be overwritten before they are sent: send from a copy.
     let mut hold = Vec::new();
-    let src = if send == recv as *const u8 && n > 1 {
+    let src = if std::ptr::eq(send, recv) && n > 1 {
         hold.extend_from_slice(unsafe { std::slice::from_raw_parts(send, bytes * n) });
         hold.as_ptr()
     } else {

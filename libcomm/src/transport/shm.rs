@@ -424,7 +424,7 @@ impl RingEnd {
     pub fn available(&self) -> Result<usize> {
         let tail = self.hdr().tail.load(Ordering::Acquire);
         let avail = tail.wrapping_sub(self.pos);
-        if avail > self.cap() || avail % 8 != 0 {
+        if avail > self.cap() || !avail.is_multiple_of(8) {
             return Err(Error::Internal(
                 "shared memory ring corrupted (tail beyond capacity)".into(),
             ));
@@ -448,7 +448,7 @@ impl RingEnd {
     /// Sender: publish `n` more bytes (a multiple of 8).
     #[inline]
     pub fn publish(&mut self, n: usize) {
-        debug_assert!(n % 8 == 0);
+        debug_assert!(n.is_multiple_of(8));
         self.pos += n as u64;
         self.hdr().tail.store(self.pos, Ordering::Release);
         unsafe { (*self.other).ring() };
@@ -457,7 +457,7 @@ impl RingEnd {
     /// Receiver: release `n` bytes (a multiple of 8) back to the sender.
     #[inline]
     pub fn consume(&mut self, n: usize) {
-        debug_assert!(n % 8 == 0);
+        debug_assert!(n.is_multiple_of(8));
         self.pos += n as u64;
         self.hdr().head.store(self.pos, Ordering::Release);
         unsafe { (*self.other).ring() };
