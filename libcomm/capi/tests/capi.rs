@@ -1,0 +1,306 @@
+//! The C ABI end to end: C programs compiled with `cc` against our header and
+//! the built `libnccl.so` (installed as `libnccl.so.2` + `libnccl.so` in a
+//! temporary prefix), run as several processes through `weft::launch` (what
+//! `weft run` does), plus checks of the library's exported symbols and SONAME.
+//!
+//! Every run has a hard time limit; the launcher kills every rank's process
+//! group on timeout or failure, and single-process runs are killed on timeout.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use weft::{LaunchSpec, launch};
+
+/// Every NCCL function the issue requires; each is exported with a `p` twin.
+const FUNCTIONS: &[&str] = &[
+    "ncclGetVersion",
+    "ncclGetUniqueId",
+    "ncclCommInitRank",
+    "ncclCommInitAll",
+    "ncclCommInitRankConfig",
+    "ncclCommInitRankScalable",
+    "ncclCommSplit",
+    "ncclCommShrink",
+    "ncclCommFinalize",
+    "ncclCommDestroy",
+    "ncclCommAbort",
+    "ncclCommGetAsyncError",
+    "ncclCommCount",
+    "ncclCommCuDevice",
+    "ncclCommUserRank",
+    "ncclGetErrorString",
+    "ncclGetLastError",
+    "ncclMemAlloc",
+    "ncclMemFree",
+    "ncclCommRegister",
+    "ncclCommDeregister",
+    "ncclRedOpCreatePreMulSum",
+    "ncclRedOpDestroy",
+    "ncclAllReduce",
+    "ncclBroadcast",
+    "ncclBcast",
+    "ncclReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclAlltoAll",
+    "ncclGather",
+    "ncclScatter",
+    "ncclSend",
+    "ncclRecv",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+    "ncclGroupSimulateEnd",
+];
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn include_dir() -> PathBuf {
+    crate_dir().join("../include")
+}
+
+/// The cdylib cargo built with this test: `<target>/<profile>/libnccl.so`
+/// (this executable lives in `<target>/<profile>/deps/`).
+fn built_library() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut candidates = Vec::new();
+    for dir in exe.ancestors().skip(1).take(3) {
+        candidates.push(dir.join("libnccl.so"));
+        candidates.push(dir.join("deps").join("libnccl.so"));
+    }
+    candidates
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .cloned()
+        .unwrap_or_else(|| panic!("libnccl.so not found; looked at {candidates:?}"))
+}
+
+/// A temporary install prefix: `lib/libnccl.so.2` (a copy of the build) and
+/// `lib/libnccl.so -> libnccl.so.2`, as a package would install it.
+fn install_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = std::env::temp_dir().join(format!("weft-capi-test-{}", std::process::id()));
+        let lib = root.join("lib");
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(built_library(), lib.join("libnccl.so.2")).unwrap();
+        std::os::unix::fs::symlink("libnccl.so.2", lib.join("libnccl.so")).unwrap();
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        root
+    })
+}
+
+/// Runs a command to completion within `limit`, killing it on timeout.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} ran longer than {limit:?} and was killed\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Compiles `tests/c/<name>.c` against our header and the installed library.
+/// `plain`: only `-lnccl` and a library path, as a program built for NVIDIA's
+/// NCCL would be (no rpath; the loader finds it through LD_LIBRARY_PATH).
+fn compile(name: &str, plain: bool) -> PathBuf {
+    // Tests run in parallel threads: compile each program once.
+    static BUILT: Mutex<Vec<(String, bool, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, p)) = built.iter().find(|(n, pl, _)| n == name && *pl == plain) {
+        return p.clone();
+    }
+    let p = compile_now(name, plain);
+    built.push((name.to_string(), plain, p.clone()));
+    p
+}
+
+fn compile_now(name: &str, plain: bool) -> PathBuf {
+    let dir = install_dir();
+    let lib = dir.join("lib");
+    let out = dir.join("bin").join(if plain {
+        format!("{name}-plain")
+    } else {
+        name.to_string()
+    });
+    let src = crate_dir().join("tests/c").join(format!("{name}.c"));
+    let mut cmd = Command::new("cc");
+    cmd.arg("-std=gnu11")
+        .args(["-Wall", "-Wextra", "-Werror", "-g"])
+        .arg("-I")
+        .arg(include_dir())
+        .arg("-I")
+        .arg(crate_dir().join("tests/c"))
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lnccl");
+    if !plain {
+        cmd.arg(format!("-Wl,-rpath,{}", lib.display()))
+            .args(["-lpthread", "-lm"]);
+    }
+    let o = run_bounded(&mut cmd, Duration::from_secs(120));
+    assert!(
+        o.status.success(),
+        "compiling {name}.c failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+/// Runs `prog` as `ranks` processes through the launcher; asserts every rank
+/// exits 0 within `limit`. Returns each rank's stdout.
+fn run_ranks(
+    prog: &Path,
+    ranks: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<String> {
+    let mut spec = LaunchSpec::new(ranks, prog.as_os_str());
+    spec.args = args.iter().map(Into::into).collect();
+    spec.capture = true;
+    spec.timeout = Some(limit);
+    spec.grace = Duration::from_secs(2);
+    spec.env_extra = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let o = launch(&spec).expect("launch");
+    let outputs: Vec<String> = o
+        .ranks
+        .iter()
+        .map(|r| {
+            format!(
+                "--- rank {} ({:?}) stdout:\n{}--- stderr:\n{}",
+                r.rank,
+                r.status,
+                String::from_utf8_lossy(&r.output.stdout),
+                String::from_utf8_lossy(&r.output.stderr)
+            )
+        })
+        .collect();
+    assert!(
+        o.success(),
+        "{} failed ({:?}, exit {}):\n{}",
+        prog.display(),
+        o.stop,
+        o.exit_code(),
+        outputs.join("\n")
+    );
+    o.ranks
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.output.stdout).into_owned())
+        .collect()
+}
+
+#[test]
+fn abi_matches_nccl_header() {
+    let bin = compile("abi_check", false);
+    let o = run_bounded(&mut Command::new(&bin), Duration::from_secs(30));
+    assert!(
+        o.status.success(),
+        "abi_check failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "abi ok\n");
+}
+
+#[test]
+fn header_compiles_as_cxx_and_after_cuda_style_typedef() {
+    let dir = install_dir().join("cxx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("t.cc");
+    // A CUDA runtime header included first declares cudaStream_t itself.
+    std::fs::write(
+        &src,
+        "#define __CUDA_RUNTIME_H__\nstruct CUstream_st;\ntypedef struct CUstream_st* cudaStream_t;\n#include <nccl.h>\nstatic_assert(sizeof(ncclUniqueId) == 128, \"id\");\nint main() { ncclConfig_t c = NCCL_CONFIG_INITIALIZER; return c.magic == 0xcafebeef ? 0 : 1; }\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new("c++");
+    cmd.args(["-std=c++17", "-Wall", "-Werror", "-fsyntax-only", "-I"])
+        .arg(include_dir())
+        .arg(&src);
+    let o = run_bounded(&mut cmd, Duration::from_secs(60));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn library_exports_every_function_and_its_p_twin_with_nccl_soname() {
+    let lib = install_dir().join("lib/libnccl.so.2");
+    let o = run_bounded(
+        Command::new("nm").args(["-D", "--defined-only"]).arg(&lib),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "nm failed");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let exported: std::collections::HashSet<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (_, kind, name) = (it.next()?, it.next()?, it.next()?);
+            (kind == "T").then_some(name)
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for f in FUNCTIONS {
+        for name in [f.to_string(), format!("p{f}")] {
+            if !exported.contains(name.as_str()) {
+                missing.push(name);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+    let o = run_bounded(
+        Command::new("readelf").arg("-d").arg(&lib),
+        Duration::from_secs(30),
+    );
+    let dynamic = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        dynamic.contains("Library soname: [libnccl.so.2]"),
+        "SONAME is not libnccl.so.2:\n{dynamic}"
+    );
+}
+
+#[test]
+fn every_collective_with_result_checks_4_ranks() {
+    let bin = compile("collectives", false);
+    let out = run_ranks(&bin, 4, &[], &[], Duration::from_secs(120));
+    for (r, o) in out.iter().enumerate() {
+        assert!(o.contains(&format!("rank {r}: collectives ok")), "{o}");
+    }
+}
+
+#[test]
+fn every_collective_with_result_checks_3_ranks_tcp() {
+    let bin = compile("collectives", false);
+    run_ranks(
+        &bin,
+        3,
+        &[],
+        &[("WEFT_TRANSPORT", "tcp")],
+        Duration::from_secs(120),
+    );
+}
