@@ -129,6 +129,34 @@ fn register(comm: Communicator, blocking: bool, cfg: Config) -> CResult<(usize, 
     Ok((hd, e))
 }
 
+/// A one-byte all-reduce on each of `comms` (concurrently, so one thread can
+/// hold several ranks of one communicator). Run when a blocking init or split
+/// completes, like NCCL's end-of-init bootstrap barrier: afterwards every rank
+/// has finished connecting, so an immediate `ncclCommDestroy` on one rank can
+/// no longer remove shared memory that a slower peer is still about to map
+/// (libcomm's `CommCore::build` returns before its peers have mapped its
+/// segment, and destroy unlinks it; see the capi report).
+pub(crate) fn barrier(comms: &[Arc<CommEntry>]) -> CResult<()> {
+    if comms.is_empty() {
+        return Ok(());
+    }
+    let mut bufs = vec![0u8; comms.len()];
+    let mut g = libcomm::Group::new();
+    for (e, b) in comms.iter().zip(bufs.iter_mut()) {
+        let p = b as *mut u8;
+        let op = GroupOp::AllReduce {
+            send: p,
+            recv: p,
+            count: 1,
+            dtype: DataType::U8,
+            op: libcomm::ReduceOp::Max,
+        };
+        unsafe { g.push_raw(&e.comm, op) }.map_err(|err| Fail::from(err).context(e.describe()))?;
+    }
+    g.execute()
+        .map_err(|err| Fail::from(err).context("end-of-init barrier"))
+}
+
 fn state_code(c: &Communicator) -> NcclResult {
     if c.state() == CommState::Initializing {
         IN_PROGRESS
@@ -235,6 +263,7 @@ unsafe fn init_rank(
     let code = state_code(&c);
     let (hd, e) = register(c, blocking, cfg)?;
     if code == SUCCESS {
+        barrier(std::slice::from_ref(&e))?;
         log_ready(&e);
     }
     *out = hd as ncclComm_t;
@@ -282,13 +311,16 @@ nccl_api! {
         }
         let comms = Communicator::init_all(ndev as usize).map_err(Fail::from)?;
         let mut handles_out = Vec::with_capacity(comms.len());
+        let mut entries = Vec::with_capacity(comms.len());
         for c in comms {
             c.wait_ready(None).map_err(Fail::from)?;
             let cfg = c.config().clone();
             let (hd, e) = register(c, true, cfg.blocking(true))?;
             log_ready(&e);
             handles_out.push(hd);
+            entries.push(e);
         }
+        barrier(&entries)?;
         for (i, hd) in handles_out.into_iter().enumerate() {
             *comm.add(i) = hd as ncclComm_t;
         }
@@ -318,6 +350,9 @@ pub(crate) fn do_split(
     };
     let code = state_code(&c);
     let (hd, e) = register(c, blocking, cfg)?;
+    if code == SUCCESS {
+        barrier(std::slice::from_ref(&e))?;
+    }
     errors::log(
         Level::Info,
         &format!("{what}: {} split from {}", e.describe(), parent.describe()),

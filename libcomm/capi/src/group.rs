@@ -149,16 +149,27 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
         }
     }
 
-    // 2. Inits started at call time: wait for the blocking ones.
+    // 2. Inits started at call time: wait for the blocking ones, then a
+    //    barrier across all of them (concurrently: this thread may hold
+    //    several ranks of one communicator).
+    let mut ready = Vec::new();
     for e in &inits {
         if e.blocking {
             if let Err(err) = e.comm.wait_ready(None) {
                 first.get_or_insert(Fail::from(err).context(e.describe()));
             } else {
-                crate::api::log_ready(e);
+                ready.push(e.clone());
             }
         } else if e.comm.state() == CommState::Initializing {
             in_progress = true;
+        }
+    }
+    if first.is_none() {
+        match crate::api::barrier(&ready) {
+            Ok(()) => ready.iter().for_each(|e| crate::api::log_ready(e)),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
         }
     }
 

@@ -304,3 +304,12 @@ fn every_collective_with_result_checks_3_ranks_tcp() {
         Duration::from_secs(120),
     );
 }
+
+#[test]
+fn misuse_gets_exact_codes_and_informative_last_error() {
+    let bin = compile("errors", false);
+    let out = run_ranks(&bin, 3, &[], &[], Duration::from_secs(120));
+    for (r, o) in out.iter().enumerate() {
+        assert!(o.contains(&format!("rank {r}: errors ok")), "{o}");
+    }
+}
