@@ -262,7 +262,10 @@ unsafe fn init_rank(
         .map_err(|e| Fail::from(e).context(format!("rank {rank} of {nranks}")))?;
     let code = state_code(&c);
     let (hd, e) = register(c, blocking, cfg)?;
-    if code == SUCCESS {
+    // Only blocking communicators (the same choice on every rank, so every
+    // rank runs the barrier): a non-blocking one may be ready on some ranks
+    // and not others, and its next collective belongs to the application.
+    if blocking {
         barrier(std::slice::from_ref(&e))?;
         log_ready(&e);
     }
@@ -350,7 +353,7 @@ pub(crate) fn do_split(
     };
     let code = state_code(&c);
     let (hd, e) = register(c, blocking, cfg)?;
-    if code == SUCCESS {
+    if blocking {
         barrier(std::slice::from_ref(&e))?;
     }
     errors::log(

@@ -313,3 +313,35 @@ fn misuse_gets_exact_codes_and_informative_last_error() {
         assert!(o.contains(&format!("rank {r}: errors ok")), "{o}");
     }
 }
+
+#[test]
+fn nonblocking_split_from_several_threads_config() {
+    let bin = compile("split_threads", false);
+    let out = run_ranks(&bin, 3, &["config"], &[], Duration::from_secs(120));
+    for (r, o) in out.iter().enumerate() {
+        assert!(o.contains(&format!("rank {r}: split_threads ok")), "{o}");
+    }
+}
+
+#[test]
+fn nonblocking_split_from_several_threads_env() {
+    let bin = compile("split_threads", false);
+    run_ranks(
+        &bin,
+        4,
+        &["env"],
+        &[("NCCL_COMM_BLOCKING", "0")],
+        Duration::from_secs(120),
+    );
+}
+
+#[test]
+fn one_thread_drives_several_ranks_with_groups() {
+    let bin = compile("groups", false);
+    let out = run_ranks(&bin, 2, &[], &[], Duration::from_secs(120));
+    for (r, o) in out.iter().enumerate() {
+        assert!(o.contains(&format!("rank {r}: groups ok")), "{o}");
+    }
+    // One process holding every rank.
+    run_ranks(&bin, 1, &[], &[], Duration::from_secs(60));
+}
