@@ -345,3 +345,41 @@ fn one_thread_drives_several_ranks_with_groups() {
     // One process holding every rank.
     run_ranks(&bin, 1, &[], &[], Duration::from_secs(60));
 }
+
+#[test]
+fn drop_in_program_links_with_plain_lnccl() {
+    let bin = compile("dropin", true);
+    let lib = install_dir().join("lib");
+    // The executable asks for NCCL's SONAME, like one built against NVIDIA's NCCL.
+    let o = run_bounded(Command::new("readelf").arg("-d").arg(&bin), Duration::from_secs(30));
+    let dynamic = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        dynamic.contains("Shared library: [libnccl.so.2]"),
+        "the program does not need libnccl.so.2:\n{dynamic}"
+    );
+    assert!(!dynamic.contains("RPATH") && !dynamic.contains("RUNPATH"));
+    // Found through LD_LIBRARY_PATH, as an installed libnccl.so.2 would be.
+    let o = run_bounded(
+        Command::new(&bin)
+            .env("LD_LIBRARY_PATH", &lib)
+            .env_remove("RANK")
+            .env_remove("WORLD_SIZE"),
+        Duration::from_secs(60),
+    );
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("dropin ok (NCCL version code 22803)"));
+    // And as several processes under the launcher (NCCL_COMM_ID, RANK, WORLD_SIZE).
+    let out = run_ranks(
+        &bin,
+        3,
+        &[],
+        &[("LD_LIBRARY_PATH", lib.to_str().unwrap())],
+        Duration::from_secs(60),
+    );
+    assert!(out.iter().all(|o| o.starts_with("dropin ok")));
+}
