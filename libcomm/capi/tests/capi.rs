@@ -81,10 +81,35 @@ fn built_library() -> PathBuf {
 
 /// A temporary install prefix: `lib/libnccl.so.2` (a copy of the build) and
 /// `lib/libnccl.so -> libnccl.so.2`, as a package would install it.
+/// It lives under the target dir (`<target>/capi-test/<pid>`); prefixes left
+/// by earlier test processes that are gone are removed first.
 fn install_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let root = std::env::temp_dir().join(format!("weft-capi-test-{}", std::process::id()));
+        let base = built_library()
+            .parent()
+            .map(|d| {
+                if d.ends_with("deps") {
+                    d.parent().unwrap().to_path_buf()
+                } else {
+                    d.to_path_buf()
+                }
+            })
+            .unwrap()
+            .join("capi-test");
+        if let Ok(entries) = std::fs::read_dir(&base) {
+            for e in entries.flatten() {
+                let alive = e
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<i32>().ok())
+                    .is_some_and(|pid| unsafe { libc::kill(pid, 0) } == 0);
+                if !alive {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        let root = base.join(std::process::id().to_string());
         let lib = root.join("lib");
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&lib).unwrap();
@@ -178,6 +203,20 @@ fn run_ranks(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> Vec<String> {
+    run_ranks_full(prog, ranks, args, env, limit)
+        .into_iter()
+        .map(|(out, _)| out)
+        .collect()
+}
+
+/// As [`run_ranks`]; returns each rank's (stdout, stderr).
+fn run_ranks_full(
+    prog: &Path,
+    ranks: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<(String, String)> {
     let mut spec = LaunchSpec::new(ranks, prog.as_os_str());
     spec.args = args.iter().map(Into::into).collect();
     spec.capture = true;
@@ -211,7 +250,12 @@ fn run_ranks(
     );
     o.ranks
         .iter()
-        .map(|r| String::from_utf8_lossy(&r.output.stdout).into_owned())
+        .map(|r| {
+            (
+                String::from_utf8_lossy(&r.output.stdout).into_owned(),
+                String::from_utf8_lossy(&r.output.stderr).into_owned(),
+            )
+        })
         .collect()
 }
 
@@ -308,9 +352,54 @@ fn every_collective_with_result_checks_3_ranks_tcp() {
 #[test]
 fn misuse_gets_exact_codes_and_informative_last_error() {
     let bin = compile("errors", false);
-    let out = run_ranks(&bin, 3, &[], &[], Duration::from_secs(120));
-    for (r, o) in out.iter().enumerate() {
+    let out = run_ranks_full(
+        &bin,
+        3,
+        &[],
+        &[("NCCL_DEBUG", "WARN")],
+        Duration::from_secs(120),
+    );
+    for (r, (o, e)) in out.iter().enumerate() {
         assert!(o.contains(&format!("rank {r}: errors ok")), "{o}");
+        // NCCL_DEBUG=WARN: each failure logged with host:pid:tid, rank and communicator.
+        let line = e
+            .lines()
+            .find(|l| l.contains("weft WARN ncclCommDestroy: communicator"))
+            .unwrap_or_else(|| panic!("no WARN line for the double destroy:\n{e}"));
+        assert!(
+            line.contains(&format!("rank {r} of 3")) && line.contains("second destroy"),
+            "{line}"
+        );
+        assert!(
+            line.split(' ').next().unwrap().split(':').count() == 3,
+            "{line}"
+        );
+        assert!(
+            !e.contains(" weft INFO "),
+            "INFO lines with NCCL_DEBUG=WARN:\n{e}"
+        );
+    }
+}
+
+#[test]
+fn nccl_debug_info_logs_lifecycle_with_rank_and_communicator() {
+    let bin = compile("dropin", false);
+    let out = run_ranks_full(
+        &bin,
+        2,
+        &[],
+        &[("NCCL_DEBUG", "INFO")],
+        Duration::from_secs(60),
+    );
+    for (r, (_, e)) in out.iter().enumerate() {
+        for what in ["created (blocking", "is ready", "destroyed"] {
+            assert!(
+                e.lines().any(|l| l.contains(" weft INFO communicator ")
+                    && l.contains(&format!("rank {r} of 2"))
+                    && l.contains(what)),
+                "no INFO line '{what}' for rank {r}:\n{e}"
+            );
+        }
     }
 }
 
@@ -351,7 +440,10 @@ fn drop_in_program_links_with_plain_lnccl() {
     let bin = compile("dropin", true);
     let lib = install_dir().join("lib");
     // The executable asks for NCCL's SONAME, like one built against NVIDIA's NCCL.
-    let o = run_bounded(Command::new("readelf").arg("-d").arg(&bin), Duration::from_secs(30));
+    let o = run_bounded(
+        Command::new("readelf").arg("-d").arg(&bin),
+        Duration::from_secs(30),
+    );
     let dynamic = String::from_utf8_lossy(&o.stdout);
     assert!(
         dynamic.contains("Shared library: [libnccl.so.2]"),
