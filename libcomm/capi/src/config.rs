@@ -156,10 +156,8 @@ pub unsafe fn resolve(
         if c.blocking != UNDEF_INT {
             cfg.blocking = c.blocking != 0;
         }
-        if let Some(n) = c.comm_name() {
-            if !n.is_empty() {
-                cfg.name = Some(n);
-            }
+        if let Some(n) = c.comm_name().filter(|n| !n.is_empty()) {
+            cfg.name = Some(n);
         }
     }
     if base.is_some() && p.is_null() {
