@@ -79,8 +79,9 @@ fn built_library() -> PathBuf {
         .unwrap_or_else(|| panic!("libnccl.so not found; looked at {candidates:?}"))
 }
 
-/// A temporary install prefix: `lib/libnccl.so.2` (a copy of the build) and
-/// `lib/libnccl.so -> libnccl.so.2`, as a package would install it.
+/// A temporary install prefix made by `install.sh`: `lib/libnccl.so.2` (a
+/// copy of the build), `lib/libnccl.so -> libnccl.so.2`, `lib/libweft_nccl.so`
+/// and `include/nccl.h`, as a package would install them.
 /// It lives under the target dir (`<target>/capi-test/<pid>`); prefixes left
 /// by earlier test processes that are gone are removed first.
 fn install_dir() -> &'static Path {
@@ -110,11 +111,18 @@ fn install_dir() -> &'static Path {
             }
         }
         let root = base.join(std::process::id().to_string());
-        let lib = root.join("lib");
         let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&lib).unwrap();
-        std::fs::copy(built_library(), lib.join("libnccl.so.2")).unwrap();
-        std::os::unix::fs::symlink("libnccl.so.2", lib.join("libnccl.so")).unwrap();
+        // The documented install script, as a user would run it.
+        let mut cmd = Command::new("sh");
+        cmd.arg(crate_dir().join("install.sh"))
+            .arg(&root)
+            .arg(built_library());
+        let o = run_bounded(&mut cmd, Duration::from_secs(30));
+        assert!(
+            o.status.success(),
+            "install.sh failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         std::fs::create_dir_all(root.join("bin")).unwrap();
         root
     })
@@ -173,7 +181,7 @@ fn compile_now(name: &str, plain: bool) -> PathBuf {
     cmd.arg("-std=gnu11")
         .args(["-Wall", "-Wextra", "-Werror", "-g"])
         .arg("-I")
-        .arg(include_dir())
+        .arg(dir.join("include"))
         .arg("-I")
         .arg(crate_dir().join("tests/c"))
         .arg(&src)
