@@ -483,3 +483,50 @@ fn drop_in_program_links_with_plain_lnccl() {
     );
     assert!(out.iter().all(|o| o.starts_with("dropin ok")));
 }
+
+#[test]
+fn nccl_comm_id_alone_is_honoured_without_the_launcher() {
+    // As under a launcher that knows nothing of Weft (mpirun, torchrun):
+    // only NCCL_COMM_ID, RANK and WORLD_SIZE; no WEFT_* variables, no secret.
+    let bin = compile("dropin", false);
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut children: Vec<std::process::Child> = (0..2)
+        .map(|r| {
+            let mut cmd = Command::new(&bin);
+            for (k, _) in std::env::vars() {
+                if k.starts_with("WEFT_") || k.starts_with("NCCL_") {
+                    cmd.env_remove(k);
+                }
+            }
+            cmd.env("NCCL_COMM_ID", format!("127.0.0.1:{port}"))
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if start.elapsed() > Duration::from_secs(60) {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("ranks did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for c in children {
+        let o = c.wait_with_output().unwrap();
+        assert!(
+            o.status.success() && String::from_utf8_lossy(&o.stdout).starts_with("dropin ok"),
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

@@ -186,6 +186,24 @@ int main(void) {
   EXPECT_ERR(ncclCommAbort(c2), ncclInvalidArgument, "aborted");
   world_still_works();
 
+  /* A peer's abort reaches the others: their async error and their next
+   * operation report ncclRemoteError (no hang), and destroy still works. */
+  ncclComm_t c4 = split_all(world);
+  if (g_rank == 0) {
+    NCCLCHECK(ncclCommAbort(c4));
+  } else {
+    ncclResult_t ae = ncclSuccess;
+    for (long i = 0; i < 100000000L && ae == ncclSuccess; i++) NCCLCHECK(ncclCommGetAsyncError(c4, &ae));
+    ASSERT(ae == ncclRemoteError, "async error after a peer's abort: %d", (int)ae);
+    m = ncclGetLastError(c4);
+    ASSERT(strstr(m, "abort") != NULL, "async error message: %s", m);
+    ncclResult_t r = ncclAllReduce(f, f, 1, ncclFloat32, ncclSum, c4, NULL);
+    ASSERT(r == ncclRemoteError || r == ncclInvalidUsage, "allreduce after a peer's abort: %d (%s)", (int)r,
+           ncclGetLastError(c4));
+    NCCLCHECK(ncclCommDestroy(c4));
+  }
+  world_still_works();
+
   /* Finalize, then use: refused; destroy: fine. */
   ncclComm_t c3 = split_all(world);
   NCCLCHECK(ncclCommFinalize(c3));

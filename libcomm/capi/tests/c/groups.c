@@ -150,6 +150,22 @@ int main(void) {
   allreduce_all(comms, G, N, "scalable allreduce");
   for (int g = 0; g < G; g++) NCCLCHECK(ncclCommDestroy(comms[g]));
 
+  /* Non-blocking inits inside a group: ncclGroupEnd may return ncclInProgress;
+   * each communicator is then polled with ncclCommGetAsyncError. */
+  {
+    ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+    nb.blocking = 0;
+    NCCLCHECK(ncclGetUniqueId(&id));
+    NCCLCHECK(ncclGroupStart());
+    for (int g = 0; g < G; g++) NCCLCHECK(ncclCommInitRankConfig(&comms[g], N, id, grank(g), &nb));
+    ncclResult_t r = ncclGroupEnd();
+    ASSERT(r == ncclSuccess || r == ncclInProgress, "non-blocking group init: %d %s", (int)r,
+           ncclGetLastError(NULL));
+    for (int g = 0; g < G; g++) wait_comm(comms[g]);
+    allreduce_all(comms, G, N, "non-blocking group init allreduce");
+    for (int g = 0; g < G; g++) NCCLCHECK(ncclCommDestroy(comms[g]));
+  }
+
   /* ncclCommInitAll: G ranks in this process alone (host mode ignores devlist). */
   ncclComm_t all[G];
   int devs[G] = {0, 1};
