@@ -251,6 +251,49 @@ mod tests {
         assert!(err(pack(1 << 20, 1)).contains("never allocated"));
     }
 
+    fn entry() -> CommEntry {
+        let comm = Communicator::init_all(1).unwrap().pop().unwrap();
+        CommEntry {
+            serial: next_serial(),
+            cfg: comm.config().clone(),
+            comm,
+            blocking: true,
+            finalized: AtomicBool::new(false),
+            redops: RedOps::default(),
+            registrations: Mutex::new(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn destroyed_and_stale_handles_are_refused_with_history() {
+        let h = insert(entry()).unwrap();
+        let e = get(h, "ncclCommCount").unwrap();
+        let serial = e.serial;
+        let removed = remove(h, Ended::Destroyed, "ncclCommDestroy").unwrap();
+        assert!(Arc::ptr_eq(&e, &removed));
+        let again = remove(h, Ended::Destroyed, "ncclCommDestroy").err().unwrap();
+        assert_eq!(again.code, crate::errors::INVALID_ARGUMENT);
+        assert!(
+            again.msg.contains(&format!("communicator {serial} "))
+                && again.msg.contains("was destroyed at 20")
+                && again.msg.contains("this is a second destroy"),
+            "{}",
+            again.msg
+        );
+        let used = get(h, "ncclAllReduce").err().unwrap();
+        assert!(used.msg.contains("ncclAllReduce on it is a use after destroy"), "{}", used.msg);
+        // The same slot with another generation: a stale (or forged) handle.
+        let (i, g) = unpack(h).unwrap();
+        let stale = get(pack(i, g + 1), "x").err().unwrap();
+        assert!(stale.msg.contains("stale"), "{}", stale.msg);
+
+        let h2 = insert(entry()).unwrap();
+        assert_ne!(h, h2, "a freed slot is not reused while few are free");
+        remove(h2, Ended::Aborted, "ncclCommAbort").unwrap();
+        let m = get(h2, "ncclSend").err().unwrap().msg;
+        assert!(m.contains("aborted") && m.contains("use after abort"), "{m}");
+    }
+
     #[test]
     fn dates() {
         let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(1_700_000_000_123);
