@@ -271,7 +271,9 @@ mod tests {
         let serial = e.serial;
         let removed = remove(h, Ended::Destroyed, "ncclCommDestroy").unwrap();
         assert!(Arc::ptr_eq(&e, &removed));
-        let again = remove(h, Ended::Destroyed, "ncclCommDestroy").err().unwrap();
+        let again = remove(h, Ended::Destroyed, "ncclCommDestroy")
+            .err()
+            .unwrap();
         assert_eq!(again.code, crate::errors::INVALID_ARGUMENT);
         assert!(
             again.msg.contains(&format!("communicator {serial} "))
@@ -281,7 +283,12 @@ mod tests {
             again.msg
         );
         let used = get(h, "ncclAllReduce").err().unwrap();
-        assert!(used.msg.contains("ncclAllReduce on it is a use after destroy"), "{}", used.msg);
+        assert!(
+            used.msg
+                .contains("ncclAllReduce on it is a use after destroy"),
+            "{}",
+            used.msg
+        );
         // The same slot with another generation: a stale (or forged) handle.
         let (i, g) = unpack(h).unwrap();
         let stale = get(pack(i, g + 1), "x").err().unwrap();
@@ -291,7 +298,10 @@ mod tests {
         assert_ne!(h, h2, "a freed slot is not reused while few are free");
         remove(h2, Ended::Aborted, "ncclCommAbort").unwrap();
         let m = get(h2, "ncclSend").err().unwrap().msg;
-        assert!(m.contains("aborted") && m.contains("use after abort"), "{m}");
+        assert!(
+            m.contains("aborted") && m.contains("use after abort"),
+            "{m}"
+        );
     }
 
     #[test]
