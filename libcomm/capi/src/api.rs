@@ -683,28 +683,31 @@ nccl_api! {
 // ---------------------------------------------------------------------------
 // Collectives and point-to-point
 
-/// Runs (or, inside a group, records) one operation.
+/// Runs (or, inside a group, records) one operation. Inside a group, any
+/// failure (bad handle included) also fails the group's `ncclGroupEnd`.
 unsafe fn enqueue(
     what: &'static str,
     comm: ncclComm_t,
     buffers: &[(*const c_void, &str)],
     build: impl FnOnce(&CommEntry) -> CResult<GroupOp>,
 ) -> CResult<NcclResult> {
-    let e = handles::get(h(comm), what)?;
     let r = (|| -> CResult<NcclResult> {
-        if e.finalized.load(Ordering::Acquire) {
-            return Err(finalized_error(&e, what));
-        }
-        let op = build(&e)?;
-        ptrkind::require_host(buffers)?;
-        if group::in_group() {
-            group::add_op(e.clone(), op, what)?;
-            return Ok(SUCCESS);
-        }
-        e.comm.submit(op).map_err(Fail::from)?;
-        Ok(SUCCESS)
+        let e = handles::get(h(comm), what)?;
+        let run = || -> CResult<NcclResult> {
+            if e.finalized.load(Ordering::Acquire) {
+                return Err(finalized_error(&e, what));
+            }
+            let op = build(&e)?;
+            ptrkind::require_host(buffers)?;
+            if group::in_group() {
+                group::add_op(e.clone(), op, what)?;
+                return Ok(SUCCESS);
+            }
+            e.comm.submit(op).map_err(Fail::from)?;
+            Ok(SUCCESS)
+        };
+        run().map_err(|f| f.context(e.describe()))
     })();
-    let r = r.map_err(|f| f.context(e.describe()));
     if let Err(f) = &r {
         group::record_error(f);
     }

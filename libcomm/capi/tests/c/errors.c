@@ -180,6 +180,9 @@ int main(void) {
 
   /* Use after abort. */
   ncclComm_t c2 = split_all(world);
+  /* Abort breaks whatever is still in flight on the communicator anywhere: make
+   * sure every rank has left the split (and its end-of-init barrier) first. */
+  world_still_works();
   NCCLCHECK(ncclCommAbort(c2));
   EXPECT_ERR(ncclAllReduce(f, f, 1, ncclFloat32, ncclSum, c2, NULL), ncclInvalidArgument, "use after abort");
   EXPECT_ERR(ncclCommDestroy(c2), ncclInvalidArgument, "aborted");
@@ -189,6 +192,7 @@ int main(void) {
   /* A peer's abort reaches the others: their async error and their next
    * operation report ncclRemoteError (no hang), and destroy still works. */
   ncclComm_t c4 = split_all(world);
+  world_still_works();
   if (g_rank == 0) {
     NCCLCHECK(ncclCommAbort(c4));
   } else {
