@@ -9,6 +9,15 @@
 static int nranks;
 static ncclComm_t comm;
 
+/* A profiling interposer, as tools do it: define ncclAllReduce, forward to
+ * the library's pncclAllReduce. Every ncclAllReduce below goes through it. */
+static int intercepted;
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
+                           ncclRedOp_t op, ncclComm_t c, cudaStream_t stream) {
+  intercepted++;
+  return pncclAllReduce(sendbuff, recvbuff, count, datatype, op, c, stream);
+}
+
 static size_t tsize(ncclDataType_t t) {
   switch (t) {
     case ncclInt8: case ncclUint8: return 1;
@@ -325,6 +334,8 @@ int main(void) {
     check("memalloc allreduce", mb[i], (double)nranks * i + nranks * (nranks - 1) / 2.0, ncclFloat32, i);
   NCCLCHECK(ncclCommDeregister(comm, reg));
   NCCLCHECK(ncclMemFree(mb));
+
+  ASSERT(intercepted > 50, "the interposed ncclAllReduce saw %d calls", intercepted);
 
   NCCLCHECK(ncclCommFinalize(comm));
   ncclResult_t st;

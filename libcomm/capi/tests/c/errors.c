@@ -1,6 +1,7 @@
 /* Misuse through the C ABI: each case asserts the exact ncclResult_t and that
  * ncclGetLastError() names what happened. Nothing may crash, and the world
  * communicator must keep working afterwards (no other communicator affected). */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "common.h"
@@ -19,6 +20,42 @@ static void world_still_works(void) {
   int v = g_rank + 1, sum = 0;
   NCCLCHECK(ncclAllReduce(&v, &sum, 1, ncclInt32, ncclSum, world, NULL));
   ASSERT(sum == nranks * (nranks + 1) / 2, "world allreduce %d", sum);
+}
+
+/* Threads hammering a handle while another thread destroys it: every call
+ * returns ncclSuccess or ncclInvalidArgument, never crashes. */
+static ncclComm_t hammered;
+static volatile int destroyed;
+static void* hammer(void* arg) {
+  (void)arg;
+  for (int i = 0; i < 2000; i++) {
+    int was_destroyed = destroyed;
+    int n;
+    ncclResult_t st, r1 = ncclCommCount(hammered, &n), r2 = ncclCommGetAsyncError(hammered, &st);
+    if (r1 != ncclSuccess && r1 != ncclInvalidArgument) FAILF("ncclCommCount during destroy: %d", (int)r1);
+    if (r2 != ncclSuccess && r2 != ncclInvalidArgument) FAILF("GetAsyncError during destroy: %d", (int)r2);
+    if (was_destroyed && (r1 != ncclInvalidArgument || r2 != ncclInvalidArgument))
+      FAILF("a destroyed handle was accepted");
+  }
+  return NULL;
+}
+
+static void destroy_while_in_use(void) {
+  ncclComm_t pair[2];
+  NCCLCHECK(ncclCommInitAll(pair, 2, NULL));
+  hammered = pair[0];
+  pthread_t th[4];
+  for (int t = 0; t < 4; t++) ASSERT(pthread_create(&th[t], NULL, hammer, NULL) == 0, "thread");
+  for (volatile int spin = 0; spin < 20000; spin++) {
+  }
+  NCCLCHECK(ncclCommDestroy(pair[0]));
+  destroyed = 1;
+  for (int t = 0; t < 4; t++) pthread_join(th[t], NULL);
+  /* The other communicator of the pair is unaffected. */
+  int n = 0;
+  NCCLCHECK(ncclCommCount(pair[1], &n));
+  ASSERT(n == 2, "count %d", n);
+  NCCLCHECK(ncclCommDestroy(pair[1]));
 }
 
 int main(void) {
@@ -238,6 +275,7 @@ int main(void) {
   if (g_rank == 0) ASSERT(nc == NULL, "NOCOLOR gave a communicator");
   else NCCLCHECK(ncclCommDestroy(nc));
 
+  destroy_while_in_use();
   world_still_works();
   NCCLCHECK(ncclCommGetAsyncError(world, &st));
   ASSERT(st == ncclSuccess, "world async error %d", (int)st);
