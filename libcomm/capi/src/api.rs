@@ -157,6 +157,17 @@ pub(crate) fn barrier(comms: &[Arc<CommEntry>]) -> CResult<()> {
         .map_err(|err| Fail::from(err).context("end-of-init barrier"))
 }
 
+/// The barrier for one new blocking communicator; when it fails, the
+/// communicator is released (the caller never gets its handle).
+fn settle(hd: usize, e: &Arc<CommEntry>) -> CResult<()> {
+    barrier(std::slice::from_ref(e)).inspect_err(|_| {
+        if let Ok(e) = handles::remove(hd, Ended::Destroyed, "the end-of-init barrier") {
+            let _ = e.comm.abort();
+            let _ = e.comm.destroy();
+        }
+    })
+}
+
 fn state_code(c: &Communicator) -> NcclResult {
     if c.state() == CommState::Initializing {
         IN_PROGRESS
@@ -266,7 +277,7 @@ unsafe fn init_rank(
     // rank runs the barrier): a non-blocking one may be ready on some ranks
     // and not others, and its next collective belongs to the application.
     if blocking {
-        barrier(std::slice::from_ref(&e))?;
+        settle(hd, &e)?;
         log_ready(&e);
     }
     *out = hd as ncclComm_t;
@@ -323,7 +334,14 @@ nccl_api! {
             handles_out.push(hd);
             entries.push(e);
         }
-        barrier(&entries)?;
+        barrier(&entries).inspect_err(|_| {
+            for hd in &handles_out {
+                if let Ok(e) = handles::remove(*hd, Ended::Destroyed, "the end-of-init barrier") {
+                    let _ = e.comm.abort();
+                    let _ = e.comm.destroy();
+                }
+            }
+        })?;
         for (i, hd) in handles_out.into_iter().enumerate() {
             *comm.add(i) = hd as ncclComm_t;
         }
@@ -354,7 +372,7 @@ pub(crate) fn do_split(
     let code = state_code(&c);
     let (hd, e) = register(c, blocking, cfg)?;
     if blocking {
-        barrier(std::slice::from_ref(&e))?;
+        settle(hd, &e)?;
     }
     errors::log(
         Level::Info,
