@@ -4,7 +4,11 @@
  * ncclCommGetAsyncError until the child is ready, runs collectives on the
  * child and the parent, and destroys the child.
  *
- * Mode "config" (default): config.blocking = 0 on every split.
+ * The parents themselves are created by the threads at the same time with
+ * non-blocking ncclCommInitRankConfig, from ids broadcast over a world
+ * communicator.
+ *
+ * Mode "config" (default): config.blocking = 0 on every init and split.
  * Mode "env": no config at all; NCCL_COMM_BLOCKING=0 in the environment makes
  * the world communicator's init non-blocking too. */
 #include <pthread.h>
@@ -25,8 +29,17 @@ static void poll_result(ncclResult_t r, ncclComm_t comm) {
   }
 }
 
+static ncclUniqueId parent_ids[THREADS];
+
 static void* worker(void* arg) {
   int t = (int)(long)arg;
+  /* Each thread creates its own parent, all threads at once, non-blocking. */
+  ncclConfig_t nb = NCCL_CONFIG_INITIALIZER;
+  nb.blocking = 0;
+  ncclResult_t ir = ncclCommInitRankConfig(&parents[t], nranks, parent_ids[t], g_rank, use_env ? NULL : &nb);
+  ASSERT(ir == ncclSuccess || ir == ncclInProgress, "thread %d init: %d %s", t, (int)ir, ncclGetLastError(NULL));
+  ASSERT(parents[t] != NULL, "non-blocking init gave no handle");
+  poll_result(ir, parents[t]);
   ncclComm_t parent = parents[t];
   for (int round = 0; round < ROUNDS; round++) {
     int color = (g_rank + round + t) % 2;
@@ -85,10 +98,16 @@ int main(int argc, char** argv) {
   } else {
     NCCLCHECK(r);
   }
-  /* One parent per thread: blocking splits of the world, one after the other. */
-  ncclConfig_t blocking = NCCL_CONFIG_INITIALIZER;
-  blocking.blocking = 1;
-  for (int t = 0; t < THREADS; t++) NCCLCHECK(ncclCommSplit(world, 0, g_rank, &parents[t], &blocking));
+  /* One parent per thread, from fresh ids that rank 0 makes (without
+   * NCCL_COMM_ID, as a program with its own rendezvous would) and broadcasts
+   * over the world communicator: the usual out-of-band path. */
+  if (g_rank == 0) {
+    unsetenv("NCCL_COMM_ID");
+    unsetenv("WEFT_BOOTSTRAP");
+    for (int t = 0; t < THREADS; t++) NCCLCHECK(ncclGetUniqueId(&parent_ids[t]));
+  }
+  r = ncclBroadcast(parent_ids, parent_ids, sizeof parent_ids, ncclUint8, 0, world, NULL);
+  poll_result(r, world);
 
   pthread_t th[THREADS];
   for (int t = 0; t < THREADS; t++) ASSERT(pthread_create(&th[t], NULL, worker, (void*)(long)t) == 0, "thread");
