@@ -1,0 +1,301 @@
+//! Group semantics of the C ABI (`ncclGroupStart` / `ncclGroupEnd`), per thread.
+//!
+//! Inside a group (depth > 0):
+//! - `ncclCommInitRank*` starts the communicator's bootstrap at once, in the
+//!   background (libcomm non-blocking init), and hands out its handle; the
+//!   outermost `ncclGroupEnd` waits for the blocking ones (so one thread can
+//!   create several ranks, as nccl-tests does) and returns `ncclInProgress`
+//!   while a non-blocking one is still initialising.
+//! - `ncclCommSplit`/`ncclCommShrink` are recorded and run at `ncclGroupEnd`,
+//!   concurrently across parents (one thread each); `*newcomm` is written then.
+//! - collectives and send/recv are validated at call time (a bad argument is
+//!   refused then, and also makes `ncclGroupEnd` fail and discard the group, as
+//!   in NCCL), recorded, and run at `ncclGroupEnd` through libcomm's `Group`:
+//!   operations on different communicators run concurrently, sends and
+//!   receives within a communicator are fused, so matched pairs never deadlock.
+//!
+//! Deferred work is completed only here, at the outermost `ncclGroupEnd` of the
+//! thread that recorded it: no other thread ever completes another's group job.
+
+use crate::errors::{CResult, Fail, IN_PROGRESS, NcclResult, SUCCESS};
+use crate::handles::CommEntry;
+use libcomm::{CommState, Config, Group, GroupOp};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+pub struct PendingSplit {
+    pub parent: Arc<CommEntry>,
+    pub color: Option<u32>,
+    pub key: i32,
+    pub cfg: Config,
+    pub blocking: bool,
+    /// Where to write the new handle (`ncclComm_t*`, as an address).
+    pub out: usize,
+    pub what: &'static str,
+}
+
+struct PendingOp {
+    entry: Arc<CommEntry>,
+    op: GroupOp,
+    what: &'static str,
+}
+
+#[derive(Default)]
+struct State {
+    depth: u32,
+    inits: Vec<Arc<CommEntry>>,
+    splits: Vec<PendingSplit>,
+    ops: Vec<PendingOp>,
+    error: Option<Fail>,
+}
+
+thread_local! {
+    static G: RefCell<State> = RefCell::new(State::default());
+}
+
+pub fn in_group() -> bool {
+    G.with(|g| g.borrow().depth > 0)
+}
+
+pub fn start() -> CResult<NcclResult> {
+    G.with(|g| {
+        let mut g = g.borrow_mut();
+        g.depth = g
+            .depth
+            .checked_add(1)
+            .ok_or_else(|| Fail::usage("ncclGroupStart nested too deeply"))?;
+        Ok(SUCCESS)
+    })
+}
+
+/// Remembers the first error of the group (it fails `ncclGroupEnd`).
+pub fn record_error(f: &Fail) {
+    G.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 && g.error.is_none() {
+            g.error = Some(f.clone());
+        }
+    })
+}
+
+pub fn add_init(e: Arc<CommEntry>) {
+    G.with(|g| g.borrow_mut().inits.push(e))
+}
+
+pub fn add_split(s: PendingSplit) {
+    G.with(|g| g.borrow_mut().splits.push(s))
+}
+
+/// Validates `op` on `entry` now and records it for `ncclGroupEnd`.
+///
+/// # Safety
+/// The op's buffers must stay valid until the group ends.
+pub unsafe fn add_op(entry: Arc<CommEntry>, op: GroupOp, what: &'static str) -> CResult<()> {
+    {
+        let mut check = Group::new();
+        unsafe { check.push_raw(&entry.comm, op) }.map_err(Fail::from)?;
+    }
+    G.with(|g| g.borrow_mut().ops.push(PendingOp { entry, op, what }));
+    Ok(())
+}
+
+/// `ncclGroupEnd` (and, with `simulate`, `ncclGroupSimulateEnd`: operations are
+/// not run, their estimated time in microseconds is returned).
+pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
+    let taken = G.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Fail::usage(
+                "ncclGroupEnd without a matching ncclGroupStart on this thread",
+            ));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(None);
+        }
+        Ok(Some(std::mem::take(&mut *g)))
+    })?;
+    let Some(st) = taken else {
+        return Ok((SUCCESS, 0.0));
+    };
+    let State {
+        inits,
+        splits,
+        ops,
+        error,
+        ..
+    } = st;
+    if let Some(e) = error {
+        // NCCL semantics: an error inside the group fails the whole group; nothing runs.
+        return Err(Fail::new(
+            e.code,
+            format!(
+                "the group was discarded because a call inside it failed ({}); none of its {} operation(s) ran",
+                e.msg,
+                ops.len()
+            ),
+        ));
+    }
+    let mut first: Option<Fail> = None;
+    let mut in_progress = false;
+
+    // 1. Splits, concurrently across parents (sequentially for one parent).
+    if !splits.is_empty() {
+        match run_splits(splits) {
+            Ok(p) => in_progress |= p,
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+
+    // 2. Inits started at call time: wait for the blocking ones, then a
+    //    barrier across all of them (concurrently: this thread may hold
+    //    several ranks of one communicator).
+    let mut ready = Vec::new();
+    for e in &inits {
+        if e.blocking {
+            if let Err(err) = e.comm.wait_ready(None) {
+                first.get_or_insert(Fail::from(err).context(e.describe()));
+            } else {
+                ready.push(e.clone());
+            }
+        } else if e.comm.state() == CommState::Initializing {
+            in_progress = true;
+        }
+    }
+    if first.is_none() {
+        match crate::api::barrier(&ready) {
+            Ok(()) => ready.iter().for_each(|e| crate::api::log_ready(e)),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+
+    // 3. Operations.
+    let mut estimate = 0.0f32;
+    if simulate {
+        estimate = ops
+            .iter()
+            .map(|p| estimate_us(p.entry.comm.count(), &p.op))
+            .sum();
+    } else if !ops.is_empty() && first.is_none() {
+        let mut g = Group::new();
+        let mut bad = None;
+        for p in &ops {
+            if let Err(e) = unsafe { g.push_raw(&p.entry.comm, p.op) } {
+                bad = Some(Fail::from(e).context(format!("{} on {}", p.what, p.entry.describe())));
+                break;
+            }
+        }
+        match bad {
+            Some(b) => {
+                first.get_or_insert(b);
+            }
+            None => {
+                if let Err(e) = g.execute() {
+                    let comms: Vec<String> = ops.iter().map(|p| p.entry.describe()).collect();
+                    let mut comms_u = comms.clone();
+                    comms_u.dedup();
+                    first.get_or_insert(Fail::from(e).context(format!(
+                        "group of {} operation(s) on {}",
+                        ops.len(),
+                        comms_u.join(", ")
+                    )));
+                }
+            }
+        }
+    }
+    match first {
+        Some(f) => Err(f),
+        None if in_progress => Ok((IN_PROGRESS, estimate)),
+        None => Ok((SUCCESS, estimate)),
+    }
+}
+
+/// A documented cost model for `ncclGroupSimulateEnd` in host mode: each
+/// operation costs 10 µs plus its bytes moved per rank at 5 GB/s.
+fn estimate_us(nranks: usize, op: &GroupOp) -> f32 {
+    let (count, dt, factor) = match *op {
+        GroupOp::AllReduce { count, dtype, .. } => (count, dtype, 2.0),
+        GroupOp::Broadcast { count, dtype, .. } | GroupOp::Reduce { count, dtype, .. } => {
+            (count, dtype, 1.0)
+        }
+        GroupOp::AllGather { count, dtype, .. }
+        | GroupOp::ReduceScatter { count, dtype, .. }
+        | GroupOp::AllToAll { count, dtype, .. }
+        | GroupOp::Gather { count, dtype, .. }
+        | GroupOp::Scatter { count, dtype, .. } => (count, dtype, nranks as f64),
+        GroupOp::Send { count, dtype, .. } | GroupOp::Recv { count, dtype, .. } => {
+            (count, dtype, 1.0)
+        }
+    };
+    let bytes = count as f64 * dt.size() as f64 * factor;
+    (10.0 + bytes / 5e9 * 1e6) as f32
+}
+
+struct SendPtr(usize);
+
+/// Runs deferred splits; returns whether a non-blocking child is still initialising.
+fn run_splits(splits: Vec<PendingSplit>) -> CResult<bool> {
+    // Group by parent, preserving order.
+    let mut by_parent: Vec<Vec<PendingSplit>> = Vec::new();
+    for s in splits {
+        match by_parent
+            .iter_mut()
+            .find(|v| Arc::ptr_eq(&v[0].parent, &s.parent))
+        {
+            Some(v) => v.push(s),
+            None => by_parent.push(vec![s]),
+        }
+    }
+    let results: Vec<CResult<bool>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = by_parent
+            .into_iter()
+            .map(|v| {
+                sc.spawn(move || -> CResult<bool> {
+                    let mut pending = false;
+                    let mut first = None;
+                    for s in v {
+                        let out = SendPtr(s.out);
+                        match crate::api::do_split(
+                            &s.parent, s.color, s.key, s.cfg, s.blocking, s.what,
+                        ) {
+                            Ok((h, code)) => {
+                                pending |= code == IN_PROGRESS;
+                                unsafe { *(out.0 as *mut usize) = h };
+                            }
+                            Err(e) => {
+                                unsafe { *(out.0 as *mut usize) = 0 };
+                                first.get_or_insert(e);
+                            }
+                        }
+                    }
+                    first.map_or(Ok(pending), Err)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Fail::new(
+                        crate::errors::INTERNAL_ERROR,
+                        "split thread panicked",
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut pending = false;
+    for r in results {
+        pending |= r?;
+    }
+    Ok(pending)
+}
+
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn s<T: Send + Sync>() {}
+    s::<CommEntry>();
+}
