@@ -107,14 +107,17 @@ pub fn value(dt: DataType, op: Option<ReduceOp>, seed: u64, i: usize) -> Val {
         let v = wrap(dt, r as i128);
         return Val::I(if v == 0 { 1 } else { v });
     }
+    // Sign, a small exponent and the type's mantissa bits, assembled as f64
+    // bits: exactly representable in `dt`, and cheap (this runs n times per
+    // checked element).
     let mb = mantissa_bits(dt);
-    let m = (r >> (64 - mb)) as f64 / (1u64 << mb) as f64;
-    let exp = match op {
-        Some(ReduceOp::Prod) => -(((r >> 8) & 1) as i32),
-        _ => -(((r >> 8) & 3) as i32),
+    let e = match op {
+        Some(ReduceOp::Prod) => (r >> 8) & 1,
+        _ => (r >> 8) & 3,
     };
-    let sign = if r & 1 == 0 { 1.0 } else { -1.0 };
-    Val::F(sign * (1.0 + m) * 2f64.powi(exp))
+    let mantissa = (r >> (64 - mb)) << (52 - mb);
+    let bits = ((r & 1) << 63) | ((1023 - e) << 52) | mantissa;
+    Val::F(f64::from_bits(bits))
 }
 
 /// The scalar each rank passes to `PreMulSum` in the tests.
