@@ -284,9 +284,14 @@ impl Runner<'_> {
     }
 }
 
-/// Runs the whole matrix (optionally only the collectives named in `only`).
-/// Returns (cases run, failures).
-pub fn run_all(comm: &Communicator, seed: u64, only: &[Coll]) -> (usize, Vec<String>) {
+/// Runs the whole matrix (optionally only the collectives in `only` and the
+/// types in `types`). Returns (cases run, failures).
+pub fn run_all(
+    comm: &Communicator,
+    seed: u64,
+    only: &[Coll],
+    types: &[DataType],
+) -> (usize, Vec<String>) {
     let r = Runner {
         comm,
         seed,
@@ -301,7 +306,10 @@ pub fn run_all(comm: &Communicator, seed: u64, only: &[Coll]) -> (usize, Vec<Str
     {
         let t = Instant::now();
         let mut n_cases = 0;
-        for dt in DataType::ALL {
+        for dt in DataType::ALL
+            .into_iter()
+            .filter(|d| types.is_empty() || types.contains(d))
+        {
             let op_list: Vec<Option<ReduceOp>> = if coll.reduces() {
                 ops(dt, comm.rank()).into_iter().map(Some).collect()
             } else {

@@ -9,9 +9,23 @@ use std::time::Duration;
 use weft_tests::job::{self, JobSpec};
 
 fn matrix(n: usize, extra: &[(&str, &str)], per_rank_host: Option<usize>) {
+    matrix_of(n, extra, per_rank_host, None, 2880)
+}
+
+/// `types`: restrict to these data types (comma-separated), expecting `cases` cases.
+fn matrix_of(
+    n: usize,
+    extra: &[(&str, &str)],
+    per_rank_host: Option<usize>,
+    types: Option<&str>,
+    cases: usize,
+) {
     let seed = common::seed().to_string();
-    let mut spec =
-        JobSpec::new(common::worker(), n, &["matrix", &seed]).timeout(Duration::from_secs(900));
+    let mut args = vec!["matrix", seed.as_str()];
+    if let Some(t) = types {
+        args.extend(["all", t]);
+    }
+    let mut spec = JobSpec::new(common::worker(), n, &args).timeout(Duration::from_secs(900));
     for (k, v) in extra {
         spec = spec.env(k, v);
     }
@@ -30,8 +44,8 @@ fn matrix(n: usize, extra: &[(&str, &str)], per_rank_host: Option<usize>) {
             run.dump()
         );
         assert_eq!(
-            f.get("cases").map(String::as_str),
-            Some("2880"),
+            f.get("cases"),
+            Some(&cases.to_string()),
             "rank {r} ran every case"
         );
     }
@@ -83,4 +97,30 @@ fn matrix_3_ranks_tcp() {
 #[test]
 fn matrix_4_ranks_two_hosts() {
     matrix(4, &[], Some(2));
+}
+
+/// Every collective forced onto its bandwidth algorithm (ring / pipelined
+/// chain / pairwise) at every count, including counts below the rank count.
+#[test]
+fn matrix_5_ranks_forced_ring() {
+    matrix_of(
+        5,
+        &[("WEFT_ALGO", "ring")],
+        None,
+        Some("int32,float,bfloat16,f8e5m2,uint8"),
+        1200,
+    );
+}
+
+/// Every collective forced onto its latency algorithm (recursive doubling /
+/// binomial tree / direct) at every count, including > 1 MiB.
+#[test]
+fn matrix_6_ranks_forced_latency_algorithms() {
+    matrix_of(
+        6,
+        &[("WEFT_ALGO", "rd")],
+        None,
+        Some("int64,double,half,f8e4m3,int8"),
+        1200,
+    );
 }

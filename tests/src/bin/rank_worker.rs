@@ -46,7 +46,7 @@ fn main() {
 fn mode_matrix() {
     let comm = world();
     let seed: u64 = arg(2, "1").parse().unwrap();
-    let only: Vec<Coll> = match std::env::args().nth(3) {
+    let only: Vec<Coll> = match std::env::args().nth(3).filter(|a| a != "all") {
         None => Vec::new(),
         Some(list) => list
             .split(',')
@@ -58,7 +58,14 @@ fn mode_matrix() {
             })
             .collect(),
     };
-    let (cases, fails) = matrix::run_all(&comm, seed, &only);
+    let types: Vec<DataType> = match std::env::args().nth(4) {
+        None => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|t| t.parse().unwrap_or_else(|e| fail(e)))
+            .collect(),
+    };
+    let (cases, fails) = matrix::run_all(&comm, seed, &only, &types);
     for f in &fails {
         eprintln!("{f}");
     }
