@@ -15,11 +15,14 @@
 #   ALGOS    extra weft runs with WEFT_ALGO set to each of these, e.g. "ring rd"
 #   OUT      folder for the raw outputs ($CARGO_TARGET_DIR/compare-mpi)
 #   CARGO_TARGET_DIR  where cargo builds (target)
+#   REUSE=1  skip building and running: only redo the tables from $OUT
+#   WEFT_BIN use this weft binary instead of building one (cargo build --release)
 #
 # MPI settings (see docs/PERFORMANCE.md): shared-memory BTL only
 # (--mca btl self,vader), no pinning (--bind-to none, like weft's ranks),
 # --oversubscribe (4 ranks on 2 cores; Open MPI then yields when idle),
-# --allow-run-as-root when root. Everything else is Open MPI's default,
+# --allow-run-as-root when root, and mpi_yield_when_idle 1 when there are
+# more ranks than cores. Everything else is Open MPI's default,
 # including its collective tuner (coll/tuned) choosing the algorithm per size.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,20 +38,30 @@ OUT=${OUT:-${CARGO_TARGET_DIR:-target}/compare-mpi}
 TARGET=${CARGO_TARGET_DIR:-target}
 mkdir -p "$OUT"
 
+if [ "${REUSE:-0}" != 1 ]; then
 if ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; then
     echo "== installing Debian's Open MPI" >&2
     apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
 fi
 
-echo "== building weft (release)" >&2
-cargo build --release -p weft >&2
-WEFT="$TARGET/release/weft"
-MPIBIN="$TARGET/release/allreduce_bench"
+if [ -n "${WEFT_BIN:-}" ]; then
+    WEFT=$WEFT_BIN
+else
+    echo "== building weft (release)" >&2
+    cargo build --release -p weft >&2
+    WEFT="$TARGET/release/weft"
+fi
+MPIBIN="$OUT/allreduce_bench"
 echo "== building the MPI program" >&2
 mpicc -O2 -o "$MPIBIN" bench/mpi/allreduce_bench.c
 
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca btl self,vader -np "$N")
 if [ "$(id -u)" = 0 ]; then MPIRUN=(mpirun --allow-run-as-root "${MPIRUN[@]:1}"); fi
+# More ranks than usable cores: make Open MPI yield the core while it waits
+# (weft's ranks sleep on futexes). Open MPI does this by itself when it
+# notices the oversubscription, but not under `taskset`, where it counts the
+# machine's cores rather than the usable ones and spins a full scheduler tick.
+if [ "$N" -gt "$(nproc)" ]; then MPIRUN+=(--mca mpi_yield_when_idle 1); fi
 SIZES=(-b "$MIN" -e "$MAX" -f 2 -w "$WARMUP" -i "$ITERS")
 
 {
@@ -68,6 +81,7 @@ for a in $ALGOS; do
     "$WEFT" bench all_reduce -n "$N" "${SIZES[@]}" -a "$a" | tee "$OUT/weft-$a.txt" >&2
 done
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
+fi
 
 # Best time per size and placement over the rounds: "size oop_us ip_us".
 best() {
@@ -97,7 +111,7 @@ for a in $ALGOS; do best "$OUT/weft-$a.txt" > "$OUT/weft-$a.best"; done
         size = $1; wo = $2; wi = $3; mo = $4; mi = $5
         f = 2 * (n - 1) / n
         wb = size / wo / 1e3 * f; mb = size / mo / 1e3 * f
-        printf "| %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.2f |\n", human(size), wo, mo, wo / mo, wb, mb, mb > 0 ? wb / mb : 0, wi / mi, mi / wi
+        printf "| %s | %.2f | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.2f |\n", human(size), wo, mo, wo / mo, wb, mb, (mb > 0 ? wb / mb : 0), wi / mi, mi / wi
     }'
 } | tee "$OUT/compare.md"
 
@@ -112,8 +126,15 @@ if [ -n "$ALGOS" ]; then
         files=("$OUT/weft.best")
         for a in $ALGOS; do files+=("$OUT/weft-$a.best"); done
         files+=("$OUT/mpi.best")
-        paste "${files[@]}" | awk '{
-            printf "| %s", $1
+        paste "${files[@]}" | awk '
+        function human(b) {
+            if (b >= 1073741824 && b % 1073741824 == 0) return b / 1073741824 " GiB"
+            if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 " MiB"
+            if (b >= 1024 && b % 1024 == 0) return b / 1024 " KiB"
+            return b " B"
+        }
+        {
+            printf "| %s", human($1)
             for (c = 2; c <= NF; c += 3) printf " | %.2f", $c
             printf " |\n"
         }'
