@@ -223,25 +223,33 @@ pub struct F8E5M2(pub u8);
 
 impl F8E4M3 {
     pub fn from_f32(x: f32) -> Self {
-        F8E4M3(fp8_encode(x as f64, 3, 7, 448.0, 0x7e, 0x7f))
+        F8E4M3(fp8_encode(x, 3, 7, 448.0, 0x7e, 0x7f))
     }
     pub fn to_f32(self) -> f32 {
-        fp8_decode(self.0, 3, 7, false) as f32
+        fp8_decode(self.0, 3, 7, false)
     }
 }
 
 impl F8E5M2 {
     pub fn from_f32(x: f32) -> Self {
-        F8E5M2(fp8_encode(x as f64, 2, 15, 57344.0, 0x7b, 0x7f))
+        F8E5M2(fp8_encode(x, 2, 15, 57344.0, 0x7b, 0x7f))
     }
     pub fn to_f32(self) -> f32 {
-        fp8_decode(self.0, 2, 15, true) as f32
+        fp8_decode(self.0, 2, 15, true)
     }
 }
 
+/// 2^e as f32, exactly, for normal exponents (-126..=127).
+#[inline]
+fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
 /// Round-to-nearest-even encoding, saturating to the largest finite value
-/// (NVIDIA's `__NV_SATFINITE` behaviour), NaN kept as NaN.
-fn fp8_encode(x: f64, man_bits: u32, bias: i32, max: f64, max_code: u8, nan: u8) -> u8 {
+/// (NVIDIA's `__NV_SATFINITE` behaviour), NaN kept as NaN. Bit arithmetic
+/// only (it runs per element in fp8 reductions).
+#[inline]
+fn fp8_encode(x: f32, man_bits: u32, bias: i32, max: f32, max_code: u8, nan: u8) -> u8 {
     if x.is_nan() {
         return nan;
     }
@@ -251,14 +259,10 @@ fn fp8_encode(x: f64, man_bits: u32, bias: i32, max: f64, max_code: u8, nan: u8)
         return sign | max_code;
     }
     let min_normal_exp = 1 - bias;
-    let e = if a == 0.0 {
-        min_normal_exp
-    } else {
-        (a.log2().floor() as i32).max(min_normal_exp)
-    };
+    // The f32 exponent (f32 subnormals and zero land below the minimum).
+    let e = (((a.to_bits() >> 23) as i32) - 127).max(min_normal_exp);
     // Quantum at this exponent; subnormals share the minimum normal's quantum.
-    let quantum = 2f64.powi(e - man_bits as i32);
-    let q = (a / quantum).round_ties_even() as u32;
+    let q = (a / pow2(e - man_bits as i32)).round_ties_even() as u32;
     // q counts quanta: for normals it lies in [2^m, 2^(m+1)], for subnormals below 2^m.
     let code = if e == min_normal_exp && q < (1 << man_bits) {
         q
@@ -277,28 +281,23 @@ fn fp8_encode(x: f64, man_bits: u32, bias: i32, max: f64, max_code: u8, nan: u8)
     }
 }
 
-fn fp8_decode(v: u8, man_bits: u32, bias: i32, ieee: bool) -> f64 {
-    let sign = if v & 0x80 != 0 { -1.0 } else { 1.0 };
+#[inline]
+fn fp8_decode(v: u8, man_bits: u32, bias: i32, ieee: bool) -> f32 {
+    let negative = v & 0x80 != 0;
     let exp_bits = 7 - man_bits;
     let e = ((v & 0x7f) >> man_bits) as i32;
-    let m = (v & ((1 << man_bits) - 1)) as f64;
+    let m = (v & ((1 << man_bits) - 1)) as u32;
     let max_e = (1 << exp_bits) - 1;
-    if ieee && e == max_e {
-        return if m == 0.0 {
-            sign * f64::INFINITY
-        } else {
-            f64::NAN
-        };
-    }
-    if !ieee && e == max_e && m as u32 == (1 << man_bits) - 1 {
-        return f64::NAN;
-    }
-    let frac = m / (1 << man_bits) as f64;
-    if e == 0 {
-        sign * frac * 2f64.powi(1 - bias)
+    let mag = if ieee && e == max_e {
+        if m == 0 { f32::INFINITY } else { f32::NAN }
+    } else if !ieee && e == max_e && m == (1 << man_bits) - 1 {
+        f32::NAN
+    } else if e == 0 {
+        m as f32 * pow2(1 - bias - man_bits as i32)
     } else {
-        sign * (1.0 + frac) * 2f64.powi(e - bias)
-    }
+        f32::from_bits((((e - bias + 127) as u32) << 23) | (m << (23 - man_bits)))
+    };
+    if negative { -mag } else { mag }
 }
 
 /// Element types usable with the typed Rust API.
@@ -348,6 +347,45 @@ mod tests {
         // 1.0625 is halfway between 1.0 and 1.125: ties to even (1.0).
         assert_eq!(F8E4M3::from_f32(1.0625).0, 0x38);
         assert!(F8E4M3::from_f32(f32::NAN).to_f32().is_nan());
+    }
+
+    /// The encoder picks the nearest representable value (ties to the even
+    /// code), saturating: checked against a brute-force search.
+    #[test]
+    fn fp8_encode_is_nearest_ties_to_even() {
+        fn brute(x: f32, decode: fn(u8) -> f32, max_code: u8) -> u8 {
+            let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+            let a = x.abs();
+            let mut best = 0u8;
+            for c in 0..=max_code {
+                let (d, db) = ((decode(c) - a).abs(), (decode(best) - a).abs());
+                if d < db || (d == db && c % 2 == 0 && best % 2 == 1) {
+                    best = c;
+                }
+            }
+            sign | best
+        }
+        let mut s = 0x1234_5678u32;
+        for i in 0..20000 {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            // Magnitudes from 2^-20 to 2^17, both signs, plus exact midpoints.
+            let x = f32::from_bits((s & 0x807f_ffff) | ((107 + (s >> 23) % 37) << 23));
+            let c = (s % 0x7e) as u8; // c and c + 1 both finite
+            let mid = (F8E4M3(c).to_f32() + F8E4M3(c + 1).to_f32()) / 2.0;
+            let x = if i % 7 == 0 { mid } else { x };
+            assert_eq!(
+                F8E4M3::from_f32(x).0,
+                brute(x, |c| F8E4M3(c).to_f32(), 0x7e),
+                "e4m3 {x:e}"
+            );
+            assert_eq!(
+                F8E5M2::from_f32(x).0,
+                brute(x, |c| F8E5M2(c).to_f32(), 0x7b),
+                "e5m2 {x:e}"
+            );
+        }
     }
 
     #[test]

@@ -51,6 +51,19 @@ pub fn counts(dt: DataType) -> [usize; 5] {
 
 const POISON: u8 = 0xA5;
 
+/// FNV-1a over 8-byte words (and the tail), to compare outputs across ranks.
+fn fnv(b: &[u8]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut words = b.chunks_exact(8);
+    for w in &mut words {
+        h = (h ^ u64::from_ne_bytes(w.try_into().unwrap())).wrapping_mul(0x0100_0000_01b3);
+    }
+    for &x in words.remainder() {
+        h = (h ^ x as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 pub struct Case {
     pub id: u64,
     pub coll: Coll,
@@ -82,8 +95,20 @@ impl std::fmt::Display for Case {
 pub struct Runner<'a> {
     pub comm: &'a Communicator,
     pub seed: u64,
-    /// Time spent inside libcomm calls vs. building inputs and checking.
+    /// Wall time spent inside libcomm calls vs. building inputs and checking.
     pub in_calls: std::cell::Cell<std::time::Duration>,
+    /// CPU seconds of this thread: [input generation, calls, checking].
+    pub cpu: std::cell::Cell<[f64; 3]>,
+}
+
+/// CPU time of the calling thread, in seconds.
+pub fn thread_cpu() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 impl Runner<'_> {
@@ -128,7 +153,9 @@ impl Runner<'_> {
             Coll::Gather if me == root => n * cnt,
             _ => cnt,
         };
+        let c0 = thread_cpu();
         let input = self.input(c, me, in_len);
+        let c1 = thread_cpu();
         let mut out = vec![POISON; out_len.max(in_len) * es];
         let (ip, op_ptr) = (input.as_ptr(), out.as_mut_ptr());
         let t_call = Instant::now();
@@ -241,6 +268,11 @@ impl Runner<'_> {
             }
         };
         self.in_calls.set(self.in_calls.get() + t_call.elapsed());
+        let c2 = thread_cpu();
+        let mut acc = self.cpu.get();
+        acc[0] += c1 - c0;
+        acc[1] += c2 - c1;
+        self.cpu.set(acc);
         res.map_err(err)?;
         // Where this rank's result is, how long, and what each element must be.
         let (res_off, res_len) = match (c.coll, c.inplace) {
@@ -250,6 +282,24 @@ impl Runner<'_> {
             (Coll::Scatter, true) if me == root => (me * cnt, cnt),
             _ => (0, out_len),
         };
+        // All-reduce leaves bit-identical results on every rank: one rank
+        // (rotating with the case) checks against the reference, and every
+        // rank proves its output equals the others' by a hash exchange.
+        if c.coll == Coll::AllReduce && n > 1 && res_len > 0 {
+            let h = fnv(&out[..res_len * es]);
+            let mut both = [h, !h];
+            self.comm
+                .all_reduce_in_place(&mut both, ReduceOp::Max)
+                .map_err(|e| format!("{c}: hash exchange failed: {e}"))?;
+            if both[0] != h || !both[1] != h {
+                return Err(format!(
+                    "{c} on rank {me}/{n}: results differ between ranks"
+                ));
+            }
+            if (c.id as usize) % n != me {
+                return Ok(());
+            }
+        }
         let seeds: Vec<u64> = (0..n).map(|r| input_seed(self.seed, c.id, r)).collect();
         let mut bad = Vec::new();
         let mut checked = 0usize;
@@ -273,6 +323,9 @@ impl Runner<'_> {
                 bad.push(format!("  [{j}] got {got:?} want {want:?} (tol {tol:e})"));
             }
         }
+        let mut acc = self.cpu.get();
+        acc[2] += thread_cpu() - c2;
+        self.cpu.set(acc);
         if bad.is_empty() {
             Ok(())
         } else {
@@ -296,6 +349,7 @@ pub fn run_all(
         comm,
         seed,
         in_calls: Default::default(),
+        cpu: Default::default(),
     };
     let mut id = 0u64;
     let mut fails = Vec::new();
@@ -339,10 +393,14 @@ pub fn run_all(
             }
         }
         if comm.rank() == 0 {
+            let cpu = r.cpu.take();
             eprintln!(
-                "{coll:?}: {n_cases} cases in {:.2?} ({:.2?} in calls)",
+                "{coll:?}: {n_cases} cases in {:.2?} ({:.2?} in calls; cpu s: gen {:.2} calls {:.2} check {:.2})",
                 t.elapsed(),
-                r.in_calls.take()
+                r.in_calls.take(),
+                cpu[0],
+                cpu[1],
+                cpu[2]
             );
         }
     }
