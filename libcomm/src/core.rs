@@ -48,6 +48,8 @@ pub(crate) struct CommCore {
     pub oversubscribed: bool,
     /// Reused scratch memory for algorithms that need it.
     pub scratch: Vec<u8>,
+    /// Reused by the progress engine (one byte per peer).
+    pub busy: Vec<u8>,
     /// Number of collectives issued (for diagnostics).
     pub coll_seq: u64,
     split_count: u64,
@@ -165,6 +167,7 @@ impl CommCore {
             endpoint,
             ctx,
             scratch: Vec::new(),
+            busy: Vec::new(),
             coll_seq: 0,
             split_count: 0,
             own_name,

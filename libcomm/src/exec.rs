@@ -87,21 +87,30 @@ impl CommCore {
                 }
             }
         }
-        let n = self.ctx.nranks;
-        let mut busy = vec![0u8; n];
+        // Per-peer "a transfer in this direction is active" bits, reused.
+        let mut busy = std::mem::take(&mut self.busy);
+        busy.resize(self.ctx.nranks, 0);
+        let r = self.progress(xs, &mut busy);
+        self.busy = busy;
+        r
+    }
+
+    fn progress(&mut self, xs: &mut [Xfer], busy: &mut [u8]) -> Result<()> {
         let own = self.fault.own.clone();
         let ctrl = own.control();
         let mut idle: u32 = 0;
         let mut last_progress = Instant::now();
         let mut last_check = Instant::now();
-        let spin = if self.oversubscribed { 0 } else { 4000 };
+        let (spin, yields) = self.wait_budget();
         loop {
             let seen = ctrl.doorbell.load(Ordering::SeqCst);
             let mut progress = false;
             let mut pending = false;
             let mut tcp_pending = false;
             let mut shm_pending = false;
-            busy.iter_mut().for_each(|b| *b = 0);
+            for x in xs.iter() {
+                busy[x.peer] = 0;
+            }
             for i in 0..xs.len() {
                 if xs[i].p.done {
                     continue;
@@ -160,7 +169,7 @@ impl CommCore {
                 std::hint::spin_loop();
                 continue;
             }
-            if idle < spin + 8 {
+            if idle < spin + yields {
                 std::thread::yield_now();
                 continue;
             }
@@ -222,9 +231,29 @@ impl CommCore {
         }
     }
 
+    /// How many idle iterations to spin, then to yield, before sleeping.
+    /// Oversubscribed ranks skip spinning (a spinning rank holds the core its
+    /// peer needs) but yield, which hands the core straight to a runnable peer.
+    /// `WEFT_SPIN_ITERS` / `WEFT_YIELD_ITERS` override (tuning knobs).
+    fn wait_budget(&self) -> (u32, u32) {
+        use std::sync::OnceLock;
+        static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
+        let (s, y) = *KNOBS.get_or_init(|| {
+            let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
+            (get("WEFT_SPIN_ITERS"), get("WEFT_YIELD_ITERS"))
+        });
+        let spin = s.unwrap_or(if self.oversubscribed { 0 } else { 4000 });
+        // Measured with 4 ranks on 2 cores (docs/PERFORMANCE.md): 32 yields
+        // before sleeping beat 8 by ~30% at 8-64 B.
+        (spin, y.unwrap_or(if self.oversubscribed { 32 } else { 8 }))
+    }
+
     /// Transfers to ourselves: pair the k-th send with the k-th receive.
     fn exec_self(&mut self, xs: &mut [Xfer]) -> Result<()> {
         let me = self.ctx.rank;
+        if !xs.iter().any(|x| x.peer == me) {
+            return Ok(());
+        }
         let sends: Vec<usize> = (0..xs.len())
             .filter(|&i| xs[i].peer == me && xs[i].send)
             .collect();

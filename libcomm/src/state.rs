@@ -8,10 +8,12 @@
 #[cfg(test)]
 use crate::error::{Error, Result};
 use std::fmt;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum CommState {
     /// Bootstrap (init or split) is still running.
     Initializing,
@@ -51,22 +53,47 @@ impl CommState {
     }
 }
 
-/// The current state plus a condition variable to wait for changes.
+/// The current state plus a condition variable to wait for changes. Reads
+/// (every call checks the state) use a lock-free mirror; changes take the lock.
 pub(crate) struct StateCell {
     state: Mutex<CommState>,
+    mirror: AtomicU8,
     changed: Condvar,
+}
+
+impl CommState {
+    fn to_u8(self) -> u8 {
+        self as u8
+    }
+    fn from_u8(v: u8) -> CommState {
+        match v {
+            0 => CommState::Initializing,
+            1 => CommState::Ready,
+            2 => CommState::Failed,
+            3 => CommState::Aborted,
+            _ => CommState::Destroyed,
+        }
+    }
 }
 
 impl StateCell {
     pub fn new(s: CommState) -> Self {
         StateCell {
             state: Mutex::new(s),
+            mirror: AtomicU8::new(s.to_u8()),
             changed: Condvar::new(),
         }
     }
 
+    #[inline]
     pub fn get(&self) -> CommState {
-        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+        CommState::from_u8(self.mirror.load(Ordering::Acquire))
+    }
+
+    fn set(&self, guard: &mut CommState, to: CommState) {
+        *guard = to;
+        self.mirror.store(to.to_u8(), Ordering::Release);
+        self.changed.notify_all();
     }
 
     /// Moves to `to` if legal; returns the previous state. A no-op when already there.
@@ -82,8 +109,7 @@ impl StateCell {
                 "illegal communicator state transition {from} -> {to}"
             )));
         }
-        *s = to;
-        self.changed.notify_all();
+        self.set(&mut s, to);
         Ok(from)
     }
 
@@ -91,8 +117,7 @@ impl StateCell {
     pub fn transition_from(&self, from: &[CommState], to: CommState) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if from.contains(&*s) && s.can_become(to) {
-            *s = to;
-            self.changed.notify_all();
+            self.set(&mut s, to);
             true
         } else {
             false

@@ -82,6 +82,7 @@ pub(crate) fn all_reduce(
     }
     match tuner::choose(Coll::AllReduce, count * dt.size(), n, &c.ctx.cfg.algo) {
         Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
+        Algo::Direct => all_reduce_direct(c, src, recv, count, dt, op),
         _ => {
             let owned = ring_reduce_scatter(c, src, recv, count, dt, op.combine(), 1)?;
             let (lo, hi) = (bound(owned, count, n), bound(owned + 1, count, n));
@@ -89,6 +90,37 @@ pub(crate) fn all_reduce(
             ring_all_gather_chunks(c, recv, count, dt, 1)
         }
     }
+}
+
+/// One step: every rank sends its buffer to every other rank, then combines
+/// all n buffers in rank order (so every rank computes bit-identical results).
+/// One round of wake-ups instead of log2(n): the latency path for tiny buffers.
+fn all_reduce_direct(
+    c: &mut CommCore,
+    src: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let bytes = count * es;
+    let tmp = c.scratch(bytes * n);
+    let mut xs = Vec::with_capacity(2 * (n - 1));
+    for p in (0..n).filter(|&p| p != r) {
+        xs.push(Xfer::send(p, src, bytes));
+        xs.push(Xfer::recv(p, unsafe { tmp.add(p * bytes) }, bytes));
+    }
+    c.exec(&mut xs)?;
+    let tmp = c.scratch(bytes * n);
+    // Our own block joins the others before `recv` (which may alias `src`) is written.
+    copy(unsafe { tmp.add(r * bytes) }, src, bytes);
+    copy(recv, tmp, bytes);
+    for p in 1..n {
+        unsafe { reduce::combine(dt, op.combine(), recv, recv, tmp.add(p * bytes), count) };
+    }
+    finish_avg(op, dt, recv, count, n);
+    Ok(())
 }
 
 /// Ring reduce-scatter over `work` (which must be writable for the whole

@@ -57,7 +57,7 @@ impl Coll {
     pub fn supports(self, a: Algo) -> bool {
         use Algo::*;
         match self {
-            Coll::AllReduce => matches!(a, Ring | RecursiveDoubling),
+            Coll::AllReduce => matches!(a, Ring | RecursiveDoubling | Direct),
             Coll::Broadcast | Coll::Reduce => matches!(a, Ring | Tree),
             Coll::AllGather | Coll::ReduceScatter => matches!(a, Ring | Direct),
             Coll::AllToAll => matches!(a, Pairwise | Direct),
@@ -127,8 +127,12 @@ impl std::str::FromStr for AlgoOverride {
 }
 
 /// Size thresholds under which latency-optimal algorithms win on host memory
-/// (measured with `weft bench`, see docs/PERFORMANCE.md).
-const SMALL_ALLREDUCE: usize = 64 << 10;
+/// (measured with `weft bench`, see docs/PERFORMANCE.md): one-step direct
+/// all-reduce for tiny buffers, recursive doubling up to where the ring wins
+/// (16 KiB on 16 cores, 32-64 KiB on 2).
+const TINY_ALLREDUCE: usize = 4 << 10;
+const DIRECT_MAX_RANKS: usize = 16;
+const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
 
 /// The algorithm for `coll` moving `bytes` (the full buffer: the all-reduce
@@ -161,6 +165,9 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, o: &AlgoOverride) -> Algo {
         Coll::AllReduce => bytes <= SMALL_ALLREDUCE,
         _ => bytes <= SMALL_OTHER,
     };
+    if coll == Coll::AllReduce && bytes <= TINY_ALLREDUCE && (3..=DIRECT_MAX_RANKS).contains(&n) {
+        return Algo::Direct;
+    }
     match (coll, small || n <= 2) {
         (Coll::AllReduce, true) => Algo::RecursiveDoubling,
         (Coll::AllReduce, false) => Algo::Ring,
@@ -180,7 +187,12 @@ mod tests {
     #[test]
     fn defaults_by_size() {
         let o = AlgoOverride::default();
-        assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::RecursiveDoubling);
+        assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Direct);
+        assert_eq!(choose(Coll::AllReduce, 8, 64, &o), Algo::RecursiveDoubling);
+        assert_eq!(
+            choose(Coll::AllReduce, 16 << 10, 4, &o),
+            Algo::RecursiveDoubling
+        );
         assert_eq!(choose(Coll::AllReduce, 64 << 20, 4, &o), Algo::Ring);
         assert_eq!(choose(Coll::AllToAll, 1 << 20, 8, &o), Algo::Pairwise);
         assert_eq!(choose(Coll::Broadcast, 8, 8, &o), Algo::Tree);
