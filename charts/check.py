@@ -111,7 +111,7 @@ def render() -> None:
             fail(f"render[{label}]: kinds {sorted(set(kinds))} != {sorted(expected)}")
         else:
             ok(f"render[{label}]: {sorted(kinds)}")
-    crds = chart.crds()
+    crds = chart.crds
     if len(crds) != 1:
         fail(f"chart has {len(crds)} CRDs, expected 1")
 

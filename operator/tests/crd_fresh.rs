@@ -1,0 +1,38 @@
+//! The committed CRD files must be exactly what the Rust types generate.
+
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn committed_crds_are_fresh() {
+    let fresh = weft_operator::crd::crd_yaml();
+    for rel in [
+        "crds/collectivejob.yaml",
+        "charts/weft/crds/collectivejob.yaml",
+    ] {
+        let path = root().join(rel);
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == fresh,
+            "{rel} is stale or missing. Regenerate both copies with:\n  \
+             cargo run -p weft-operator -- crd > crds/collectivejob.yaml && \
+             cp crds/collectivejob.yaml charts/weft/crds/collectivejob.yaml"
+        );
+    }
+}
+
+#[test]
+fn crd_subcommand_prints_the_crd() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft-operator"))
+        .arg("crd")
+        .output()
+        .expect("run weft-operator crd");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        weft_operator::crd::crd_yaml()
+    );
+}
