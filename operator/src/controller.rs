@@ -288,18 +288,29 @@ async fn cleanup(job: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
 }
 
 /// Runs the controller until `shutdown` resolves (in-flight reconciles finish).
+///
+/// `watch_secrets`: also watch the job Secrets, like the other owned kinds, so
+/// any change to them triggers a reconcile. (A missing Secret is recreated
+/// only together with pods: a new token under running pods would split the
+/// job.) It needs list/watch on Secrets cluster-wide, which RBAC cannot narrow
+/// by label, so the chart can turn it off (`rbac.watchSecrets`); a watch
+/// refused by RBAC would otherwise be retried in a loop.
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
+    watch_secrets: bool,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let jobs = Api::<CollectiveJob>::all(client.clone());
-    // Only our own children are watched, to keep the caches small.
+    // Only our own children are watched (metadata only), to keep caches small.
     let owned = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGER}"));
-    Controller::new(jobs, watcher::Config::default().any_semantic())
+    let mut controller = Controller::new(jobs, watcher::Config::default().any_semantic())
         .owns(Api::<Pod>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned.clone())
-        .owns(Api::<Secret>::all(client), owned)
+        .owns(Api::<Service>::all(client.clone()), owned.clone());
+    if watch_secrets {
+        controller = controller.owns(Api::<Secret>::all(client), owned);
+    }
+    controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

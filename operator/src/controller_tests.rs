@@ -404,11 +404,13 @@ impl Harness {
         self.api.job(name).unwrap().status.unwrap()
     }
 
+    /// Sets every pod's phase and its first container's state, as a kubelet would.
     fn set_pods(&self, phase: &str, ready: bool, code: Option<i32>) {
         for n in self.api.names(PODS) {
+            let container = self.api.pod(&n).spec.unwrap().containers[0].name.clone();
             let cs = match code {
-                Some(c) => cs_exited("main", c),
-                None => cs_running("main"),
+                Some(c) => cs_exited(&container, c),
+                None => cs_running(&container),
             };
             self.api
                 .set_pod(with_status(self.api.pod(&n), phase, ready, vec![cs]));
@@ -741,7 +743,7 @@ async fn docs_artifacts() {
     j.spec.template = serde_json::from_value(json!({"spec": {"containers": [{
         "name": "bench", "image": "ghcr.io/weft-dev/weft:0.1.0",
         "command": ["weft", "run", "-n", "$(WEFT_LOCAL_RANKS)", "--", "weft", "bench", "all_reduce",
-                    "-n", "20", "-b", "1K", "-e", "64M", "-f", "2", "--check"]
+                    "-b", "1K", "-e", "16M", "-f", "2", "--check"]
     }]}}))
     .unwrap();
     h.submit(j);
@@ -752,7 +754,7 @@ async fn docs_artifacts() {
         h.api.pod("bench-1"),
         "Failed",
         false,
-        vec![cs_exited("main", 1)],
+        vec![cs_exited("bench", 1)],
     );
     h.api.set_pod(failed);
     h.settle("bench").await;

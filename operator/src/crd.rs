@@ -127,6 +127,9 @@ fn one() -> i32 {
 /// operator relies on (a non-empty, uniquely named container list) and let the
 /// API server validate the rest when the operator creates the Pods; a Pod that
 /// is refused shows up as a `Failed` job with the API server's message.
+///
+/// Lists and names carry maxItems/maxLength because the API server refuses a
+/// CRD whose CEL rules have an unbounded estimated cost.
 fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let preserved_object = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
     let container = json!({
@@ -134,7 +137,7 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "required": ["name"],
         "x-kubernetes-preserve-unknown-fields": true,
         "properties": {
-            "name": {"type": "string", "minLength": 1},
+            "name": {"type": "string", "minLength": 1, "maxLength": 63},
             "image": {"type": "string"},
         }
     });
@@ -152,18 +155,19 @@ fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
                     "containers": {
                         "type": "array",
                         "minItems": 1,
+                        "maxItems": 32,
                         "items": container,
                         "x-kubernetes-validations": [
                             {"rule": "self.all(c, self.exists_one(d, d.name == c.name))", "message": "container names must be unique"},
                             {"rule": "self.all(c, c.name != 'weft-sidecar')", "message": "the container name weft-sidecar is reserved for the injected sidecar"}
                         ]
                     },
-                    "initContainers": {"type": "array", "items": container},
-                    "volumes": {"type": "array", "items": {
+                    "initContainers": {"type": "array", "maxItems": 32, "items": container},
+                    "volumes": {"type": "array", "maxItems": 128, "items": {
                         "type": "object",
                         "required": ["name"],
                         "x-kubernetes-preserve-unknown-fields": true,
-                        "properties": {"name": {"type": "string"}},
+                        "properties": {"name": {"type": "string", "maxLength": 63}},
                         "x-kubernetes-validations": [
                             {"rule": "!self.name.startsWith('weft-')", "message": "volume names starting with weft- are reserved for the operator"}
                         ]
@@ -462,6 +466,7 @@ pub struct RankFailure {
     pub exit_code: Option<i32>,
     /// Short machine-readable reason (`Error`, `OOMKilled`, `Evicted`, `PodDeleted`, ...).
     pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// Restart epoch in which it happened.
     pub epoch: i32,

@@ -61,6 +61,9 @@ struct RunArgs {
     /// Identity in the Lease (the pod name).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Watch the job Secrets (needs list/watch on Secrets; see the chart's rbac.watchSecrets).
+    #[arg(long, env = "WEFT_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
+    watch_secrets: bool,
     /// Log filter (RUST_LOG syntax).
     #[arg(long, env = "WEFT_LOG", default_value = "info")]
     log_level: String,
@@ -178,7 +181,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context::new(client.clone(), config, metrics.clone()));
     info!("controller starting");
-    controller::run(client, ctx, stopped()).await;
+    controller::run(client, ctx, args.watch_secrets, stopped()).await;
     info!("controller stopped");
     if let Some((api, cfg)) = lease {
         leader::release(&api, &cfg).await;

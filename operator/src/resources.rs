@@ -98,8 +98,9 @@ pub fn pod_selector(job: &CollectiveJob) -> String {
 }
 
 fn owner_ref(job: &CollectiveJob) -> OwnerReference {
-    // controller_owner_ref sets controller=true and blockOwnerDeletion=true, so
-    // foreground deletion of the job waits for its pods.
+    // controller=true: the job is the managing controller, and the garbage
+    // collector deletes pods, Service and Secret with it. blockOwnerDeletion is
+    // left unset: it would need update rights on collectivejobs/finalizers.
     job.controller_owner_ref(&())
         .expect("a stored CollectiveJob has a name and uid")
 }
