@@ -55,7 +55,7 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::new();
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 {
+        if b[i] == b'%' && i + 2 < b.len() {
             out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
             i += 3;
         } else {
@@ -748,8 +748,10 @@ async fn docs_artifacts() {
     .unwrap();
     h.submit(j);
     h.settle("bench").await;
+    h.advance(20);
     h.set_pods("Running", true, None);
     h.settle("bench").await;
+    h.advance(95);
     let failed = with_status(
         h.api.pod("bench-1"),
         "Failed",
@@ -758,8 +760,10 @@ async fn docs_artifacts() {
     );
     h.api.set_pod(failed);
     h.settle("bench").await;
+    h.advance(25);
     h.set_pods("Running", true, None);
     h.settle("bench").await;
+    h.advance(300);
     h.set_pods("Succeeded", false, Some(0));
     h.settle("bench").await;
     let st = h.status("bench");

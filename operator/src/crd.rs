@@ -35,6 +35,8 @@ pub const DEFAULT_SIDECAR_METRICS_PORT: i32 = 9464;
 /// `replicas` pods are created, each running `ranksPerReplica` ranks (usually
 /// one per GPU) next to a Weft sidecar. Pod `i` owns the global ranks
 /// `[i * ranksPerReplica, (i + 1) * ranksPerReplica)`.
+// Several printcolumns share a `type_`: not a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
     group = "weft.dev",
