@@ -2,7 +2,8 @@
 """Offline checks of the Helm chart, the CRD and the examples.
 
 1. `helm lint --strict` of charts/weft (Helm v4 as a library: helm-python-sdk).
-2. Render the chart with the default values and with every switch flipped;
+2. Render the chart with the default values and with every switch flipped
+   (values.schema.json must accept those and refuse bad values);
    validate each rendered manifest and the chart's CRD against the Kubernetes
    1.37 schemas (kubernetes-validate, strict: unknown fields are errors).
 3. The chart's CRD must be byte-identical to crds/collectivejob.yaml.
@@ -114,6 +115,19 @@ def render() -> None:
     crds = chart.crds
     if len(crds) != 1:
         fail(f"chart has {len(crds)} CRDs, expected 1")
+    # values.schema.json refuses bad values
+    for label, bad in {
+        "replicas: two": {"operator": {"replicas": "two"}},
+        "pullPolicy: Sometimes": {"operator": {"image": {"pullPolicy": "Sometimes"}}},
+        "unknown key": {"sidecar": {"imag": "x"}},
+    }.items():
+        try:
+            chart.validate_schema(bad)
+            fail(f"values.schema.json accepts bad values ({label})")
+        except helm.HelmError as e:
+            ok(f"values.schema.json refuses {label}: {' '.join(str(e).split())[:160]}")
+    for values in VALUE_SETS.values():
+        chart.validate_schema(values)
 
 
 def check_rbac(role: dict, values: dict) -> None:

@@ -15,7 +15,7 @@ NS=weft-system
 TIMEOUT="${TIMEOUT:-600s}"
 
 missing=()
-for tool in docker kind kubectl helm; do
+for tool in docker kind kubectl helm jq; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 if ((${#missing[@]})) || ! docker info >/dev/null 2>&1; then
@@ -24,7 +24,7 @@ if ((${#missing[@]})) || ! docker info >/dev/null 2>&1; then
     echo "e2e: FAILED, cannot run ($reason)" >&2
     exit 1
   fi
-  echo "e2e: SKIPPED ($reason). Needs docker, kind, kubectl and helm."
+  echo "e2e: SKIPPED ($reason). Needs docker, kind, kubectl, helm and jq."
   exit 0
 fi
 

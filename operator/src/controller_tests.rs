@@ -224,6 +224,21 @@ impl FakeApi {
                 }
                 (200, obj)
             }
+            (Method::PUT, Some(n)) => {
+                // replace: optimistic concurrency on resourceVersion, as the apiserver does
+                let Some(existing) = objs.get(&n) else {
+                    return status(404, "NotFound", &n);
+                };
+                let sent = body["metadata"]["resourceVersion"].clone();
+                if !sent.is_null() && sent != existing["metadata"]["resourceVersion"] {
+                    return status(409, "Conflict", "the object has been modified");
+                }
+                let mut obj = body;
+                obj["metadata"]["uid"] = existing["metadata"]["uid"].clone();
+                obj["metadata"]["resourceVersion"] = json!(rv);
+                objs.insert(n, obj.clone());
+                (200, obj)
+            }
             (Method::DELETE, Some(n)) => {
                 let Some(mut obj) = objs.get(&n).cloned() else {
                     return status(404, "NotFound", &n);
@@ -779,4 +794,65 @@ async fn docs_artifacts() {
         serde_yaml::to_string(&status).unwrap(),
     )
     .unwrap();
+}
+
+#[tokio::test]
+async fn leader_election_against_mock_api() {
+    use crate::leader::{LeaseConfig, release, try_acquire_or_renew};
+    use k8s_openapi::api::coordination::v1::Lease;
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/weft-system/leases";
+
+    let h = Harness::new();
+    let leases: Api<Lease> = Api::namespaced(h.ctx.client.clone(), "weft-system");
+    let a = LeaseConfig::new("weft-system", "operator-a");
+    let b = LeaseConfig::new("weft-system", "operator-b");
+
+    assert!(
+        try_acquire_or_renew(&leases, &a).await.unwrap(),
+        "a creates the lease"
+    );
+    assert!(
+        !try_acquire_or_renew(&leases, &b).await.unwrap(),
+        "b must wait"
+    );
+    assert!(try_acquire_or_renew(&leases, &a).await.unwrap(), "a renews");
+    let lease = h.api.get(LEASES, "weft-operator-leader").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "operator-a");
+    assert_eq!(lease["spec"]["leaseTransitions"], 0);
+
+    // a stops renewing: once the lease has expired, b takes over and a is out.
+    let mut stale = lease.clone();
+    stale["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
+    h.api.put(LEASES, stale);
+    assert!(
+        try_acquire_or_renew(&leases, &b).await.unwrap(),
+        "b takes the expired lease"
+    );
+    assert!(
+        !try_acquire_or_renew(&leases, &a).await.unwrap(),
+        "a lost it"
+    );
+    let lease = h.api.get(LEASES, "weft-operator-leader").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "operator-b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+
+    // a write based on an old read loses (409), it does not overwrite
+    let mut old: Lease = serde_json::from_value(lease.clone()).unwrap();
+    assert!(try_acquire_or_renew(&leases, &b).await.unwrap());
+    old.spec.as_mut().unwrap().holder_identity = Some("operator-a".into());
+    let err = leases
+        .replace("weft-operator-leader", &Default::default(), &old)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, kube::Error::Api(s) if s.is_conflict()));
+
+    // graceful shutdown hands the lease back; a takes it at once
+    release(&leases, &a).await; // not the holder: no-op
+    assert_eq!(
+        h.api.get(LEASES, "weft-operator-leader").unwrap()["spec"]["holderIdentity"],
+        "operator-b"
+    );
+    release(&leases, &b).await;
+    assert!(h.api.get(LEASES, "weft-operator-leader").unwrap()["spec"]["holderIdentity"].is_null());
+    assert!(try_acquire_or_renew(&leases, &a).await.unwrap());
 }

@@ -34,7 +34,7 @@ enum Command {
     /// Print the CollectiveJob CRD as YAML (crds/collectivejob.yaml).
     Crd,
     /// Run the controller (the default).
-    Run,
+    Run(RunArgs),
 }
 
 #[derive(clap::Args)]
@@ -79,11 +79,15 @@ fn main() -> anyhow::Result<()> {
             print!("{}", weft_operator::crd::crd_yaml());
             Ok(())
         }
-        Some(Command::Run) | None => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()?
-            .block_on(run(cli.run)),
+        Some(Command::Run(args)) => runtime()?.block_on(run(args)),
+        None => runtime()?.block_on(run(cli.run)),
     }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
 }
 
 /// Resolves on SIGTERM (kubelet) or Ctrl-C.

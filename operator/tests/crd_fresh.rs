@@ -36,3 +36,23 @@ fn crd_subcommand_prints_the_crd() {
         weft_operator::crd::crd_yaml()
     );
 }
+
+#[test]
+fn run_flags_parse_with_and_without_the_subcommand() {
+    for args in [
+        &["run", "--leader-elect", "false", "--help"][..],
+        &["--watch-secrets", "false", "--help"][..],
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft-operator"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("--sidecar-image"), "{args:?}: {text}");
+    }
+}
