@@ -35,6 +35,22 @@ enum Command {
     Crd,
     /// Run the controller (the default).
     Run(RunArgs),
+    /// Print the Service, Secret and Pods the operator would create for the
+    /// CollectiveJobs in a manifest (a dry run; "-" reads stdin).
+    Render {
+        /// Manifest file with one or more CollectiveJobs (other kinds are skipped).
+        file: String,
+        /// Namespace for jobs that name none.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// Sidecar image for jobs that do not name one.
+        #[arg(
+            long,
+            env = "WEFT_SIDECAR_IMAGE",
+            default_value = "ghcr.io/weft-dev/weft:latest"
+        )]
+        sidecar_image: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -80,8 +96,53 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Run(args)) => runtime()?.block_on(run(args)),
+        Some(Command::Render {
+            file,
+            namespace,
+            sidecar_image,
+        }) => render(&file, &namespace, sidecar_image),
         None => runtime()?.block_on(run(cli.run)),
     }
+}
+
+fn render(file: &str, namespace: &str, sidecar_image: String) -> anyhow::Result<()> {
+    use serde::Deserialize;
+    use weft_operator::resources::{desired_pod, desired_secret, desired_service, validate};
+    let text = if file == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(file)?
+    };
+    let cfg = OperatorConfig {
+        sidecar_image,
+        otlp_endpoint: None,
+    };
+    let mut docs = vec![];
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc)?;
+        if value.get("kind").and_then(|k| k.as_str()) != Some("CollectiveJob") {
+            continue;
+        }
+        let mut job: CollectiveJob = serde_yaml::from_value(value)?;
+        if job.metadata.namespace.is_none() {
+            job.metadata.namespace = Some(namespace.into());
+        }
+        // Owner references need a uid; the API server assigns the real one.
+        job.metadata.uid.get_or_insert_with(|| "<uid>".into());
+        if let Err(e) = validate(&job) {
+            anyhow::bail!("invalid CollectiveJob: {e}");
+        }
+        docs.push(serde_yaml::to_string(&desired_service(&job))?);
+        docs.push(serde_yaml::to_string(&desired_secret(
+            &job,
+            "<random token>",
+        ))?);
+        for i in 0..job.spec.replicas {
+            docs.push(serde_yaml::to_string(&desired_pod(&job, i, 0, &cfg))?);
+        }
+    }
+    print!("{}", docs.join("---\n"));
+    Ok(())
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

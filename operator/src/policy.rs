@@ -318,6 +318,11 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
     let cur = owned(&current);
     let st = &mut p.status;
     st.ranks = rank_table(job, &cur);
+    for row in st.ranks.iter_mut() {
+        if p.create_pods.iter().any(|i| pod_name(job, *i) == row.pod) {
+            row.phase = "Creating".into();
+        }
+    }
     st.ready_replicas = cur.iter().filter(|v| v.ready()).count() as i32;
     st.ready = Some(format!("{}/{}", st.ready_replicas, job.spec.replicas));
     let complete = missing.is_empty() && cur.len() == job.spec.replicas as usize;
@@ -606,6 +611,7 @@ mod tests {
         assert_eq!(p.status.start_time, Some(Time(t(0))));
         assert_eq!(p.status.observed_generation, Some(1));
         assert_eq!(p.status.ranks.len(), 3);
+        assert!(p.status.ranks.iter().all(|r| r.phase == "Creating"));
         assert_eq!(reasons(&p), ["PodsCreated"]);
     }
 

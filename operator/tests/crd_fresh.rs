@@ -56,3 +56,27 @@ fn run_flags_parse_with_and_without_the_subcommand() {
         assert!(text.contains("--sidecar-image"), "{args:?}: {text}");
     }
 }
+
+#[test]
+fn render_subcommand_prints_what_the_operator_creates() {
+    let example = root().join("examples/bench-allreduce.yaml");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft-operator"))
+        .args(["render", "--namespace", "team-a"])
+        .arg(&example)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let kinds: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .map(String::from)
+        .collect();
+    assert_eq!(kinds, ["Service", "Secret", "Pod", "Pod"]);
+    assert!(text.contains("value: bench-allreduce-0.bench-allreduce.team-a.svc:29400"));
+    assert!(text.contains("name: bench-allreduce-1"));
+}
