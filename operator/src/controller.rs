@@ -219,6 +219,20 @@ async fn execute_pods(
             Err(e) => return Err(e),
         }
     }
+    for name in &plan.force_delete_pods {
+        warn!(pod = %name, "force-deleting a pod stuck terminating (lost node?)");
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::background()
+        };
+        match pods.delete(name, &dp).await {
+            Ok(_) => {
+                ctx.metrics.pods_deleted.inc();
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
     for index in &plan.create_pods {
         let pod = desired_pod(job, *index, plan.status.restart_epoch, &ctx.config);
         match pods.create(&PostParams::default(), &pod).await {

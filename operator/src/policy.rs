@@ -17,6 +17,10 @@ use crate::crd::{
 use crate::resources::{bootstrap_endpoint, pod_name, validate, world_size};
 use crate::status::{PodState, PodView, classify, rank_table, set_condition};
 
+/// Grace beyond a pod's own termination grace period before an old-epoch pod
+/// is force-deleted.
+pub const FORCE_DELETE_AFTER_SECS: i64 = 60;
+
 pub const COND_READY: &str = "Ready";
 pub const COND_RESTARTING: &str = "Restarting";
 pub const COND_SUSPENDED: &str = "Suspended";
@@ -38,6 +42,9 @@ pub struct PlannedEvent {
 pub struct Plan {
     pub ensure_base: bool,
     pub delete_pods: Vec<String>,
+    /// Pods of an old epoch stuck terminating well past their grace period
+    /// (typically on a lost node): deleted with grace period 0.
+    pub force_delete_pods: Vec<String>,
     /// Replica indices to create, in epoch `status.restart_epoch`.
     pub create_pods: Vec<i32>,
     pub delete_job: bool,
@@ -181,6 +188,13 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
     for s in &stale {
         if !s.terminating {
             p.delete_pods.push(s.name.clone());
+        } else if s
+            .delete_deadline
+            .is_some_and(|d| now >= d + SignedDuration::from_secs(FORCE_DELETE_AFTER_SECS))
+        {
+            // A pod on a lost node stays Terminating until its kubelet returns,
+            // and it holds the name the new epoch's pod needs.
+            p.force_delete_pods.push(s.name.clone());
         }
     }
 
@@ -734,6 +748,28 @@ mod tests {
         assert!(p.delete_pods.is_empty(), "already terminating");
         assert_eq!(phase(&p), JobPhase::Restarting);
         assert!(p.requeue_after.is_some());
+    }
+
+    #[test]
+    fn old_pods_stuck_terminating_are_force_deleted() {
+        let j = job("a", 1, 1);
+        let p = plan(&j, &[], t(0));
+        let (mut j, pods) = apply(j, vec![], &p);
+        let mut st = j.status.clone().unwrap();
+        st.restart_epoch = 1;
+        st.phase = Some(JobPhase::Restarting);
+        j.status = Some(st);
+        let mut pod = pods[0].clone();
+        pod.metadata.deletion_timestamp = Some(Time(t(30)));
+        let p = plan(&j, std::slice::from_ref(&pod), t(60));
+        assert!(p.force_delete_pods.is_empty(), "still within grace");
+        let p = plan(
+            &j,
+            std::slice::from_ref(&pod),
+            t(30 + FORCE_DELETE_AFTER_SECS),
+        );
+        assert_eq!(p.force_delete_pods, ["a-0"]);
+        assert!(p.create_pods.is_empty());
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub struct PodView {
     pub epoch: Option<i32>,
     pub node: Option<String>,
     pub terminating: bool,
+    /// When the kubelet's grace period for a terminating pod ends
+    /// (`metadata.deletionTimestamp`).
+    pub delete_deadline: Option<Timestamp>,
     pub state: PodState,
 }
 
@@ -112,6 +115,7 @@ pub fn classify(pod: &Pod) -> PodView {
         epoch: label_i32(pod, LABEL_EPOCH),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         terminating: pod.metadata.deletion_timestamp.is_some(),
+        delete_deadline: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
         state,
     }
 }
