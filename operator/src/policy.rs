@@ -396,10 +396,16 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
             format!("all {} pods are ready", job.spec.replicas),
         )
     } else {
-        (
-            "PodsNotReady",
-            format!("{} of {} pods ready", st.ready_replicas, job.spec.replicas),
-        )
+        let mut msg = format!("{} of {} pods ready", st.ready_replicas, job.spec.replicas);
+        // Surface the first thing the kubelet is stuck on (bad image, missing
+        // ConfigMap, ...), so `kubectl describe cj` says why it is not running.
+        if let Some((pod, why)) = cur
+            .iter()
+            .find_map(|v| Some((&v.name, v.waiting.as_ref()?)))
+        {
+            msg.push_str(&format!("; pod {pod}: {why}"));
+        }
+        ("PodsNotReady", msg)
     };
     set_condition(
         &mut st.conditions,
@@ -1012,6 +1018,32 @@ mod tests {
     }
 
     #[test]
+    fn ready_condition_names_what_the_kubelet_is_stuck_on() {
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus};
+        let j = job("a", 1, 1);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let stuck = ContainerStatus {
+            name: "main".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ErrImagePull".into()),
+                    message: None,
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        };
+        let pods = vec![with_status(pods[0].clone(), "Pending", false, vec![stuck])];
+        let p = plan(&j, &pods, t(1));
+        let c = crate::status::condition(&p.status.conditions, COND_READY).unwrap();
+        assert_eq!(
+            c.message,
+            "0 of 1 pods ready; pod a-0: container main: ErrImagePull"
+        );
+    }
+
+    #[test]
     fn pending_until_all_running() {
         let j = job("a", 2, 1);
         let p = plan(&j, &[], t(0));
@@ -1023,5 +1055,7 @@ mod tests {
         assert_eq!(p.status.ready.as_deref(), Some("0/2"));
         assert_eq!(p.status.ranks[0].phase, "Running");
         assert_eq!(p.status.ranks[1].phase, "Pending");
+        let c = crate::status::condition(&p.status.conditions, COND_READY).unwrap();
+        assert_eq!(c.message, "0 of 2 pods ready");
     }
 }

@@ -41,6 +41,9 @@ pub struct PodView {
     /// (`metadata.deletionTimestamp`).
     pub delete_deadline: Option<Timestamp>,
     pub state: PodState,
+    /// Why a container is not running yet, when the kubelet says
+    /// (`container bench: ImagePullBackOff: ...`), for the Ready condition.
+    pub waiting: Option<String>,
 }
 
 fn label_i32(pod: &Pod, key: &str) -> Option<i32> {
@@ -109,7 +112,27 @@ pub fn classify(pod: &Pod) -> PodView {
     } else {
         PodState::Pending
     };
+    let waiting = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find_map(|c| {
+            let w = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = w.reason.as_deref()?;
+            // ContainerCreating / PodInitializing are normal progress, not news.
+            if matches!(reason, "ContainerCreating" | "PodInitializing") {
+                return None;
+            }
+            let mut s = format!("container {}: {reason}", c.name);
+            if let Some(m) = w.message.as_deref().filter(|m| !m.is_empty()) {
+                s.push_str(": ");
+                s.push_str(m);
+            }
+            Some(s)
+        });
     PodView {
+        waiting,
         name: pod.metadata.name.clone().unwrap_or_default(),
         index: label_i32(pod, LABEL_INDEX),
         epoch: label_i32(pod, LABEL_EPOCH),
@@ -341,6 +364,29 @@ pub(crate) mod tests {
         p.status.as_mut().unwrap().init_container_statuses = Some(vec![cs_exited("fetch", 2)]);
         let f = classify(&p).failure(0).unwrap();
         assert_eq!(f.container.as_deref(), Some("fetch"));
+    }
+
+    #[test]
+    fn waiting_reasons_are_reported() {
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting};
+        let waiting = |reason: &str| ContainerStatus {
+            name: "main".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some("pull access denied".into()),
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        };
+        let p = with_status(pod(), "Pending", false, vec![waiting("ImagePullBackOff")]);
+        assert_eq!(
+            classify(&p).waiting.as_deref(),
+            Some("container main: ImagePullBackOff: pull access denied")
+        );
+        let p = with_status(pod(), "Pending", false, vec![waiting("ContainerCreating")]);
+        assert_eq!(classify(&p).waiting, None);
     }
 
     #[test]
