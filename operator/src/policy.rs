@@ -326,6 +326,19 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
                     bootstrap_endpoint(job)
                 ),
             );
+            // Allowed (e.g. several ranks sharing a GPU), but usually a typo.
+            let gpus = pod_gpus(job);
+            if gpus > 0 && gpus != job.spec.ranks_per_replica as i64 {
+                p.event(
+                    true,
+                    "GPUCountMismatch",
+                    "CreatePods",
+                    format!(
+                        "each pod requests {gpus} nvidia.com/gpu but runs ranksPerReplica={} ranks",
+                        job.spec.ranks_per_replica
+                    ),
+                );
+            }
         }
     }
 
@@ -432,6 +445,21 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
         );
     }
     p
+}
+
+/// GPUs requested by one pod of the job (sum over its workload containers).
+fn pod_gpus(job: &CollectiveJob) -> i64 {
+    job.spec
+        .template
+        .spec
+        .as_ref()
+        .map(|s| {
+            s.containers
+                .iter()
+                .map(crate::resources::container_gpus)
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 fn owned(v: &[&PodView]) -> Vec<PodView> {
@@ -633,6 +661,27 @@ mod tests {
         assert_eq!(p.status.ranks.len(), 3);
         assert!(p.status.ranks.iter().all(|r| r.phase == "Creating"));
         assert_eq!(reasons(&p), ["PodsCreated"]);
+    }
+
+    #[test]
+    fn gpu_count_mismatch_is_a_warning_event() {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let with_gpus = |rpr: i32, gpus: &str| {
+            let mut j = job("g", 1, rpr);
+            j.spec.template.spec.as_mut().unwrap().containers[0].resources =
+                Some(ResourceRequirements {
+                    limits: Some([("nvidia.com/gpu".to_string(), Quantity(gpus.into()))].into()),
+                    ..ResourceRequirements::default()
+                });
+            j
+        };
+        let p = plan(&with_gpus(8, "8"), &[], t(0));
+        assert_eq!(reasons(&p), ["PodsCreated"]);
+        let p = plan(&with_gpus(8, "4"), &[], t(0));
+        assert_eq!(reasons(&p), ["PodsCreated", "GPUCountMismatch"]);
+        assert!(p.events[1].warning);
+        assert_eq!(p.create_pods, [0], "a warning, not a refusal");
     }
 
     #[test]
