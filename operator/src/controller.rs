@@ -125,12 +125,22 @@ async fn apply(job: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
     let name = job.name_any();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let current = owned_pods(job, &pods).await?;
-    let plan = policy::plan(job, &current, (ctx.clock)());
+    let mut plan = policy::plan(job, &current, (ctx.clock)());
 
     if plan.ensure_base {
         ensure_base(job, ctx, !plan.create_pods.is_empty()).await?;
     }
-    execute_pods(job, ctx, &pods, &plan).await?;
+    match execute_pods(job, ctx, &pods, &plan).await {
+        Ok(()) => {}
+        // 422: the Pod itself is invalid (e.g. a template error the CRD schema
+        // does not check); retrying cannot help, so the job fails with the
+        // server's message. Pods created before the refusal are cleaned up
+        // by cleanPodPolicy on the next pass.
+        Err(kube::Error::Api(s)) if s.is_invalid() => {
+            policy::pod_refused(job, &mut plan, &s.message, (ctx.clock)());
+        }
+        Err(e) => return Err(e.into()),
+    }
 
     let old_phase = job.phase();
     if job.status.as_ref() != Some(&plan.status) {

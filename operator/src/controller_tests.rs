@@ -188,6 +188,20 @@ impl FakeApi {
             (Method::POST, None) => {
                 let mut obj = body;
                 let n = obj["metadata"]["name"].as_str().unwrap().to_string();
+                // Pod validation as the apiserver does it, for one field.
+                if coll == PODS
+                    && obj["spec"]["containers"]
+                        .as_array()
+                        .is_some_and(|cs| cs.iter().any(|c| c["image"].is_null()))
+                {
+                    return status(
+                        422,
+                        "Invalid",
+                        &format!(
+                            "Pod \"{n}\" is invalid: spec.containers[0].image: Required value"
+                        ),
+                    );
+                }
                 if objs.contains_key(&n) {
                     return status(409, "AlreadyExists", &format!("{n} already exists"));
                 }
@@ -925,4 +939,25 @@ async fn controller_loop_reconciles_and_shuts_down_gracefully() {
         .expect("controller stops on the shutdown signal")
         .unwrap();
     assert!(h.ctx.metrics.reconciles.get() >= 1);
+}
+
+#[tokio::test]
+async fn pod_refused_by_the_apiserver_fails_the_job_with_its_message() {
+    let h = Harness::new();
+    let mut j = make_job("bad", 2, 1);
+    j.spec.template.spec.as_mut().unwrap().containers[0].image = None;
+    h.submit(j);
+    h.settle("bad").await;
+    let st = h.status("bad");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    let c = st.conditions.iter().find(|c| c.type_ == "Failed").unwrap();
+    assert_eq!(c.reason, "InvalidSpec");
+    assert!(
+        c.message
+            .contains("spec.containers[0].image: Required value"),
+        "{}",
+        c.message
+    );
+    assert!(h.api.names(PODS).is_empty());
+    assert_eq!(h.api.event_reasons(), ["InvalidSpec"]);
 }

@@ -481,6 +481,17 @@ fn clear_restarting(st: &mut CollectiveJobStatus, now: Timestamp, generation: Op
     }
 }
 
+/// The API server refused a Pod built from the template (the CRD checks only
+/// the template's outline): the job fails with the server's message instead
+/// of retrying a request that cannot succeed.
+pub fn pod_refused(job: &CollectiveJob, p: &mut Plan, api_message: &str, now: Timestamp) {
+    p.create_pods.clear();
+    p.events.retain(|e| e.action != "CreatePods");
+    p.status.launched_epoch = None;
+    let msg = format!("the API server refused the job's Pod: {api_message}");
+    fail(p, "InvalidSpec", &msg, now, job.metadata.generation);
+}
+
 fn fail(p: &mut Plan, reason: &str, msg: &str, now: Timestamp, generation: Option<i64>) {
     let st = &mut p.status;
     st.phase = Some(JobPhase::Failed);
