@@ -1,0 +1,963 @@
+//! The controller against a mock API server (the `tower-test` pattern of
+//! kube-rs' controller-rs), made stateful: a tiny in-memory apiserver that
+//! understands the requests the operator makes (get/list/create/delete,
+//! JSON patch for the finalizer, server-side apply, the status subresource,
+//! owner-reference garbage collection). Tests then drive whole lifecycles by
+//! reconciling, changing pod states as a kubelet would, and reconciling again.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::jiff::Timestamp;
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::crd::{CollectiveJob, JobPhase};
+use crate::resources::tests::job as make_job;
+use crate::status::tests::{cs_exited, cs_running, with_status};
+
+const JOBS: &str = "/apis/weft.dev/v1alpha1/namespaces/ml/collectivejobs";
+const PODS: &str = "/api/v1/namespaces/ml/pods";
+const SERVICES: &str = "/api/v1/namespaces/ml/services";
+const SECRETS: &str = "/api/v1/namespaces/ml/secrets";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ml/events";
+
+#[derive(Default)]
+struct State {
+    /// collection path -> name -> object
+    objects: BTreeMap<String, BTreeMap<String, Value>>,
+    /// "METHOD path?query" of every request, in order
+    log: Vec<String>,
+    events: Vec<Value>,
+    rv: u64,
+    /// collection path whose next request fails with 500
+    fail_next: Option<String>,
+    /// Watch requests are never answered (kept open until the test ends).
+    held_watches: Vec<tower_test::mock::SendResponse<Response<Body>>>,
+}
+
+#[derive(Clone, Default)]
+struct FakeApi(Arc<Mutex<State>>);
+
+fn status(code: u16, reason: &str, message: &str) -> (u16, Value) {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code}),
+    )
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+fn matches_selector(obj: &Value, selector: &str) -> bool {
+    selector.split(',').filter(|s| !s.is_empty()).all(|kv| {
+        let (k, v) = kv.split_once('=').unwrap();
+        obj["metadata"]["labels"][k].as_str() == Some(v)
+    })
+}
+
+impl FakeApi {
+    fn start() -> (Self, Client) {
+        let (svc, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let fake = FakeApi::default();
+        let state = fake.clone();
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                let is_watch = req
+                    .uri()
+                    .query()
+                    .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+                if is_watch {
+                    state.0.lock().unwrap().held_watches.push(send);
+                    continue;
+                }
+                let (code, body) = state.handle(req).await;
+                send.send_response(
+                    Response::builder()
+                        .status(StatusCode::from_u16(code).unwrap())
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (fake, Client::new(svc, "ml"))
+    }
+
+    async fn handle(&self, req: Request<Body>) -> (u16, Value) {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or("").to_string();
+        let ctype = req
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+        };
+        let mut st = self.0.lock().unwrap();
+        st.log.push(format!("{method} {path}?{query}"));
+
+        // Cluster-wide list (the controller's watchers): every namespace.
+        if !path.contains("/namespaces/") {
+            assert_eq!(method, Method::GET, "cluster-wide {method} {path}");
+            let plural = path.rsplit('/').next().unwrap().to_string();
+            let selector = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("labelSelector="))
+                .map(percent_decode)
+                .unwrap_or_default();
+            let items: Vec<Value> = st
+                .objects
+                .iter()
+                .filter(|(c, _)| c.ends_with(&format!("/{plural}")))
+                .flat_map(|(_, o)| o.values())
+                .filter(|o| matches_selector(o, &selector))
+                .cloned()
+                .collect();
+            return (
+                200,
+                json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+            );
+        }
+
+        // Split /.../{plural}[/{name}[/status]]
+        let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let ns_pos = segs
+            .iter()
+            .position(|s| *s == "namespaces")
+            .expect("namespaced request");
+        let coll = format!("/{}", segs[..ns_pos + 3].join("/"));
+        let name = segs.get(ns_pos + 3).map(|s| s.to_string());
+        let sub = segs.get(ns_pos + 4).map(|s| s.to_string());
+        if st.fail_next.as_deref() == Some(coll.as_str()) {
+            st.fail_next = None;
+            return status(500, "InternalError", "injected failure");
+        }
+        if coll == EVENTS {
+            st.events.push(body.clone());
+            return (201, body);
+        }
+        st.rv += 1;
+        let rv = st.rv.to_string();
+        let objs = st.objects.entry(coll.clone()).or_default();
+        match (method, name) {
+            (Method::GET, Some(n)) => match objs.get(&n) {
+                Some(o) => (200, o.clone()),
+                None => status(404, "NotFound", &format!("{n} not found")),
+            },
+            (Method::GET, None) => {
+                let selector = query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("labelSelector="))
+                    .map(percent_decode)
+                    .unwrap_or_default();
+                let items: Vec<Value> = objs
+                    .values()
+                    .filter(|o| matches_selector(o, &selector))
+                    .cloned()
+                    .collect();
+                (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
+                )
+            }
+            (Method::POST, None) => {
+                let mut obj = body;
+                let n = obj["metadata"]["name"].as_str().unwrap().to_string();
+                // Pod validation as the apiserver does it, for one field.
+                if coll == PODS
+                    && obj["spec"]["containers"]
+                        .as_array()
+                        .is_some_and(|cs| cs.iter().any(|c| c["image"].is_null()))
+                {
+                    return status(
+                        422,
+                        "Invalid",
+                        &format!(
+                            "Pod \"{n}\" is invalid: spec.containers[0].image: Required value"
+                        ),
+                    );
+                }
+                if objs.contains_key(&n) {
+                    return status(409, "AlreadyExists", &format!("{n} already exists"));
+                }
+                obj["metadata"]["uid"] = json!(format!("uid-{n}-{rv}"));
+                obj["metadata"]["resourceVersion"] = json!(rv);
+                objs.insert(n, obj.clone());
+                (201, obj)
+            }
+            (Method::PATCH, Some(n)) => {
+                let existing = objs.get(&n).cloned();
+                let obj = if ctype.contains("json-patch") {
+                    let Some(mut obj) = existing else {
+                        return status(404, "NotFound", &n);
+                    };
+                    // `test` of a missing path against null means "absent": accept it.
+                    let ops: Vec<Value> = body
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|op| {
+                            !(op["op"] == "test"
+                                && op["value"].is_null()
+                                && obj.pointer(op["path"].as_str().unwrap()).is_none())
+                        })
+                        .cloned()
+                        .collect();
+                    let patch: json_patch::Patch =
+                        serde_json::from_value(Value::Array(ops)).unwrap();
+                    if let Err(e) = json_patch::patch(&mut obj, &patch) {
+                        return status(422, "Invalid", &e.to_string());
+                    }
+                    obj
+                } else if ctype.contains("apply-patch") {
+                    assert!(
+                        query.contains("fieldManager=weft-operator"),
+                        "SSA without our field manager: {query}"
+                    );
+                    assert!(query.contains("force=true"), "SSA without force: {query}");
+                    if sub.as_deref() == Some("status") {
+                        let Some(mut obj) = existing else {
+                            return status(404, "NotFound", &n);
+                        };
+                        obj["status"] = body["status"].clone();
+                        obj
+                    } else {
+                        let mut obj = existing.unwrap_or_else(|| {
+                            let mut b = body.clone();
+                            b["metadata"]["uid"] = json!(format!("uid-{n}-{rv}"));
+                            b
+                        });
+                        obj["spec"] = body["spec"].clone();
+                        obj["metadata"]["labels"] = body["metadata"]["labels"].clone();
+                        obj
+                    }
+                } else {
+                    panic!("unexpected patch type {ctype}");
+                };
+                let mut obj = obj;
+                obj["metadata"]["resourceVersion"] = json!(rv);
+                let gone = obj["metadata"]["deletionTimestamp"].is_string()
+                    && obj["metadata"]["finalizers"]
+                        .as_array()
+                        .is_none_or(|f| f.is_empty());
+                objs.insert(n.clone(), obj.clone());
+                if gone {
+                    st.remove(&coll, &n);
+                }
+                (200, obj)
+            }
+            (Method::PUT, Some(n)) => {
+                // replace: optimistic concurrency on resourceVersion, as the apiserver does
+                let Some(existing) = objs.get(&n) else {
+                    return status(404, "NotFound", &n);
+                };
+                let sent = body["metadata"]["resourceVersion"].clone();
+                if !sent.is_null() && sent != existing["metadata"]["resourceVersion"] {
+                    return status(409, "Conflict", "the object has been modified");
+                }
+                let mut obj = body;
+                obj["metadata"]["uid"] = existing["metadata"]["uid"].clone();
+                obj["metadata"]["resourceVersion"] = json!(rv);
+                objs.insert(n, obj.clone());
+                (200, obj)
+            }
+            (Method::DELETE, Some(n)) => {
+                let Some(mut obj) = objs.get(&n).cloned() else {
+                    return status(404, "NotFound", &n);
+                };
+                if obj["metadata"]["finalizers"]
+                    .as_array()
+                    .is_some_and(|f| !f.is_empty())
+                {
+                    obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+                    objs.insert(n, obj.clone());
+                } else {
+                    st.remove(&coll, &n);
+                }
+                (200, obj)
+            }
+            (m, n) => panic!("unexpected request {m} {coll} {n:?}"),
+        }
+    }
+}
+
+impl State {
+    /// Removes an object and, like the garbage collector, everything it owns.
+    fn remove(&mut self, coll: &str, name: &str) {
+        let Some(obj) = self.objects.get_mut(coll).and_then(|o| o.remove(name)) else {
+            return;
+        };
+        let uid = obj["metadata"]["uid"].clone();
+        let mut owned = vec![];
+        for (c, objs) in &self.objects {
+            for (n, o) in objs {
+                let refs = o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if refs.iter().any(|r| r["uid"] == uid) {
+                    owned.push((c.clone(), n.clone()));
+                }
+            }
+        }
+        for (c, n) in owned {
+            self.remove(&c, &n);
+        }
+    }
+}
+
+impl FakeApi {
+    fn get(&self, coll: &str, name: &str) -> Option<Value> {
+        self.0
+            .lock()
+            .unwrap()
+            .objects
+            .get(coll)
+            .and_then(|o| o.get(name))
+            .cloned()
+    }
+    fn names(&self, coll: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .objects
+            .get(coll)
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+    fn put(&self, coll: &str, obj: Value) {
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        self.0
+            .lock()
+            .unwrap()
+            .objects
+            .entry(coll.into())
+            .or_default()
+            .insert(name, obj);
+    }
+    fn job(&self, name: &str) -> Option<CollectiveJob> {
+        self.get(JOBS, name)
+            .map(|v| serde_json::from_value(v).unwrap())
+    }
+    fn pod(&self, name: &str) -> Pod {
+        serde_json::from_value(self.get(PODS, name).unwrap()).unwrap()
+    }
+    fn set_pod(&self, pod: Pod) {
+        self.put(PODS, serde_json::to_value(pod).unwrap());
+    }
+    fn event_reasons(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap().to_string())
+            .collect()
+    }
+    fn writes(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|l| !l.starts_with("GET"))
+            .cloned()
+            .collect()
+    }
+    /// Everything observable, minus resource versions: equal snapshots mean
+    /// the last reconcile changed nothing.
+    fn snapshot(&self) -> String {
+        let st = self.0.lock().unwrap();
+        let mut objs = st.objects.clone();
+        for o in objs.values_mut().flat_map(|m| m.values_mut()) {
+            o["metadata"]
+                .as_object_mut()
+                .map(|m| m.remove("resourceVersion"));
+        }
+        format!(
+            "{}{}",
+            serde_json::to_string(&objs).unwrap(),
+            st.events.len()
+        )
+    }
+    fn delete(&self, coll: &str, name: &str) {
+        self.0.lock().unwrap().remove(coll, name);
+    }
+}
+
+struct Harness {
+    api: FakeApi,
+    ctx: Arc<Context>,
+    now: Arc<Mutex<Timestamp>>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let (api, client) = FakeApi::start();
+        let now = Arc::new(Mutex::new(Timestamp::from_second(1_800_000_000).unwrap()));
+        let clock_now = now.clone();
+        let ctx = Context {
+            recorder: Recorder::new(client.clone(), Reporter::from("weft-operator-test")),
+            client,
+            config: OperatorConfig::default(),
+            metrics: Arc::default(),
+            clock: Arc::new(move || *clock_now.lock().unwrap()),
+        };
+        Harness {
+            api,
+            ctx: Arc::new(ctx),
+            now,
+        }
+    }
+
+    /// Stores a job as `kubectl apply` would.
+    fn submit(&self, job: CollectiveJob) {
+        let mut v = serde_json::to_value(job).unwrap();
+        v["metadata"]["creationTimestamp"] = json!("2026-11-21T06:00:00Z");
+        self.api.put(JOBS, v);
+    }
+
+    async fn reconcile(&self, name: &str) -> Result<Action, Error> {
+        let job = self.api.job(name).expect("job exists");
+        reconcile(Arc::new(job), self.ctx.clone()).await
+    }
+
+    /// Reconciles until nothing changes (at most 6 rounds).
+    async fn settle(&self, name: &str) {
+        for _ in 0..6 {
+            let before = self.api.snapshot();
+            if self.api.job(name).is_none() {
+                return;
+            }
+            self.reconcile(name).await.expect("reconcile");
+            if self.api.snapshot() == before {
+                return;
+            }
+        }
+        panic!("did not settle: {:#?}", self.api.writes());
+    }
+
+    fn status(&self, name: &str) -> crate::crd::CollectiveJobStatus {
+        self.api.job(name).unwrap().status.unwrap()
+    }
+
+    /// Sets every pod's phase and its first container's state, as a kubelet would.
+    fn set_pods(&self, phase: &str, ready: bool, code: Option<i32>) {
+        for n in self.api.names(PODS) {
+            let container = self.api.pod(&n).spec.unwrap().containers[0].name.clone();
+            let cs = match code {
+                Some(c) => cs_exited(&container, c),
+                None => cs_running(&container),
+            };
+            self.api
+                .set_pod(with_status(self.api.pod(&n), phase, ready, vec![cs]));
+        }
+    }
+
+    fn advance(&self, secs: i64) {
+        let mut t = self.now.lock().unwrap();
+        *t = Timestamp::from_second(t.as_second() + secs).unwrap();
+    }
+}
+
+fn env_value(pod: &Pod, name: &str) -> Option<String> {
+    pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+#[tokio::test]
+async fn creation_adds_finalizer_then_service_secret_pods_status() {
+    let h = Harness::new();
+    h.submit(make_job("train", 2, 4));
+
+    // First pass only adds the finalizer (JSON patch), as kube's finalizer helper does.
+    h.reconcile("train").await.unwrap();
+    assert_eq!(
+        h.api.job("train").unwrap().metadata.finalizers,
+        Some(vec![FINALIZER.to_string()])
+    );
+    assert!(h.api.names(PODS).is_empty());
+
+    h.reconcile("train").await.unwrap();
+    let svc: Service = serde_json::from_value(h.api.get(SERVICES, "train").unwrap()).unwrap();
+    let spec = svc.spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.publish_not_ready_addresses, Some(true));
+    let secret: Secret =
+        serde_json::from_value(h.api.get(SECRETS, "train-weft-token").unwrap()).unwrap();
+    let token = secret.data.unwrap()["token"].0.clone();
+    assert_eq!(token.len(), 64);
+    assert_eq!(h.api.names(PODS), ["train-0", "train-1"]);
+    let pod1 = h.api.pod("train-1");
+    assert_eq!(env_value(&pod1, "WEFT_RANK_OFFSET").as_deref(), Some("4"));
+    assert_eq!(env_value(&pod1, "WEFT_WORLD_SIZE").as_deref(), Some("8"));
+    assert_eq!(
+        env_value(&pod1, "WEFT_BOOTSTRAP").as_deref(),
+        Some("train-0.train.ml.svc:29400")
+    );
+    assert_eq!(pod1.owner_references()[0].name, "train");
+
+    let st = h.status("train");
+    assert_eq!(st.phase, Some(JobPhase::Pending));
+    assert_eq!(st.world_size, 8);
+    assert_eq!(st.ranks.len(), 2);
+    assert_eq!(st.ranks[1].first_rank, 4);
+    assert_eq!(st.observed_generation, Some(1));
+    assert_eq!(h.api.event_reasons(), ["PodsCreated"]);
+    assert!(
+        h.api
+            .writes()
+            .iter()
+            .any(|w| w.starts_with(&format!("PATCH {JOBS}/train/status?"))
+                && w.contains("fieldManager=weft-operator")),
+        "status written by server-side apply on the status subresource"
+    );
+
+    // The next pass sees the new pods (rank table: Missing -> Pending); after
+    // that the reconcile is idempotent: nothing changed, so nothing is written
+    // (the Service apply is the only write, a no-op on a real apiserver), and
+    // the token is kept.
+    h.reconcile("train").await.unwrap();
+    assert_eq!(h.status("train").ranks[0].phase, "Pending");
+    let before: Vec<String> = h.api.writes();
+    h.reconcile("train").await.unwrap();
+    let after = h.api.writes();
+    let new: Vec<_> = after[before.len()..].to_vec();
+    assert!(
+        new.iter()
+            .all(|w| w.starts_with(&format!("PATCH {SERVICES}/train"))),
+        "{new:#?}"
+    );
+    let secret: Secret =
+        serde_json::from_value(h.api.get(SECRETS, "train-weft-token").unwrap()).unwrap();
+    assert_eq!(secret.data.unwrap()["token"].0, token);
+}
+
+#[tokio::test]
+async fn status_follows_pods_to_success() {
+    let h = Harness::new();
+    h.submit(make_job("ok", 2, 1));
+    h.settle("ok").await;
+    h.set_pods("Running", true, None);
+    h.settle("ok").await;
+    let st = h.status("ok");
+    assert_eq!(st.phase, Some(JobPhase::Running));
+    assert_eq!(st.ready.as_deref(), Some("2/2"));
+    assert!(
+        st.ranks
+            .iter()
+            .all(|r| r.ready && r.node.as_deref() == Some("node-a"))
+    );
+    h.set_pods("Succeeded", false, Some(0));
+    h.settle("ok").await;
+    let st = h.status("ok");
+    assert_eq!(st.phase, Some(JobPhase::Succeeded));
+    assert!(st.completion_time.is_some());
+    assert_eq!(
+        h.api.event_reasons(),
+        ["PodsCreated", "Running", "Succeeded"]
+    );
+    // cleanPodPolicy Running keeps finished pods for their logs
+    assert_eq!(h.api.names(PODS).len(), 2);
+}
+
+#[tokio::test]
+async fn pod_failure_restarts_job_with_new_epoch() {
+    let h = Harness::new();
+    h.submit(make_job("r", 2, 2));
+    h.settle("r").await;
+    h.set_pods("Running", true, None);
+    h.settle("r").await;
+    let uid_before = h.api.pod("r-0").metadata.uid.clone();
+
+    let failed = with_status(
+        h.api.pod("r-1"),
+        "Failed",
+        false,
+        vec![cs_exited("main", 1)],
+    );
+    h.api.set_pod(failed);
+    h.reconcile("r").await.unwrap();
+    let st = h.status("r");
+    assert_eq!(st.phase, Some(JobPhase::Restarting));
+    assert_eq!((st.restarts, st.restart_epoch), (1, 1));
+    assert_eq!(st.last_failure.as_ref().unwrap().pod, "r-1");
+    assert!(h.api.names(PODS).is_empty(), "all pods deleted");
+
+    h.settle("r").await;
+    assert_eq!(h.api.names(PODS), ["r-0", "r-1"]);
+    let pod = h.api.pod("r-0");
+    assert_ne!(pod.metadata.uid, uid_before);
+    assert_eq!(env_value(&pod, "WEFT_RESTART_EPOCH").as_deref(), Some("1"));
+    assert_eq!(pod.labels()["weft.dev/restart-epoch"], "1");
+    h.set_pods("Running", true, None);
+    h.settle("r").await;
+    assert_eq!(h.status("r").phase, Some(JobPhase::Running));
+    assert_eq!(
+        h.api.event_reasons(),
+        [
+            "PodsCreated",
+            "Running",
+            "RankFailed",
+            "Restarting",
+            "PodsCreated",
+            "Running"
+        ]
+    );
+    assert_eq!(h.ctx.metrics.job_restarts.get(), 1);
+}
+
+#[tokio::test]
+async fn max_restarts_reached_fails_naming_pod_container_exit_code() {
+    let h = Harness::new();
+    let mut j = make_job("m", 2, 1);
+    j.spec.failure_policy.max_restarts = 1;
+    h.submit(j);
+    for _ in 0..2 {
+        h.settle("m").await;
+        h.set_pods("Running", true, None);
+        h.settle("m").await;
+        let failed = with_status(
+            h.api.pod("m-0"),
+            "Failed",
+            false,
+            vec![cs_exited("main", 3)],
+        );
+        h.api.set_pod(failed);
+        h.settle("m").await;
+    }
+    let st = h.status("m");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    assert_eq!(st.restarts, 1);
+    let cond = st.conditions.iter().find(|c| c.type_ == "Failed").unwrap();
+    assert_eq!(cond.reason, "MaxRestartsExceeded");
+    assert!(
+        cond.message
+            .contains("pod m-0 (container main, exit code 3"),
+        "{}",
+        cond.message
+    );
+    // the running survivor is cleaned, the failed pod is kept for its logs
+    assert_eq!(h.api.names(PODS), ["m-0"]);
+    assert_eq!(h.api.event_reasons().last().unwrap(), "MaxRestartsExceeded");
+}
+
+#[tokio::test]
+async fn suspend_deletes_pods_and_resume_recreates_them() {
+    let h = Harness::new();
+    h.submit(make_job("s", 3, 1));
+    h.settle("s").await;
+    h.set_pods("Running", true, None);
+    h.settle("s").await;
+
+    let mut j = h.api.job("s").unwrap();
+    j.spec.run_policy.suspend = true;
+    h.api.put(JOBS, serde_json::to_value(&j).unwrap());
+    h.settle("s").await;
+    assert!(h.api.names(PODS).is_empty());
+    let st = h.status("s");
+    assert_eq!(st.phase, Some(JobPhase::Suspended));
+    assert_eq!((st.restarts, st.restart_epoch), (0, 1));
+
+    let mut j = h.api.job("s").unwrap();
+    j.spec.run_policy.suspend = false;
+    h.api.put(JOBS, serde_json::to_value(&j).unwrap());
+    h.settle("s").await;
+    assert_eq!(h.api.names(PODS).len(), 3);
+    assert_eq!(h.status("s").phase, Some(JobPhase::Pending));
+    assert_eq!(
+        env_value(&h.api.pod("s-2"), "WEFT_RESTART_EPOCH").as_deref(),
+        Some("1")
+    );
+    let reasons = h.api.event_reasons();
+    assert_eq!(reasons[2..], ["Suspended", "Resumed", "PodsCreated"]);
+}
+
+#[tokio::test]
+async fn pod_deleted_by_hand_counts_as_failure() {
+    let h = Harness::new();
+    h.submit(make_job("d", 2, 1));
+    h.settle("d").await;
+    h.set_pods("Running", true, None);
+    h.settle("d").await;
+    h.api.delete(PODS, "d-1");
+    h.reconcile("d").await.unwrap();
+    let st = h.status("d");
+    assert_eq!(st.phase, Some(JobPhase::Restarting));
+    assert_eq!(st.restarts, 1);
+    assert_eq!(st.last_failure.unwrap().reason, "PodDeleted");
+}
+
+#[tokio::test]
+async fn deletion_runs_finalizer_cleanup() {
+    let h = Harness::new();
+    h.submit(make_job("del", 2, 1));
+    h.settle("del").await;
+    h.set_pods("Running", true, None);
+    h.settle("del").await;
+
+    // `kubectl delete`: the apiserver only sets deletionTimestamp while our finalizer is there.
+    let client = h.ctx.client.clone();
+    let jobs: Api<CollectiveJob> = Api::namespaced(client, "ml");
+    jobs.delete("del", &DeleteParams::default()).await.unwrap();
+    assert!(
+        h.api
+            .job("del")
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    h.reconcile("del").await.unwrap();
+    assert!(h.api.job("del").is_none(), "finalizer removed, object gone");
+    assert!(h.api.names(PODS).is_empty());
+    assert!(
+        h.api.get(SERVICES, "del").is_none(),
+        "owned Service collected"
+    );
+    assert!(
+        h.api.get(SECRETS, "del-weft-token").is_none(),
+        "owned Secret collected"
+    );
+    assert_eq!(h.api.event_reasons().last().unwrap(), "Deleting");
+}
+
+#[tokio::test]
+async fn deadline_then_ttl_deletes_job() {
+    let h = Harness::new();
+    let mut j = make_job("t", 1, 1);
+    j.spec.run_policy.active_deadline_seconds = Some(60);
+    j.spec.run_policy.ttl_seconds_after_finished = Some(30);
+    h.submit(j);
+    h.settle("t").await;
+    h.set_pods("Running", true, None);
+    h.settle("t").await;
+    h.advance(61);
+    let action = h.reconcile("t").await.unwrap();
+    let st = h.status("t");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    assert!(st.conditions.iter().any(|c| c.reason == "DeadlineExceeded"));
+    assert!(h.api.names(PODS).is_empty(), "running pod cleaned");
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+    h.advance(30);
+    h.reconcile("t").await.unwrap();
+    h.reconcile("t").await.unwrap();
+    assert!(h.api.job("t").is_none(), "TTL deleted the job");
+}
+
+#[tokio::test]
+async fn api_errors_fail_the_reconcile_and_are_counted() {
+    let h = Harness::new();
+    h.submit(make_job("e", 1, 1));
+    h.reconcile("e").await.unwrap(); // finalizer
+    h.api.0.lock().unwrap().fail_next = Some(PODS.into());
+    let job = Arc::new(h.api.job("e").unwrap());
+    let err = reconcile(job.clone(), h.ctx.clone()).await.unwrap_err();
+    assert_eq!(err.kind(), "apply");
+    let action = error_policy(job, &err, h.ctx.clone());
+    assert_eq!(action, Action::requeue(Duration::from_secs(15)));
+    assert!(
+        h.ctx
+            .metrics
+            .encode()
+            .contains("reconcile_errors_total{error=\"apply\"} 1")
+    );
+    // and the next reconcile recovers
+    h.settle("e").await;
+    assert_eq!(h.api.names(PODS), ["e-0"]);
+}
+
+/// Writes a rendered Pod and a status object for docs/KUBERNETES.md to
+/// target/weft-operator-docs (run with `cargo test -p weft-operator docs_artifacts`).
+#[tokio::test]
+async fn docs_artifacts() {
+    let h = Harness::new();
+    let mut j = make_job("bench", 2, 4);
+    j.spec.template = serde_json::from_value(json!({"spec": {"containers": [{
+        "name": "bench", "image": "ghcr.io/weft-dev/weft:0.1.0",
+        "command": ["weft", "run", "-n", "$(WEFT_LOCAL_RANKS)", "--", "weft", "bench", "all_reduce",
+                    "-b", "1K", "-e", "16M", "-f", "2", "--check"]
+    }]}}))
+    .unwrap();
+    h.submit(j);
+    h.settle("bench").await;
+    h.advance(20);
+    h.set_pods("Running", true, None);
+    h.settle("bench").await;
+    h.advance(95);
+    let failed = with_status(
+        h.api.pod("bench-1"),
+        "Failed",
+        false,
+        vec![cs_exited("bench", 1)],
+    );
+    h.api.set_pod(failed);
+    h.settle("bench").await;
+    h.advance(25);
+    h.set_pods("Running", true, None);
+    h.settle("bench").await;
+    h.advance(300);
+    h.set_pods("Succeeded", false, Some(0));
+    h.settle("bench").await;
+    let st = h.status("bench");
+    assert_eq!(st.phase, Some(JobPhase::Succeeded));
+    let mut pod = h.api.get(PODS, "bench-1").unwrap();
+    pod.as_object_mut().unwrap().remove("status");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/weft-operator-docs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("pod.yaml"), serde_yaml::to_string(&pod).unwrap()).unwrap();
+    let status = h.api.get(JOBS, "bench").unwrap()["status"].clone();
+    std::fs::write(
+        dir.join("status.yaml"),
+        serde_yaml::to_string(&status).unwrap(),
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn leader_election_against_mock_api() {
+    use crate::leader::{LeaseConfig, release, try_acquire_or_renew};
+    use k8s_openapi::api::coordination::v1::Lease;
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/weft-system/leases";
+
+    let h = Harness::new();
+    let leases: Api<Lease> = Api::namespaced(h.ctx.client.clone(), "weft-system");
+    let a = LeaseConfig::new("weft-system", "operator-a");
+    let b = LeaseConfig::new("weft-system", "operator-b");
+
+    assert!(
+        try_acquire_or_renew(&leases, &a).await.unwrap(),
+        "a creates the lease"
+    );
+    assert!(
+        !try_acquire_or_renew(&leases, &b).await.unwrap(),
+        "b must wait"
+    );
+    assert!(try_acquire_or_renew(&leases, &a).await.unwrap(), "a renews");
+    let lease = h.api.get(LEASES, "weft-operator-leader").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "operator-a");
+    assert_eq!(lease["spec"]["leaseTransitions"], 0);
+
+    // a stops renewing: once the lease has expired, b takes over and a is out.
+    let mut stale = lease.clone();
+    stale["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
+    h.api.put(LEASES, stale);
+    assert!(
+        try_acquire_or_renew(&leases, &b).await.unwrap(),
+        "b takes the expired lease"
+    );
+    assert!(
+        !try_acquire_or_renew(&leases, &a).await.unwrap(),
+        "a lost it"
+    );
+    let lease = h.api.get(LEASES, "weft-operator-leader").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "operator-b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1);
+
+    // a write based on an old read loses (409), it does not overwrite
+    let mut old: Lease = serde_json::from_value(lease.clone()).unwrap();
+    assert!(try_acquire_or_renew(&leases, &b).await.unwrap());
+    old.spec.as_mut().unwrap().holder_identity = Some("operator-a".into());
+    let err = leases
+        .replace("weft-operator-leader", &Default::default(), &old)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, kube::Error::Api(s) if s.is_conflict()));
+
+    // graceful shutdown hands the lease back; a takes it at once
+    release(&leases, &a).await; // not the holder: no-op
+    assert_eq!(
+        h.api.get(LEASES, "weft-operator-leader").unwrap()["spec"]["holderIdentity"],
+        "operator-b"
+    );
+    release(&leases, &b).await;
+    assert!(h.api.get(LEASES, "weft-operator-leader").unwrap()["spec"]["holderIdentity"].is_null());
+    assert!(try_acquire_or_renew(&leases, &a).await.unwrap());
+}
+
+/// The real `Controller` loop (watchers, owned-object triggers, scheduler)
+/// wired as in production: it reconciles the jobs it lists and stops when the
+/// shutdown future resolves. Watches are held open by the fake apiserver.
+#[tokio::test]
+async fn controller_loop_reconciles_and_shuts_down_gracefully() {
+    let h = Harness::new();
+    let mut j = make_job("live", 2, 1);
+    // as after a first pass: the finalizer is there, so the first reconcile applies
+    j.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
+    h.submit(j);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(h.ctx.client.clone(), h.ctx.clone(), true, async {
+        let _ = stopped.await;
+    }));
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = h.api.job("live").and_then(|j| j.status);
+        if h.api.names(PODS).len() == 2
+            && status.is_some_and(|s| s.phase == Some(JobPhase::Pending))
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "controller did not reconcile: {:#?}",
+            h.api.writes()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(());
+    tokio::time::timeout(std::time::Duration::from_secs(5), task)
+        .await
+        .expect("controller stops on the shutdown signal")
+        .unwrap();
+    assert!(h.ctx.metrics.reconciles.get() >= 1);
+}
+
+#[tokio::test]
+async fn pod_refused_by_the_apiserver_fails_the_job_with_its_message() {
+    let h = Harness::new();
+    let mut j = make_job("bad", 2, 1);
+    j.spec.template.spec.as_mut().unwrap().containers[0].image = None;
+    h.submit(j);
+    h.settle("bad").await;
+    let st = h.status("bad");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    let c = st.conditions.iter().find(|c| c.type_ == "Failed").unwrap();
+    assert_eq!(c.reason, "InvalidSpec");
+    assert!(
+        c.message
+            .contains("spec.containers[0].image: Required value"),
+        "{}",
+        c.message
+    );
+    assert!(h.api.names(PODS).is_empty());
+    assert_eq!(h.api.event_reasons(), ["InvalidSpec"]);
+}

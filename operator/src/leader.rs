@@ -1,0 +1,274 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, so that two operator
+//! replicas never reconcile at the same time.
+//!
+//! The protocol is client-go's: the holder renews `renewTime` every
+//! `renew_every`; a candidate may take the lease only once
+//! `renewTime + leaseDurationSeconds` has passed. Every write is a `replace`
+//! carrying the `resourceVersion` that was read, so of two candidates racing
+//! for an expired lease exactly one wins (the other gets 409 Conflict).
+//! A leader that cannot renew within the lease duration stops reconciling
+//! (the process exits) before anyone else may take over.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, PostParams};
+use tracing::{info, warn};
+
+#[derive(Clone, Debug)]
+pub struct LeaseConfig {
+    pub name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_every: Duration,
+}
+
+impl LeaseConfig {
+    pub fn new(namespace: &str, identity: &str) -> Self {
+        Self {
+            name: "weft-operator-leader".into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a candidate should do with the lease it read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseAction {
+    /// No lease exists: create it, holding it.
+    Create,
+    /// Free or expired: take it (a new transition).
+    TakeOver,
+    /// We hold it: renew.
+    Renew,
+    /// Someone else holds a live lease.
+    Wait { holder: String },
+}
+
+pub fn decide(
+    lease: Option<&Lease>,
+    identity: &str,
+    now: Timestamp,
+    default_duration: i32,
+) -> LeaseAction {
+    let Some(lease) = lease else {
+        return LeaseAction::Create;
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let holder = spec.holder_identity.unwrap_or_default();
+    if holder == identity {
+        return LeaseAction::Renew;
+    }
+    if holder.is_empty() {
+        return LeaseAction::TakeOver;
+    }
+    let duration = spec.lease_duration_seconds.unwrap_or(default_duration) as i64;
+    let last = spec.renew_time.or(spec.acquire_time).map(|t| t.0);
+    match last {
+        Some(t) if t + SignedDuration::from_secs(duration) > now => LeaseAction::Wait { holder },
+        _ => LeaseAction::TakeOver,
+    }
+}
+
+/// The lease to write for `action` (None for `Wait`).
+pub fn next_lease(
+    old: Option<&Lease>,
+    action: &LeaseAction,
+    cfg: &LeaseConfig,
+    now: Timestamp,
+) -> Option<Lease> {
+    let now = MicroTime(now);
+    let mut lease = old.cloned().unwrap_or_else(|| Lease {
+        metadata: ObjectMeta {
+            name: Some(cfg.name.clone()),
+            namespace: Some(cfg.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec::default()),
+    });
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    match action {
+        LeaseAction::Wait { .. } => return None,
+        LeaseAction::Renew => {}
+        LeaseAction::Create | LeaseAction::TakeOver => {
+            spec.acquire_time = Some(now.clone());
+            if matches!(action, LeaseAction::TakeOver) {
+                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            } else {
+                spec.lease_transitions = Some(0);
+            }
+        }
+    }
+    spec.holder_identity = Some(cfg.identity.clone());
+    spec.lease_duration_seconds = Some(cfg.lease_duration.as_secs() as i32);
+    spec.renew_time = Some(now);
+    Some(lease)
+}
+
+/// One acquire-or-renew attempt; Ok(true) while we hold the lease.
+pub async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+) -> Result<bool, kube::Error> {
+    let current = api.get_opt(&cfg.name).await?;
+    let action = decide(
+        current.as_ref(),
+        &cfg.identity,
+        Timestamp::now(),
+        cfg.lease_duration.as_secs() as i32,
+    );
+    let Some(lease) = next_lease(current.as_ref(), &action, cfg, Timestamp::now()) else {
+        return Ok(false);
+    };
+    let res = match action {
+        LeaseAction::Create => api.create(&PostParams::default(), &lease).await,
+        _ => api.replace(&cfg.name, &PostParams::default(), &lease).await,
+    };
+    match res {
+        Ok(_) => {
+            if action != LeaseAction::Renew {
+                info!(identity = %cfg.identity, lease = %cfg.name, "acquired leadership");
+            }
+            Ok(true)
+        }
+        // Lost a race with another candidate: not an error.
+        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Blocks until this replica holds the lease.
+pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig) {
+    loop {
+        match try_acquire_or_renew(api, cfg).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "leader election: cannot read or write the lease"),
+        }
+        tokio::time::sleep(cfg.renew_every).await;
+    }
+}
+
+/// Renews forever; returns when leadership is lost (another holder, or no
+/// successful renewal for a whole lease duration).
+pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig) {
+    let mut last_ok = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(cfg.renew_every).await;
+        match try_acquire_or_renew(api, cfg).await {
+            Ok(true) => last_ok = tokio::time::Instant::now(),
+            Ok(false) => {
+                warn!("leader election: the lease was taken by another replica");
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "leader election: renewal failed");
+                // Give up before the lease can expire, so that we have stopped
+                // before another replica is allowed to start.
+                if last_ok.elapsed() + cfg.renew_every >= cfg.lease_duration {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Hands the lease back on shutdown so a standby takes over at once.
+pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
+    let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await else {
+        return;
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
+        return;
+    }
+    spec.holder_identity = None;
+    spec.renew_time = None;
+    if let Err(e) = api.replace(&cfg.name, &PostParams::default(), &lease).await {
+        warn!(error = %e, "could not release the leader lease");
+    } else {
+        info!("released leadership");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn lease(holder: Option<&str>, renewed: i64) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("weft-operator-leader".into()),
+                resource_version: Some("7".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(String::from),
+                lease_duration_seconds: Some(15),
+                renew_time: Some(MicroTime(t(renewed))),
+                lease_transitions: Some(2),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        assert_eq!(decide(None, "a", t(0), 15), LeaseAction::Create);
+        assert_eq!(
+            decide(Some(&lease(Some("a"), 0)), "a", t(100), 15),
+            LeaseAction::Renew
+        );
+        assert_eq!(
+            decide(Some(&lease(Some("b"), 0)), "a", t(14), 15),
+            LeaseAction::Wait { holder: "b".into() }
+        );
+        assert_eq!(
+            decide(Some(&lease(Some("b"), 0)), "a", t(15), 15),
+            LeaseAction::TakeOver
+        );
+        assert_eq!(
+            decide(Some(&lease(None, 0)), "a", t(1), 15),
+            LeaseAction::TakeOver
+        );
+    }
+
+    #[test]
+    fn takeover_keeps_resource_version_and_counts_transition() {
+        let cfg = LeaseConfig::new("weft-system", "a");
+        let old = lease(Some("b"), 0);
+        let new = next_lease(Some(&old), &LeaseAction::TakeOver, &cfg, t(20)).unwrap();
+        assert_eq!(
+            new.metadata.resource_version.as_deref(),
+            Some("7"),
+            "optimistic lock"
+        );
+        let s = new.spec.unwrap();
+        assert_eq!(s.holder_identity.as_deref(), Some("a"));
+        assert_eq!(s.lease_transitions, Some(3));
+        assert_eq!(s.acquire_time, Some(MicroTime(t(20))));
+        assert_eq!(s.renew_time, Some(MicroTime(t(20))));
+        assert!(
+            next_lease(
+                Some(&old),
+                &LeaseAction::Wait { holder: "b".into() },
+                &cfg,
+                t(1)
+            )
+            .is_none()
+        );
+        let created = next_lease(None, &LeaseAction::Create, &cfg, t(0)).unwrap();
+        assert_eq!(created.metadata.namespace.as_deref(), Some("weft-system"));
+        assert_eq!(created.spec.unwrap().lease_duration_seconds, Some(15));
+    }
+}

@@ -1,0 +1,256 @@
+//! `weft-operator`: runs the CollectiveJob controller, or prints the CRD.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use tracing::{error, info};
+use weft_operator::controller::{self, Context};
+use weft_operator::crd::CollectiveJob;
+use weft_operator::leader::{self, LeaseConfig};
+use weft_operator::resources::OperatorConfig;
+use weft_operator::telemetry::http::{self, HttpState};
+use weft_operator::telemetry::metrics::Metrics;
+
+#[derive(Parser)]
+#[command(
+    name = "weft-operator",
+    version,
+    about = "Kubernetes operator for Weft CollectiveJobs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the CollectiveJob CRD as YAML (crds/collectivejob.yaml).
+    Crd,
+    /// Run the controller (the default).
+    Run(RunArgs),
+    /// Print the Service, Secret and Pods the operator would create for the
+    /// CollectiveJobs in a manifest (a dry run; "-" reads stdin).
+    Render {
+        /// Manifest file with one or more CollectiveJobs (other kinds are skipped).
+        file: String,
+        /// Namespace for jobs that name none.
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// Sidecar image for jobs that do not name one.
+        #[arg(
+            long,
+            env = "WEFT_SIDECAR_IMAGE",
+            default_value = "ghcr.io/weft-dev/weft:latest"
+        )]
+        sidecar_image: String,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "WEFT_OPERATOR_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// Sidecar image for jobs that do not name one.
+    #[arg(
+        long,
+        env = "WEFT_SIDECAR_IMAGE",
+        default_value = "ghcr.io/weft-dev/weft:latest"
+    )]
+    sidecar_image: String,
+    /// OTLP endpoint for jobs that do not name one.
+    #[arg(long, env = "WEFT_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+    /// Elect a leader through a Lease (required with more than one replica).
+    #[arg(long, env = "WEFT_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Namespace of the leader Lease (the operator's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "weft-system")]
+    lease_namespace: String,
+    /// Identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Watch the job Secrets (needs list/watch on Secrets; see the chart's rbac.watchSecrets).
+    #[arg(long, env = "WEFT_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
+    watch_secrets: bool,
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, env = "WEFT_LOG", default_value = "info")]
+    log_level: String,
+    /// Log as JSON lines.
+    #[arg(long, env = "WEFT_LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
+    log_json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Crd) => {
+            print!("{}", weft_operator::crd::crd_yaml());
+            Ok(())
+        }
+        Some(Command::Run(args)) => runtime()?.block_on(run(args)),
+        Some(Command::Render {
+            file,
+            namespace,
+            sidecar_image,
+        }) => render(&file, &namespace, sidecar_image),
+        None => runtime()?.block_on(run(cli.run)),
+    }
+}
+
+fn render(file: &str, namespace: &str, sidecar_image: String) -> anyhow::Result<()> {
+    use serde::Deserialize;
+    use weft_operator::resources::{desired_pod, desired_secret, desired_service, validate};
+    let text = if file == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(file)?
+    };
+    let cfg = OperatorConfig {
+        sidecar_image,
+        otlp_endpoint: None,
+    };
+    let mut docs = vec![];
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_yaml::Value::deserialize(doc)?;
+        if value.get("kind").and_then(|k| k.as_str()) != Some("CollectiveJob") {
+            continue;
+        }
+        let mut job: CollectiveJob = serde_yaml::from_value(value)?;
+        if job.metadata.namespace.is_none() {
+            job.metadata.namespace = Some(namespace.into());
+        }
+        // Owner references need a uid; the API server assigns the real one.
+        job.metadata.uid.get_or_insert_with(|| "<uid>".into());
+        if let Err(e) = validate(&job) {
+            anyhow::bail!("invalid CollectiveJob: {e}");
+        }
+        docs.push(serde_yaml::to_string(&desired_service(&job))?);
+        docs.push(serde_yaml::to_string(&desired_secret(
+            &job,
+            "<random token>",
+        ))?);
+        for i in 0..job.spec.replicas {
+            docs.push(serde_yaml::to_string(&desired_pod(&job, i, 0, &cfg))?);
+        }
+    }
+    print!("{}", docs.join("---\n"));
+    Ok(())
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+/// Resolves on SIGTERM (kubelet) or Ctrl-C.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => info!("SIGTERM received, shutting down"),
+        _ = tokio::signal::ctrl_c() => info!("interrupt received, shutting down"),
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)?;
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    if args.log_json {
+        fmt.json().init();
+    } else {
+        fmt.init();
+    }
+
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let http_state = HttpState {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+    };
+    let addr = args.http_addr;
+    tokio::spawn(async move {
+        if let Err(e) = http::serve(addr, http_state).await {
+            error!(error = %e, "HTTP server failed");
+            std::process::exit(1);
+        }
+    });
+
+    let client = Client::try_default().await?;
+    if let Err(e) = Api::<CollectiveJob>::all(client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+    {
+        anyhow::bail!(
+            "cannot list CollectiveJobs ({e}); is the CRD installed? (weft-operator crd | kubectl apply -f -)"
+        );
+    }
+
+    // One shutdown signal, observed by the election wait and the controller.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    let lease = if args.leader_elect {
+        let identity = args
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("weft-operator-{}", std::process::id()));
+        let cfg = LeaseConfig::new(&args.lease_namespace, &identity);
+        let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
+        info!(identity = %cfg.identity, "waiting for leadership");
+        tokio::select! {
+            _ = leader::acquire(&api, &cfg) => {}
+            _ = stopped() => return Ok(()),
+        }
+        metrics.leader.set(1);
+        let (api2, cfg2) = (api.clone(), cfg.clone());
+        tokio::spawn(async move {
+            leader::hold(&api2, &cfg2).await;
+            // Never keep reconciling without the lease: exit and let the
+            // kubelet restart us as a standby.
+            error!("lost leadership; exiting");
+            std::process::exit(1);
+        });
+        Some((api, cfg))
+    } else {
+        None
+    };
+
+    ready.store(true, Ordering::Relaxed);
+    let config = OperatorConfig {
+        sidecar_image: args.sidecar_image,
+        otlp_endpoint: args.otlp_endpoint,
+    };
+    let ctx = Arc::new(Context::new(client.clone(), config, metrics.clone()));
+    info!("controller starting");
+    controller::run(client, ctx, args.watch_secrets, stopped()).await;
+    info!("controller stopped");
+    if let Some((api, cfg)) = lease {
+        leader::release(&api, &cfg).await;
+        metrics.leader.set(0);
+    }
+    Ok(())
+}

@@ -1,0 +1,1121 @@
+//! The reconcile decision as a pure function: (job, its pods, now) -> a plan of
+//! writes and the new status. The controller only executes plans, so every
+//! lifecycle rule (restart, fail, suspend, deadline, TTL, cleanup) is tested
+//! here without an API server.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+
+use crate::crd::{
+    CleanPodPolicy, CollectiveJob, CollectiveJobStatus, FailureAction, FailurePolicy, JobPhase,
+    RankFailure,
+};
+use crate::resources::{bootstrap_endpoint, pod_name, validate, world_size};
+use crate::status::{PodState, PodView, classify, rank_table, set_condition};
+
+/// Grace beyond a pod's own termination grace period before an old-epoch pod
+/// is force-deleted.
+pub const FORCE_DELETE_AFTER_SECS: i64 = 60;
+
+pub const COND_READY: &str = "Ready";
+pub const COND_RESTARTING: &str = "Restarting";
+pub const COND_SUSPENDED: &str = "Suspended";
+pub const COND_SUCCEEDED: &str = "Succeeded";
+pub const COND_FAILED: &str = "Failed";
+
+/// An event to publish on the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedEvent {
+    pub warning: bool,
+    pub reason: String,
+    pub action: String,
+    pub note: String,
+}
+
+/// What one reconcile should do, in this order: ensure Service + Secret,
+/// delete pods, create pods, publish events, write status, delete the job.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    pub ensure_base: bool,
+    pub delete_pods: Vec<String>,
+    /// Pods of an old epoch stuck terminating well past their grace period
+    /// (typically on a lost node): deleted with grace period 0.
+    pub force_delete_pods: Vec<String>,
+    /// Replica indices to create, in epoch `status.restart_epoch`.
+    pub create_pods: Vec<i32>,
+    pub delete_job: bool,
+    pub status: CollectiveJobStatus,
+    pub events: Vec<PlannedEvent>,
+    pub requeue_after: Option<Duration>,
+}
+
+impl Plan {
+    fn event(&mut self, warning: bool, reason: &str, action: &str, note: impl Into<String>) {
+        self.events.push(PlannedEvent {
+            warning,
+            reason: reason.into(),
+            action: action.into(),
+            note: note.into(),
+        });
+    }
+    fn requeue_at_most(&mut self, secs: i64) {
+        let d = Duration::from_secs(secs.max(1) as u64);
+        self.requeue_after = Some(self.requeue_after.map_or(d, |r| r.min(d)));
+    }
+}
+
+/// Outcome of a rank failure under the job's failure policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Restart,
+    Fail { reason: &'static str },
+}
+
+pub fn on_rank_failure(policy: &FailurePolicy, restarts: i32, f: &RankFailure) -> Decision {
+    if let Some(code) = f.exit_code
+        && policy.permanent_exit_codes.contains(&code)
+    {
+        return Decision::Fail {
+            reason: "PermanentExitCode",
+        };
+    }
+    match policy.on_rank_failure {
+        FailureAction::FailJob => Decision::Fail {
+            reason: "RankFailed",
+        },
+        FailureAction::RestartJob if restarts >= policy.max_restarts => Decision::Fail {
+            reason: "MaxRestartsExceeded",
+        },
+        FailureAction::RestartJob => Decision::Restart,
+    }
+}
+
+/// "pod j-1 (container main, exit code 3, Error)".
+pub fn describe_failure(f: &RankFailure) -> String {
+    let mut parts = vec![];
+    if let Some(c) = &f.container {
+        parts.push(format!("container {c}"));
+    }
+    if let Some(code) = f.exit_code {
+        parts.push(format!("exit code {code}"));
+    }
+    parts.push(f.reason.clone());
+    let mut s = format!("pod {} ({})", f.pod, parts.join(", "));
+    if !f.message.is_empty() {
+        s.push_str(": ");
+        s.push_str(&f.message);
+    }
+    s
+}
+
+fn secs_until(t: Timestamp, now: Timestamp) -> i64 {
+    t.as_second() - now.as_second()
+}
+
+/// Computes the plan for `job` given all pods that carry its label and are
+/// owned by it.
+pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
+    let old = job.status.clone().unwrap_or_default();
+    let generation = job.metadata.generation;
+    let mut p = Plan {
+        status: old.clone(),
+        ..Plan::default()
+    };
+    let views: Vec<PodView> = pods.iter().map(classify).collect();
+    {
+        let st = &mut p.status;
+        st.world_size = world_size(job);
+        st.bootstrap_endpoint = Some(bootstrap_endpoint(job));
+        st.observed_generation = generation;
+    }
+
+    if old.phase.is_some_and(JobPhase::is_terminal) {
+        finish(job, &views, now, &mut p);
+        return p;
+    }
+    if let Err(msg) = validate(job) {
+        fail(&mut p, "InvalidSpec", &msg, now, generation);
+        finish(job, &views, now, &mut p);
+        return p;
+    }
+
+    if job.spec.run_policy.suspend {
+        suspend(job, &views, old.phase, now, &mut p);
+        return p;
+    }
+    if old.phase == Some(JobPhase::Suspended) {
+        set_condition(
+            &mut p.status.conditions,
+            COND_SUSPENDED,
+            false,
+            "Resumed",
+            "runPolicy.suspend was cleared",
+            now,
+            generation,
+        );
+        p.event(
+            false,
+            "Resumed",
+            "Resume",
+            "Job resumed; pods are recreated",
+        );
+    }
+
+    // Deadline: counts time since the pods of the (last resumed) run were first created.
+    if let (Some(limit), Some(start)) =
+        (job.spec.run_policy.active_deadline_seconds, &old.start_time)
+    {
+        let deadline = start.0 + SignedDuration::from_secs(limit);
+        if now >= deadline {
+            let msg = format!("job ran longer than activeDeadlineSeconds ({limit}s)");
+            fail(&mut p, "DeadlineExceeded", &msg, now, generation);
+            finish(job, &views, now, &mut p);
+            return p;
+        }
+        p.requeue_at_most(secs_until(deadline, now));
+    }
+
+    let epoch = old.restart_epoch;
+    let (mut current, stale): (Vec<&PodView>, Vec<&PodView>) =
+        views.iter().partition(|v| v.epoch == Some(epoch));
+    current.sort_by_key(|v| v.index);
+
+    // Pods of older epochs: leftovers of a restart or suspension.
+    for s in &stale {
+        if !s.terminating {
+            p.delete_pods.push(s.name.clone());
+        } else if s
+            .delete_deadline
+            .is_some_and(|d| now >= d + SignedDuration::from_secs(FORCE_DELETE_AFTER_SECS))
+        {
+            // A pod on a lost node stays Terminating until its kubelet returns,
+            // and it holds the name the new epoch's pod needs.
+            p.force_delete_pods.push(s.name.clone());
+        }
+    }
+
+    // A rank failure: a failed container, a failed pod, or a pod of this epoch
+    // deleted behind our back (the operator never deletes pods of the current
+    // epoch without moving to a new epoch or a final phase first).
+    let mut failure = current.iter().find_map(|v| {
+        if v.terminating && !matches!(v.state, PodState::Failed(_) | PodState::Succeeded) {
+            Some(RankFailure {
+                pod: v.name.clone(),
+                container: None,
+                exit_code: None,
+                reason: "PodDeleted".into(),
+                message: "pod was deleted while the job was running".into(),
+                epoch,
+            })
+        } else {
+            v.failure(epoch)
+        }
+    });
+    if failure.is_none() && old.launched_epoch == Some(epoch) {
+        failure = (0..job.spec.replicas)
+            .find(|i| !current.iter().any(|v| v.index == Some(*i)))
+            .map(|i| RankFailure {
+                pod: pod_name(job, i),
+                container: None,
+                exit_code: None,
+                reason: "PodDeleted".into(),
+                message: "pod disappeared while the job was running".into(),
+                epoch,
+            });
+    }
+
+    if let Some(f) = failure {
+        let what = describe_failure(&f);
+        p.event(
+            true,
+            "RankFailed",
+            "DetectFailure",
+            format!("Rank failure in {what}"),
+        );
+        p.status.last_failure = Some(f.clone());
+        match on_rank_failure(&job.spec.failure_policy, old.restarts, &f) {
+            Decision::Restart => {
+                for v in &current {
+                    if !v.terminating {
+                        p.delete_pods.push(v.name.clone());
+                    }
+                }
+                let st = &mut p.status;
+                st.restarts += 1;
+                st.restart_epoch += 1;
+                st.phase = Some(JobPhase::Restarting);
+                st.ready_replicas = 0;
+                st.ready = Some(format!("0/{}", job.spec.replicas));
+                let msg = format!(
+                    "restart {}/{} after rank failure in {what}; new epoch {}",
+                    st.restarts, job.spec.failure_policy.max_restarts, st.restart_epoch
+                );
+                set_condition(
+                    &mut st.conditions,
+                    COND_RESTARTING,
+                    true,
+                    "RankFailed",
+                    &msg,
+                    now,
+                    generation,
+                );
+                set_condition(
+                    &mut st.conditions,
+                    COND_READY,
+                    false,
+                    "Restarting",
+                    &msg,
+                    now,
+                    generation,
+                );
+                p.event(false, "Restarting", "RestartJob", msg);
+            }
+            Decision::Fail { reason } => {
+                let msg = match reason {
+                    "MaxRestartsExceeded" => format!(
+                        "rank failure in {what} after {} restarts (maxRestarts {})",
+                        old.restarts, job.spec.failure_policy.max_restarts
+                    ),
+                    "PermanentExitCode" => {
+                        format!("rank failure in {what}: exit code is permanent")
+                    }
+                    _ => format!("rank failure in {what} (onRankFailure: FailJob)"),
+                };
+                fail(&mut p, reason, &msg, now, generation);
+                p.status.ranks = rank_table(job, &owned(&current));
+                finish(job, &views, now, &mut p);
+            }
+        }
+        return p;
+    }
+
+    // Create missing pods of this epoch, once no older pod holds their names.
+    let missing: Vec<i32> = (0..job.spec.replicas)
+        .filter(|i| !current.iter().any(|v| v.index == Some(*i)))
+        .collect();
+    p.ensure_base = true;
+    if !missing.is_empty() {
+        let blocked = missing
+            .iter()
+            .any(|i| stale.iter().any(|s| s.name == pod_name(job, *i)));
+        if blocked {
+            // The deletion of the old pods will trigger the next reconcile;
+            // the requeue is a safety net.
+            p.requeue_at_most(5);
+        } else {
+            p.create_pods = missing.clone();
+            p.status.launched_epoch = Some(epoch);
+            if p.status.start_time.is_none() {
+                p.status.start_time = Some(Time(now));
+                if let Some(limit) = job.spec.run_policy.active_deadline_seconds {
+                    p.requeue_at_most(limit);
+                }
+            }
+            p.event(
+                false,
+                "PodsCreated",
+                "CreatePods",
+                format!(
+                    "Created {} pod(s) for epoch {epoch} (world size {}, bootstrap {})",
+                    missing.len(),
+                    world_size(job),
+                    bootstrap_endpoint(job)
+                ),
+            );
+            // Allowed (e.g. several ranks sharing a GPU), but usually a typo.
+            let gpus = pod_gpus(job);
+            if gpus > 0 && gpus != job.spec.ranks_per_replica as i64 {
+                p.event(
+                    true,
+                    "GPUCountMismatch",
+                    "CreatePods",
+                    format!(
+                        "each pod requests {gpus} nvidia.com/gpu but runs ranksPerReplica={} ranks",
+                        job.spec.ranks_per_replica
+                    ),
+                );
+            }
+        }
+    }
+
+    let cur = owned(&current);
+    let st = &mut p.status;
+    st.ranks = rank_table(job, &cur);
+    for row in st.ranks.iter_mut() {
+        if p.create_pods.iter().any(|i| pod_name(job, *i) == row.pod) {
+            row.phase = "Creating".into();
+        }
+    }
+    st.ready_replicas = cur.iter().filter(|v| v.ready()).count() as i32;
+    st.ready = Some(format!("{}/{}", st.ready_replicas, job.spec.replicas));
+    let complete = missing.is_empty() && cur.len() == job.spec.replicas as usize;
+
+    if complete && cur.iter().all(|v| v.state == PodState::Succeeded) {
+        st.phase = Some(JobPhase::Succeeded);
+        st.completion_time = Some(Time(now));
+        let msg = format!(
+            "all {} pods' workload containers exited 0",
+            job.spec.replicas
+        );
+        set_condition(
+            &mut st.conditions,
+            COND_SUCCEEDED,
+            true,
+            "AllRanksSucceeded",
+            &msg,
+            now,
+            generation,
+        );
+        set_condition(
+            &mut st.conditions,
+            COND_READY,
+            false,
+            "Finished",
+            "job finished",
+            now,
+            generation,
+        );
+        clear_restarting(st, now, generation);
+        p.event(
+            false,
+            "Succeeded",
+            "Complete",
+            format!("Job succeeded: {msg}"),
+        );
+        finish(job, &views, now, &mut p);
+        return p;
+    }
+
+    let running = complete
+        && cur
+            .iter()
+            .all(|v| matches!(v.state, PodState::Running { .. } | PodState::Succeeded));
+    let new_phase = if running {
+        JobPhase::Running
+    } else if old.phase == Some(JobPhase::Restarting) {
+        JobPhase::Restarting
+    } else {
+        JobPhase::Pending
+    };
+    st.phase = Some(new_phase);
+    let all_ready = st.ready_replicas == job.spec.replicas;
+    let (reason, msg) = if all_ready {
+        (
+            "AllPodsReady",
+            format!("all {} pods are ready", job.spec.replicas),
+        )
+    } else {
+        let mut msg = format!("{} of {} pods ready", st.ready_replicas, job.spec.replicas);
+        // Surface the first thing the kubelet is stuck on (bad image, missing
+        // ConfigMap, ...), so `kubectl describe cj` says why it is not running.
+        if let Some((pod, why)) = cur
+            .iter()
+            .find_map(|v| Some((&v.name, v.waiting.as_ref()?)))
+        {
+            msg.push_str(&format!("; pod {pod}: {why}"));
+        }
+        ("PodsNotReady", msg)
+    };
+    set_condition(
+        &mut st.conditions,
+        COND_READY,
+        all_ready,
+        reason,
+        msg,
+        now,
+        generation,
+    );
+    if new_phase == JobPhase::Running {
+        clear_restarting(st, now, generation);
+    }
+    if old.phase != Some(new_phase) && new_phase == JobPhase::Running {
+        p.event(
+            false,
+            "Running",
+            "Run",
+            format!(
+                "All {} pods running (world size {}, epoch {epoch})",
+                job.spec.replicas,
+                world_size(job)
+            ),
+        );
+    }
+    p
+}
+
+/// GPUs requested by one pod of the job (sum over its workload containers).
+fn pod_gpus(job: &CollectiveJob) -> i64 {
+    job.spec
+        .template
+        .spec
+        .as_ref()
+        .map(|s| {
+            s.containers
+                .iter()
+                .map(crate::resources::container_gpus)
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn owned(v: &[&PodView]) -> Vec<PodView> {
+    v.iter().map(|p| (*p).clone()).collect()
+}
+
+fn clear_restarting(st: &mut CollectiveJobStatus, now: Timestamp, generation: Option<i64>) {
+    if crate::status::condition(&st.conditions, COND_RESTARTING).is_some_and(|c| c.status == "True")
+    {
+        set_condition(
+            &mut st.conditions,
+            COND_RESTARTING,
+            false,
+            "Recovered",
+            "all pods of the new epoch are running",
+            now,
+            generation,
+        );
+    }
+}
+
+/// The API server refused a Pod built from the template (the CRD checks only
+/// the template's outline): the job fails with the server's message instead
+/// of retrying a request that cannot succeed.
+pub fn pod_refused(job: &CollectiveJob, p: &mut Plan, api_message: &str, now: Timestamp) {
+    p.create_pods.clear();
+    p.events.retain(|e| e.action != "CreatePods");
+    p.status.launched_epoch = None;
+    let msg = format!("the API server refused the job's Pod: {api_message}");
+    fail(p, "InvalidSpec", &msg, now, job.metadata.generation);
+}
+
+fn fail(p: &mut Plan, reason: &str, msg: &str, now: Timestamp, generation: Option<i64>) {
+    let st = &mut p.status;
+    st.phase = Some(JobPhase::Failed);
+    st.completion_time = Some(Time(now));
+    set_condition(
+        &mut st.conditions,
+        COND_FAILED,
+        true,
+        reason,
+        msg,
+        now,
+        generation,
+    );
+    set_condition(
+        &mut st.conditions,
+        COND_READY,
+        false,
+        "Finished",
+        "job finished",
+        now,
+        generation,
+    );
+    clear_restarting(st, now, generation);
+    st.ready_replicas = 0;
+    p.event(true, reason, "Fail", format!("Job failed: {msg}"));
+}
+
+fn suspend(
+    job: &CollectiveJob,
+    views: &[PodView],
+    old_phase: Option<JobPhase>,
+    now: Timestamp,
+    p: &mut Plan,
+) {
+    let generation = job.metadata.generation;
+    let st = &mut p.status;
+    for v in views {
+        if !v.terminating {
+            p.delete_pods.push(v.name.clone());
+        }
+    }
+    if old_phase != Some(JobPhase::Suspended) {
+        // Resumed pods are a new incarnation: give them a new epoch so no
+        // straggler of the old set can join their rendezvous.
+        if st.launched_epoch.is_some() || !views.is_empty() {
+            st.restart_epoch += 1;
+        }
+        st.launched_epoch = None;
+        // As for batch Jobs, the deadline clock restarts on resume.
+        st.start_time = None;
+        p.events.push(PlannedEvent {
+            warning: false,
+            reason: "Suspended".into(),
+            action: "Suspend".into(),
+            note: format!("Job suspended; deleting {} pod(s)", p.delete_pods.len()),
+        });
+    }
+    st.phase = Some(JobPhase::Suspended);
+    st.ready_replicas = 0;
+    st.ready = Some(format!("0/{}", job.spec.replicas));
+    st.ranks = rank_table(job, &[]);
+    set_condition(
+        &mut st.conditions,
+        COND_SUSPENDED,
+        true,
+        "Suspended",
+        "runPolicy.suspend is set",
+        now,
+        generation,
+    );
+    set_condition(
+        &mut st.conditions,
+        COND_READY,
+        false,
+        "Suspended",
+        "job is suspended",
+        now,
+        generation,
+    );
+}
+
+/// Terminal phase: clean pods per `cleanPodPolicy`, honour the TTL.
+fn finish(job: &CollectiveJob, views: &[PodView], now: Timestamp, p: &mut Plan) {
+    let rp = &job.spec.run_policy;
+    for v in views {
+        if v.terminating || p.delete_pods.contains(&v.name) {
+            continue;
+        }
+        let delete = match rp.clean_pod_policy {
+            CleanPodPolicy::All => true,
+            CleanPodPolicy::Running => {
+                matches!(v.state, PodState::Pending | PodState::Running { .. })
+            }
+            CleanPodPolicy::None => false,
+        };
+        if delete {
+            p.delete_pods.push(v.name.clone());
+        }
+    }
+    if let (Some(ttl), Some(done)) = (rp.ttl_seconds_after_finished, &p.status.completion_time) {
+        let expiry = done.0 + SignedDuration::from_secs(ttl as i64);
+        if now >= expiry {
+            p.delete_job = true;
+            p.event(
+                false,
+                "TTLExpired",
+                "Delete",
+                format!("Deleting job {ttl}s after it finished (ttlSecondsAfterFinished)"),
+            );
+        } else {
+            p.requeue_at_most(secs_until(expiry, now));
+        }
+    }
+    let _ = job.name_any();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{OperatorConfig, desired_pod, tests::job};
+    use crate::status::tests::{cs_exited, cs_running, with_status};
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    /// Applies a plan the way the API server would (pods created/deleted at
+    /// once, status stored), returning the job and its pods.
+    fn apply(mut j: CollectiveJob, mut pods: Vec<Pod>, p: &Plan) -> (CollectiveJob, Vec<Pod>) {
+        pods.retain(|x| !p.delete_pods.contains(&x.name_any()));
+        for i in &p.create_pods {
+            pods.push(desired_pod(
+                &j,
+                *i,
+                p.status.restart_epoch,
+                &OperatorConfig::default(),
+            ));
+        }
+        j.status = Some(p.status.clone());
+        (j, pods)
+    }
+
+    fn set_all(pods: Vec<Pod>, phase: &str, ready: bool, code: Option<i32>) -> Vec<Pod> {
+        pods.into_iter()
+            .map(|p| {
+                let cs = match code {
+                    Some(c) => cs_exited("main", c),
+                    None => cs_running("main"),
+                };
+                with_status(p, phase, ready, vec![cs])
+            })
+            .collect()
+    }
+
+    fn phase(p: &Plan) -> JobPhase {
+        p.status.phase.unwrap()
+    }
+
+    fn reasons(p: &Plan) -> Vec<&str> {
+        p.events.iter().map(|e| e.reason.as_str()).collect()
+    }
+
+    #[test]
+    fn fresh_job_creates_all_pods_and_base() {
+        let j = job("a", 3, 2);
+        let p = plan(&j, &[], t(0));
+        assert!(p.ensure_base);
+        assert_eq!(p.create_pods, [0, 1, 2]);
+        assert_eq!(phase(&p), JobPhase::Pending);
+        assert_eq!(p.status.launched_epoch, Some(0));
+        assert_eq!(p.status.world_size, 6);
+        assert_eq!(
+            p.status.bootstrap_endpoint.as_deref(),
+            Some("a-0.a.ml.svc:29400")
+        );
+        assert_eq!(p.status.start_time, Some(Time(t(0))));
+        assert_eq!(p.status.observed_generation, Some(1));
+        assert_eq!(p.status.ranks.len(), 3);
+        assert!(p.status.ranks.iter().all(|r| r.phase == "Creating"));
+        assert_eq!(reasons(&p), ["PodsCreated"]);
+    }
+
+    #[test]
+    fn gpu_count_mismatch_is_a_warning_event() {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let with_gpus = |rpr: i32, gpus: &str| {
+            let mut j = job("g", 1, rpr);
+            j.spec.template.spec.as_mut().unwrap().containers[0].resources =
+                Some(ResourceRequirements {
+                    limits: Some([("nvidia.com/gpu".to_string(), Quantity(gpus.into()))].into()),
+                    ..ResourceRequirements::default()
+                });
+            j
+        };
+        let p = plan(&with_gpus(8, "8"), &[], t(0));
+        assert_eq!(reasons(&p), ["PodsCreated"]);
+        let p = plan(&with_gpus(8, "4"), &[], t(0));
+        assert_eq!(reasons(&p), ["PodsCreated", "GPUCountMismatch"]);
+        assert!(p.events[1].warning);
+        assert_eq!(p.create_pods, [0], "a warning, not a refusal");
+    }
+
+    #[test]
+    fn steady_state_is_idempotent() {
+        let j = job("a", 2, 1);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let pods = set_all(pods, "Running", true, None);
+        let p1 = plan(&j, &pods, t(1));
+        assert_eq!(phase(&p1), JobPhase::Running);
+        assert_eq!(p1.status.ready.as_deref(), Some("2/2"));
+        assert_eq!(reasons(&p1), ["Running"]);
+        let (j, pods) = apply(j, pods, &p1);
+        let p2 = plan(&j, &pods, t(2));
+        assert!(p2.create_pods.is_empty() && p2.delete_pods.is_empty());
+        assert!(p2.events.is_empty());
+        assert_eq!(
+            Some(&p2.status),
+            j.status.as_ref(),
+            "no status change, no write"
+        );
+    }
+
+    #[test]
+    fn success_when_every_workload_exits_zero() {
+        let j = job("a", 2, 1);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let mut pods = set_all(pods, "Running", true, None);
+        pods[0] = with_status(
+            pods[0].clone(),
+            "Succeeded",
+            false,
+            vec![cs_exited("main", 0)],
+        );
+        let p = plan(&j, &pods, t(5));
+        assert_eq!(phase(&p), JobPhase::Running);
+        let pods = set_all(pods, "Succeeded", false, Some(0));
+        let p = plan(&j, &pods, t(9));
+        assert_eq!(phase(&p), JobPhase::Succeeded);
+        assert_eq!(p.status.completion_time, Some(Time(t(9))));
+        assert!(reasons(&p).contains(&"Succeeded"));
+        // cleanPodPolicy Running: finished pods are kept
+        assert!(p.delete_pods.is_empty());
+    }
+
+    #[test]
+    fn failure_restarts_with_new_epoch_then_recreates() {
+        let j = job("a", 2, 4);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let mut pods = set_all(pods, "Running", true, None);
+        pods[1] = with_status(
+            pods[1].clone(),
+            "Failed",
+            false,
+            vec![cs_exited("main", 137)],
+        );
+        let p = plan(&j, &pods, t(3));
+        assert_eq!(phase(&p), JobPhase::Restarting);
+        assert_eq!(p.status.restarts, 1);
+        assert_eq!(p.status.restart_epoch, 1);
+        assert_eq!(p.delete_pods, ["a-0", "a-1"]);
+        assert!(
+            p.create_pods.is_empty(),
+            "names still taken by the old pods"
+        );
+        let f = p.status.last_failure.as_ref().unwrap();
+        assert_eq!(
+            (f.pod.as_str(), f.container.as_deref(), f.exit_code),
+            ("a-1", Some("main"), Some(137))
+        );
+        assert_eq!(reasons(&p), ["RankFailed", "Restarting"]);
+        // old pods gone: new epoch created
+        let (j, pods) = apply(j, pods, &p);
+        assert!(pods.is_empty());
+        let p = plan(&j, &pods, t(4));
+        assert_eq!(p.create_pods, [0, 1]);
+        assert_eq!(phase(&p), JobPhase::Restarting);
+        assert_eq!(p.status.launched_epoch, Some(1));
+        let (j, pods) = apply(j, pods, &p);
+        let env = &pods[0].spec.as_ref().unwrap().containers[0]
+            .env
+            .as_ref()
+            .unwrap();
+        assert!(
+            env.iter()
+                .any(|e| e.name == "WEFT_RESTART_EPOCH" && e.value.as_deref() == Some("1"))
+        );
+        let pods = set_all(pods, "Running", true, None);
+        let p = plan(&j, &pods, t(5));
+        assert_eq!(phase(&p), JobPhase::Running);
+        let c = crate::status::condition(&p.status.conditions, COND_RESTARTING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "Recovered")
+        );
+    }
+
+    #[test]
+    fn stale_terminating_pods_block_recreation() {
+        let j = job("a", 2, 1);
+        let p = plan(&j, &[], t(0));
+        let (mut j, pods) = apply(j, vec![], &p);
+        // restart decided: epoch 1, old pods still terminating
+        let mut st = j.status.clone().unwrap();
+        st.restart_epoch = 1;
+        st.phase = Some(JobPhase::Restarting);
+        j.status = Some(st);
+        let pods: Vec<Pod> = pods
+            .into_iter()
+            .map(|mut p| {
+                p.metadata.deletion_timestamp = Some(Time(t(1)));
+                p
+            })
+            .collect();
+        let p = plan(&j, &pods, t(2));
+        assert!(p.create_pods.is_empty());
+        assert!(p.delete_pods.is_empty(), "already terminating");
+        assert_eq!(phase(&p), JobPhase::Restarting);
+        assert!(p.requeue_after.is_some());
+    }
+
+    #[test]
+    fn old_pods_stuck_terminating_are_force_deleted() {
+        let j = job("a", 1, 1);
+        let p = plan(&j, &[], t(0));
+        let (mut j, pods) = apply(j, vec![], &p);
+        let mut st = j.status.clone().unwrap();
+        st.restart_epoch = 1;
+        st.phase = Some(JobPhase::Restarting);
+        j.status = Some(st);
+        let mut pod = pods[0].clone();
+        pod.metadata.deletion_timestamp = Some(Time(t(30)));
+        let p = plan(&j, std::slice::from_ref(&pod), t(60));
+        assert!(p.force_delete_pods.is_empty(), "still within grace");
+        let p = plan(
+            &j,
+            std::slice::from_ref(&pod),
+            t(30 + FORCE_DELETE_AFTER_SECS),
+        );
+        assert_eq!(p.force_delete_pods, ["a-0"]);
+        assert!(p.create_pods.is_empty());
+    }
+
+    #[test]
+    fn max_restarts_then_failed_naming_pod_container_code() {
+        let mut j = job("a", 2, 1);
+        j.spec.failure_policy.max_restarts = 1;
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let mut pods = set_all(pods, "Running", true, None);
+        pods[0] = with_status(
+            pods[0].clone(),
+            "Running",
+            false,
+            vec![cs_exited("main", 2)],
+        );
+        let p = plan(&j, &pods, t(1));
+        assert_eq!(phase(&p), JobPhase::Restarting);
+        let (j, pods) = apply(j, pods, &p);
+        let p = plan(&j, &pods, t(2));
+        let (j, pods) = apply(j, pods, &p);
+        let mut pods = set_all(pods, "Running", true, None);
+        pods[1] = with_status(pods[1].clone(), "Failed", false, vec![cs_exited("main", 9)]);
+        let p = plan(&j, &pods, t(3));
+        assert_eq!(phase(&p), JobPhase::Failed);
+        assert_eq!(p.status.restarts, 1);
+        let c = crate::status::condition(&p.status.conditions, COND_FAILED).unwrap();
+        assert_eq!(c.reason, "MaxRestartsExceeded");
+        assert!(
+            c.message.contains("pod a-1")
+                && c.message.contains("container main")
+                && c.message.contains("exit code 9"),
+            "{}",
+            c.message
+        );
+        // cleanPodPolicy Running: the surviving running pod is deleted, the failed one kept
+        assert_eq!(p.delete_pods, ["a-0"]);
+        assert_eq!(p.status.completion_time, Some(Time(t(3))));
+        // terminal is sticky
+        let (j, pods) = apply(j, pods, &p);
+        let p = plan(&j, &pods, t(4));
+        assert_eq!(phase(&p), JobPhase::Failed);
+        assert!(p.create_pods.is_empty() && p.events.is_empty());
+    }
+
+    #[test]
+    fn restart_decisions() {
+        let f = |code| RankFailure {
+            pod: "p".into(),
+            container: Some("c".into()),
+            exit_code: code,
+            reason: "Error".into(),
+            message: String::new(),
+            epoch: 0,
+        };
+        let mut pol = FailurePolicy::default();
+        assert_eq!(on_rank_failure(&pol, 0, &f(Some(1))), Decision::Restart);
+        assert_eq!(on_rank_failure(&pol, 2, &f(None)), Decision::Restart);
+        assert_eq!(
+            on_rank_failure(&pol, 3, &f(Some(1))),
+            Decision::Fail {
+                reason: "MaxRestartsExceeded"
+            }
+        );
+        pol.permanent_exit_codes = vec![42];
+        assert_eq!(
+            on_rank_failure(&pol, 0, &f(Some(42))),
+            Decision::Fail {
+                reason: "PermanentExitCode"
+            }
+        );
+        assert_eq!(on_rank_failure(&pol, 0, &f(Some(41))), Decision::Restart);
+        pol.on_rank_failure = FailureAction::FailJob;
+        assert_eq!(
+            on_rank_failure(&pol, 0, &f(Some(1))),
+            Decision::Fail {
+                reason: "RankFailed"
+            }
+        );
+        pol = FailurePolicy {
+            max_restarts: 0,
+            ..FailurePolicy::default()
+        };
+        assert_eq!(
+            on_rank_failure(&pol, 0, &f(Some(1))),
+            Decision::Fail {
+                reason: "MaxRestartsExceeded"
+            }
+        );
+    }
+
+    #[test]
+    fn permanent_exit_code_fails_without_restart() {
+        let mut j = job("a", 1, 1);
+        j.spec.failure_policy.permanent_exit_codes = vec![64];
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let pods = set_all(pods, "Failed", false, Some(64));
+        let p = plan(&j, &pods, t(1));
+        assert_eq!(phase(&p), JobPhase::Failed);
+        assert_eq!(p.status.restarts, 0);
+        assert!(reasons(&p).contains(&"PermanentExitCode"));
+    }
+
+    #[test]
+    fn pod_deleted_by_hand_is_a_failure_not_silently_recreated() {
+        let j = job("a", 3, 1);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let mut pods = set_all(pods, "Running", true, None);
+        pods.remove(1);
+        let p = plan(&j, &pods, t(1));
+        assert!(p.create_pods.is_empty());
+        assert_eq!(phase(&p), JobPhase::Restarting);
+        let f = p.status.last_failure.unwrap();
+        assert_eq!((f.pod.as_str(), f.reason.as_str()), ("a-1", "PodDeleted"));
+        // also while it is still terminating
+        let (j, _) = apply(job("a", 1, 1), vec![], &plan(&job("a", 1, 1), &[], t(0)));
+        let mut pod = desired_pod(&j, 0, 0, &OperatorConfig::default());
+        pod = with_status(pod, "Running", true, vec![cs_running("main")]);
+        pod.metadata.deletion_timestamp = Some(Time(t(1)));
+        let p = plan(&j, &[pod], t(1));
+        assert_eq!(p.status.last_failure.unwrap().reason, "PodDeleted");
+    }
+
+    #[test]
+    fn partially_created_epoch_is_completed_not_failed() {
+        // controller crashed after creating pod 0 of 2, before writing status
+        let j = job("a", 2, 1);
+        let pod0 = desired_pod(&j, 0, 0, &OperatorConfig::default());
+        let p = plan(&j, &[pod0], t(0));
+        assert_eq!(p.create_pods, [1]);
+        assert!(p.status.last_failure.is_none());
+    }
+
+    #[test]
+    fn suspend_and_resume() {
+        let j = job("a", 2, 1);
+        let p = plan(&j, &[], t(0));
+        let (mut j, pods) = apply(j, vec![], &p);
+        let pods = set_all(pods, "Running", true, None);
+        j.spec.run_policy.suspend = true;
+        let p = plan(&j, &pods, t(1));
+        assert_eq!(phase(&p), JobPhase::Suspended);
+        assert_eq!(p.delete_pods, ["a-0", "a-1"]);
+        assert_eq!(p.status.restart_epoch, 1);
+        assert_eq!(p.status.restarts, 0, "a suspension is not a restart");
+        assert_eq!(p.status.launched_epoch, None);
+        assert_eq!(p.status.start_time, None);
+        assert_eq!(reasons(&p), ["Suspended"]);
+        let (mut j, pods) = apply(j, pods, &p);
+        let p = plan(&j, &pods, t(2));
+        assert!(p.events.is_empty() && p.delete_pods.is_empty());
+        j.spec.run_policy.suspend = false;
+        let p = plan(&j, &pods, t(3));
+        assert_eq!(p.create_pods, [0, 1]);
+        assert_eq!(phase(&p), JobPhase::Pending);
+        assert_eq!(reasons(&p), ["Resumed", "PodsCreated"]);
+        let c = crate::status::condition(&p.status.conditions, COND_SUSPENDED).unwrap();
+        assert_eq!(c.status, "False");
+        let (_, pods) = apply(j, pods, &p);
+        assert_eq!(
+            pods[0].metadata.labels.as_ref().unwrap()["weft.dev/restart-epoch"],
+            "1"
+        );
+    }
+
+    #[test]
+    fn suspended_at_creation_creates_nothing() {
+        let mut j = job("a", 2, 1);
+        j.spec.run_policy.suspend = true;
+        let p = plan(&j, &[], t(0));
+        assert_eq!(phase(&p), JobPhase::Suspended);
+        assert!(p.create_pods.is_empty());
+        assert_eq!(p.status.restart_epoch, 0);
+    }
+
+    #[test]
+    fn active_deadline() {
+        let mut j = job("a", 1, 1);
+        j.spec.run_policy.active_deadline_seconds = Some(60);
+        let p = plan(&j, &[], t(0));
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(60)));
+        let (j, pods) = apply(j, vec![], &p);
+        let pods = set_all(pods, "Running", true, None);
+        let p = plan(&j, &pods, t(30));
+        assert_eq!(phase(&p), JobPhase::Running);
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(30)));
+        let p = plan(&j, &pods, t(60));
+        assert_eq!(phase(&p), JobPhase::Failed);
+        assert!(reasons(&p).contains(&"DeadlineExceeded"));
+        assert_eq!(p.delete_pods, ["a-0"]);
+    }
+
+    #[test]
+    fn ttl_after_finished_deletes_job() {
+        let mut j = job("a", 1, 1);
+        j.spec.run_policy.ttl_seconds_after_finished = Some(100);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let pods = set_all(pods, "Succeeded", false, Some(0));
+        let p = plan(&j, &pods, t(10));
+        assert_eq!(phase(&p), JobPhase::Succeeded);
+        assert_eq!(p.requeue_after, Some(Duration::from_secs(100)));
+        assert!(!p.delete_job);
+        let (j, pods) = apply(j, pods, &p);
+        assert!(!plan(&j, &pods, t(109)).delete_job);
+        let p = plan(&j, &pods, t(110));
+        assert!(p.delete_job);
+        assert_eq!(reasons(&p), ["TTLExpired"]);
+    }
+
+    #[test]
+    fn clean_pod_policies() {
+        for (policy, want) in [
+            (CleanPodPolicy::None, vec![]),
+            (CleanPodPolicy::Running, vec!["a-0"]),
+            (CleanPodPolicy::All, vec!["a-0", "a-1"]),
+        ] {
+            let mut j = job("a", 2, 1);
+            j.spec.failure_policy.on_rank_failure = FailureAction::FailJob;
+            j.spec.run_policy.clean_pod_policy = policy;
+            let p = plan(&j, &[], t(0));
+            let (j, pods) = apply(j, vec![], &p);
+            let mut pods = set_all(pods, "Running", true, None);
+            pods[1] = with_status(pods[1].clone(), "Failed", false, vec![cs_exited("main", 1)]);
+            let p = plan(&j, &pods, t(1));
+            assert_eq!(phase(&p), JobPhase::Failed, "{policy:?}");
+            assert_eq!(p.delete_pods, want, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn invalid_spec_fails_with_reason() {
+        let mut j = job("a", 1, 1);
+        j.spec.template.spec.as_mut().unwrap().restart_policy = Some("Always".into());
+        let p = plan(&j, &[], t(0));
+        assert_eq!(phase(&p), JobPhase::Failed);
+        assert!(p.create_pods.is_empty());
+        assert_eq!(reasons(&p), ["InvalidSpec"]);
+    }
+
+    #[test]
+    fn ready_condition_names_what_the_kubelet_is_stuck_on() {
+        use k8s_openapi::api::core::v1::{ContainerState, ContainerStateWaiting, ContainerStatus};
+        let j = job("a", 1, 1);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let stuck = ContainerStatus {
+            name: "main".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ErrImagePull".into()),
+                    message: None,
+                }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        };
+        let pods = vec![with_status(pods[0].clone(), "Pending", false, vec![stuck])];
+        let p = plan(&j, &pods, t(1));
+        let c = crate::status::condition(&p.status.conditions, COND_READY).unwrap();
+        assert_eq!(
+            c.message,
+            "0 of 1 pods ready; pod a-0: container main: ErrImagePull"
+        );
+    }
+
+    #[test]
+    fn pending_until_all_running() {
+        let j = job("a", 2, 1);
+        let p = plan(&j, &[], t(0));
+        let (j, pods) = apply(j, vec![], &p);
+        let mut pods = set_all(pods, "Running", false, None);
+        pods[1].status.as_mut().unwrap().phase = Some("Pending".into());
+        let p = plan(&j, &pods, t(1));
+        assert_eq!(phase(&p), JobPhase::Pending);
+        assert_eq!(p.status.ready.as_deref(), Some("0/2"));
+        assert_eq!(p.status.ranks[0].phase, "Running");
+        assert_eq!(p.status.ranks[1].phase, "Pending");
+        let c = crate::status::condition(&p.status.conditions, COND_READY).unwrap();
+        assert_eq!(c.message, "0 of 2 pods ready");
+    }
+}
