@@ -132,6 +132,16 @@ pub fn use_device(dev: i32) -> CudaResult<sys::CUcontext> {
     Ok(ctx)
 }
 
+/// The device of the context current on this thread (None without a driver
+/// loaded in the process or without a current context).
+pub fn current_device() -> Option<i32> {
+    if !driver_loaded() || driver().is_err() {
+        return None;
+    }
+    let mut d: sys::CUdevice = 0;
+    unsafe { (sys::cuCtxGetDevice(&mut d) == sys::CUresult::CUDA_SUCCESS).then_some(d) }
+}
+
 /// Compute capability (major, minor) of device `dev`.
 pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
     driver()?;
@@ -420,4 +430,4 @@ impl Staging {
 }
 
 mod devcomm;
-pub use devcomm::{DESCRIPTOR_BYTES, DevComm, MAX_RANKS, Plan};
+pub use devcomm::{DESCRIPTOR_BYTES, DevComm, MAX_RANKS, Plan, compile_single};
