@@ -200,7 +200,17 @@ __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bo
         u64 nv = bytes / 16;
         const uint4* s = (const uint4*)src;
         uint4* d = (uint4*)dst;
-        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) d[i] = cv ? ld_cv4(s + i) : s[i];
+        // Four independent 16-byte loads in flight per thread before the stores.
+        const u64 B = blockDim.x;
+        u64 i = threadIdx.x;
+        for (; i + 3 * B < nv; i += 4 * B) {
+            uint4 t[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) t[u] = cv ? ld_cv4(s + i + u * B) : s[i + u * B];
+#pragma unroll
+            for (int u = 0; u < 4; u++) d[i + u * B] = t[u];
+        }
+        for (; i < nv; i += B) d[i] = cv ? ld_cv4(s + i) : s[i];
         for (u64 i = nv * 16 + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = cv ? ld_cv(src + i) : src[i];
     } else {
         for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = cv ? ld_cv(src + i) : src[i];
@@ -217,16 +227,21 @@ __device__ __forceinline__ void reduce_range(const Args& a, u64 off_bytes, T* ou
     u64 vlo = lo, vhi = aligned ? lo + (hi - lo) / V * V : lo;
     // Vector part: each thread handles whole 16-byte groups from every rank.
     for (u64 i = vlo + threadIdx.x * V; i < vhi; i += (u64)blockDim.x * V) {
+        // Every rank's vector in flight at once, then the reduction.
+        uint4 v[WEFT_MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < WEFT_MAX_RANKS; r++)
+            if (r < n) v[r] = ld_cv4((const uint4*)((const u8*)a.scratch[r] + off_bytes) + i / V);
         A acc[16 / sizeof(T)];
         {
-            uint4 v = ld_cv4((const uint4*)((const u8*)a.scratch[0] + off_bytes) + i / V);
-            const T* t = (const T*)&v;
+            const T* t = (const T*)&v[0];
 #pragma unroll
             for (int k = 0; k < (int)(16 / sizeof(T)); k++) acc[k] = load<T>(t[k]);
         }
-        for (int r = 1; r < n; r++) {
-            uint4 v = ld_cv4((const uint4*)((const u8*)a.scratch[r] + off_bytes) + i / V);
-            const T* t = (const T*)&v;
+#pragma unroll
+        for (int r = 1; r < WEFT_MAX_RANKS; r++) {
+            if (r >= n) break;
+            const T* t = (const T*)&v[r];
 #pragma unroll
             for (int k = 0; k < (int)(16 / sizeof(T)); k++) acc[k] = Op::f(acc[k], load<T>(t[k]));
         }

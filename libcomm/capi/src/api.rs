@@ -602,6 +602,8 @@ nccl_api! {
 
 static ALLOCS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 const PAGE: usize = 4096;
+/// Marks a device allocation in `ALLOCS` (sizes are far below 2^62).
+const DEVICE_ALLOC: usize = 1 << 62;
 
 nccl_api! {
     /// Host mode: page-aligned host memory (size rounded up to a page).
@@ -615,6 +617,14 @@ nccl_api! {
             .map(|s| s / PAGE * PAGE)
             .filter(|s| *s <= isize::MAX as usize)
             .ok_or_else(|| Fail::arg(format!("size {size} overflows the address space")))?;
+        // With CUDA in use (a context current on this thread), NCCL's
+        // ncclMemAlloc returns device memory: so does this one.
+        if let Some(r) = libcomm::cuda::alloc_current(rounded) {
+            let p = r.map_err(|e| Fail::new(crate::errors::UNHANDLED_CUDA_ERROR, format!("ncclMemAlloc({size} bytes): {e}")))?;
+            ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(p as usize, rounded | DEVICE_ALLOC);
+            *ptr = p as usize as *mut c_void;
+            return Ok(SUCCESS);
+        }
         let mut p: *mut c_void = std::ptr::null_mut();
         let r = libc::posix_memalign(&mut p, PAGE, rounded);
         if r != 0 || p.is_null() {
@@ -632,8 +642,12 @@ nccl_api! {
     fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
         non_null(ptr, "ptr")?;
         let known = ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).remove(&(ptr as usize));
-        if known.is_none() {
+        let Some(size) = known else {
             return Err(Fail::arg(format!("{ptr:p} was not allocated by ncclMemAlloc (or was already freed)")));
+        };
+        if size & DEVICE_ALLOC != 0 {
+            libcomm::cuda::free(ptr as u64).map_err(|e| Fail::new(crate::errors::UNHANDLED_CUDA_ERROR, format!("ncclMemFree: {e}")))?;
+            return Ok(SUCCESS);
         }
         libc::free(ptr);
         Ok(SUCCESS)

@@ -362,7 +362,7 @@ impl DevComm {
 
     /// How `op` runs on the kernel path, or None (staging).
     pub fn plan(&self, op: &GroupOp) -> Option<Plan> {
-        if !self.usable {
+        if !self.usable || !kernels::nvrtc_available() {
             return None;
         }
         let algo = algo_override();
@@ -454,7 +454,7 @@ impl DevComm {
         let chunk = chunk.max(16);
         let nchunks = p.count.div_ceil(chunk) as u64;
         let m = p.count.min(chunk);
-        let max_blocks = env_usize("WEFT_CUDA_BLOCKS", 32).clamp(1, MAX_BLOCKS);
+        let max_blocks = env_usize("WEFT_CUDA_BLOCKS", 64).clamp(1, MAX_BLOCKS);
         let blocks = (m * p.elem * p.parts)
             .div_ceil(32 << 10)
             .clamp(1, max_blocks);

@@ -142,6 +142,79 @@ pub fn current_device() -> Option<i32> {
     unsafe { (sys::cuCtxGetDevice(&mut d) == sys::CUresult::CUDA_SUCCESS).then_some(d) }
 }
 
+/// Allocates `bytes` of device memory in the context current on this thread
+/// (NCCL's `ncclMemAlloc` with CUDA): None when no driver is loaded or no
+/// context is current (host mode), Err when the allocation fails.
+pub fn alloc_current(bytes: usize) -> Option<CudaResult<u64>> {
+    current_device()?;
+    let mut p: sys::CUdeviceptr = 0;
+    Some(unsafe { check(sys::cuMemAlloc_v2(&mut p, bytes), "cuMemAlloc").map(|_| p) })
+}
+
+/// Frees memory from [`alloc_current`].
+pub fn free(p: u64) -> CudaResult<()> {
+    unsafe { check(sys::cuMemFree_v2(p), "cuMemFree") }
+}
+
+/// Number of CUDA devices (0 without a driver).
+pub fn device_count() -> i32 {
+    if driver().is_err() {
+        return 0;
+    }
+    let mut n = 0;
+    unsafe {
+        if sys::cuDeviceGetCount(&mut n) != sys::CUresult::CUDA_SUCCESS {
+            return 0;
+        }
+    }
+    n
+}
+
+/// Test and tool helpers: device memory on `dev` and synchronous copies.
+pub mod mem {
+    use super::*;
+
+    pub fn alloc(dev: i32, bytes: usize) -> CudaResult<u64> {
+        use_device(dev)?;
+        let mut p: sys::CUdeviceptr = 0;
+        unsafe { check(sys::cuMemAlloc_v2(&mut p, bytes.max(1)), "cuMemAlloc")? };
+        Ok(p)
+    }
+
+    pub fn free(dev: i32, p: u64) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe { check(sys::cuMemFree_v2(p), "cuMemFree") }
+    }
+
+    pub fn htod(dev: i32, dst: u64, src: &[u8]) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe {
+            check(
+                sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()),
+                "cuMemcpyHtoD",
+            )?;
+            check(sys::cuCtxSynchronize(), "cuCtxSynchronize")
+        }
+    }
+
+    pub fn dtoh(dev: i32, dst: &mut [u8], src: u64) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe {
+            check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
+            check(
+                sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()),
+                "cuMemcpyDtoH",
+            )
+        }
+    }
+
+    /// Waits for all work on device `dev`.
+    pub fn sync(dev: i32) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize") }
+    }
+}
+
 /// Compute capability (major, minor) of device `dev`.
 pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
     driver()?;
