@@ -50,7 +50,13 @@ struct Args {
     i32 kind;
     i32 root;
     u64 parity_bytes;             // bytes between the two parity buffers
+    i32 direct;                   // 1: read peers' user buffers (same process)
+    i32 pad;
 };
+
+// Direct mode: each block publishes its rank's {in, out} pointers here (in its
+// own flag area) before the entry barrier; peers read them after it.
+#define WEFT_PTR_OFF (32 << 10)
 
 // ---------------------------------------------------------------- memory model
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
@@ -219,11 +225,11 @@ __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bo
 
 // out[i] = finish(op over r of src_r[i]) for i in [lo, hi); src_r = base_r + off (bytes).
 template <typename T, typename Op>
-__device__ __forceinline__ void reduce_range(const Args& a, u64 off_bytes, T* out, u64 lo, u64 hi) {
+__device__ __forceinline__ void reduce_src(const u64* src, const int n, u64 off_bytes, T* out, u64 lo, u64 hi) {
     typedef typename Acc<T>::type A;
-    const int n = a.nranks;
     const u64 V = 16 / sizeof(T);
     bool aligned = ((u64)(out + lo) & 15) == 0;
+    for (int r = 0; r < n; r++) aligned = aligned && ((src[r] + off_bytes + lo * sizeof(T)) & 15) == 0;
     u64 vlo = lo, vhi = aligned ? lo + (hi - lo) / V * V : lo;
     // Vector part: each thread handles whole 16-byte groups from every rank.
     for (u64 i = vlo + threadIdx.x * V; i < vhi; i += (u64)blockDim.x * V) {
@@ -231,7 +237,7 @@ __device__ __forceinline__ void reduce_range(const Args& a, u64 off_bytes, T* ou
         uint4 v[WEFT_MAX_RANKS];
 #pragma unroll
         for (int r = 0; r < WEFT_MAX_RANKS; r++)
-            if (r < n) v[r] = ld_cv4((const uint4*)((const u8*)a.scratch[r] + off_bytes) + i / V);
+            if (r < n) v[r] = ld_cv4((const uint4*)((const u8*)src[r] + off_bytes) + i / V);
         A acc[16 / sizeof(T)];
         {
             const T* t = (const T*)&v[0];
@@ -252,16 +258,26 @@ __device__ __forceinline__ void reduce_range(const Args& a, u64 off_bytes, T* ou
         *(uint4*)(out + i) = o;
     }
     for (u64 i = vhi + threadIdx.x; i < hi; i += blockDim.x) {
-        A acc = load<T>(ld_cv((const T*)((const u8*)a.scratch[0] + off_bytes) + i));
-        for (int r = 1; r < n; r++) acc = Op::f(acc, load<T>(ld_cv((const T*)((const u8*)a.scratch[r] + off_bytes) + i)));
+        A acc = load<T>(ld_cv((const T*)((const u8*)src[0] + off_bytes) + i));
+        for (int r = 1; r < n; r++) acc = Op::f(acc, load<T>(ld_cv((const T*)((const u8*)src[r] + off_bytes) + i)));
         out[i] = store<T>(Finish<Op, A>::f(acc, n));
     }
 }
 
 template <typename T, typename Op>
+__device__ void collective_direct(const Args& a);
+
+template <typename T, typename Op>
 __device__ void collective(const Args& a) {
+    if (a.direct && a.kind != K_ALLREDUCE) {
+        collective_direct<T, Op>(a);
+        return;
+    }
     const u64 E = sizeof(T);
     const int n = a.nranks;
+    __shared__ u64 scr[WEFT_MAX_RANKS];
+    if (threadIdx.x < WEFT_MAX_RANKS) scr[threadIdx.x] = a.scratch[threadIdx.x];
+    __syncthreads();
     const u64 count = a.count;
     const u8* in = (const u8*)a.in;
     u8* out = (u8*)a.out;
@@ -285,13 +301,13 @@ __device__ void collective(const Args& a) {
         // 2. Read what this rank needs from every peer.
         switch (a.kind) {
         case K_ALLREDUCE:
-            reduce_range<T, Op>(a, par, (T*)(out + base * E), lo, hi);
+            reduce_src<T, Op>(scr, n, par, (T*)(out + base * E), lo, hi);
             break;
         case K_REDUCE:
-            if (a.rank == a.root) reduce_range<T, Op>(a, par, (T*)(out + base * E), lo, hi);
+            if (a.rank == a.root) reduce_src<T, Op>(scr, n, par, (T*)(out + base * E), lo, hi);
             break;
         case K_REDUCESCATTER:
-            reduce_range<T, Op>(a, par + a.rank * a.chunk * E, (T*)(out + base * E), lo, hi);
+            reduce_src<T, Op>(scr, n, par + a.rank * a.chunk * E, (T*)(out + base * E), lo, hi);
             break;
         case K_ALLGATHER:
             for (int k = 0; k < n; k++) {
@@ -321,7 +337,7 @@ __device__ void collective(const Args& a) {
             // Reduce into a temporary place: the second parity half is busy
             // with the previous chunk's reads, so reduce straight into out,
             // then publish by copying into my scratch.
-            reduce_range<T, Op>(a, par, (T*)(out + base * E), plo, phi);
+            reduce_src<T, Op>(scr, n, par, (T*)(out + base * E), plo, phi);
             __syncthreads();
             copy_bytes(mine + plo * E, out + (base + plo) * E, (phi - plo) * E, false);
             barrier(a, 2 * s + 1);
@@ -336,6 +352,81 @@ __device__ void collective(const Args& a) {
         }
         }
     }
+}
+
+// Direct mode (ranks in one process): no staging copy and no chunking; peers'
+// user buffers are read in place. Barriers: 2s (pointers published, inputs
+// ready), 2s+1 (two-shot: reduced parts ready), 2s+2 (exit: nobody reads my
+// buffers any more, so the caller may reuse them). Consumes two sequence numbers.
+template <typename T, typename Op>
+__device__ void collective_direct(const Args& a) {
+    const u64 E = sizeof(T);
+    const int n = a.nranks;
+    const u64 count = a.count;
+    const u64 s = a.seq_base;
+    __shared__ u64 pin[WEFT_MAX_RANKS], pout[WEFT_MAX_RANKS];
+    if (threadIdx.x == 0) {
+        volatile u64* slot = (volatile u64*)(a.flags[a.rank] + WEFT_PTR_OFF) + blockIdx.x * 2;
+        slot[0] = a.in;
+        slot[1] = a.out;
+    }
+    barrier(a, 2 * s);
+    if (threadIdx.x < n) {
+        const u64* slot = (const u64*)(a.flags[threadIdx.x] + WEFT_PTR_OFF) + blockIdx.x * 2;
+        pin[threadIdx.x] = ld_cv(slot);
+        pout[threadIdx.x] = ld_cv(slot + 1);
+    }
+    __syncthreads();
+    u8* out = (u8*)a.out;
+    u64 lo, hi;
+    slice<T>(count, lo, hi);
+    switch (a.kind) {
+    case K_REDUCE:
+        if (a.rank == a.root) reduce_src<T, Op>(pin, n, 0, (T*)out, lo, hi);
+        break;
+    case K_REDUCESCATTER:
+        reduce_src<T, Op>(pin, n, a.rank * count * E, (T*)out, lo, hi);
+        break;
+    case K_ALLGATHER:
+        for (int k = 0; k < n; k++) {
+            int r = (a.rank + k) % n;
+            u8* dst = out + (r * count + lo) * E;
+            const u8* src = (const u8*)pin[r] + lo * E;
+            if (dst != src) copy_bytes(dst, src, (hi - lo) * E, true);
+        }
+        break;
+    case K_BROADCAST: {
+        const u8* src = (const u8*)pin[a.root] + lo * E;
+        if (out + lo * E != src) copy_bytes(out + lo * E, src, (hi - lo) * E, true);
+        break;
+    }
+    case K_ALLTOALL:
+        for (int k = 0; k < n; k++) {
+            int r = (a.rank + k) % n;
+            copy_bytes(out + (r * count + lo) * E, (const u8*)pin[r] + (a.rank * count + lo) * E, (hi - lo) * E, true);
+        }
+        break;
+    case K_ALLREDUCE_2SHOT: {
+        u64 len = hi - lo;
+        const u64 V = 16 / sizeof(T);
+        u64 part = ((len + n - 1) / n + V - 1) / V * V;
+        u64 plo = lo + a.rank * part, phi = plo + part;
+        if (plo > hi) plo = hi;
+        if (phi > hi) phi = hi;
+        // My part of every input -> my output (in place: only I read my part).
+        reduce_src<T, Op>(pin, n, 0, (T*)out, plo, phi);
+        barrier(a, 2 * s + 1);
+        for (int k = 1; k < n; k++) {
+            int r = (a.rank + k) % n;
+            u64 qlo = lo + r * part, qhi = qlo + part;
+            if (qlo > hi) qlo = hi;
+            if (qhi > hi) qhi = hi;
+            copy_bytes(out + qlo * E, (const u8*)pout[r] + qlo * E, (qhi - qlo) * E, true);
+        }
+        break;
+    }
+    }
+    barrier(a, 2 * s + 2);
 }
 
 #define WEFT_KERNEL(TN, T, ON, OP) \
