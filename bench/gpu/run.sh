@@ -2,7 +2,7 @@
 # Weft CUDA data plane on the GPU machine: build nccl-tests against the
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
-#   phases: info build smoke rtest check check4 perfar perf perfvar
+#   phases: info build smoke rtest check check4 perfar perf perfvar final
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here with MPI=0
 #   weft/libnccl.so.2  stripped `cargo build --release -p weft-nccl` (target/release/libnccl.so)
@@ -67,6 +67,19 @@ check4)
   for t in all_reduce reduce_scatter all_gather alltoall broadcast; do
   TMO=120 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'
   done ;;
+final)
+  CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
+  log check ours broadcast g=$NG; TMO=60 run_ours $T/broadcast_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all 2>&1 | tee -a $OUT/check.txt | CHK
+  log check ours reduce g=$NG sum; TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all -o sum 2>&1 | tee -a $OUT/check.txt | CHK
+  log check ours reduce g=$NG float all ops; TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d float -o all 2>&1 | tee -a $OUT/check.txt | CHK
+  for r in 0 3; do log check ours bcast/reduce root=$r unaligned odd g=$NG
+    TMO=60 run_ours $T/broadcast_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours $T/reduce_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+  done
+  for t in broadcast reduce all_reduce; do for who in nccl ours; do
+    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+    TMO=100 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8}' | tail -9
+  done; done ;;
 perfvar)
   for b in 32 128; do
     log perf ours all_reduce blocks=$b

@@ -57,6 +57,8 @@ struct Args {
 // Direct mode: each block publishes its rank's {in, out} pointers here (in its
 // own flag area) before the entry barrier; peers read them after it.
 #define WEFT_PTR_OFF (32 << 10)
+// Direct broadcast: per-block progress counters of the ring pipeline.
+#define WEFT_PROG_OFF (48 << 10)
 
 // ---------------------------------------------------------------- memory model
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
@@ -381,9 +383,20 @@ __device__ void collective_direct(const Args& a) {
     u64 lo, hi;
     slice<T>(count, lo, hi);
     switch (a.kind) {
-    case K_REDUCE:
-        if (a.rank == a.root) reduce_src<T, Op>(pin, n, 0, (T*)out, lo, hi);
+    case K_REDUCE: {
+        // Reduce-scatter straight into the root's output: rank k reduces part
+        // k of every input and stores it remotely (no rank reads a part it
+        // does not reduce, so in place is safe), so every link carries about
+        // (n-1)/n of the data instead of the root pulling n buffers.
+        const u64 V = 16 / sizeof(T);
+        u64 len = hi - lo;
+        u64 part = ((len + n - 1) / n + V - 1) / V * V;
+        u64 plo = lo + a.rank * part, phi = plo + part;
+        if (plo > hi) plo = hi;
+        if (phi > hi) phi = hi;
+        reduce_src<T, Op>(pin, n, 0, (T*)pout[a.root], plo, phi);
         break;
+    }
     case K_REDUCESCATTER:
         reduce_src<T, Op>(pin, n, a.rank * count * E, (T*)out, lo, hi);
         break;
@@ -396,8 +409,38 @@ __device__ void collective_direct(const Args& a) {
         }
         break;
     case K_BROADCAST: {
-        const u8* src = (const u8*)pin[a.root] + lo * E;
-        if (out + lo * E != src) copy_bytes(out + lo * E, src, (hi - lo) * E, true);
+        // Pipelined ring from the root: the rank at ring position p pulls each
+        // step of this block's slice from position p-1's output once p-1's
+        // progress flag for this block says the step is there (values
+        // (s << 32) | step: they only grow). Every link carries the data once.
+        const int pos = (a.rank - a.root + n) % n;
+        const int pred = (a.rank - 1 + n) % n;
+        const u64 bytes = (hi - lo) * E;
+        if (pos == 0) {
+            const u8* src = (const u8*)pin[a.root] + lo * E;
+            if (out + lo * E != src) copy_bytes(out + lo * E, src, bytes, false);
+            break;
+        }
+        const u8* src = (pos == 1 ? (const u8*)pin[a.root] : (const u8*)pout[pred]) + lo * E;
+        const u64 STEP = 128 << 10;
+        const u64 nsteps = (bytes + STEP - 1) / STEP;
+        u64* mine = (u64*)(a.flags[a.rank] + WEFT_PROG_OFF) + blockIdx.x;
+        const u64* theirs = (const u64*)(a.flags[pred] + WEFT_PROG_OFF) + blockIdx.x;
+        for (u64 j = 0; j < nsteps; j++) {
+            if (pos > 1) {
+                if (threadIdx.x == 0)
+                    while (ld_acquire_sys(theirs) < ((s << 32) | (j + 1))) {
+                    }
+                __syncthreads();
+            }
+            u64 off = j * STEP, len = bytes - off < STEP ? bytes - off : STEP;
+            copy_bytes(out + lo * E + off, src + off, len, true);
+            if (pos < n - 1) {
+                __threadfence_system();
+                __syncthreads();
+                if (threadIdx.x == 0) st_release_sys(mine, (s << 32) | (j + 1));
+            }
+        }
         break;
     }
     case K_ALLTOALL:
