@@ -59,6 +59,8 @@ struct Args {
 #define WEFT_PTR_OFF (32 << 10)
 // Direct broadcast: per-block progress counters of the ring pipeline.
 #define WEFT_PROG_OFF (48 << 10)
+// Broadcasts of at least this many bytes use the pipelined ring.
+#define WEFT_BCAST_RING_MIN (256 << 10)
 
 // ---------------------------------------------------------------- memory model
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
@@ -416,6 +418,12 @@ __device__ void collective_direct(const Args& a) {
         const int pos = (a.rank - a.root + n) % n;
         const int pred = (a.rank - 1 + n) % n;
         const u64 bytes = (hi - lo) * E;
+        if (count * E < WEFT_BCAST_RING_MIN) {
+            // Small: one hop, everyone pulls from the root (latency over bandwidth).
+            const u8* src = (const u8*)pin[a.root] + lo * E;
+            if (out + lo * E != src) copy_bytes(out + lo * E, src, bytes, true);
+            break;
+        }
         if (pos == 0) {
             const u8* src = (const u8*)pin[a.root] + lo * E;
             if (out + lo * E != src) copy_bytes(out + lo * E, src, bytes, false);
