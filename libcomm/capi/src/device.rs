@@ -183,6 +183,8 @@ fn setup(ops: &[DevOp]) -> CResult<()> {
 
 /// Runs a batch of operations (see the module docs).
 pub fn run(ops: Vec<DevOp>) -> CResult<()> {
+    // The caller's current context (its cudaSetDevice) is back on return.
+    let _ctx = cuda::ContextGuard::save();
     setup(&ops)?;
     let mut host: Vec<(Arc<CommEntry>, GroupOp, &'static str)> = Vec::new();
     let mut staged: Vec<Staging> = Vec::new();

@@ -215,6 +215,32 @@ pub mod mem {
     }
 }
 
+/// Restores the calling thread's current CUDA context when dropped: the
+/// backend switches contexts per device, the caller's stays as it was.
+pub struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    /// Remembers the current context (nothing without a driver).
+    pub fn save() -> ContextGuard {
+        if !driver_loaded() || driver().is_err() {
+            return ContextGuard(None);
+        }
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        let ok = unsafe { sys::cuCtxGetCurrent(&mut c) } == sys::CUresult::CUDA_SUCCESS;
+        ContextGuard(ok.then_some(c))
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            unsafe {
+                let _ = sys::cuCtxSetCurrent(c);
+            }
+        }
+    }
+}
+
 /// Compute capability (major, minor) of device `dev`.
 pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
     driver()?;
