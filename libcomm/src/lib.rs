@@ -22,6 +22,7 @@ mod bootstrap;
 mod comm;
 mod config;
 mod core;
+pub mod cuda;
 mod error;
 mod exec;
 mod fault;

@@ -20,7 +20,6 @@ use crate::errors::{
 };
 use crate::group;
 use crate::handles::{self, CommEntry, Ended};
-use crate::ptrkind;
 use crate::redop::RedOps;
 use libcomm::{CommState, Communicator, Config, DataType, GroupOp, UniqueId};
 use std::collections::HashMap;
@@ -581,13 +580,18 @@ nccl_api! {
 }
 
 nccl_api! {
-    /// Host mode: there is no CUDA device behind a communicator, so this is
-    /// `ncclInvalidUsage` (never a made-up device number).
+    /// The CUDA device of the communicator's device side (set up by its first
+    /// operation on device memory), else the device current on this thread;
+    /// `ncclInvalidUsage` in host mode (no CUDA driver loaded).
     fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) {
         let e = handles::get(h(comm), "ncclCommCuDevice")?;
         non_null(device, "device")?;
+        if let Some(d) = crate::device::comm_device(&e).or_else(libcomm::cuda::current_device) {
+            *device = d;
+            return Ok(SUCCESS);
+        }
         Err(Fail::usage(format!(
-            "{} runs in host mode (no CUDA device: this Weft build has no CUDA backend yet), so it has no CUDA device number",
+            "{} runs in host mode (no CUDA driver loaded in this process), so it has no CUDA device number",
             e.describe()
         )))
     }
@@ -598,6 +602,8 @@ nccl_api! {
 
 static ALLOCS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 const PAGE: usize = 4096;
+/// Marks a device allocation in `ALLOCS` (sizes are far below 2^62).
+const DEVICE_ALLOC: usize = 1 << 62;
 
 nccl_api! {
     /// Host mode: page-aligned host memory (size rounded up to a page).
@@ -611,6 +617,14 @@ nccl_api! {
             .map(|s| s / PAGE * PAGE)
             .filter(|s| *s <= isize::MAX as usize)
             .ok_or_else(|| Fail::arg(format!("size {size} overflows the address space")))?;
+        // With CUDA in use (a context current on this thread), NCCL's
+        // ncclMemAlloc returns device memory: so does this one.
+        if let Some(r) = libcomm::cuda::alloc_current(rounded) {
+            let p = r.map_err(|e| Fail::new(crate::errors::UNHANDLED_CUDA_ERROR, format!("ncclMemAlloc({size} bytes): {e}")))?;
+            ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(p as usize, rounded | DEVICE_ALLOC);
+            *ptr = p as usize as *mut c_void;
+            return Ok(SUCCESS);
+        }
         let mut p: *mut c_void = std::ptr::null_mut();
         let r = libc::posix_memalign(&mut p, PAGE, rounded);
         if r != 0 || p.is_null() {
@@ -628,8 +642,12 @@ nccl_api! {
     fn ncclMemFree / pncclMemFree(ptr: *mut c_void) {
         non_null(ptr, "ptr")?;
         let known = ALLOCS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).remove(&(ptr as usize));
-        if known.is_none() {
+        let Some(size) = known else {
             return Err(Fail::arg(format!("{ptr:p} was not allocated by ncclMemAlloc (or was already freed)")));
+        };
+        if size & DEVICE_ALLOC != 0 {
+            libcomm::cuda::free(ptr as u64).map_err(|e| Fail::new(crate::errors::UNHANDLED_CUDA_ERROR, format!("ncclMemFree: {e}")))?;
+            return Ok(SUCCESS);
         }
         libc::free(ptr);
         Ok(SUCCESS)
@@ -648,7 +666,6 @@ nccl_api! {
         if buff.is_null() && size > 0 {
             return Err(Fail::arg(format!("buff is NULL but size is {size}")));
         }
-        ptrkind::require_host(&[(buff, "buff")])?;
         let id = NEXT_REG.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff_ffff;
         e.registrations.lock().unwrap_or_else(|e| e.into_inner()).push(id);
         *handle = ((REG_TAG << 48) | id) as usize as *mut c_void;
@@ -704,6 +721,7 @@ nccl_api! {
 /// Runs (or, inside a group, records) one operation. Inside a group, any
 /// failure (bad handle included) also fails the group's `ncclGroupEnd`.
 unsafe fn enqueue(
+    stream: cudaStream_t,
     what: &'static str,
     comm: ncclComm_t,
     buffers: &[(*const c_void, &str)],
@@ -716,9 +734,22 @@ unsafe fn enqueue(
                 return Err(finalized_error(&e, what));
             }
             let op = build(&e)?;
-            ptrkind::require_host(buffers)?;
+            // Device memory goes to the CUDA backend (kernels on `stream`,
+            // or staging through host memory); host memory stays on the host path.
+            let ptrs: Vec<*const c_void> = buffers.iter().map(|b| b.0).collect();
+            let device = crate::device::device_of(&ptrs);
             if group::in_group() {
-                group::add_op(e.clone(), op, what)?;
+                group::add_op(e.clone(), op, what, stream as usize, device)?;
+                return Ok(SUCCESS);
+            }
+            if device.is_some() {
+                crate::device::run(vec![crate::device::DevOp {
+                    entry: e.clone(),
+                    op,
+                    stream: stream as usize,
+                    device,
+                    what,
+                }])?;
                 return Ok(SUCCESS);
             }
             e.comm.submit(op).map_err(Fail::from)?;
@@ -734,8 +765,7 @@ unsafe fn enqueue(
 
 nccl_api! {
     fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclAllReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclAllReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
             Ok(GroupOp::AllReduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype)? })
         })
@@ -744,8 +774,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclBroadcast", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclBroadcast", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             Ok(GroupOp::Broadcast { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
         })
     }
@@ -754,8 +783,7 @@ nccl_api! {
 nccl_api! {
     /// In-place broadcast (deprecated in NCCL, still exported).
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclBcast", comm, &[(buff, "buff")], |e| {
+        enqueue(stream, "ncclBcast", comm, &[(buff, "buff")], |e| {
             Ok(GroupOp::Broadcast { send: buff.cast_const().cast(), recv: buff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
         })
     }
@@ -763,8 +791,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
             Ok(GroupOp::Reduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype)?, root: rank_arg(root, "root", e.comm.count())? })
         })
@@ -773,8 +800,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclAllGather", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |_| {
+        enqueue(stream, "ncclAllGather", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |_| {
             Ok(GroupOp::AllGather { send: sendbuff.cast(), recv: recvbuff.cast(), count: sendcount, dtype: dtype(datatype)? })
         })
     }
@@ -782,8 +808,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int, op: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclReduceScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclReduceScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
             Ok(GroupOp::ReduceScatter { send: sendbuff.cast(), recv: recvbuff.cast(), count: recvcount, dtype, op: e.redops.resolve(op, dtype)? })
         })
@@ -792,8 +817,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclAlltoAll", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |_| {
+        enqueue(stream, "ncclAlltoAll", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |_| {
             Ok(GroupOp::AllToAll { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)? })
         })
     }
@@ -801,8 +825,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclGather / pncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclGather", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclGather", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             Ok(GroupOp::Gather { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
         })
     }
@@ -810,8 +833,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclScatter / pncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             Ok(GroupOp::Scatter { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
         })
     }
@@ -819,8 +841,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclSend / pncclSend(sendbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclSend", comm, &[(sendbuff, "sendbuff")], |e| {
+        enqueue(stream, "ncclSend", comm, &[(sendbuff, "sendbuff")], |e| {
             Ok(GroupOp::Send { buf: sendbuff.cast(), count, dtype: dtype(datatype)?, peer: rank_arg(peer, "peer", e.comm.count())? })
         })
     }
@@ -828,8 +849,7 @@ nccl_api! {
 
 nccl_api! {
     fn ncclRecv / pncclRecv(recvbuff: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) {
-        let _ = stream;
-        enqueue("ncclRecv", comm, &[(recvbuff, "recvbuff")], |e| {
+        enqueue(stream, "ncclRecv", comm, &[(recvbuff, "recvbuff")], |e| {
             Ok(GroupOp::Recv { buf: recvbuff.cast(), count, dtype: dtype(datatype)?, peer: rank_arg(peer, "peer", e.comm.count())? })
         })
     }

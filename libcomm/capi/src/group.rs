@@ -38,6 +38,10 @@ struct PendingOp {
     entry: Arc<CommEntry>,
     op: GroupOp,
     what: &'static str,
+    /// `cudaStream_t` as an address.
+    stream: usize,
+    /// The CUDA device of its buffers (None: host memory).
+    device: Option<i32>,
 }
 
 #[derive(Default)]
@@ -90,12 +94,26 @@ pub fn add_split(s: PendingSplit) {
 ///
 /// # Safety
 /// The op's buffers must stay valid until the group ends.
-pub unsafe fn add_op(entry: Arc<CommEntry>, op: GroupOp, what: &'static str) -> CResult<()> {
+pub unsafe fn add_op(
+    entry: Arc<CommEntry>,
+    op: GroupOp,
+    what: &'static str,
+    stream: usize,
+    device: Option<i32>,
+) -> CResult<()> {
     {
         let mut check = Group::new();
         unsafe { check.push_raw(&entry.comm, op) }.map_err(Fail::from)?;
     }
-    G.with(|g| g.borrow_mut().ops.push(PendingOp { entry, op, what }));
+    G.with(|g| {
+        g.borrow_mut().ops.push(PendingOp {
+            entry,
+            op,
+            what,
+            stream,
+            device,
+        })
+    });
     Ok(())
 }
 
@@ -180,6 +198,22 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
             .iter()
             .map(|p| estimate_us(p.entry.comm.count(), &p.op))
             .sum();
+    } else if !ops.is_empty() && first.is_none() && ops.iter().any(|p| p.device.is_some()) {
+        // Device memory in the group: the CUDA backend runs the whole batch
+        // (kernels for what it can, host staging + host ops for the rest).
+        let batch = ops
+            .into_iter()
+            .map(|p| crate::device::DevOp {
+                entry: p.entry,
+                op: p.op,
+                stream: p.stream,
+                device: p.device,
+                what: p.what,
+            })
+            .collect();
+        if let Err(e) = crate::device::run(batch) {
+            first.get_or_insert(e);
+        }
     } else if !ops.is_empty() && first.is_none() {
         let mut g = Group::new();
         let mut bad = None;

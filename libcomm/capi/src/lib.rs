@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod config;
+pub mod device;
 pub mod errors;
 pub mod group;
 pub mod handles;

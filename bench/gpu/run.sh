@@ -1,0 +1,100 @@
+#!/bin/bash
+# Weft CUDA data plane on the GPU machine: build nccl-tests against the
+# machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
+# Usage: bench/gpu/run.sh [phases...]
+#   phases: info build smoke rtest check check4 perfar perf perfvar final
+# Layout next to this script (never committed; built/copied per run):
+#   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here with MPI=0
+#   weft/libnccl.so.2  stripped `cargo build --release -p weft-nccl` (target/release/libnccl.so)
+#   weft/cuda-test     stripped `cargo test --release -p weft-nccl --test cuda --no-run` binary
+# Logs go to $OUT (check.txt, perf.txt, build.log); bench/gpu/table.py perf.txt
+# prints the side-by-side tables.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+D=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+NG=$(nvidia-smi -L | wc -l)
+phases="${*:-info build smoke check perf}"
+log() { echo "=== $* ($(date -u +%T))"; }
+NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+[ -n "$NCCL" ] || NCCL=$(dirname $(dirname $(find / -name 'libnccl.so.2*' -not -path '*/.device/*' 2>/dev/null | head -1)))
+SYSNCCL=$(find / -name 'libnccl.so.2*' -not -path '*/.device/*' -not -path '/proc/*' 2>/dev/null | head -3)
+NVRTC=$(dirname $(find / -name 'libnvrtc.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1) 2>/dev/null)
+WEFT=$D/weft   # our libnccl.so.2
+T=$D/nccl-tests/build
+SYS_LD="$NCCL/lib"
+OURS_LD="$WEFT:$NVRTC"
+export WEFT_KERNEL_CACHE=/tmp/weft-kernels
+run_ours() { LD_LIBRARY_PATH=$OURS_LD timeout ${TMO:-90} "$@"; echo "rc=$?"; }
+run_nccl() { LD_LIBRARY_PATH=$SYS_LD timeout ${TMO:-90} "$@"; echo "rc=$?"; }
+for ph in $phases; do case $ph in
+info)
+  log info
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nvidia-smi topo -m
+  echo "NCCL=$NCCL NVRTC=$NVRTC SYSNCCL=$SYSNCCL"; ls -la $SYSNCCL; python3 -c 'import nvidia.nccl' && pip show nvidia-nccl-cu13 2>/dev/null | head -2
+  which nvcc; nvcc --version | tail -2 ;;
+build)
+  log build nccl-tests
+  mkdir -p /tmp/ncclh/lib && ln -sf $NCCL/lib/libnccl.so.2 /tmp/ncclh/lib/libnccl.so && ln -sfn $NCCL/include /tmp/ncclh/include
+  CUDA_HOME=$(dirname $(dirname $(which nvcc)))
+  (cd $D/nccl-tests && make -j16 MPI=0 NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
+  ls $T ;;
+smoke)
+  log smoke ours g=$NG
+  NCCL_DEBUG=INFO TMO=60 run_ours $T/all_reduce_perf -g $NG -b 8 -e 8M -f 8 -c 1 -n 5 -w 2 2>&1 | tail -40 ;;
+check)
+  for g in 1 2 $NG; do [ $g -le $NG ] || continue
+    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+      log check ours $t g=$g
+      TMO=120 run_ours $T/${t}_perf -g $g -b 8 -e 4M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
+    done
+  done
+  log check ours unaligned + odd sizes
+  TMO=120 run_ours $T/all_reduce_perf -g $NG -b 7 -e 1000003 -f 13 -c 1 -n 2 -w 1 -d all -o all -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
+  TMO=120 run_ours $T/reduce_scatter_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
+  TMO=120 run_ours $T/all_gather_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'  ;;
+rtest)
+  log rust GPU test
+  LD_LIBRARY_PATH=$OURS_LD timeout 200 $D/weft/cuda-test --nocapture 2>&1 | tail -25; echo "rc=$?"
+  log rust GPU test WEFT_CUDA_DIRECT=0
+  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 200 $D/weft/cuda-test --nocapture 2>&1 | tail -25; echo "rc=$?" ;;
+check4)
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall; do
+      log check ours $t g=$NG
+      TMO=120 run_ours $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'
+  done
+  log check ours unaligned + odd sizes
+  for t in all_reduce reduce_scatter all_gather alltoall broadcast; do
+  TMO=120 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'
+  done ;;
+final)
+  CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
+  log check ours broadcast g=$NG; TMO=60 run_ours $T/broadcast_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all 2>&1 | tee -a $OUT/check.txt | CHK
+  log check ours reduce g=$NG sum; TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all -o sum 2>&1 | tee -a $OUT/check.txt | CHK
+  log check ours reduce g=$NG float all ops; TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d float -o all 2>&1 | tee -a $OUT/check.txt | CHK
+  for r in 0 3; do log check ours bcast/reduce root=$r unaligned odd g=$NG
+    TMO=60 run_ours $T/broadcast_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours $T/reduce_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+  done
+  for t in broadcast reduce all_reduce; do for who in nccl ours; do
+    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+    TMO=100 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8}' | tail -9
+  done; done ;;
+perfvar)
+  for b in 32 128; do
+    log perf ours all_reduce blocks=$b
+    echo "### ours-blocks$b all_reduce -g $NG" >> $OUT/perf.txt
+    WEFT_CUDA_BLOCKS=$b TMO=150 run_ours $T/all_reduce_perf -g $NG -b 1M -e 2G -f 4 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $10, $12}'
+  done ;;
+perf|perfar)
+  list="all_reduce all_gather reduce_scatter alltoall broadcast reduce"
+  [ $ph = perfar ] && list=all_reduce
+  [ $ph = perf ] && list="all_gather reduce_scatter alltoall broadcast reduce"
+  for t in $list; do
+    for who in nccl ours; do
+      log perf $who $t g=$NG
+      echo "### $who $t -g $NG" >> $OUT/perf.txt
+      TMO=150 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
+    done
+  done ;;
+esac; done

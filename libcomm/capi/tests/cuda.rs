@@ -1,0 +1,304 @@
+//! The C ABI on CUDA device memory, checked against a host reference: every
+//! collective and send/recv, in place and out of place, several types and
+//! every op, odd counts, random data and poisoned outputs. Runs on a GPU
+//! machine (all its GPUs up to 4, in one process, like nccl-tests -g N);
+//! without a CUDA driver or device it prints why it skips.
+
+use libcomm::cuda::{self, mem};
+use nccl::api::*;
+use std::ffi::c_void;
+
+const F32: i32 = 7;
+const F16: i32 = 6;
+const BF16: i32 = 9;
+const F64: i32 = 8;
+const I32: i32 = 2;
+const U8: i32 = 1;
+
+fn size_of(dt: i32) -> usize {
+    match dt {
+        F32 | I32 => 4,
+        F16 | BF16 => 2,
+        F64 => 8,
+        _ => 1,
+    }
+}
+
+fn encode(dt: i32, v: f64, out: &mut [u8]) {
+    match dt {
+        F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        F64 => out.copy_from_slice(&v.to_le_bytes()),
+        F16 => out.copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+        BF16 => out.copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+        I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
+        _ => out[0] = v as u8,
+    }
+}
+
+fn decode(dt: i32, b: &[u8]) -> f64 {
+    match dt {
+        F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+        F64 => f64::from_le_bytes(b.try_into().unwrap()),
+        F16 => half::f16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        BF16 => half::bf16::from_le_bytes(b.try_into().unwrap()).to_f64(),
+        I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
+        _ => b[0] as f64,
+    }
+}
+
+fn combine(op: i32, a: f64, b: f64) -> f64 {
+    match op {
+        1 => a * b,
+        2 => a.max(b),
+        3 => a.min(b),
+        _ => a + b,
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    /// Small integers: exact in every type, products of 4 stay exact.
+    fn value(&mut self, dt: i32) -> f64 {
+        let v = (self.next() % 7) as f64;
+        if dt == I32 || dt == U8 { v } else { v - 3.0 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Coll {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    SendRecv,
+}
+
+fn skip_reason() -> Option<String> {
+    if let Err(e) = cuda::driver() {
+        return Some(e);
+    }
+    if cuda::device_count() == 0 {
+        return Some("the CUDA driver sees no device".into());
+    }
+    None
+}
+
+#[test]
+fn cuda_collectives_match_host_reference() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED cuda_collectives_match_host_reference: {why}");
+        return;
+    }
+    if !cuda::kernels::nvrtc_available() {
+        eprintln!("note: libnvrtc not found: device collectives run on the host staging path only");
+    }
+    let ndev = cuda::device_count().min(4);
+    let mut sizes = vec![1];
+    if ndev >= 2 {
+        sizes.push(2);
+    }
+    if ndev > 2 {
+        sizes.push(ndev);
+    }
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut failures = Vec::new();
+    let mut cases = 0;
+    for &n in &sizes {
+        let nu = n as usize;
+        let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
+        let devs: Vec<i32> = (0..n).collect();
+        assert_eq!(
+            unsafe { pncclCommInitAll(comms.as_mut_ptr(), n, devs.as_ptr()) },
+            0
+        );
+        let max_count = 300_001usize;
+        let cap = nu * max_count * 8 + 64;
+        let send: Vec<u64> = (0..n).map(|d| mem::alloc(d, cap).unwrap()).collect();
+        let recv: Vec<u64> = (0..n).map(|d| mem::alloc(d, cap).unwrap()).collect();
+        for coll in [
+            Coll::AllReduce,
+            Coll::AllGather,
+            Coll::ReduceScatter,
+            Coll::Broadcast,
+            Coll::Reduce,
+            Coll::AllToAll,
+            Coll::SendRecv,
+        ] {
+            let reduces = matches!(coll, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce);
+            let ops: &[i32] = if reduces { &[0, 1, 2, 3, 4] } else { &[0] };
+            for dt in [F32, F16, BF16, I32, U8, F64] {
+                for &op in ops {
+                    for count in [1usize, 7, 4099, max_count] {
+                        if count == max_count && (op != 0 || dt == F64 || dt == U8) {
+                            continue;
+                        }
+                        for inplace in [false, true] {
+                            if inplace && matches!(coll, Coll::AllToAll | Coll::SendRecv) {
+                                continue;
+                            }
+                            cases += 1;
+                            if let Err(e) = one_case(
+                                n, &comms, &send, &recv, coll, dt, op, count, inplace, &mut rng,
+                            ) {
+                                failures.push(format!(
+                                    "n={n} {coll:?} dt={dt} op={op} count={count} inplace={inplace}: {e}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for c in comms {
+            unsafe { pncclCommDestroy(c) };
+        }
+        for d in 0..n {
+            mem::free(d, send[d as usize]).unwrap();
+            mem::free(d, recv[d as usize]).unwrap();
+        }
+    }
+    eprintln!(
+        "{cases} cases on {sizes:?} GPUs, {} failures",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{}",
+        failures[..failures.len().min(20)].join("\n")
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one_case(
+    n: i32,
+    comms: &[ncclComm_t],
+    send: &[u64],
+    recv: &[u64],
+    coll: Coll,
+    dt: i32,
+    op: i32,
+    count: usize,
+    inplace: bool,
+    rng: &mut Rng,
+) -> Result<(), String> {
+    let nu = n as usize;
+    let e = size_of(dt);
+    let (in_elems, out_elems) = match coll {
+        Coll::AllGather => (count, count * nu),
+        Coll::ReduceScatter => (count * nu, count),
+        Coll::AllToAll => (count * nu, count * nu),
+        _ => (count, count),
+    };
+    let root = match coll {
+        Coll::Broadcast => 1 % nu,
+        Coll::Reduce => nu - 1,
+        _ => 0,
+    };
+    // Inputs, poisoned outputs.
+    let inputs: Vec<Vec<f64>> = (0..nu)
+        .map(|_| (0..in_elems).map(|_| rng.value(dt)).collect())
+        .collect();
+    let poison = vec![0xA5u8; out_elems.max(in_elems) * e];
+    let mut bufs: Vec<(u64, u64)> = Vec::new();
+    for r in 0..nu {
+        let d = r as i32;
+        mem::htod(d, recv[r], &poison).map_err(|x| x.to_string())?;
+        let mut bytes = vec![0u8; in_elems * e];
+        for (i, v) in inputs[r].iter().enumerate() {
+            encode(dt, *v, &mut bytes[i * e..(i + 1) * e]);
+        }
+        let (s, o) = if !inplace {
+            (send[r], recv[r])
+        } else {
+            match coll {
+                Coll::AllGather => (recv[r] + (r * count * e) as u64, recv[r]),
+                Coll::ReduceScatter => (recv[r], recv[r] + (r * count * e) as u64),
+                _ => (recv[r], recv[r]),
+            }
+        };
+        mem::htod(d, s, &bytes).map_err(|x| x.to_string())?;
+        bufs.push((s, o));
+    }
+    let null = std::ptr::null_mut::<c_void>();
+    unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for r in 0..nu {
+            let (s, o) = (bufs[r].0 as *const c_void, bufs[r].1 as *mut c_void);
+            let c = comms[r];
+            let rc = match coll {
+                Coll::AllReduce => pncclAllReduce(s, o, count, dt, op, c, null),
+                Coll::AllGather => pncclAllGather(s, o, count, dt, c, null),
+                Coll::ReduceScatter => pncclReduceScatter(s, o, count, dt, op, c, null),
+                Coll::Broadcast => pncclBroadcast(s, o, count, dt, root as i32, c, null),
+                Coll::Reduce => pncclReduce(s, o, count, dt, op, root as i32, c, null),
+                Coll::AllToAll => pncclAlltoAll(s, o, count, dt, c, null),
+                Coll::SendRecv => {
+                    let a = pncclSend(s, count, dt, ((r + 1) % nu) as i32, c, null);
+                    let b = pncclRecv(o, count, dt, ((r + nu - 1) % nu) as i32, c, null);
+                    a.max(b)
+                }
+            };
+            if rc != 0 {
+                pncclGroupEnd();
+                return Err(format!("call returned {rc}"));
+            }
+        }
+        let rc = pncclGroupEnd();
+        if rc != 0 {
+            return Err(format!("ncclGroupEnd returned {rc}"));
+        }
+    }
+    let reduce = |idx: &dyn Fn(usize) -> f64| -> f64 {
+        let mut acc = idx(0);
+        for j in 1..nu {
+            acc = combine(op, acc, idx(j));
+        }
+        if dt == U8 && op != 4 {
+            acc.rem_euclid(256.0)
+        } else if op == 4 {
+            if dt == I32 || dt == U8 {
+                (acc / n as f64).trunc()
+            } else {
+                acc / n as f64
+            }
+        } else {
+            acc
+        }
+    };
+    for r in 0..nu {
+        if coll == Coll::Reduce && r != root {
+            continue;
+        }
+        let mut out = vec![0u8; out_elems * e];
+        mem::dtoh(r as i32, &mut out, bufs[r].1).map_err(|x| x.to_string())?;
+        for i in 0..out_elems {
+            let want = match coll {
+                Coll::AllReduce | Coll::Reduce => reduce(&|j| inputs[j][i]),
+                Coll::ReduceScatter => reduce(&|j| inputs[j][r * count + i]),
+                Coll::AllGather => inputs[i / count][i % count],
+                Coll::Broadcast => inputs[root][i],
+                Coll::AllToAll => inputs[i / count][r * count + i % count],
+                Coll::SendRecv => inputs[(r + nu - 1) % nu][i],
+            };
+            let got = decode(dt, &out[i * e..(i + 1) * e]);
+            let tol = match dt {
+                F16 | BF16 => 1e-2 * want.abs().max(1.0),
+                F32 => 1e-5 * want.abs().max(1.0),
+                F64 => 1e-12 * want.abs().max(1.0),
+                _ => 0.0,
+            };
+            if (got - want).abs() > tol || got.is_nan() {
+                return Err(format!("rank {r} element {i}: got {got}, want {want}"));
+            }
+        }
+    }
+    Ok(())
+}

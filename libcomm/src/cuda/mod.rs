@@ -1,0 +1,532 @@
+//! The CUDA backend: device memory for every collective.
+//!
+//! Everything goes through `cudarc` with dynamic loading: the build needs no
+//! CUDA toolkit, and without a GPU [`driver`] reports "no CUDA driver" (host
+//! mode stays available). Two data paths:
+//!
+//! - **Kernels** ([`DevComm`]): every rank of a communicator owns a
+//!   peer-visible scratch + flag area on its GPU. Ranks in one process (as
+//!   nccl-tests `-g N` runs them) map each other's areas directly (CUDA P2P
+//!   over NVLink/PCIe, `cuCtxEnablePeerAccess`); ranks in other processes of
+//!   the host open them with CUDA IPC (`cuIpcOpenMemHandle`). Collectives are
+//!   one kernel launch on the caller's stream (asynchronous, stream-ordered, no
+//!   host round trip): stage the input into scratch, a flag barrier with the
+//!   peers, read/reduce the peers' scratch (see `kernels/collectives.cu`).
+//! - **Staging** ([`Staging`]): the correct but slow fallback for everything
+//!   else (gather, scatter, send/recv, PreMulSum, peers that cannot map each
+//!   other, no NVRTC): synchronize the stream, copy device buffers to host,
+//!   run the host algorithm, copy back on the stream.
+
+pub mod kernels;
+
+use crate::group::GroupOp;
+use crate::types::DataType;
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+/// A CUDA error as text.
+pub type CudaResult<T> = std::result::Result<T, String>;
+
+fn err_str(r: sys::CUresult) -> String {
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    unsafe {
+        if sys::cuGetErrorString(r, &mut p) == sys::CUresult::CUDA_SUCCESS && !p.is_null() {
+            return std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
+        }
+    }
+    format!("{r:?}")
+}
+
+/// Turns a driver result into a `CudaResult`, naming the call.
+pub fn check(r: sys::CUresult, what: &str) -> CudaResult<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what} failed: {} ({r:?})", err_str(r)))
+    }
+}
+
+/// The driver library is loaded in this process already (the program uses
+/// CUDA). Host-only programs never load it through us.
+pub fn driver_loaded() -> bool {
+    unsafe {
+        let h = libc::dlopen(
+            c"libcuda.so.1".as_ptr(),
+            libc::RTLD_LAZY | libc::RTLD_NOLOAD,
+        );
+        !h.is_null()
+    }
+}
+
+/// Loads and initialises the CUDA driver once; Err("no CUDA driver ...") on
+/// a machine without one (never panics).
+pub fn driver() -> CudaResult<()> {
+    static D: OnceLock<CudaResult<()>> = OnceLock::new();
+    D.get_or_init(|| unsafe {
+        if !sys::is_culib_present() {
+            return Err("no CUDA driver (libcuda.so.1 not found): host mode only".into());
+        }
+        check(sys::cuInit(0), "cuInit")
+    })
+    .clone()
+}
+
+/// The device ordinal of a device-memory pointer; None for host, managed or
+/// unknown memory (and whenever the driver is not loaded in this process).
+pub fn pointer_device(p: *const c_void) -> Option<i32> {
+    if p.is_null() || !driver_loaded() || driver().is_err() {
+        return None;
+    }
+    unsafe {
+        let mut ty: u32 = 0;
+        let r = sys::cuPointerGetAttribute(
+            (&mut ty as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            p as u64,
+        );
+        // 2 = CU_MEMORYTYPE_DEVICE, 3 = CU_MEMORYTYPE_ARRAY.
+        if r != sys::CUresult::CUDA_SUCCESS || !(ty == 2 || ty == 3) {
+            return None;
+        }
+        let mut dev: i32 = -1;
+        let r = sys::cuPointerGetAttribute(
+            (&mut dev as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            p as u64,
+        );
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(dev)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Ctx(sys::CUcontext);
+unsafe impl Send for Ctx {}
+unsafe impl Sync for Ctx {}
+
+/// Makes device `dev`'s primary context (the CUDA runtime's) current on this
+/// thread and returns it.
+pub fn use_device(dev: i32) -> CudaResult<sys::CUcontext> {
+    driver()?;
+    static CTXS: Mutex<Option<HashMap<i32, Ctx>>> = Mutex::new(None);
+    let ctx = {
+        let mut g = CTXS.lock().unwrap_or_else(|e| e.into_inner());
+        let m = g.get_or_insert_with(HashMap::new);
+        match m.get(&dev) {
+            Some(c) => c.0,
+            None => unsafe {
+                let mut d: sys::CUdevice = 0;
+                check(sys::cuDeviceGet(&mut d, dev), "cuDeviceGet")?;
+                let mut c: sys::CUcontext = std::ptr::null_mut();
+                check(
+                    sys::cuDevicePrimaryCtxRetain(&mut c, d),
+                    "cuDevicePrimaryCtxRetain",
+                )?;
+                m.insert(dev, Ctx(c));
+                c
+            },
+        }
+    };
+    unsafe { check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")? };
+    Ok(ctx)
+}
+
+/// The device of the context current on this thread (None without a driver
+/// loaded in the process or without a current context).
+pub fn current_device() -> Option<i32> {
+    if !driver_loaded() || driver().is_err() {
+        return None;
+    }
+    let mut d: sys::CUdevice = 0;
+    unsafe { (sys::cuCtxGetDevice(&mut d) == sys::CUresult::CUDA_SUCCESS).then_some(d) }
+}
+
+/// Allocates `bytes` of device memory in the context current on this thread
+/// (NCCL's `ncclMemAlloc` with CUDA): None when no driver is loaded or no
+/// context is current (host mode), Err when the allocation fails.
+pub fn alloc_current(bytes: usize) -> Option<CudaResult<u64>> {
+    current_device()?;
+    let mut p: sys::CUdeviceptr = 0;
+    Some(unsafe { check(sys::cuMemAlloc_v2(&mut p, bytes), "cuMemAlloc").map(|_| p) })
+}
+
+/// Frees memory from [`alloc_current`].
+pub fn free(p: u64) -> CudaResult<()> {
+    unsafe { check(sys::cuMemFree_v2(p), "cuMemFree") }
+}
+
+/// Number of CUDA devices (0 without a driver).
+pub fn device_count() -> i32 {
+    if driver().is_err() {
+        return 0;
+    }
+    let mut n = 0;
+    unsafe {
+        if sys::cuDeviceGetCount(&mut n) != sys::CUresult::CUDA_SUCCESS {
+            return 0;
+        }
+    }
+    n
+}
+
+/// Test and tool helpers: device memory on `dev` and synchronous copies.
+pub mod mem {
+    use super::*;
+
+    pub fn alloc(dev: i32, bytes: usize) -> CudaResult<u64> {
+        use_device(dev)?;
+        let mut p: sys::CUdeviceptr = 0;
+        unsafe { check(sys::cuMemAlloc_v2(&mut p, bytes.max(1)), "cuMemAlloc")? };
+        Ok(p)
+    }
+
+    pub fn free(dev: i32, p: u64) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe { check(sys::cuMemFree_v2(p), "cuMemFree") }
+    }
+
+    pub fn htod(dev: i32, dst: u64, src: &[u8]) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe {
+            check(
+                sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()),
+                "cuMemcpyHtoD",
+            )?;
+            check(sys::cuCtxSynchronize(), "cuCtxSynchronize")
+        }
+    }
+
+    pub fn dtoh(dev: i32, dst: &mut [u8], src: u64) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe {
+            check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
+            check(
+                sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()),
+                "cuMemcpyDtoH",
+            )
+        }
+    }
+
+    /// Waits for all work on device `dev`.
+    pub fn sync(dev: i32) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize") }
+    }
+}
+
+/// Restores the calling thread's current CUDA context when dropped: the
+/// backend switches contexts per device, the caller's stays as it was.
+pub struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    /// Remembers the current context (nothing without a driver).
+    pub fn save() -> ContextGuard {
+        if !driver_loaded() || driver().is_err() {
+            return ContextGuard(None);
+        }
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        let ok = unsafe { sys::cuCtxGetCurrent(&mut c) } == sys::CUresult::CUDA_SUCCESS;
+        ContextGuard(ok.then_some(c))
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            unsafe {
+                let _ = sys::cuCtxSetCurrent(c);
+            }
+        }
+    }
+}
+
+/// Compute capability (major, minor) of device `dev`.
+pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
+    driver()?;
+    unsafe {
+        let mut d: sys::CUdevice = 0;
+        check(sys::cuDeviceGet(&mut d, dev), "cuDeviceGet")?;
+        let (mut a, mut b) = (0, 0);
+        check(
+            sys::cuDeviceGetAttribute(
+                &mut a,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                d,
+            ),
+            "cuDeviceGetAttribute",
+        )?;
+        check(
+            sys::cuDeviceGetAttribute(
+                &mut b,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                d,
+            ),
+            "cuDeviceGetAttribute",
+        )?;
+        Ok((a, b))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Buffers an operation touches
+
+/// One buffer of an operation on this rank: pointer, bytes, written or read.
+#[derive(Clone, Copy, Debug)]
+pub struct Buf {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub write: bool,
+}
+
+/// The buffers `op` reads and writes on rank `rank` of `nranks` (NCCL's rules:
+/// a root-only buffer is not touched elsewhere).
+pub fn buffers(op: &GroupOp, rank: usize, nranks: usize) -> Vec<Buf> {
+    let b = |p: *const u8, n: usize, dt: DataType, write: bool| Buf {
+        ptr: p as u64,
+        bytes: n * dt.size(),
+        write,
+    };
+    let mut v = Vec::new();
+    match *op {
+        GroupOp::AllReduce {
+            send,
+            recv,
+            count,
+            dtype,
+            ..
+        } => {
+            v.push(b(send, count, dtype, false));
+            v.push(b(recv, count, dtype, true));
+        }
+        GroupOp::Broadcast {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => {
+            if rank == root {
+                v.push(b(send, count, dtype, false));
+            }
+            v.push(b(recv, count, dtype, true));
+        }
+        GroupOp::Reduce {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+            ..
+        } => {
+            v.push(b(send, count, dtype, false));
+            if rank == root {
+                v.push(b(recv, count, dtype, true));
+            }
+        }
+        GroupOp::AllGather {
+            send,
+            recv,
+            count,
+            dtype,
+        } => {
+            v.push(b(send, count, dtype, false));
+            v.push(b(recv, count * nranks, dtype, true));
+        }
+        GroupOp::ReduceScatter {
+            send,
+            recv,
+            count,
+            dtype,
+            ..
+        } => {
+            v.push(b(send, count * nranks, dtype, false));
+            v.push(b(recv, count, dtype, true));
+        }
+        GroupOp::AllToAll {
+            send,
+            recv,
+            count,
+            dtype,
+        } => {
+            v.push(b(send, count * nranks, dtype, false));
+            v.push(b(recv, count * nranks, dtype, true));
+        }
+        GroupOp::Gather {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => {
+            v.push(b(send, count, dtype, false));
+            if rank == root {
+                v.push(b(recv, count * nranks, dtype, true));
+            }
+        }
+        GroupOp::Scatter {
+            send,
+            recv,
+            count,
+            dtype,
+            root,
+        } => {
+            if rank == root {
+                v.push(b(send, count * nranks, dtype, false));
+            }
+            v.push(b(recv, count, dtype, true));
+        }
+        GroupOp::Send {
+            buf, count, dtype, ..
+        } => v.push(b(buf, count, dtype, false)),
+        GroupOp::Recv {
+            buf, count, dtype, ..
+        } => v.push(b(buf.cast_const(), count, dtype, true)),
+    }
+    v.retain(|b| b.bytes > 0 && b.ptr != 0);
+    v
+}
+
+/// Rewrites every buffer pointer of `op` through `f`.
+pub fn map_ptrs(op: &GroupOp, f: impl Fn(u64) -> u64) -> GroupOp {
+    let m = |p: *const u8| f(p as u64) as *const u8;
+    let mm = |p: *mut u8| f(p as u64) as *mut u8;
+    let mut o = *op;
+    match &mut o {
+        GroupOp::AllReduce { send, recv, .. }
+        | GroupOp::Broadcast { send, recv, .. }
+        | GroupOp::Reduce { send, recv, .. }
+        | GroupOp::AllGather { send, recv, .. }
+        | GroupOp::ReduceScatter { send, recv, .. }
+        | GroupOp::AllToAll { send, recv, .. }
+        | GroupOp::Gather { send, recv, .. }
+        | GroupOp::Scatter { send, recv, .. } => {
+            *send = m(*send);
+            *recv = mm(*recv);
+        }
+        GroupOp::Send { buf, .. } => *buf = m(*buf),
+        GroupOp::Recv { buf, .. } => *buf = mm(*buf),
+    }
+    o
+}
+
+/// The device of the first device buffer of `op` (None: all host memory).
+pub fn op_device(op: &GroupOp, rank: usize, nranks: usize) -> Option<i32> {
+    buffers(op, rank, nranks)
+        .iter()
+        .find_map(|b| pointer_device(b.ptr as *const c_void))
+}
+
+// ---------------------------------------------------------------------------
+// Staging through host memory (the fallback)
+
+struct Region {
+    dev: u64,
+    bytes: usize,
+    host: Vec<u128>,
+    write: bool,
+}
+
+/// An operation whose device buffers were copied to host memory: run
+/// [`Staging::op`] on the host, then [`Staging::finish`].
+pub struct Staging {
+    regions: Vec<Region>,
+    stream: sys::CUstream,
+    device: i32,
+    /// The operation with host pointers in place of device ones.
+    pub op: GroupOp,
+}
+
+unsafe impl Send for Staging {}
+
+impl Staging {
+    /// Waits for the stream, copies the op's device buffers to host memory
+    /// (overlapping buffers, as in place, share one host region).
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream (or NULL) of the buffers' device.
+    pub unsafe fn begin(
+        op: &GroupOp,
+        rank: usize,
+        nranks: usize,
+        stream: *mut c_void,
+        device: i32,
+    ) -> CudaResult<Staging> {
+        use_device(device)?;
+        let stream = stream as sys::CUstream;
+        let mut bufs: Vec<Buf> = buffers(op, rank, nranks)
+            .into_iter()
+            .filter(|b| pointer_device(b.ptr as *const c_void).is_some())
+            .collect();
+        bufs.sort_by_key(|b| b.ptr);
+        let mut regions: Vec<Region> = Vec::new();
+        for b in bufs {
+            if let Some(last) = regions.last_mut()
+                && b.ptr < last.dev + last.bytes as u64
+            {
+                let end = (b.ptr + b.bytes as u64).max(last.dev + last.bytes as u64);
+                last.bytes = (end - last.dev) as usize;
+                last.write |= b.write;
+                continue;
+            }
+            regions.push(Region {
+                dev: b.ptr,
+                bytes: b.bytes,
+                host: Vec::new(),
+                write: b.write,
+            });
+        }
+        for r in &mut regions {
+            r.host = vec![0u128; r.bytes.div_ceil(16)];
+            unsafe {
+                check(
+                    sys::cuMemcpyDtoHAsync_v2(r.host.as_mut_ptr().cast(), r.dev, r.bytes, stream),
+                    "cuMemcpyDtoHAsync",
+                )?;
+            }
+        }
+        unsafe { check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize")? };
+        let map: Vec<(u64, usize, u64)> = regions
+            .iter()
+            .map(|r| (r.dev, r.bytes, r.host.as_ptr() as u64))
+            .collect();
+        let op = map_ptrs(op, |p| {
+            for &(d, n, h) in &map {
+                if p >= d && p < d + n as u64 {
+                    return h + (p - d);
+                }
+            }
+            p
+        });
+        Ok(Staging {
+            regions,
+            stream,
+            device,
+            op,
+        })
+    }
+
+    /// Copies the written regions back on the stream and waits for them.
+    pub fn finish(self) -> CudaResult<()> {
+        use_device(self.device)?;
+        for r in &self.regions {
+            if r.write {
+                unsafe {
+                    check(
+                        sys::cuMemcpyHtoDAsync_v2(
+                            r.dev,
+                            r.host.as_ptr().cast(),
+                            r.bytes,
+                            self.stream,
+                        ),
+                        "cuMemcpyHtoDAsync",
+                    )?;
+                }
+            }
+        }
+        unsafe { check(sys::cuStreamSynchronize(self.stream), "cuStreamSynchronize") }
+    }
+}
+
+mod devcomm;
+pub use devcomm::{DESCRIPTOR_BYTES, DevComm, MAX_RANKS, Plan, compile_single};
