@@ -101,6 +101,11 @@ impl CommCore {
         let mut idle: u32 = 0;
         let mut last_progress = Instant::now();
         let mut last_check = Instant::now();
+        // A peer found dead or destroyed may still have left everything we need
+        // in our rings (it finished, then left while we slept): the suspicion
+        // becomes an error only if one more pass over the transfers makes no
+        // progress.
+        let mut suspect: Option<Error> = None;
         let (spin, yields) = self.wait_budget();
         loop {
             let seen = ctrl.doorbell.load(Ordering::SeqCst);
@@ -161,9 +166,13 @@ impl CommCore {
             if progress {
                 idle = 0;
                 last_progress = Instant::now();
+                suspect = None;
                 continue;
             }
             self.check_raised()?;
+            if let Some(e) = suspect.take() {
+                return Err(e);
+            }
             idle += 1;
             if idle < spin {
                 std::hint::spin_loop();
@@ -201,7 +210,10 @@ impl CommCore {
             }
             if last_check.elapsed() >= SLICE {
                 last_check = Instant::now();
-                self.check_peers(xs)?;
+                if let Err(e) = self.check_peers(xs) {
+                    suspect = Some(e);
+                    continue;
+                }
                 if let Some(t) = self.ctx.cfg.timeout
                     && last_progress.elapsed() >= t
                 {
