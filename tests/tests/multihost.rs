@@ -151,9 +151,8 @@ fn cutting_a_link_fails_every_rank_naming_the_lost_host() {
     let Some(c) = cluster(2, TIMEOUT_MS) else {
         return;
     };
-    let spec = c.spec(&["sc_hang"], Duration::from_secs(90));
     std::thread::scope(|sc| {
-        let h = sc.spawn(|| job::run(spec));
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
         c.wait_running();
         let t0 = now_ms();
         c.net.cut(1);
@@ -185,9 +184,8 @@ fn killing_a_hosts_sidecar_fails_every_rank() {
     let Some(mut c) = cluster(2, TIMEOUT_MS) else {
         return;
     };
-    let spec = c.spec(&["sc_hang"], Duration::from_secs(90));
     let run = std::thread::scope(|sc| {
-        let h = sc.spawn(|| job::run(spec));
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
         c.wait_running();
         let t0 = now_ms();
         c.sidecars[1].signal(libc::SIGKILL);

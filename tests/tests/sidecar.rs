@@ -307,7 +307,7 @@ fn ras_polling_storm_during_init_splits_collectives_and_aborts() {
     let t = Instant::now();
     let run = job::run(
         with_env(
-            JobSpec::new(common::worker(), 4, &["sc_storm", "9", "30"]),
+            JobSpec::new(common::worker(), 4, &["sc_storm", "30", "40"]),
             &sc.rank_env(),
         )
         .timeout(Duration::from_secs(240)),
