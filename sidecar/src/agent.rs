@@ -382,10 +382,10 @@ async fn attached(
     if !a.closing.load(Ordering::Relaxed) {
         // The pod's sidecar is gone (killed, or the pod is going away): fail
         // rather than run on unobserved and unproxied.
+        let host = std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| engine::host_name());
         let reason = format!(
-            "lost the sidecar at {} on host {}: {why}",
-            socket.display(),
-            engine::host_name()
+            "lost the sidecar at {} on host {host}: {why}",
+            socket.display()
         );
         eprintln!("weft: {reason}");
         a.act("", &reason, true);
