@@ -406,6 +406,7 @@ async fn embedded(
             Err(err) => eprintln!("weft: tracing disabled: {err}"),
         }
     }
+    tokio::spawn(e.state.clone().publisher());
     let (cmd_tx, mut cmd_rx) = mpsc::channel(64);
     let conn = e.add_proc(hello(&a.job, a.pid, 0), cmd_tx);
     let _ = a.embedded.set(e.clone());

@@ -12,6 +12,8 @@ pub struct Sidecar {
     pub child: Child,
     pub socket: PathBuf,
     pub http: String,
+    /// The peer port's address (empty without --peer-listen).
+    pub peer: String,
     pub job: String,
     pub secret: String,
     pub dir: PathBuf,
@@ -106,10 +108,16 @@ impl Sidecar {
             .find_map(|kv| kv.strip_prefix("http="))
             .expect("http= in the ready line")
             .to_string();
+        let peer = line
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("peer="))
+            .unwrap_or("")
+            .to_string();
         Sidecar {
             child,
             socket,
             http,
+            peer,
             job,
             secret,
             dir,

@@ -457,7 +457,13 @@ fn sigkill_of_a_rank_is_marked_dead_and_fails_its_peers() {
 #[test]
 fn wrong_secret_garbage_and_oversized_input_are_rejected_and_the_job_runs_on() {
     use std::io::{Read, Write};
-    let sc = Sidecar::start(cli(), &[]);
+    let sc = Sidecar::start_with(
+        cli(),
+        None,
+        &["--peer-listen".to_string(), "127.0.0.1:0".to_string()],
+        &[],
+        None,
+    );
     let h = spawn_job(
         vec!["sc_traced".into(), "300".into()],
         2,
@@ -544,9 +550,70 @@ fn wrong_secret_garbage_and_oversized_input_are_rejected_and_the_job_runs_on() {
         "an oversized header is refused: {resp:.80}"
     );
 
+    // 5. The peer port: garbage, a wrong secret, and a replayed request.
+    let mut t = std::net::TcpStream::connect(&sc.peer).unwrap();
+    let _ = t.write_all(b"HELO garbage on the peer port\r\n\r\n-----");
+    let mut sink = Vec::new();
+    t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = t.read_to_end(&mut sink);
+    let (peer, job, secret) = (sc.peer.clone(), sc.job.clone(), sc.secret.clone());
+    let codes = rt().block_on(async move {
+        let mut c = rpc::sidecar_client::SidecarClient::new(
+            tonic::transport::Endpoint::from_shared(format!("http://{peer}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let ts = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let req = |secret: &str| {
+            let mut r = tonic::Request::new(rpc::HeartbeatRequest::default());
+            let mac = weft::engine::peers::peer_mac(secret, &job, ts);
+            r.metadata_mut()
+                .insert(weft::engine::peers::AUTH_HEADER, mac.parse().unwrap());
+            r.metadata_mut().insert(
+                weft::engine::peers::TS_HEADER,
+                ts.to_string().parse().unwrap(),
+            );
+            r
+        };
+        let wrong = c
+            .heartbeat(req("not-the-secret"))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.code());
+        let right = c
+            .heartbeat(req(&secret))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.code());
+        let replay = c
+            .heartbeat(req(&secret))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.code());
+        (wrong, right, replay)
+    });
+    assert_eq!(codes.0, Err(tonic::Code::Unauthenticated));
+    assert_eq!(codes.1, Ok(()));
+    assert_eq!(
+        codes.2,
+        Err(tonic::Code::Unauthenticated),
+        "a replay is refused"
+    );
+
     let run = h.join().unwrap();
     run.assert_success();
     let log = sc.log();
+    assert!(
+        log.contains("rejected a connection on the peer port"),
+        "{log}"
+    );
+    assert!(log.contains("rejected a peer request"), "{log}");
+    assert!(log.contains("replayed request"), "{log}");
     eprintln!("sidecar log:\n{log}");
     assert!(log.contains("wrong job secret"), "{log}");
     assert!(log.contains("not gRPC"), "{log}");

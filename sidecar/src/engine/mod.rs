@@ -124,6 +124,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
             Err(e) => log(&format!("tracing disabled: {e}")),
         }
     }
+    tokio::spawn(engine.state.clone().publisher());
     let listener = match listen::bind(&args.socket) {
         Ok(l) => l,
         Err(e) => {
@@ -157,6 +158,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut peer_server = None;
+    let mut peer_addr = String::new();
     if let Some(addr) = args.peer_listen {
         let l = match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => l,
@@ -165,6 +167,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
                 return 1;
             }
         };
+        peer_addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
         let (ptx, prx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(listen::accept_loop(
             listen::Listener::Tcp(l),
@@ -228,7 +231,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
     println!(
         "weft sidecar ready: socket={} http={http_addr} peer={} job={}",
         args.socket.display(),
-        args.peer_listen.map(|a| a.to_string()).unwrap_or_default(),
+        peer_addr,
         engine.state.job
     );
     use std::io::Write;

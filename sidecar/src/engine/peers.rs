@@ -45,6 +45,26 @@ pub fn sign<T>(e: &Engine, mut req: tonic::Request<T>) -> tonic::Request<T> {
     req
 }
 
+/// Each MAC is accepted once within the skew window (a recorded request
+/// cannot be replayed); the memory is bounded by the window and a cap.
+fn first_use(mac: &str, ts: u64) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let now = now_ms();
+    if seen.len() > 100_000 {
+        seen.retain(|_, t| now.abs_diff(*t) <= MAX_SKEW_MS);
+    }
+    if seen.len() > 100_000 {
+        return false; // a flood: refuse rather than grow
+    }
+    seen.insert(mac.to_string(), ts).is_none()
+}
+
 /// The TCP port's interceptor: only holders of the job secret get through.
 pub fn check(e: &Engine, req: &tonic::Request<()>) -> Result<(), tonic::Status> {
     let md = req.metadata();
@@ -59,6 +79,8 @@ pub fn check(e: &Engine, req: &tonic::Request<()>) -> Result<(), tonic::Status> 
                 Some("stale or future timestamp")
             } else if peer_mac(e.auth.secret.as_deref().unwrap_or(""), &e.auth.job, ts) != mac {
                 Some("wrong job secret (HMAC mismatch)")
+            } else if !first_use(mac, ts) {
+                Some("replayed request")
             } else {
                 None
             }

@@ -185,8 +185,10 @@ impl Engine {
                         start_ns: start,
                         end_ns: ev.time_unix_nano,
                     });
-                    return st.publish(&st.lock());
+                    return st.touch();
                 }
+                // Operation events are the hot path: published coalesced.
+                return st.touch();
             }
         }
         st.publish(&reg);

@@ -89,7 +89,13 @@ pub struct State {
     seq: AtomicU64,
     next_conn: AtomicU64,
     pub terminating: AtomicBool,
+    /// Events arrive far faster than anyone reads status: they mark the
+    /// registry dirty and one task publishes at most every `COALESCE`.
+    dirty: AtomicBool,
+    wake: tokio::sync::Notify,
 }
+
+const COALESCE: std::time::Duration = std::time::Duration::from_millis(2);
 
 impl State {
     pub fn new(job: String, host: String) -> Arc<State> {
@@ -101,6 +107,8 @@ impl State {
             seq: AtomicU64::new(0),
             next_conn: AtomicU64::new(1),
             terminating: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
         });
         s.publish(&s.lock());
         s
@@ -119,8 +127,28 @@ impl State {
         self.snap.load_full()
     }
 
+    /// Marks the registry changed; the publisher task publishes soon.
+    pub fn touch(&self) {
+        if !self.dirty.swap(true, Ordering::AcqRel) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Publishes what [`touch`](Self::touch) marked, coalescing bursts.
+    pub async fn publisher(self: Arc<Self>) {
+        loop {
+            self.wake.notified().await;
+            tokio::time::sleep(COALESCE).await;
+            if self.dirty.swap(false, Ordering::AcqRel) {
+                let reg = self.lock();
+                self.publish(&reg);
+            }
+        }
+    }
+
     /// Builds and publishes a snapshot of `reg` (call with the registry locked).
     pub fn publish(&self, reg: &Registry) {
+        self.dirty.store(false, Ordering::Release);
         let procs: Vec<ProcessStatus> = reg
             .procs
             .values()
