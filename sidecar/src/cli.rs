@@ -125,6 +125,9 @@ impl RunArgs {
 pub fn run(args: RunArgs) -> i32 {
     let mut spec = args.to_spec();
     let _sidecar = if args.sidecar {
+        // The orphan sweep would kill the sidecar (our child) before it can
+        // be stopped in order; ranks still die with their process groups.
+        spec.subreaper = false;
         match crate::engine::spawn::local(&mut spec) {
             Ok(s) => Some(s),
             Err(e) => {

@@ -163,7 +163,8 @@ fn tracing_context_every_span_arrives_with_its_own_rank_and_comm() {
         .expect("sidecar exits after SIGTERM");
     assert!(st.success(), "sidecar exit {st:?}\n{}", sc.log());
     let spans = recv.0.lock().unwrap().clone();
-    let expected = 4 * 2 * N;
+    const GROUPS: usize = 10; // as in the rank worker's sc_traced
+    let expected = 4 * (2 * N + GROUPS);
     eprintln!(
         "tracing: {} spans received of {expected}, job {:.2?} ({:.0} collectives/s)",
         spans.len(),
@@ -211,7 +212,12 @@ fn tracing_context_every_span_arrives_with_its_own_rank_and_comm() {
             "span {ctx:?} came from pid {pid} whose communicators are {mine:?}"
         );
         let seq: u64 = a["weft.seq"].parse().unwrap();
-        assert_eq!(a["weft.op"], ops[(seq as usize - 1) % 3], "op of seq {seq}");
+        if seq as usize > N {
+            assert_eq!(a["weft.op"], "group", "seq {seq} is a group call");
+            assert_eq!(a["weft.world_size"], "4", "groups run on the world");
+        } else {
+            assert_eq!(a["weft.op"], ops[(seq as usize - 1) % 3], "op of seq {seq}");
+        }
         assert_eq!(s.name, format!("weft.{}", a["weft.op"]));
         for k in ["weft.dtype", "weft.bytes", "weft.algorithm"] {
             assert!(!a[k].is_empty(), "{k} set");
@@ -223,13 +229,19 @@ fn tracing_context_every_span_arrives_with_its_own_rank_and_comm() {
     }
     assert_eq!(seqs.len(), 8, "4 ranks x 2 communicators");
     for (k, v) in &seqs {
-        assert_eq!(v.len(), N, "{k:?}");
+        let n = if v.len() > N { N + GROUPS } else { N };
+        assert_eq!(v.len(), n, "{k:?}");
         assert_eq!(
             (*v.first().unwrap(), *v.last().unwrap()),
-            (1, N as u64),
+            (1, n as u64),
             "{k:?}"
         );
     }
+    let world_groups = seqs.values().filter(|v| v.len() == N + GROUPS).count();
+    assert_eq!(
+        world_groups, 4,
+        "every rank's world communicator has its groups"
+    );
 }
 
 // ---------------------------------------------------------------- RAS storm

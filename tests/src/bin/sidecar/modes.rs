@@ -70,7 +70,11 @@ fn step(c: &Communicator, i: usize) {
     }
 }
 
-/// `sc_traced N`: N collectives on the world and N on a split half, interleaved.
+/// Group calls at the end of `sc_traced`.
+pub const GROUPS: usize = 10;
+
+/// `sc_traced N`: N collectives on the world and N on a split half,
+/// interleaved, then [`GROUPS`] group calls on the world.
 pub fn traced() {
     let agent = attach();
     let n_ops = arg(2, "1000");
@@ -88,6 +92,27 @@ pub fn traced() {
     for i in 0..n_ops {
         step(&w, i);
         step(&half, i);
+    }
+    // Then GROUPS group calls on the world (one span each, op "group").
+    for g in 0..GROUPS {
+        let mut a = [w.rank() as u64, g as u64];
+        let mut b = [1u64];
+        let mut grp = libcomm::Group::new();
+        ok(
+            grp.all_reduce_in_place(&w, &mut a, ReduceOp::Sum)
+                .map(|_| ()),
+            "group add",
+        );
+        ok(
+            grp.all_reduce_in_place(&w, &mut b, ReduceOp::Sum)
+                .map(|_| ()),
+            "group add",
+        );
+        ok(grp.execute(), "group");
+        let n = w.count() as u64;
+        if a != [n * (n - 1) / 2, g as u64 * n] || b != [n] {
+            fail(format!("group #{g}: {a:?} {b:?}"));
+        }
     }
     ok(half.destroy(), "destroy split");
     ok(w.destroy(), "destroy");
