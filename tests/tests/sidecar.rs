@@ -462,6 +462,44 @@ fn sigkill_of_a_rank_is_marked_dead_and_fails_its_peers() {
     assert!(text.contains("dead"), "{text}");
 }
 
+/// A hang shows in RAS: the ranks waiting in a collective are `stuck` with
+/// a higher started sequence number than the one rank that is behind.
+#[test]
+fn ras_shows_which_rank_is_behind_in_a_hang() {
+    let sc = Sidecar::start(cli(), &[("WEFT_RAS_STUCK_MS", "300")]);
+    let h = spawn_job(
+        vec!["sc_behind".into()],
+        4,
+        sc.rank_env(),
+        Duration::from_secs(60),
+    );
+    let t = Instant::now();
+    let comm = loop {
+        let s = status(&sc);
+        let hung = s.comms.iter().find(|c| {
+            c.ranks.len() == 4 && c.ranks.iter().filter(|r| r.state == "stuck").count() == 3
+        });
+        if let Some(c) = hung {
+            break c.clone();
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "no hang seen: {s:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let behind: Vec<u32> = comm
+        .ranks
+        .iter()
+        .filter(|r| {
+            r.last_started_seq < comm.ranks.iter().map(|r| r.last_started_seq).max().unwrap()
+        })
+        .map(|r| r.rank)
+        .collect();
+    assert_eq!(behind, vec![3], "{comm:?}");
+    let (_, text) = sc.http_get("/ras").unwrap();
+    eprintln!("the hang as `weft ras` shows it:\n{text}");
+    assert!(text.contains("BEHIND by 1"), "{text}");
+    h.join().unwrap().assert_success();
+}
+
 // ---------------------------------------------------------------- hostile input
 
 /// Wrong job secret, garbage and oversized messages on the socket and the

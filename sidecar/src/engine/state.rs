@@ -96,6 +96,20 @@ pub struct State {
 }
 
 const COALESCE: std::time::Duration = std::time::Duration::from_millis(2);
+const REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A rank whose collective has been in flight this long is reported `stuck`
+/// (`WEFT_RAS_STUCK_MS`, default 10 s): the hang shows in RAS.
+fn stuck_after_ns() -> u64 {
+    static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("WEFT_RAS_STUCK_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(10_000)
+            * 1_000_000
+    })
+}
 
 impl State {
     pub fn new(job: String, host: String) -> Arc<State> {
@@ -137,9 +151,12 @@ impl State {
     /// Publishes what [`touch`](Self::touch) marked, coalescing bursts.
     pub async fn publisher(self: Arc<Self>) {
         loop {
-            self.wake.notified().await;
-            tokio::time::sleep(COALESCE).await;
-            if self.dirty.swap(false, Ordering::AcqRel) {
+            // Also once a second regardless: time-based states ("stuck") age.
+            let woken = tokio::time::timeout(REFRESH, self.wake.notified()).await;
+            if woken.is_ok() {
+                tokio::time::sleep(COALESCE).await;
+            }
+            if self.dirty.swap(false, Ordering::AcqRel) || woken.is_err() {
                 let reg = self.lock();
                 self.publish(&reg);
             }
@@ -149,6 +166,7 @@ impl State {
     /// Builds and publishes a snapshot of `reg` (call with the registry locked).
     pub fn publish(&self, reg: &Registry) {
         self.dirty.store(false, Ordering::Release);
+        let now = now_nanos();
         let procs: Vec<ProcessStatus> = reg
             .procs
             .values()
@@ -169,11 +187,18 @@ impl State {
                     .map(|(r, e)| {
                         let p = reg.procs.get(&e.conn);
                         let alive = p.is_some_and(|p| p.alive);
+                        let stuck = e.started_seq > e.completed_seq
+                            && now.saturating_sub(e.started_at) > stuck_after_ns();
                         RankStatus {
                             rank: *r,
                             pid: p.map_or(0, |p| p.pid),
                             host: p.map_or_else(String::new, |p| p.host.clone()),
-                            state: if alive { "alive" } else { "dead" }.into(),
+                            state: match (alive, stuck) {
+                                (false, _) => "dead",
+                                (true, true) => "stuck",
+                                (true, false) => "alive",
+                            }
+                            .into(),
                             last_started_seq: e.started_seq,
                             last_started_op: e.started_op.clone(),
                             last_completed_seq: e.completed_seq,

@@ -44,6 +44,7 @@ fn main() {
         "sc_traced" => sidecar_modes::traced(),
         "sc_storm" => sidecar_modes::storm(),
         "sc_hang" => sidecar_modes::hang(),
+        "sc_behind" => sidecar_modes::behind(),
         other => fail(format!("unknown mode '{other}'")),
     }
 }

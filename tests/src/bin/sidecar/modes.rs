@@ -181,3 +181,20 @@ pub fn hang() {
     }
     fail("no failure within 60 s");
 }
+
+/// `sc_behind`: 5 collectives, then the last rank sleeps 3 s before the
+/// 6th while the others wait in it: RAS must show who is behind.
+pub fn behind() {
+    let agent = attach();
+    let w = ok(Communicator::from_env(), "init");
+    for i in 0..5 {
+        step(&w, 3 * i); // all-reduces
+    }
+    if w.rank() == w.count() - 1 {
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    step(&w, 0);
+    ok(w.destroy(), "destroy");
+    agent.close();
+    println!("@ done=1");
+}
