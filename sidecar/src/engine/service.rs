@@ -2,7 +2,7 @@
 //! communicators and stream events; tools read status and abort.
 
 use super::Engine;
-use super::state::{Comm, Proc, RankEntry, State, now_nanos};
+use super::state::{Proc, RankEntry, State, now_nanos};
 use super::telemetry::SpanRecord;
 use crate::rpc::{self, rank_message::Msg, sidecar_server::Sidecar};
 use std::pin::Pin;
@@ -98,10 +98,7 @@ impl Engine {
         match msg {
             Msg::Hello(_) => {} // only valid first; handled by attach
             Msg::Register(r) => {
-                let c = reg
-                    .comms
-                    .entry(clip(r.comm_id))
-                    .or_insert_with(Comm::default);
+                let c = reg.comms.entry(clip(r.comm_id)).or_default();
                 c.nranks = r.nranks;
                 c.ranks.insert(
                     r.rank,

@@ -310,7 +310,8 @@ impl State {
             .into_iter()
             .filter(|c| *c != but)
             .filter_map(|c| reg.procs.get(&c).filter(|p| p.alive).map(|p| (c, p)))
-            .filter_map(|(c, p)| seen.insert(c, ()).is_none().then(|| p.tx.clone()))
+            .filter(|(c, _)| seen.insert(*c, ()).is_none())
+            .map(|(_, p)| p.tx.clone())
             .collect()
     }
 }
