@@ -249,3 +249,35 @@ fn killing_a_hosts_sidecar_fails_every_rank() {
     }
     let _ = c.sidecars[1].wait(Duration::from_secs(1));
 }
+
+/// Pod termination on one host: SIGTERM to its sidecar aborts its ranks and
+/// tells the peer sidecars, so every rank of the job fails within 2 s, and
+/// the sidecar exits 0.
+#[test]
+fn sigterm_to_one_hosts_sidecar_fails_the_whole_job_within_2s() {
+    let Some(mut c) = cluster(2, 5000) else {
+        return;
+    };
+    let (run, t0) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
+        c.wait_running();
+        let t0 = now_ms();
+        c.sidecars[1].signal(libc::SIGTERM);
+        (h.join().unwrap(), t0)
+    });
+    let st = c.sidecars[1]
+        .wait(Duration::from_secs(5))
+        .expect("sidecar exits");
+    assert!(st.success(), "{st:?}\n{}", c.sidecars[1].log());
+    let mut worst = 0;
+    for r in &run.ranks {
+        assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
+        let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
+        worst = worst.max(at.saturating_sub(t0));
+    }
+    eprintln!(
+        "sigterm on host 1: every rank failed within {worst} ms; errors: {:?}",
+        errors(&run)
+    );
+    assert!(worst < 2000, "{worst} ms");
+}
