@@ -17,6 +17,9 @@ pub struct RasArgs {
     /// Print again every second until interrupted.
     #[arg(long)]
     pub watch: bool,
+    /// The whole job: merge the peer sidecars' snapshots (via this sidecar).
+    #[arg(long)]
+    pub job: bool,
 }
 
 /// The plain-text report (also served at http://.../ras).
@@ -108,10 +111,14 @@ pub fn render(s: &Status) -> String {
 }
 
 pub async fn fetch(socket: PathBuf) -> Result<Status, String> {
+    fetch_with(socket, false).await
+}
+
+pub async fn fetch_with(socket: PathBuf, job_wide: bool) -> Result<Status, String> {
     let mut c = crate::client::sidecar(socket.clone())
         .await
         .map_err(|e| format!("cannot reach the sidecar at {}: {e}", socket.display()))?;
-    c.get_status(crate::rpc::StatusRequest {})
+    c.get_status(crate::rpc::StatusRequest { job_wide })
         .await
         .map(|r| r.into_inner())
         .map_err(|e| format!("status query failed: {}", e.message()))
@@ -130,7 +137,7 @@ pub fn run(args: RasArgs) -> i32 {
     };
     rt.block_on(async {
         loop {
-            match fetch(args.socket.clone()).await {
+            match fetch_with(args.socket.clone(), args.job).await {
                 Ok(s) if args.json => {
                     println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default())
                 }

@@ -144,8 +144,8 @@ fn errors(run: &JobRun) -> Vec<String> {
 }
 
 #[test]
-fn collectives_across_2_and_3_namespace_hosts_are_right() {
-    for hosts in [2, 3] {
+fn collectives_across_2_3_and_4_namespace_hosts_are_right() {
+    for hosts in [2, 3, 4] {
         let Some(c) = cluster(hosts, 5000) else {
             return;
         };
@@ -178,6 +178,27 @@ fn cutting_a_link_fails_every_rank_naming_the_lost_host() {
     std::thread::scope(|sc| {
         let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
         c.wait_running();
+        // Job-wide RAS from host 0's sidecar: every rank of the job, none missing.
+        let s = weft_tests_rt()
+            .block_on(weft::ras::fetch_with(c.sidecars[0].socket.clone(), true))
+            .unwrap();
+        let world = s
+            .comms
+            .iter()
+            .find(|x| x.nranks == 4)
+            .expect("the world communicator");
+        assert_eq!(world.ranks.len(), 4, "{world:?}");
+        assert!(world.missing.is_empty(), "{world:?}");
+        assert_eq!(s.processes.len(), 4, "{:?}", s.processes);
+        let local = weft_tests_rt()
+            .block_on(weft::ras::fetch(c.sidecars[0].socket.clone()))
+            .unwrap();
+        let lw = local.comms.iter().find(|x| x.nranks == 4).unwrap();
+        assert_eq!(
+            lw.missing,
+            vec![2, 3],
+            "host 0 alone sees ranks 2 and 3 missing"
+        );
         let t0 = now_ms();
         c.net.cut(1);
         let run = h.join().unwrap();

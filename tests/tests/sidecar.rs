@@ -269,7 +269,7 @@ fn ras_polling_storm_during_init_splits_collectives_and_aborts() {
                 let mut cl = weft::client::sidecar(sock).await.expect("connect");
                 let mut last = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    match cl.get_status(rpc::StatusRequest {}).await {
+                    match cl.get_status(rpc::StatusRequest::default()).await {
                         Ok(s) => {
                             let s = s.into_inner();
                             // Snapshots are published in order and never torn.

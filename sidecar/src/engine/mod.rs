@@ -31,6 +31,8 @@ pub struct Engine {
     pub metrics: metrics::Metrics,
     pub auth: auth::Auth,
     pub telemetry: OnceLock<telemetry::Telemetry>,
+    /// Peer sidecars' addresses (`--peers`), for job-wide status.
+    pub peers: OnceLock<Vec<String>>,
 }
 
 impl Engine {
@@ -40,6 +42,7 @@ impl Engine {
             metrics: metrics::Metrics::new(),
             auth: auth::Auth { job, secret },
             telemetry: OnceLock::new(),
+            peers: OnceLock::new(),
         })
     }
 }
@@ -194,6 +197,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
                 ),
         ));
     }
+    let _ = engine.peers.set(args.peers.clone());
     if !args.peers.is_empty() {
         let timeout = Duration::from_millis(args.peer_timeout_ms.max(100));
         tokio::spawn(peers::heartbeat_loop(

@@ -191,3 +191,34 @@ async fn futures_join(fs: Vec<impl std::future::Future<Output = ()> + Send + 'st
         let _ = h.await;
     }
 }
+
+/// The peers' own snapshots (not job-wide: no recursion), each bounded by 1 s;
+/// a peer that does not answer is left out (its host shows as lost or unknown).
+pub async fn peer_statuses(e: &Arc<Engine>) -> Vec<rpc::Status> {
+    let addrs = e.peers.get().cloned().unwrap_or_default();
+    let calls: Vec<_> = addrs
+        .into_iter()
+        .map(|a| {
+            let e = e.clone();
+            tokio::spawn(async move {
+                let mut c = client(&a).await?;
+                let req = sign(
+                    &e,
+                    tonic::Request::new(rpc::StatusRequest { job_wide: false }),
+                );
+                tokio::time::timeout(Duration::from_secs(1), c.get_status(req))
+                    .await
+                    .ok()?
+                    .ok()
+                    .map(|r| r.into_inner())
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in calls {
+        if let Ok(Some(s)) = h.await {
+            out.push(s);
+        }
+    }
+    out
+}

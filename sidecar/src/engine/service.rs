@@ -327,10 +327,16 @@ impl Sidecar for Service {
 
     async fn get_status(
         &self,
-        _req: Request<rpc::StatusRequest>,
+        req: Request<rpc::StatusRequest>,
     ) -> Result<Response<rpc::Status>, Status> {
         self.engine.metrics.status_queries.inc();
-        Ok(Response::new((*self.engine.state.snapshot()).clone()))
+        let mut s = (*self.engine.state.snapshot()).clone();
+        if req.into_inner().job_wide {
+            for other in super::peers::peer_statuses(&self.engine).await {
+                super::state::merge(&mut s, other);
+            }
+        }
+        Ok(Response::new(s))
     }
 
     async fn abort(

@@ -315,3 +315,35 @@ impl State {
             .collect()
     }
 }
+
+/// Merges a peer's snapshot into `into` (the job-wide view): processes and
+/// errors are added, each communicator's ranks are joined (first report of
+/// a rank wins) and its missing ranks and state recomputed.
+pub fn merge(into: &mut Status, other: Status) {
+    into.processes.extend(other.processes);
+    into.async_errors.extend(other.async_errors);
+    into.dropped_events += other.dropped_events;
+    for c in other.comms {
+        match into.comms.iter_mut().find(|x| x.comm_id == c.comm_id) {
+            None => into.comms.push(c),
+            Some(x) => {
+                for r in c.ranks {
+                    if !x.ranks.iter().any(|y| y.rank == r.rank) {
+                        x.ranks.push(r);
+                    }
+                }
+                x.ranks.sort_by_key(|r| r.rank);
+                x.missing = (0..x.nranks)
+                    .filter(|r| !x.ranks.iter().any(|y| y.rank == *r))
+                    .take(1024)
+                    .collect();
+                for st in ["aborted", "failed", "finalizing"] {
+                    if c.state == st || x.state == st {
+                        x.state = st.into();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
