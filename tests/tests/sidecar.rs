@@ -404,6 +404,7 @@ fn sigterm_to_the_sidecar_fails_every_rank_within_2s_and_exits_0() {
         let at: u128 = f["failed_at_ms"].parse().unwrap();
         worst = worst.max(at.saturating_sub(t0));
         assert_eq!(f["kind"], "RemoteError", "{f:?}");
+        assert!(f["error"].contains("terminating"), "{f:?}");
     }
     eprintln!(
         "sigterm: slowest rank failed {worst} ms after SIGTERM; sidecar exited after {exit_ms} ms"

@@ -277,7 +277,9 @@ async fn terminate(engine: &Arc<Engine>, sig: &str, grace: Duration) {
         "the sidecar of host {} is terminating ({sig}: pod shutdown)",
         engine.state.host
     );
-    let n = engine.abort_comm("", &reason, 0);
+    // Failed rather than aborted: a call that starts after this (not only
+    // one in flight) returns the remote error with this reason, not a usage error.
+    let n = engine.fail_comm("", &reason, 0);
     log(&format!(
         "{sig}: aborting the communicators of {n} process(es)"
     ));
