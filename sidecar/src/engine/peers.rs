@@ -125,7 +125,9 @@ pub async fn heartbeat_loop(
         .into_iter()
         .map(|addr| Peer { addr, client: None })
         .collect();
-    let start = std::time::Instant::now();
+    // A heartbeat may take at most a third of the timeout: a cut link is
+    // noticed within about timeout + timeout/3 of the last answer.
+    let rpc_limit = (timeout / 3).clamp(Duration::from_millis(50), Duration::from_secs(1));
     loop {
         for p in peers.iter_mut() {
             if p.client.is_none() {
@@ -140,11 +142,12 @@ pub async fn heartbeat_loop(
                     time_unix_nano: super::state::now_nanos(),
                 }),
             );
-            match tokio::time::timeout(Duration::from_secs(1), c.heartbeat(req)).await {
+            match tokio::time::timeout(rpc_limit, c.heartbeat(req)).await {
                 Ok(Ok(r)) => e.state.peer_seen(&p.addr, &r.into_inner().host),
                 _ => {
-                    // Silence counts from the first attempt, so a peer that never came is lost too.
-                    if let Some(host) = e.state.peer_silent(&p.addr, timeout, start.elapsed()) {
+                    // Silence counts from the last answer (or the first attempt, so
+                    // a peer that never came is lost too).
+                    if let Some(host) = e.state.peer_silent(&p.addr, timeout) {
                         let reason = format!(
                             "lost host {host}: its sidecar at {} has not answered for {} ms",
                             p.addr,

@@ -58,7 +58,8 @@ pub struct PeerState {
     pub host: String,
     pub last_seen: u64,
     pub lost: bool,
-    pub silent_since: Option<std::time::Duration>,
+    /// The last answer, or the first failed attempt when it never answered.
+    pub since: Option<std::time::Instant>,
 }
 
 #[derive(Default)]
@@ -263,25 +264,20 @@ impl State {
         let changed = p.last_seen == 0 || p.lost || p.host != host;
         p.host = host.chars().take(256).collect();
         p.last_seen = now_nanos();
-        p.silent_since = None;
+        p.since = Some(std::time::Instant::now());
         p.lost = false;
         if changed {
             self.publish(&reg);
         }
     }
 
-    /// A heartbeat to `addr` failed at `now` (time since the loop began).
-    /// Returns the peer's name when this makes it lost (once).
-    pub fn peer_silent(
-        &self,
-        addr: &str,
-        timeout: std::time::Duration,
-        now: std::time::Duration,
-    ) -> Option<String> {
+    /// A heartbeat to `addr` failed. Returns the peer's name when it has now
+    /// been silent for `timeout` since its last answer (once).
+    pub fn peer_silent(&self, addr: &str, timeout: std::time::Duration) -> Option<String> {
         let mut reg = self.lock();
         let p = reg.peers.entry(addr.to_string()).or_default();
-        let since = *p.silent_since.get_or_insert(now);
-        if p.lost || now.saturating_sub(since) < timeout {
+        let since = *p.since.get_or_insert_with(std::time::Instant::now);
+        if p.lost || since.elapsed() < timeout {
             return None;
         }
         p.lost = true;
