@@ -37,6 +37,10 @@ pub(crate) struct Shared {
     cancel: AtomicBool,
     worker: Mutex<Option<JoinHandle<()>>>,
     ended_at: Mutex<Option<SystemTime>>,
+    /// Sequence numbers of operations, for the observer (`observe.rs`).
+    pub(crate) obs_seq: crate::observe::Seq,
+    /// A weak pointer to this record, for the observer's abort handle.
+    me: OnceLock<std::sync::Weak<Shared>>,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
@@ -66,7 +70,7 @@ fn since_epoch(t: SystemTime) -> String {
 
 impl Shared {
     fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<Shared> {
-        Arc::new(Shared {
+        let s = Arc::new(Shared {
             label,
             rank,
             nranks,
@@ -78,7 +82,11 @@ impl Shared {
             cancel: AtomicBool::new(false),
             worker: Mutex::new(None),
             ended_at: Mutex::new(None),
-        })
+            obs_seq: Default::default(),
+            me: OnceLock::new(),
+        });
+        let _ = s.me.set(Arc::downgrade(&s));
+        s
     }
 
     fn state_error(&self, state: CommState, what: &'static str) -> Error {
@@ -122,15 +130,42 @@ impl Shared {
                 {
                     let _ = self.fault.set(fault);
                     *g = Some(core);
+                    self.observe_ready();
                 }
                 // Else it was aborted or destroyed meanwhile: dropping `core` releases it.
             }
             Err(e) => {
                 crate::log::warn_log!("comm {} rank {}: init failed: {e}", self.label, self.rank);
+                crate::observe::comm(|| crate::observe::CommEvent::Failed {
+                    comm_id: self.label.clone(),
+                    rank: self.rank,
+                    error: e.to_string(),
+                });
                 lock(&self.async_err).get_or_insert(e);
                 self.state
                     .transition_from(&[CommState::Initializing], CommState::Failed);
             }
+        }
+    }
+
+    fn observe_ready(&self) {
+        // The abort handle is weak: a sidecar's registry never keeps a communicator alive.
+        crate::observe::comm(|| crate::observe::CommEvent::Ready {
+            comm_id: self.label.clone(),
+            rank: self.rank,
+            nranks: self.nranks,
+            handle: crate::observe::AbortHandle(self.me.get().cloned().unwrap_or_default()),
+        });
+    }
+
+    /// The observer's view of this communicator (see `observe.rs`).
+    pub(crate) fn who(&self) -> crate::observe::Who<'_> {
+        crate::observe::Who {
+            comm_id: &self.label,
+            rank: self.rank,
+            nranks: self.nranks,
+            cfg: &self.cfg,
+            seq: &self.obs_seq,
         }
     }
 
@@ -398,9 +433,17 @@ impl Communicator {
             ErrorKind::RemoteError | ErrorKind::Internal | ErrorKind::SystemError
         ) {
             lock(&self.s.async_err).get_or_insert_with(|| e.clone());
-            self.s
+            if self
+                .s
                 .state
-                .transition_from(&[CommState::Ready], CommState::Failed);
+                .transition_from(&[CommState::Ready], CommState::Failed)
+            {
+                crate::observe::comm(|| crate::observe::CommEvent::Failed {
+                    comm_id: self.s.label.clone(),
+                    rank: self.s.rank,
+                    error: e.to_string(),
+                });
+            }
         }
     }
 
@@ -513,31 +556,7 @@ impl Communicator {
     /// every other rank of it (they see `Error::Aborted`), resources are
     /// released. Idempotent; afterwards only `destroy` is allowed.
     pub fn abort(&self) -> Result<()> {
-        let from = self.s.state.get();
-        match from {
-            CommState::Destroyed => return Err(self.s.state_error(from, "abort")),
-            CommState::Aborted => return Ok(()),
-            _ => {}
-        }
-        self.s.cancel.store(true, Ordering::Release);
-        if !self.s.state.transition_from(
-            &[CommState::Initializing, CommState::Ready, CommState::Failed],
-            CommState::Aborted,
-        ) {
-            return match self.s.state.get() {
-                CommState::Aborted => Ok(()),
-                st => Err(self.s.state_error(st, "abort")),
-            };
-        }
-        *lock(&self.s.ended_at) = Some(SystemTime::now());
-        // Lock-free: wake everyone, including a collective of ours blocked in another thread.
-        if let Some(f) = self.s.fault.get() {
-            f.raise(FAIL_ABORT, &format!("rank {} called abort", self.s.rank));
-        }
-        self.s.join_worker();
-        let core = lock(&self.s.core).take();
-        drop(core);
-        Ok(())
+        abort_shared(&self.s, &format!("rank {} called abort", self.s.rank))
     }
 
     /// Destroys: waits for an operation in flight on another thread, releases
@@ -571,6 +590,10 @@ impl Communicator {
         }
         *lock(&self.s.ended_at) = Some(SystemTime::now());
         drop(core);
+        crate::observe::comm(|| crate::observe::CommEvent::Destroyed {
+            comm_id: self.s.label.clone(),
+            rank: self.s.rank,
+        });
         Ok(())
     }
 }
@@ -579,6 +602,49 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         if self.s.state.get() != CommState::Destroyed {
             let _ = self.destroy();
+        }
+    }
+}
+
+/// Abort with a reason (the observer's handle gives the sidecar's reason).
+pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
+    let from = s.state.get();
+    match from {
+        CommState::Destroyed => return Err(s.state_error(from, "abort")),
+        CommState::Aborted => return Ok(()),
+        _ => {}
+    }
+    s.cancel.store(true, Ordering::Release);
+    if !s.state.transition_from(
+        &[CommState::Initializing, CommState::Ready, CommState::Failed],
+        CommState::Aborted,
+    ) {
+        return match s.state.get() {
+            CommState::Aborted => Ok(()),
+            st => Err(s.state_error(st, "abort")),
+        };
+    }
+    *lock(&s.ended_at) = Some(SystemTime::now());
+    // Lock-free: wake everyone, including a collective of ours blocked in another thread.
+    if let Some(f) = s.fault.get() {
+        f.raise(FAIL_ABORT, reason);
+    }
+    s.join_worker();
+    let core = lock(&s.core).take();
+    drop(core);
+    crate::observe::comm(|| crate::observe::CommEvent::Aborted {
+        comm_id: s.label.clone(),
+        rank: s.rank,
+    });
+    Ok(())
+}
+
+/// Raises a failure with a reason (the observer's handle: lost host, dead rank).
+pub(crate) fn fail_shared(s: &Shared, reason: &str) {
+    match s.fault.get() {
+        Some(f) => f.raise(crate::transport::shm::FAIL_ERROR, reason),
+        None => {
+            let _ = abort_shared(s, reason);
         }
     }
 }
@@ -794,7 +860,10 @@ impl Communicator {
         if op.is_empty() {
             return Ok(());
         }
-        self.with_core(op.name(), |c| unsafe { run_op(c, &op) })
+        let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false);
+        let r = self.with_core(op.name(), |c| unsafe { run_op(c, &op) });
+        crate::observe::finish(obs, &r);
+        r
     }
 
     /// # Safety

@@ -308,7 +308,8 @@ impl<'a> Group<'a> {
 fn run_batch(b: Batch<'_>) -> Result<()> {
     let Batch(comm, ops) = b;
     let p2p: Vec<GroupOp> = ops.iter().copied().filter(GroupOp::is_p2p).collect();
-    comm.with_core("group", |c| {
+    let obs = crate::observe::start(&comm.s.who(), &ops, true);
+    let r = comm.with_core("group", |c| {
         if !p2p.is_empty() {
             let mut xs: Vec<Xfer> = p2p
                 .iter()
@@ -334,5 +335,7 @@ fn run_batch(b: Batch<'_>) -> Result<()> {
             unsafe { run_op(c, op)? };
         }
         Ok(())
-    })
+    });
+    crate::observe::finish(obs, &r);
+    r
 }

@@ -28,6 +28,7 @@ mod exec;
 mod fault;
 mod group;
 pub(crate) mod log;
+pub mod observe;
 mod reduce;
 mod state;
 mod topology;

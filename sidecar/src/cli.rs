@@ -27,6 +27,10 @@ pub enum Command {
     /// Measure a collective across N local ranks (nccl-tests' table).
     #[command(after_help = crate::bench::args::HELP)]
     Bench(crate::bench::BenchArgs),
+    /// The per-pod engine: serves the pod's ranks on a Unix socket (RAS, telemetry, lifecycle).
+    Sidecar(crate::engine::SidecarArgs),
+    /// Report the job's health from the sidecar's snapshot.
+    Ras(crate::ras::RasArgs),
     /// One rank of `weft bench` (started by it, not by hand).
     #[command(name = "bench-rank", hide = true)]
     BenchRank(crate::bench::BenchArgs),
@@ -73,6 +77,9 @@ pub struct RunArgs {
         help = "Rendezvous address (WEFT_BOOTSTRAP, NCCL_COMM_ID); default 127.0.0.1:<free port>"
     )]
     pub bootstrap: Option<String>,
+    /// Start a `weft sidecar` for the ranks (WEFT_SIDECAR_SOCKET), stopped with SIGTERM after them.
+    #[arg(long)]
+    pub sidecar: bool,
     /// The command each rank runs, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true,
           value_name = "CMD", value_parser = clap::value_parser!(OsString))]
@@ -93,6 +100,8 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Run(args) => run(args),
         Command::Bench(args) => crate::bench::run(args),
         Command::BenchRank(args) => crate::bench::rank(args),
+        Command::Sidecar(args) => crate::engine::run(args),
+        Command::Ras(args) => crate::ras::run(args),
     }
 }
 
@@ -114,7 +123,22 @@ impl RunArgs {
 
 /// `weft run`: launch, wait, and exit like the first failing rank.
 pub fn run(args: RunArgs) -> i32 {
-    match launch::launch(&args.to_spec()) {
+    let mut spec = args.to_spec();
+    let _sidecar = if args.sidecar {
+        // The orphan sweep would kill the sidecar (our child) before it can
+        // be stopped in order; ranks still die with their process groups.
+        spec.subreaper = false;
+        match crate::engine::spawn::local(&mut spec) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                let _ = launch::output::write_all(2, format!("weft run: {e}\n").as_bytes());
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
+    match launch::launch(&spec) {
         Ok(outcome) => outcome.exit_code(),
         Err(e) => {
             let _ = launch::output::write_all(2, format!("weft run: {e}\n").as_bytes());

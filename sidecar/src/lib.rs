@@ -5,9 +5,14 @@
 //! ([`cli`]). The sidecar engine (proxy, RAS, telemetry) lands here as further
 //! modules and subcommands.
 
+pub mod agent;
 pub mod bench;
 pub mod cli;
+pub mod client;
+pub mod engine;
 pub mod launch;
+pub mod ras;
+pub mod rpc;
 
 pub use launch::{
     LaunchError, LaunchOutcome, LaunchSpec, RankOutput, RankResult, StopReason, launch,

@@ -4,3 +4,5 @@
 pub mod data;
 pub mod job;
 pub mod matrix;
+pub mod netns;
+pub mod sidecar;

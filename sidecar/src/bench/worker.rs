@@ -178,6 +178,11 @@ impl Bench<'_> {
 }
 
 fn run(args: &BenchArgs) -> Result<(), String> {
+    // Under `weft run --sidecar` (or in a pod) report to the sidecar; the
+    // embedded engine is not worth its thread for a benchmark.
+    if std::env::var_os("WEFT_SIDECAR_SOCKET").is_some_and(|s| !s.is_empty()) {
+        crate::agent::install_from_env()?;
+    }
     let comm = Communicator::from_env().map_err(|e| err("joining the communicator", e))?;
     let rank = comm.rank();
     let n = comm.count();

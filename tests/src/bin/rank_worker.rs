@@ -8,6 +8,9 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use weft_tests::matrix::{self, COLLS, Coll};
 
+#[path = "sidecar/modes.rs"]
+mod sidecar_modes;
+
 fn fail(msg: impl std::fmt::Display) -> ! {
     eprintln!("FAIL: {msg}");
     std::process::exit(1);
@@ -38,6 +41,10 @@ fn main() {
         "alltoall" => mode_alltoall(),
         "badinput" => mode_badinput(),
         "mismatch" => mode_mismatch(),
+        "sc_traced" => sidecar_modes::traced(),
+        "sc_storm" => sidecar_modes::storm(),
+        "sc_hang" => sidecar_modes::hang(),
+        "sc_behind" => sidecar_modes::behind(),
         other => fail(format!("unknown mode '{other}'")),
     }
 }

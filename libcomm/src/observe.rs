@@ -1,0 +1,230 @@
+//! The observer hook: one process-wide callback receiving every operation's
+//! start and completion and every communicator's lifecycle, each event with
+//! its full context *by value* (job, communicator, rank, size, op, dtype,
+//! bytes, algorithm, sequence number, outcome). A proxy serving many ranks
+//! therefore can never attribute an event to the wrong rank: nothing is looked
+//! up later from shared state.
+//!
+//! The sidecar client (`weft::agent`) installs an observer that forwards
+//! events to `weft sidecar` (or to the same engine in-process). Without an
+//! observer the cost is one atomic load per operation.
+
+use crate::algo::tuner::{self, Coll};
+use crate::config::Config;
+use crate::group::GroupOp;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::SystemTime;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Started,
+    Completed,
+}
+
+/// One collective, point-to-point operation or group on one rank.
+#[derive(Debug, Clone)]
+pub struct OpEvent {
+    pub job: String,
+    pub comm_id: String,
+    pub rank: usize,
+    pub nranks: usize,
+    /// `all_reduce`, ..., `send`, `recv`, or `group`.
+    pub op: &'static str,
+    /// Empty for a group of mixed types.
+    pub dtype: &'static str,
+    pub bytes: u64,
+    /// The algorithm the tuner picks (`p2p` for send/recv, `group` for groups).
+    pub algo: &'static str,
+    /// 1, 2, ... per communicator and rank; a started and its completed event share it.
+    pub seq: u64,
+    pub group: bool,
+    pub phase: Phase,
+    /// For completed events: `Ok` or the error's text.
+    pub outcome: Option<Result<(), String>>,
+    pub time: SystemTime,
+}
+
+/// A communicator's lifecycle, as seen by one rank.
+#[derive(Debug, Clone)]
+pub enum CommEvent {
+    /// Init finished: the communicator runs. `handle` aborts it (the sidecar's lever).
+    Ready {
+        comm_id: String,
+        rank: usize,
+        nranks: usize,
+        handle: AbortHandle,
+    },
+    /// Init or an operation failed; the communicator is unusable.
+    Failed {
+        comm_id: String,
+        rank: usize,
+        error: String,
+    },
+    Aborted {
+        comm_id: String,
+        rank: usize,
+    },
+    Destroyed {
+        comm_id: String,
+        rank: usize,
+    },
+}
+
+pub trait Observer: Send + Sync {
+    /// Called on the thread running the operation: must not block.
+    fn on_op(&self, ev: OpEvent);
+    fn on_comm(&self, ev: CommEvent);
+}
+
+static OBSERVER: OnceLock<Arc<dyn Observer>> = OnceLock::new();
+
+/// Installs the process-wide observer; only the first call wins (`false` after).
+pub fn set_observer(o: Arc<dyn Observer>) -> bool {
+    OBSERVER.set(o).is_ok()
+}
+
+pub(crate) fn observer() -> Option<&'static Arc<dyn Observer>> {
+    OBSERVER.get()
+}
+
+/// Aborts a communicator from outside its owner's code (weak: it never keeps
+/// a destroyed communicator alive).
+#[derive(Clone)]
+pub struct AbortHandle(pub(crate) Weak<crate::comm::Shared>);
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AbortHandle")
+    }
+}
+
+impl AbortHandle {
+    /// Aborts with `reason` (shown in every rank's error). Returns whether
+    /// the communicator still existed.
+    pub fn abort(&self, reason: &str) -> bool {
+        match self.0.upgrade() {
+            Some(s) => {
+                let _ = crate::comm::abort_shared(&s, reason);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl AbortHandle {
+    /// Fails the communicator with `reason` (a lost host, a dead rank): its
+    /// pending and later calls return `Error::Remote` carrying the reason
+    /// (`ncclRemoteError`), and its peers see the failure as usual. Before
+    /// init has finished this is an abort.
+    pub fn fail(&self, reason: &str) -> bool {
+        match self.0.upgrade() {
+            Some(s) => {
+                crate::comm::fail_shared(&s, reason);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Per communicator: the sequence counter of its operations.
+#[derive(Debug, Default)]
+pub(crate) struct Seq(AtomicU64);
+
+fn coll_of(op: &GroupOp) -> Option<(Coll, usize)> {
+    use GroupOp::*;
+    Some(match *op {
+        AllReduce { count, dtype, .. } => (Coll::AllReduce, count * dtype.size()),
+        Broadcast { count, dtype, .. } => (Coll::Broadcast, count * dtype.size()),
+        Reduce { count, dtype, .. } => (Coll::Reduce, count * dtype.size()),
+        AllGather { count, dtype, .. } => (Coll::AllGather, count * dtype.size()),
+        ReduceScatter { count, dtype, .. } => (Coll::ReduceScatter, count * dtype.size()),
+        AllToAll { count, dtype, .. } => (Coll::AllToAll, count * dtype.size()),
+        _ => return None,
+    })
+}
+
+fn dtype_and_bytes(op: &GroupOp) -> (&'static str, u64) {
+    use GroupOp::*;
+    let (c, d) = match *op {
+        AllReduce { count, dtype, .. }
+        | Broadcast { count, dtype, .. }
+        | Reduce { count, dtype, .. }
+        | AllGather { count, dtype, .. }
+        | ReduceScatter { count, dtype, .. }
+        | AllToAll { count, dtype, .. }
+        | Gather { count, dtype, .. }
+        | Scatter { count, dtype, .. }
+        | Send { count, dtype, .. }
+        | Recv { count, dtype, .. } => (count, dtype),
+    };
+    (d.name(), (c * d.size()) as u64)
+}
+
+/// The context of one running operation; `None` everywhere when no observer is set.
+pub(crate) struct Started {
+    ev: OpEvent,
+}
+
+pub(crate) struct Who<'a> {
+    pub comm_id: &'a str,
+    pub rank: usize,
+    pub nranks: usize,
+    pub cfg: &'a Config,
+    pub seq: &'a Seq,
+}
+
+/// Reports the start of `ops` (one op, or a group when `group`).
+pub(crate) fn start(who: &Who<'_>, ops: &[GroupOp], group: bool) -> Option<Started> {
+    let o = observer()?;
+    let (op, dtype, bytes, algo) = if group || ops.len() != 1 {
+        let bytes = ops.iter().map(|op| dtype_and_bytes(op).1).sum();
+        let d0 = ops.first().map(|op| dtype_and_bytes(op).0).unwrap_or("");
+        let same = ops.iter().all(|op| dtype_and_bytes(op).0 == d0);
+        ("group", if same { d0 } else { "" }, bytes, "group")
+    } else {
+        let (dtype, bytes) = dtype_and_bytes(&ops[0]);
+        let algo = match coll_of(&ops[0]) {
+            Some((c, b)) => tuner::choose(c, b, who.nranks, &who.cfg.algo).name(),
+            None => "p2p",
+        };
+        (ops[0].name(), dtype, bytes, algo)
+    };
+    let ev = OpEvent {
+        job: crate::core::job_label(),
+        comm_id: who.comm_id.to_string(),
+        rank: who.rank,
+        nranks: who.nranks,
+        op,
+        dtype,
+        bytes,
+        algo,
+        seq: who.seq.0.fetch_add(1, Ordering::Relaxed) + 1,
+        group,
+        phase: Phase::Started,
+        outcome: None,
+        time: SystemTime::now(),
+    };
+    o.on_op(ev.clone());
+    Some(Started { ev })
+}
+
+/// Reports the completion of what [`start`] reported.
+pub(crate) fn finish<R>(s: Option<Started>, r: &crate::error::Result<R>) {
+    let (Some(s), Some(o)) = (s, observer()) else {
+        return;
+    };
+    let mut ev = s.ev;
+    ev.phase = Phase::Completed;
+    ev.outcome = Some(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    ev.time = SystemTime::now();
+    o.on_op(ev);
+}
+
+pub(crate) fn comm(ev: impl FnOnce() -> CommEvent) {
+    if let Some(o) = observer() {
+        o.on_comm(ev());
+    }
+}

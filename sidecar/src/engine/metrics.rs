@@ -1,0 +1,114 @@
+//! Prometheus metrics of one sidecar (served on its HTTP port at /metrics).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabel {
+    pub op: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WhyLabel {
+    pub port: String,
+    pub reason: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 10 us .. ~40 s
+    Histogram::new(exponential_buckets(1e-5, 4.0, 12))
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub collectives: Family<OpLabel, Counter>,
+    pub bytes: Family<OpLabel, Counter>,
+    pub errors: Family<OpLabel, Counter>,
+    pub latency: Family<OpLabel, Histogram, fn() -> Histogram>,
+    pub peers_up: Gauge,
+    pub rejected: Family<WhyLabel, Counter>,
+    pub events_dropped: Counter,
+    pub spans_dropped: Counter,
+    pub status_queries: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("weft");
+        let m = Metrics {
+            collectives: Family::default(),
+            bytes: Family::default(),
+            errors: Family::default(),
+            latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            peers_up: Gauge::default(),
+            rejected: Family::default(),
+            events_dropped: Counter::default(),
+            spans_dropped: Counter::default(),
+            status_queries: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "collectives",
+            "Collectives and groups completed",
+            m.collectives.clone(),
+        );
+        registry.register("bytes", "Bytes moved by collectives", m.bytes.clone());
+        registry.register("errors", "Collectives that failed", m.errors.clone());
+        registry.register(
+            "collective_latency_seconds",
+            "Collective latency",
+            m.latency.clone(),
+        );
+        registry.register(
+            "peers_up",
+            "Rank processes attached and alive",
+            m.peers_up.clone(),
+        );
+        registry.register(
+            "rejected_connections",
+            "Connections or messages refused (bad secret, garbage, oversized)",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "events_dropped",
+            "Events dropped by ranks because the queue to the sidecar was full",
+            m.events_dropped.clone(),
+        );
+        registry.register(
+            "spans_dropped",
+            "Spans dropped because the trace exporter was slow",
+            m.spans_dropped.clone(),
+        );
+        registry.register(
+            "status_queries",
+            "RAS status queries served",
+            m.status_queries.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    pub fn reject(&self, port: &str, reason: &str) {
+        self.rejected
+            .get_or_create(&WhyLabel {
+                port: port.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut s, &self.registry);
+        s
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

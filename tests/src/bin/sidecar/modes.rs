@@ -1,0 +1,200 @@
+//! Rank scenarios of the sidecar tests (`tests/tests/sidecar.rs`). Each one
+//! attaches to the sidecar (or the embedded engine) through
+//! `weft::agent::install_from_env` before creating communicators.
+
+use libcomm::{Communicator, ReduceOp};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn fail(msg: impl std::fmt::Display) -> ! {
+    eprintln!("FAIL: {msg}");
+    std::process::exit(1);
+}
+
+fn ok<T>(r: libcomm::Result<T>, what: &str) -> T {
+    r.unwrap_or_else(|e| fail(format!("{what}: {e}")))
+}
+
+fn arg(i: usize, default: &str) -> usize {
+    std::env::args()
+        .nth(i)
+        .unwrap_or_else(|| default.to_string())
+        .parse()
+        .unwrap_or_else(|_| fail("bad number argument"))
+}
+
+fn attach() -> std::sync::Arc<weft::agent::Agent> {
+    // Multi-host tests: each host is a network namespace.
+    if let Ok(ns) = std::env::var("WEFT_TEST_NETNS") {
+        weft_tests::netns::enter(&ns).unwrap_or_else(|e| fail(e));
+    }
+    weft::agent::install_from_env().unwrap_or_else(|e| fail(format!("attaching: {e}")))
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+/// One checked collective of the pattern, picked by `i` (all ranks agree).
+fn step(c: &Communicator, i: usize) {
+    let (n, r) = (c.count(), c.rank());
+    match i % 3 {
+        0 => {
+            let mut v = [r as i64 + 1, i as i64];
+            ok(c.all_reduce_in_place(&mut v, ReduceOp::Sum), "all_reduce");
+            let want = [(n * (n + 1) / 2) as i64, (i * n) as i64];
+            if v != want {
+                fail(format!("all_reduce #{i}: got {v:?}, want {want:?}"));
+            }
+        }
+        1 => {
+            let send = [r as u32 * 3 + i as u32];
+            let mut recv = vec![0u32; n];
+            ok(c.all_gather(&send, &mut recv), "all_gather");
+            for (k, v) in recv.iter().enumerate() {
+                if *v != k as u32 * 3 + i as u32 {
+                    fail(format!("all_gather #{i}: slot {k} = {v}"));
+                }
+            }
+        }
+        _ => {
+            let root = i % n;
+            let mut v = [if r == root { i as f32 } else { -1.0 }; 4];
+            ok(c.broadcast_in_place(&mut v, root), "broadcast");
+            if v != [i as f32; 4] {
+                fail(format!("broadcast #{i}: got {v:?}"));
+            }
+        }
+    }
+}
+
+/// Group calls at the end of `sc_traced`.
+pub const GROUPS: usize = 10;
+
+/// `sc_traced N`: N collectives on the world and N on a split half,
+/// interleaved, then [`GROUPS`] group calls on the world.
+pub fn traced() {
+    let agent = attach();
+    let n_ops = arg(2, "1000");
+    let w = ok(Communicator::from_env(), "init");
+    let half = ok(w.split(Some((w.rank() % 2) as u32), 0), "split").unwrap();
+    println!(
+        "@ rank={} world_comm={} world_n={} split_comm={} split_rank={} split_n={}",
+        w.rank(),
+        w.id(),
+        w.count(),
+        half.id(),
+        half.rank(),
+        half.count()
+    );
+    for i in 0..n_ops {
+        step(&w, i);
+        step(&half, i);
+    }
+    // Then GROUPS group calls on the world (one span each, op "group").
+    for g in 0..GROUPS {
+        let mut a = [w.rank() as u64, g as u64];
+        let mut b = [1u64];
+        let mut grp = libcomm::Group::new();
+        ok(
+            grp.all_reduce_in_place(&w, &mut a, ReduceOp::Sum)
+                .map(|_| ()),
+            "group add",
+        );
+        ok(
+            grp.all_reduce_in_place(&w, &mut b, ReduceOp::Sum)
+                .map(|_| ()),
+            "group add",
+        );
+        ok(grp.execute(), "group");
+        let n = w.count() as u64;
+        if a != [n * (n - 1) / 2, g as u64 * n] || b != [n] {
+            fail(format!("group #{g}: {a:?} {b:?}"));
+        }
+    }
+    ok(half.destroy(), "destroy split");
+    ok(w.destroy(), "destroy");
+    agent.close();
+    println!("@ done=1 dropped={}", agent.dropped());
+}
+
+/// `sc_storm ROUNDS OPS`: rounds of split, checked collectives, and (every
+/// third round) abort of the split, while the test polls status.
+pub fn storm() {
+    let agent = attach();
+    let rounds = arg(2, "10");
+    let ops = arg(3, "50");
+    let w = ok(Communicator::from_env(), "init");
+    let mut total = 0;
+    for round in 0..rounds {
+        let child = ok(w.split(Some((w.rank() % 2) as u32), round as i32), "split").unwrap();
+        for i in 0..ops {
+            step(&child, i);
+            step(&w, i);
+            total += 2;
+        }
+        if round % 3 == 2 {
+            // An all-reduce on the world completes only once every rank has
+            // finished its split's collectives: then aborting the split
+            // cannot cut a peer's last receive short.
+            step(&w, 0);
+            total += 1;
+            ok(child.abort(), "abort");
+        }
+        let _ = child.destroy();
+    }
+    ok(w.destroy(), "destroy");
+    agent.close();
+    println!("@ collectives={total}");
+}
+
+/// `sc_hang`: collectives until one fails (the sidecar's SIGTERM, a killed
+/// rank); prints when and how, exits 3. `VICTIM` (env) SIGKILLs itself after 500 ms.
+pub fn hang() {
+    let _agent = attach();
+    let w = ok(Communicator::from_env(), "init");
+    if std::env::var("WEFT_TEST_VICTIM").ok().as_deref() == Some(&w.rank().to_string()) {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(500));
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        });
+    }
+    println!("@ running=1");
+    let mut buf = vec![1.0f32; 1 << 16];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut i = 0u64;
+    while Instant::now() < deadline {
+        if let Err(e) = w.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+            println!(
+                "@ failed_at_ms={} iteration={i} kind={:?}",
+                now_ms(),
+                e.kind()
+            );
+            println!("@ error={}", e.to_string().replace(' ', "_"));
+            let _ = w.destroy();
+            std::process::exit(3);
+        }
+        buf.iter_mut().for_each(|x| *x = 1.0);
+        i += 1;
+    }
+    fail("no failure within 60 s");
+}
+
+/// `sc_behind`: 5 collectives, then the last rank sleeps 3 s before the
+/// 6th while the others wait in it: RAS must show who is behind.
+pub fn behind() {
+    let agent = attach();
+    let w = ok(Communicator::from_env(), "init");
+    for i in 0..5 {
+        step(&w, 3 * i); // all-reduces
+    }
+    if w.rank() == w.count() - 1 {
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    step(&w, 0);
+    ok(w.destroy(), "destroy");
+    agent.close();
+    println!("@ done=1");
+}

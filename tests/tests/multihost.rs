@@ -1,0 +1,304 @@
+//! Several hosts on one machine: each host a network namespace with its own
+//! address, its own `weft sidecar` (heartbeating the others) and 2 ranks
+//! that talk TCP across hosts. Skipped, with the reason printed, where
+//! `ip netns` is not permitted. Every test deletes its namespaces.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use weft_tests::job::{self, JobRun, JobSpec};
+use weft_tests::netns::Net;
+use weft_tests::sidecar::Sidecar;
+
+const PEER_PORT: u16 = 7100;
+const BOOT_PORT: u16 = 7200;
+const PER_HOST: usize = 2;
+
+fn cli() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_weft-cli"))
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+struct Cluster {
+    sidecars: Vec<Sidecar>,
+    net: Net,
+}
+
+fn cluster(hosts: usize, peer_timeout_ms: u64) -> Option<Cluster> {
+    let net = match Net::create(hosts) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot create network namespaces here ({e})");
+            return None;
+        }
+    };
+    let mut sidecars: Vec<Sidecar> = Vec::new();
+    for h in 0..hosts {
+        let peers: Vec<String> = (0..hosts)
+            .filter(|k| *k != h)
+            .map(|k| format!("{}:{PEER_PORT}", net.addrs[k]))
+            .collect();
+        let extra = vec![
+            "--peer-listen".to_string(),
+            format!("{}:{PEER_PORT}", net.addrs[h]),
+            "--peers".to_string(),
+            peers.join(","),
+            "--peer-timeout-ms".to_string(),
+            peer_timeout_ms.to_string(),
+        ];
+        let sc = Sidecar::start_with(cli(), Some(&net.hosts[h]), &extra, &[], sidecars.first());
+        sidecars.push(sc);
+    }
+    // Every sidecar has heard from every peer before the job starts.
+    let t = Instant::now();
+    for sc in &sidecars {
+        loop {
+            let s = weft_tests_rt()
+                .block_on(weft::ras::fetch(sc.socket.clone()))
+                .unwrap();
+            if s.hosts.len() == hosts - 1 && s.hosts.iter().all(|h| h.state == "up") {
+                break;
+            }
+            let logs: Vec<String> = sidecars.iter().map(|s| s.log()).collect();
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "peers never up: {:?}\n{logs:?}",
+                s.hosts
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Some(Cluster { sidecars, net })
+}
+
+impl Cluster {
+    fn spec<'a>(&'a self, args: &[&str], limit: Duration) -> JobSpec<'a> {
+        let boot = format!("{}:{BOOT_PORT}", self.net.addrs[0]);
+        let s0 = &self.sidecars[0];
+        JobSpec::new(common::worker(), PER_HOST * self.sidecars.len(), args)
+            .env("WEFT_JOB", &s0.job)
+            .env("WEFT_JOB_SECRET", &s0.secret)
+            .env("WEFT_BOOTSTRAP", &boot)
+            .env("NCCL_COMM_ID", &boot)
+            .env("WEFT_PEER_TIMEOUT_MS", "20000")
+            .per_rank(move |r| {
+                let h = r / PER_HOST;
+                vec![
+                    ("WEFT_TEST_NETNS".into(), self.net.hosts[h].clone()),
+                    ("WEFT_HOSTNAME".into(), self.net.hosts[h].clone()),
+                    (
+                        "WEFT_SIDECAR_SOCKET".into(),
+                        self.sidecars[h].socket.display().to_string(),
+                    ),
+                ]
+            })
+            .timeout(limit)
+    }
+
+    fn wait_running(&self) {
+        let t = Instant::now();
+        for sc in &self.sidecars {
+            loop {
+                let s = weft_tests_rt()
+                    .block_on(weft::ras::fetch(sc.socket.clone()))
+                    .unwrap();
+                if s.comms.iter().any(|c| {
+                    c.ranks.len() == PER_HOST && c.ranks.iter().all(|r| r.last_completed_seq >= 3)
+                }) {
+                    break;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "ranks never ran: {s:?}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+fn weft_tests_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn errors(run: &JobRun) -> Vec<String> {
+    (0..run.ranks.len())
+        .map(|r| {
+            run.facts(r)
+                .get("error")
+                .cloned()
+                .unwrap_or_default()
+                .replace('_', " ")
+        })
+        .collect()
+}
+
+#[test]
+fn collectives_across_2_3_and_4_namespace_hosts_are_right() {
+    for hosts in [2, 3, 4] {
+        let Some(c) = cluster(hosts, 5000) else {
+            return;
+        };
+        let t = Instant::now();
+        let run = job::run(c.spec(&["sc_traced", "60"], Duration::from_secs(120)));
+        run.assert_success();
+        eprintln!(
+            "{hosts} hosts x {PER_HOST} ranks: 240 checked collectives per rank in {:.2?}",
+            t.elapsed()
+        );
+        let s = weft_tests_rt()
+            .block_on(weft::ras::fetch(c.sidecars[0].socket.clone()))
+            .unwrap();
+        let logs: Vec<String> = c.sidecars.iter().map(|s| s.log()).collect();
+        assert_eq!(s.hosts.len(), hosts - 1, "{s:?}\n{logs:?}");
+        assert!(
+            s.hosts.iter().all(|h| h.state == "up"),
+            "{:?}\n{logs:?}",
+            s.hosts
+        );
+    }
+}
+
+#[test]
+fn cutting_a_link_fails_every_rank_naming_the_lost_host() {
+    const TIMEOUT_MS: u64 = 1500;
+    let Some(c) = cluster(2, TIMEOUT_MS) else {
+        return;
+    };
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
+        c.wait_running();
+        // Job-wide RAS from host 0's sidecar: every rank of the job, none missing.
+        let s = weft_tests_rt()
+            .block_on(weft::ras::fetch_with(c.sidecars[0].socket.clone(), true))
+            .unwrap();
+        let world = s
+            .comms
+            .iter()
+            .find(|x| x.nranks == 4)
+            .expect("the world communicator");
+        assert_eq!(world.ranks.len(), 4, "{world:?}");
+        assert!(world.missing.is_empty(), "{world:?}");
+        assert_eq!(s.processes.len(), 4, "{:?}", s.processes);
+        let local = weft_tests_rt()
+            .block_on(weft::ras::fetch(c.sidecars[0].socket.clone()))
+            .unwrap();
+        let lw = local.comms.iter().find(|x| x.nranks == 4).unwrap();
+        assert_eq!(
+            lw.missing,
+            vec![2, 3],
+            "host 0 alone sees ranks 2 and 3 missing"
+        );
+        let t0 = now_ms();
+        c.net.cut(1);
+        let run = h.join().unwrap();
+        let errs = errors(&run);
+        let mut worst = 0;
+        for r in &run.ranks {
+            assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
+            let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
+            worst = worst.max(at.saturating_sub(t0));
+            let lost = &c.net.hosts[1 - r.rank / PER_HOST];
+            assert!(
+                errs[r.rank].contains(lost.as_str()),
+                "rank {}'s error names {lost}: {}",
+                r.rank,
+                errs[r.rank]
+            );
+        }
+        eprintln!(
+            "link cut: every rank failed within {worst} ms (peer timeout {TIMEOUT_MS} ms); errors: {errs:?}"
+        );
+        assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
+    });
+}
+
+#[test]
+fn killing_a_hosts_sidecar_fails_every_rank() {
+    const TIMEOUT_MS: u64 = 1500;
+    let Some(mut c) = cluster(2, TIMEOUT_MS) else {
+        return;
+    };
+    let run = std::thread::scope(|sc| {
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
+        c.wait_running();
+        let t0 = now_ms();
+        c.sidecars[1].signal(libc::SIGKILL);
+        let run = h.join().unwrap();
+        let mut worst = 0;
+        for r in &run.ranks {
+            assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
+            let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
+            worst = worst.max(at.saturating_sub(t0));
+        }
+        let errs = errors(&run);
+        eprintln!("sidecar killed: every rank failed within {worst} ms; errors: {errs:?}");
+        assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
+        // Each error names where the failure was seen: the lost sidecar, or
+        // the host of the peer whose connection dropped.
+        for (r, e) in errs.iter().enumerate() {
+            assert!(
+                e.contains("lost the sidecar")
+                    || c.net.hosts.iter().any(|h| e.contains(h.as_str())),
+                "rank {r}: {e}"
+            );
+        }
+        run
+    });
+    drop(run);
+    // The surviving sidecar marks the host lost.
+    let t = Instant::now();
+    loop {
+        let s = weft_tests_rt()
+            .block_on(weft::ras::fetch(c.sidecars[0].socket.clone()))
+            .unwrap();
+        if s.hosts.iter().any(|h| h.state == "lost") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", s.hosts);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = c.sidecars[1].wait(Duration::from_secs(1));
+}
+
+/// Pod termination on one host: SIGTERM to its sidecar aborts its ranks and
+/// tells the peer sidecars, so every rank of the job fails within 2 s, and
+/// the sidecar exits 0.
+#[test]
+fn sigterm_to_one_hosts_sidecar_fails_the_whole_job_within_2s() {
+    let Some(mut c) = cluster(2, 5000) else {
+        return;
+    };
+    let (run, t0) = std::thread::scope(|sc| {
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
+        c.wait_running();
+        let t0 = now_ms();
+        c.sidecars[1].signal(libc::SIGTERM);
+        (h.join().unwrap(), t0)
+    });
+    let st = c.sidecars[1]
+        .wait(Duration::from_secs(5))
+        .expect("sidecar exits");
+    assert!(st.success(), "{st:?}\n{}", c.sidecars[1].log());
+    let mut worst = 0;
+    for r in &run.ranks {
+        assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
+        let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
+        worst = worst.max(at.saturating_sub(t0));
+    }
+    eprintln!(
+        "sigterm on host 1: every rank failed within {worst} ms; errors: {:?}",
+        errors(&run)
+    );
+    assert!(worst < 2000, "{worst} ms");
+}
