@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::fault::Fault;
 use crate::log::info_log;
 use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
+use crate::transport::proxy::ProxyLink;
 use crate::transport::tcp::{self, CommId, Endpoint};
 use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
 use crate::unique_id::hex;
@@ -34,11 +35,15 @@ pub(crate) enum PeerKind {
     Me,
     Shm,
     Tcp,
+    /// Another host, through the sidecar proxy.
+    Proxy,
 }
 
 pub(crate) struct CommCore {
     // Field order matters for Drop: channels (raw ring pointers) go before the mappings.
     pub chans: Vec<Option<Chan>>,
+    /// The sidecar proxy link (rings) behind the `Proxy` channels.
+    pub proxy: Option<ProxyLink>,
     pub seqs: Vec<Seqs>,
     pub fault: Arc<Fault>,
     pub local_maps: Vec<Option<Arc<Mapping>>>,
@@ -95,12 +100,36 @@ impl CommCore {
                 ctx.peers[r].hostname, ctx.peers[me].hostname
             )));
         }
-        let locals: Vec<usize> = (0..n).filter(|&r| kinds[r] != PeerKind::Tcp).collect();
+        // Other hosts go through the pod's sidecar when it offers a proxy
+        // (WEFT_TRANSPORT=tcp keeps every peer on direct TCP).
+        let proxy_path = if ctx.cfg.transport != TransportPref::Tcp
+            && kinds.contains(&PeerKind::Tcp)
+        {
+            crate::proxy::socket_path()?
+        } else {
+            None
+        };
+        let mut kinds = kinds;
+        if proxy_path.is_some() {
+            for k in kinds.iter_mut().filter(|k| **k == PeerKind::Tcp) {
+                *k = PeerKind::Proxy;
+            }
+        }
+        let remotes: Vec<usize> = (0..n).filter(|&r| kinds[r] == PeerKind::Proxy).collect();
+        let locals: Vec<usize> = (0..n)
+            .filter(|&r| matches!(kinds[r], PeerKind::Me | PeerKind::Shm))
+            .collect();
         let nlocal = locals.len();
         let local_index = |r: usize| locals.iter().position(|&x| x == r).expect("local rank");
         let cap = shm::ring_capacity(nlocal, ctx.cfg.shm_ring_bytes);
         let own_name = segment_name(&ctx.job, &ctx.id, me);
-        let own = Arc::new(Mapping::create(&own_name, nlocal, cap, me)?);
+        let own = Arc::new(Mapping::create(
+            &own_name,
+            nlocal,
+            cap,
+            me,
+            proxy_path.is_some(),
+        )?);
         let mut local_maps: Vec<Option<Arc<Mapping>>> = vec![None; n];
         let opened = (|| -> Result<()> {
             for &r in locals.iter().filter(|&&r| r != me) {
@@ -140,6 +169,21 @@ impl CommCore {
         if ntcp > 0 {
             tcp::check_fd_budget(ntcp)?;
         }
+        let proxy = match &proxy_path {
+            Some(path) => match ProxyLink::open(path, &ctx, &own, &remotes, deadline) {
+                Ok(link) => {
+                    for (i, &r) in remotes.iter().enumerate() {
+                        chans[r] = Some(Chan::Proxy(link.chan(i)));
+                    }
+                    Some(link)
+                }
+                Err(e) => {
+                    shm::unlink(&own_name);
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         endpoint.register(ctx.id, ctx.secret);
         let fault = Arc::new(Fault {
             rank: me,
@@ -152,13 +196,15 @@ impl CommCore {
             tcp: Default::default(),
         });
         info_log!(
-            "comm {} rank {me}/{n}: {} local rank(s) over shared memory (ring {} KiB), {ntcp} over TCP",
+            "comm {} rank {me}/{n}: {} local rank(s) over shared memory (ring {} KiB), {ntcp} over TCP, {} through the sidecar proxy",
             ctx.label,
             nlocal,
-            cap / 1024
+            cap / 1024,
+            remotes.len()
         );
         Ok(CommCore {
             chans,
+            proxy,
             seqs: (0..n).map(|_| Seqs::default()).collect(),
             fault,
             local_maps,
@@ -279,6 +325,8 @@ impl Drop for CommCore {
         // peer died during init.
         shm::unlink(&self.own_name);
         self.chans.clear();
+        // Closing the link tells the sidecar (after the rings' users are gone).
+        self.proxy = None;
     }
 }
 

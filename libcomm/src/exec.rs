@@ -348,6 +348,20 @@ impl CommCore {
         self.check_raised()?;
         for x in xs.iter().filter(|x| !x.p.done) {
             let peer = x.peer;
+            if self.kinds[peer] == PeerKind::Proxy {
+                // Lost peer hosts are raised in our control block by the
+                // sidecar; a lost sidecar shows here.
+                if let Some(link) = &self.proxy
+                    && let Err(why) = link.check()
+                {
+                    return Err(Error::Remote {
+                        comm: self.ctx.label.clone(),
+                        rank: self.ctx.rank,
+                        detail: format!("{why} (host {})", self.ctx.peers[self.ctx.rank].hostname),
+                    });
+                }
+                continue;
+            }
             if self.kinds[peer] != PeerKind::Shm {
                 continue;
             }

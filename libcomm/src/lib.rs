@@ -29,6 +29,7 @@ mod fault;
 mod group;
 pub(crate) mod log;
 pub mod observe;
+pub mod proxy;
 mod reduce;
 mod state;
 mod topology;
@@ -48,6 +49,23 @@ pub use unique_id::{UNIQUE_ID_BYTES, UniqueId};
 /// Version as NCCL encodes it (major*10000 + minor*100 + patch): we implement
 /// the API of NCCL 2.28.
 pub const NCCL_COMPAT_VERSION: i32 = 22803;
+
+/// How this process's communicators reached peers on other hosts so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Direct TCP data connections opened (embedded mode, or `WEFT_PROXY=0`).
+    pub tcp_connections: u64,
+    /// Channels opened through the sidecar proxy.
+    pub proxy_channels: u64,
+}
+
+pub fn transport_stats() -> TransportStats {
+    use std::sync::atomic::Ordering::Relaxed;
+    TransportStats {
+        tcp_connections: transport::tcp::CONNECTIONS_OPENED.load(Relaxed),
+        proxy_channels: transport::proxy::CHANNELS_OPENED.load(Relaxed),
+    }
+}
 
 /// Weft's own version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

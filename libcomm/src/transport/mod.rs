@@ -8,6 +8,7 @@
 //! caller (`exec`) decides when to wait.
 
 pub(crate) mod futex;
+pub(crate) mod proxy;
 pub(crate) mod shm;
 pub(crate) mod tcp;
 
@@ -105,6 +106,8 @@ pub(crate) struct TcpChan {
 pub(crate) enum Chan {
     Shm(ShmChan),
     Tcp(TcpChan),
+    /// Rings shared with the sidecar proxy: stepped exactly as `Shm`.
+    Proxy(ShmChan),
 }
 
 /// Per-direction message counters of a channel (for the header sequence check).
@@ -135,7 +138,7 @@ impl Chan {
     pub fn fd(&self) -> Option<i32> {
         match self {
             Chan::Tcp(t) => Some(t.sock.as_raw_fd()),
-            Chan::Shm(_) => None,
+            Chan::Shm(_) | Chan::Proxy(_) => None,
         }
     }
 
@@ -151,7 +154,7 @@ impl Chan {
         p: &mut Progress,
     ) -> StepResult {
         match self {
-            Chan::Shm(c) => unsafe { shm_send(&mut c.send, src, len, limit, p) },
+            Chan::Shm(c) | Chan::Proxy(c) => unsafe { shm_send(&mut c.send, src, len, limit, p) },
             Chan::Tcp(c) => unsafe { tcp_send(c, src, len, limit, p) },
         }
     }
@@ -168,7 +171,7 @@ impl Chan {
         p: &mut Progress,
     ) -> StepResult {
         match self {
-            Chan::Shm(c) => unsafe { shm_recv(&mut c.recv, dst, len, red, p) },
+            Chan::Shm(c) | Chan::Proxy(c) => unsafe { shm_recv(&mut c.recv, dst, len, red, p) },
             Chan::Tcp(c) => unsafe { tcp_recv(c, dst, len, red, p) },
         }
     }

@@ -18,6 +18,7 @@
 use super::futex;
 use crate::error::{Error, Result};
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -139,6 +140,9 @@ pub(crate) struct Mapping {
     len: usize,
     nlocal: usize,
     cap: usize,
+    /// The backing file, kept only where another process (the sidecar's
+    /// proxy) must map this segment too.
+    fd: Option<OwnedFd>,
 }
 
 unsafe impl Send for Mapping {}
@@ -150,7 +154,7 @@ impl Drop for Mapping {
     }
 }
 
-fn layout(nlocal: usize, cap: usize) -> (usize, usize) {
+pub(crate) fn layout(nlocal: usize, cap: usize) -> (usize, usize) {
     let hdrs = (nlocal * RING_HDR_BYTES).next_multiple_of(4096);
     let data_off = CTRL_BYTES + hdrs;
     (data_off, data_off + nlocal * cap)
@@ -163,9 +167,25 @@ fn shm_error(what: &str, name: &str) -> Error {
 impl Mapping {
     /// Creates this rank's segment, fully backed (posix_fallocate) so a full
     /// /dev/shm is a clear error now instead of SIGBUS later.
-    pub fn create(name: &str, nlocal: usize, cap: usize, rank: usize) -> Result<Mapping> {
+    ///
+    /// With `keep_fd` the backing file stays open (see [`Mapping::fd`]); a
+    /// rank alone on its host then gets a memfd instead of anonymous memory.
+    pub fn create(
+        name: &str,
+        nlocal: usize,
+        cap: usize,
+        rank: usize,
+        keep_fd: bool,
+    ) -> Result<Mapping> {
         let (_, len) = layout(nlocal, cap);
-        let base = if nlocal <= 1 {
+        let mut kept = None;
+        let base = if nlocal <= 1 && keep_fd {
+            let (m, fd) = Mapping::create_memfd(name, nlocal, cap)?;
+            kept = Some(fd);
+            let b = m.base;
+            std::mem::forget(m); // the mapping moves into the one built below
+            b
+        } else if nlocal <= 1 {
             // Alone on this host: only the control block is needed, privately.
             let p = unsafe {
                 libc::mmap(
@@ -226,7 +246,11 @@ impl Mapping {
                     0,
                 )
             };
-            unsafe { libc::close(fd) };
+            if keep_fd {
+                kept = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            } else {
+                unsafe { libc::close(fd) };
+            }
             if p == libc::MAP_FAILED {
                 unsafe { libc::shm_unlink(cname.as_ptr()) };
                 return Err(shm_error("cannot map", name));
@@ -238,6 +262,7 @@ impl Mapping {
             len,
             nlocal,
             cap,
+            fd: kept,
         };
         let c = m.control();
         c.pid.store(std::process::id(), Ordering::Relaxed);
@@ -282,6 +307,7 @@ impl Mapping {
                         len,
                         nlocal,
                         cap,
+                        fd: None,
                     };
                     if m.control().magic.load(Ordering::Acquire) == MAGIC_READY {
                         return Ok(m);
@@ -326,6 +352,95 @@ impl Mapping {
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_millis(20));
         }
+    }
+
+    /// A segment that exists only as an open file (memfd): no name to
+    /// unlink, so a SIGKILLed process leaks nothing. Fully backed, as `create`.
+    pub fn create_memfd(what: &str, nlocal: usize, cap: usize) -> Result<(Mapping, OwnedFd)> {
+        let (_, len) = layout(nlocal, cap);
+        let cname = CString::new("weft-proxy").unwrap();
+        let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(Error::last_os(format!("memfd_create for {what}")));
+        }
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+            return Err(Error::last_os(format!("sizing the memfd for {what}")));
+        }
+        let rc = unsafe { libc::posix_fallocate(raw, 0, len as libc::off_t) };
+        if rc != 0 {
+            return Err(Error::sys(
+                format!("cannot reserve {} KiB of memory for {what}", len / 1024),
+                std::io::Error::from_raw_os_error(rc),
+            ));
+        }
+        let m = Mapping::map_fd(&fd, len, nlocal, cap, what)?;
+        m.control().magic.store(MAGIC_READY, Ordering::Release);
+        Ok((m, fd))
+    }
+
+    /// Maps a segment another process created and sent us (SCM_RIGHTS).
+    /// The file's size must be exactly what `nlocal` rings of `cap` need:
+    /// nothing in it is trusted for addressing.
+    pub fn from_fd(fd: &OwnedFd, nlocal: usize, cap: usize, what: &str) -> Result<Mapping> {
+        let (_, len) = layout(nlocal, cap);
+        Mapping::map_fd(fd, len, nlocal, cap, what)
+    }
+
+    /// Maps only the control block (first page) of a segment.
+    pub fn control_from_fd(fd: &OwnedFd, what: &str) -> Result<Mapping> {
+        Mapping::map_fd_min(fd, CTRL_BYTES, 0, 0, what)
+    }
+
+    fn map_fd(fd: &OwnedFd, len: usize, nlocal: usize, cap: usize, what: &str) -> Result<Mapping> {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(Error::last_os(format!("fstat of {what}")));
+        }
+        if st.st_size as usize != len {
+            return Err(Error::Internal(format!(
+                "{what} has {} bytes where {len} were expected",
+                st.st_size
+            )));
+        }
+        Mapping::map_fd_min(fd, len, nlocal, cap, what)
+    }
+
+    fn map_fd_min(fd: &OwnedFd, len: usize, nlocal: usize, cap: usize, what: &str) -> Result<Mapping> {
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as usize) < len {
+            return Err(Error::Internal(format!("{what} is smaller than {len} bytes")));
+        }
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os(format!("mmap of {what}")));
+        }
+        Ok(Mapping {
+            base: p.cast(),
+            len,
+            nlocal,
+            cap,
+            fd: None,
+        })
+    }
+
+    /// Ring capacity of this segment.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// The backing file, if it was kept (`create(.., keep_fd = true)`).
+    pub fn fd(&self) -> Option<&OwnedFd> {
+        self.fd.as_ref()
     }
 
     pub fn control(&self) -> &Control {
@@ -396,6 +511,11 @@ impl RingEnd {
             pos,
             other: to_wake.control(),
         }
+    }
+
+    /// Our own counter: bytes published (sender) or consumed (receiver) so far.
+    pub fn pos(&self) -> u64 {
+        self.pos
     }
 
     fn hdr(&self) -> &RingHeader {

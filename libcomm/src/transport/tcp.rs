@@ -21,6 +21,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub(crate) type CommId = [u8; 16];
+/// Data connections this process has opened or accepted (for tests and stats).
+pub(crate) static CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 const MAX_PARKED: usize = 4096;
 const PARK_TTL: Duration = Duration::from_secs(600);
 
@@ -305,6 +308,7 @@ pub(crate) fn connect(
 /// Prepares an established data connection: non-blocking, no Nagle, and
 /// keepalive/user timeouts so a vanished host is noticed within `peer_timeout`.
 pub(crate) fn tune(s: &TcpStream, peer_timeout: Duration) -> Result<()> {
+    CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     s.set_nonblocking(true)
         .map_err(|e| Error::sys("fcntl", e))?;
     let _ = s.set_nodelay(true);
