@@ -532,4 +532,8 @@ impl InRing {
     pub fn cap(&self) -> u64 {
         self.cap
     }
+    /// Stream position: bytes written so far.
+    pub fn pos(&self) -> u64 {
+        self.end.pos()
+    }
 }

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod client;
 pub mod engine;
 pub mod launch;
+pub mod proxy;
 pub mod ras;
 pub mod rpc;
 

@@ -36,13 +36,22 @@ pub fn render(s: &Status) -> String {
     if !s.hosts.is_empty() {
         let _ = writeln!(o, "peer hosts: {}", s.hosts.len());
         for h in &s.hosts {
-            let _ = writeln!(
+            let _ = write!(
                 o,
                 "  {} at {}: {}",
                 if h.host.is_empty() { "?" } else { &h.host },
                 h.addr,
                 h.state
             );
+            if h.proxy.is_empty() {
+                let _ = writeln!(o);
+            } else {
+                let _ = writeln!(
+                    o,
+                    "; proxy {} (sent {} B, received {} B, connected {}x)",
+                    h.proxy, h.proxy_tx_bytes, h.proxy_rx_bytes, h.proxy_connects
+                );
+            }
         }
     }
     let _ = writeln!(o, "processes: {}", s.processes.len());

@@ -41,13 +41,13 @@ async fn readyz(State(e): State<Arc<Engine>>) -> impl IntoResponse {
 
 async fn ras_text(State(e): State<Arc<Engine>>) -> impl IntoResponse {
     e.metrics.status_queries.inc();
-    crate::ras::render(&e.state.snapshot())
+    crate::ras::render(&e.status())
 }
 
 async fn ras_json(State(e): State<Arc<Engine>>) -> impl IntoResponse {
     e.metrics.status_queries.inc();
     (
         [(header::CONTENT_TYPE, "application/json")],
-        serde_json::to_string_pretty(&*e.state.snapshot()).unwrap_or_default(),
+        serde_json::to_string_pretty(&e.status()).unwrap_or_default(),
     )
 }

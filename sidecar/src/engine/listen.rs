@@ -143,6 +143,22 @@ pub async fn accept_loop(l: Listener, engine: Arc<Engine>, tx: mpsc::Sender<io::
                         .await;
                     return;
                 }
+                Ok(Ok(_)) if &buf == crate::proxy::wire::PREFACE => {
+                    // The proxy's data connections share the peer port.
+                    match (s, engine.proxy.get()) {
+                        (Io::Tcp(t), Some(p)) => {
+                            let from = t.peer_addr();
+                            match (t.into_std(), from) {
+                                (Ok(t), Ok(from)) => {
+                                    crate::proxy::hosts::accept(p.clone(), t, from);
+                                    return;
+                                }
+                                _ => ("short", "lost before the proxy handshake"),
+                            }
+                        }
+                        _ => ("garbage", "a proxy connection, but this sidecar runs no proxy"),
+                    }
+                }
                 Ok(Ok(_)) => ("garbage", "not gRPC (bad HTTP/2 preface)"),
                 Ok(Err(_)) => ("short", "closed before the HTTP/2 preface"),
                 Err(_) => ("timeout", "no HTTP/2 preface within 5 s"),

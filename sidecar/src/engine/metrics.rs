@@ -13,6 +13,12 @@ pub struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProxyLabel {
+    pub peer: String,
+    pub direction: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WhyLabel {
     pub port: String,
     pub reason: String,
@@ -34,6 +40,12 @@ pub struct Metrics {
     pub events_dropped: Counter,
     pub spans_dropped: Counter,
     pub status_queries: Counter,
+    pub proxy_bytes: Family<ProxyLabel, Counter>,
+    pub proxy_frames: Family<ProxyLabel, Counter>,
+    pub proxy_up: Gauge,
+    pub proxy_connections: Counter,
+    pub proxy_lost: Counter,
+    pub proxy_channels: Gauge,
 }
 
 impl Metrics {
@@ -49,6 +61,12 @@ impl Metrics {
             events_dropped: Counter::default(),
             spans_dropped: Counter::default(),
             status_queries: Counter::default(),
+            proxy_bytes: Family::default(),
+            proxy_frames: Family::default(),
+            proxy_up: Gauge::default(),
+            proxy_connections: Counter::default(),
+            proxy_lost: Counter::default(),
+            proxy_channels: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -88,7 +106,46 @@ impl Metrics {
             "RAS status queries served",
             m.status_queries.clone(),
         );
+        registry.register(
+            "proxy_bytes",
+            "Payload bytes the proxy moved per peer host and direction",
+            m.proxy_bytes.clone(),
+        );
+        registry.register(
+            "proxy_frames",
+            "Data frames the proxy moved per peer host and direction",
+            m.proxy_frames.clone(),
+        );
+        registry.register(
+            "proxy_connections_up",
+            "Proxy connections to peer hosts that are up",
+            m.proxy_up.clone(),
+        );
+        registry.register(
+            "proxy_connections",
+            "Proxy connections to peer hosts established",
+            m.proxy_connections.clone(),
+        );
+        registry.register(
+            "proxy_hosts_lost",
+            "Proxy connections lost (each fails the job)",
+            m.proxy_lost.clone(),
+        );
+        registry.register(
+            "proxy_channels",
+            "Proxied channel directions open (rank rings mapped)",
+            m.proxy_channels.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// The per-host counter family `what` ("bytes" or "frames").
+    pub fn proxy(&self, what: &str) -> &Family<ProxyLabel, Counter> {
+        if what == "frames" {
+            &self.proxy_frames
+        } else {
+            &self.proxy_bytes
+        }
     }
 
     pub fn reject(&self, port: &str, reason: &str) {

@@ -13,6 +13,7 @@ pub mod spawn;
 pub mod state;
 pub mod telemetry;
 
+use crate::rpc;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -33,6 +34,8 @@ pub struct Engine {
     pub telemetry: OnceLock<telemetry::Telemetry>,
     /// Peer sidecars' addresses (`--peers`), for job-wide status.
     pub peers: OnceLock<Vec<String>>,
+    /// The network proxy (with `--peer-listen`, unless `--no-proxy`).
+    pub proxy: OnceLock<Arc<crate::proxy::Proxy>>,
 }
 
 impl Engine {
@@ -43,7 +46,39 @@ impl Engine {
             auth: auth::Auth { job, secret },
             telemetry: OnceLock::new(),
             peers: OnceLock::new(),
+            proxy: OnceLock::new(),
         })
+    }
+
+    /// The published snapshot with the proxy's live counters per host
+    /// (atomics: no lock shared with anything).
+    pub fn status(&self) -> rpc::Status {
+        let mut s = (*self.state.snapshot()).clone();
+        if let Some(p) = self.proxy.get() {
+            for v in p.view() {
+                let ip = v.ip.to_string();
+                let i = match s.hosts.iter().position(|h| {
+                    h.addr.rsplit_once(':').map(|x| x.0.trim_matches(['[', ']'])) == Some(&ip)
+                }) {
+                    Some(i) => i,
+                    None => {
+                        s.hosts.push(rpc::HostStatus {
+                            host: v.name.clone(),
+                            addr: ip.clone(),
+                            state: "unknown".into(),
+                            ..Default::default()
+                        });
+                        s.hosts.len() - 1
+                    }
+                };
+                let h = &mut s.hosts[i];
+                h.proxy = v.state.into();
+                h.proxy_tx_bytes = v.tx_bytes;
+                h.proxy_rx_bytes = v.rx_bytes;
+                h.proxy_connects = v.connects;
+            }
+        }
+        s
     }
 }
 
@@ -74,6 +109,10 @@ pub struct SidecarArgs {
     /// Seconds the ranks get to acknowledge an abort on SIGTERM before we exit.
     #[arg(long, value_name = "SECS", default_value = "2")]
     pub grace: f64,
+    /// Do not offer the network proxy (ranks then connect to other hosts
+    /// directly over TCP). The proxy needs --peer-listen.
+    #[arg(long)]
+    pub no_proxy: bool,
 }
 
 /// This machine's host name.
@@ -128,6 +167,27 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
         }
     }
     tokio::spawn(engine.state.clone().publisher());
+    // The proxy's socket exists before the control socket: a rank that
+    // attached can rely on its presence meaning "proxy offered".
+    if let Some(addr) = args.peer_listen
+        && !args.no_proxy
+    {
+        match crate::proxy::start(
+            engine.clone(),
+            &args.socket,
+            args.peers.clone(),
+            addr.port(),
+            Duration::from_millis(args.peer_timeout_ms.max(100)),
+        ) {
+            Ok(p) => {
+                let _ = engine.proxy.set(p);
+            }
+            Err(e) => {
+                log(&format!("cannot start the proxy: {e}"));
+                return 1;
+            }
+        }
+    }
     let listener = match listen::bind(&args.socket) {
         Ok(l) => l,
         Err(e) => {
@@ -265,6 +325,9 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
     let _ = tokio::time::timeout(Duration::from_secs(1), grpc).await;
     let _ = tokio::time::timeout(Duration::from_secs(1), web).await;
     let _ = std::fs::remove_file(&args.socket);
+    if let Some(p) = engine.proxy.get() {
+        let _ = std::fs::remove_file(&p.socket_path);
+    }
     0
 }
 

@@ -330,7 +330,7 @@ impl Sidecar for Service {
         req: Request<rpc::StatusRequest>,
     ) -> Result<Response<rpc::Status>, Status> {
         self.engine.metrics.status_queries.inc();
-        let mut s = (*self.engine.state.snapshot()).clone();
+        let mut s = self.engine.status();
         if req.into_inner().job_wide {
             for other in super::peers::peer_statuses(&self.engine).await {
                 super::state::merge(&mut s, other);

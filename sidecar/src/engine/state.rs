@@ -251,6 +251,7 @@ impl State {
                     }
                     .into(),
                     last_seen_unix_nano: p.last_seen,
+                    ..Default::default()
                 })
                 .collect(),
         };

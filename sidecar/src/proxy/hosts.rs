@@ -1,0 +1,344 @@
+//! Connections between sidecars: dial or accept, authenticate (HMAC
+//! challenge-response over both sides' nonces, `wire`), then one receive
+//! thread per connection that reads frames and writes data straight into
+//! the destination ranks' rings.
+
+use super::wire::{self, Challenge, FRAME_HEADER, Frame, Hello};
+use super::{HostConn, LOST, Proxy, UP};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+/// How long a host's sidecar may take to become reachable at all.
+const CONNECT_LIMIT: Duration = Duration::from_secs(60);
+
+fn random16() -> [u8; 16] {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).expect("system randomness");
+    b
+}
+
+fn send(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
+    let mut v = (b.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(b);
+    s.write_all(&v)
+}
+
+/// Reads one length-prefixed handshake message (bounded size and time).
+fn recv(s: &mut TcpStream) -> Result<Vec<u8>, (&'static str, String)> {
+    let mut l = [0u8; 4];
+    s.read_exact(&mut l)
+        .map_err(|e| ("short", format!("handshake cut short: {e}")))?;
+    let n = wire::decode_len(l).map_err(|e| ("oversized", e))?;
+    let mut b = vec![0u8; n];
+    s.read_exact(&mut b)
+        .map_err(|e| ("short", format!("handshake cut short: {e}")))?;
+    Ok(b)
+}
+
+/// Connects to the host's sidecar (retrying until it listens) and installs the connection.
+pub fn dial(p: Arc<Proxy>, c: Arc<HostConn>) {
+    let _ = std::thread::Builder::new()
+        .name("weft-proxy-dial".into())
+        .spawn(move || {
+            let addr = SocketAddr::new(c.ip, c.port);
+            let deadline = Instant::now() + CONNECT_LIMIT;
+            let mut last;
+            while c.state.load(Ordering::Acquire) != LOST {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                    Ok(s) => match handshake_dial(&p, s) {
+                        Ok((s, name)) => return install(&p, &c, s, &name),
+                        Err((fatal, e)) => {
+                            if fatal {
+                                p.lose(&c, &format!("its sidecar at {addr}: {e}"));
+                                return;
+                            }
+                            last = e;
+                        }
+                    },
+                    Err(e) => last = e.to_string(),
+                }
+                if Instant::now() >= deadline {
+                    p.lose(
+                        &c,
+                        &format!("cannot reach its sidecar's proxy at {addr}: {last}"),
+                    );
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+}
+
+/// The other side dials: lose the host if it never does.
+pub fn await_accept(p: Arc<Proxy>, c: Arc<HostConn>) {
+    let _ = std::thread::Builder::new()
+        .name("weft-proxy-wait".into())
+        .spawn(move || {
+            let deadline = Instant::now() + CONNECT_LIMIT;
+            while c.state.load(Ordering::Acquire) == super::CONNECTING {
+                if Instant::now() >= deadline {
+                    p.lose(&c, "its sidecar never connected to our proxy");
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+}
+
+/// Dialer's side of the handshake. `Err((fatal, why))`: fatal when the
+/// peer proved it does not hold our secret (retrying cannot help).
+fn handshake_dial(p: &Proxy, mut s: TcpStream) -> Result<(TcpStream, String), (bool, String)> {
+    let soft = |e: std::io::Error| (false, e.to_string());
+    s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(soft)?;
+    s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(soft)?;
+    let nonce = random16();
+    s.write_all(wire::PREFACE).map_err(soft)?;
+    let hello = Hello {
+        nonce,
+        job: p.job.clone(),
+        host: p.host.clone(),
+    };
+    send(&mut s, &hello.encode()).map_err(soft)?;
+    let ch = recv(&mut s).map_err(|e| (false, e.1))?;
+    let ch = Challenge::decode(&ch).map_err(|e| (true, e))?;
+    let want = wire::mac(&p.secret, "acceptor", &p.job, &nonce, &ch.nonce);
+    if !wire::mac_eq(&want, &ch.mac) {
+        return Err((
+            true,
+            "it does not hold this job's secret (HMAC mismatch)".into(),
+        ));
+    }
+    let proof = wire::mac(&p.secret, "dialer", &p.job, &nonce, &ch.nonce);
+    send(&mut s, &proof).map_err(soft)?;
+    let mut ok = [0u8; 1];
+    s.read_exact(&mut ok)
+        .map_err(|e| (true, format!("it refused our proof: {e}")))?;
+    if ok[0] != 1 {
+        return Err((true, "it refused our proof".into()));
+    }
+    Ok((s, ch.host))
+}
+
+/// A connection on the peer port that opened with the proxy preface.
+pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
+    let _ = std::thread::Builder::new()
+        .name("weft-proxy-accept".into())
+        .spawn(move || {
+            let reject = |reason: &str, why: &str| {
+                p.engine.metrics.reject("proxy", reason);
+                crate::engine::log(&format!(
+                    "rejected a proxy connection from {from}: {why}"
+                ));
+            };
+            let _ = s.set_nonblocking(false);
+            match handshake_accept(&p, s) {
+                Err((reason, why)) => reject(reason, &why),
+                Ok((s, name)) => {
+                    let ip = from.ip();
+                    let c = {
+                        let mut reg = p.lock();
+                        match reg.conns.get(&ip) {
+                            Some(c) if c.state.load(Ordering::Acquire) != super::CONNECTING => {
+                                drop(reg);
+                                return reject(
+                                    "duplicate",
+                                    "a connection to that host exists already",
+                                );
+                            }
+                            Some(c) => c.clone(),
+                            None => {
+                                let c = p.new_conn(ip, &name);
+                                reg.conns.insert(ip, c.clone());
+                                c
+                            }
+                        }
+                    };
+                    install(&p, &c, s, &name);
+                }
+            }
+        });
+}
+
+fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<(TcpStream, String), (&'static str, String)> {
+    let io = |e: std::io::Error| ("short", e.to_string());
+    s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
+    s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
+    let hello = recv(&mut s)?;
+    let hello = Hello::decode(&hello).map_err(|e| ("garbage", e))?;
+    if hello.job != p.job {
+        return Err(("auth", format!("job '{}' is not ours", hello.job)));
+    }
+    let nonce = random16();
+    let ch = Challenge {
+        nonce,
+        host: p.host.clone(),
+        mac: wire::mac(&p.secret, "acceptor", &p.job, &hello.nonce, &nonce),
+    };
+    send(&mut s, &ch.encode()).map_err(io)?;
+    let proof = recv(&mut s)?;
+    let proof = wire::decode_proof(&proof).map_err(|e| ("garbage", e))?;
+    let want = wire::mac(&p.secret, "dialer", &p.job, &hello.nonce, &nonce);
+    if !wire::mac_eq(&want, &proof) {
+        return Err(("auth", "wrong job secret (HMAC mismatch)".into()));
+    }
+    s.write_all(&[1]).map_err(io)?;
+    Ok((s, hello.host))
+}
+
+/// Tunes an authenticated connection and starts its receive thread.
+fn install(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream, name: &str) {
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(None);
+    let _ = s.set_write_timeout(None);
+    let fd = s.as_raw_fd();
+    let set = |level, opt, v: i32| unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            (&v as *const i32).cast(),
+            std::mem::size_of::<i32>() as u32,
+        )
+    };
+    let ms = p.timeout.as_millis().min(i32::MAX as u128) as i32;
+    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms);
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        set(libc::SOL_SOCKET, opt, 4 << 20);
+    }
+    let _ = s.set_nonblocking(true);
+    let rx = match s.try_clone() {
+        Ok(r) => r,
+        Err(e) => return p.lose(c, &format!("cannot clone the socket: {e}")),
+    };
+    if !name.is_empty() {
+        *c.name.lock().unwrap_or_else(|e| e.into_inner()) = name.chars().take(256).collect();
+    }
+    if c.sock.set(s).is_err() {
+        return p.lose(c, "a second connection to an existing host");
+    }
+    if c
+        .state
+        .compare_exchange(super::CONNECTING, UP, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    c.stats.connects.fetch_add(1, Ordering::Relaxed);
+    c.last_tx_ms.store(p.now_ms(), Ordering::Relaxed);
+    p.engine.metrics.proxy_up.inc();
+    p.engine.metrics.proxy_connections.inc();
+    crate::engine::log(&format!("proxy: connected to host {}", c.label()));
+    let (p2, c2) = (p.clone(), c.clone());
+    let _ = std::thread::Builder::new()
+        .name("weft-proxy-rx".into())
+        .spawn(move || {
+            let why = receive(&p2, &c2, rx);
+            p2.lose(&c2, &why);
+        });
+    p.rebuild(&p.lock());
+}
+
+/// Reads exactly `n` bytes into `dst`; a silent peer for the timeout is lost.
+fn read_full(s: &TcpStream, dst: *mut u8, n: usize, timeout: Duration) -> Result<(), String> {
+    let mut got = 0;
+    while got < n {
+        let b = unsafe { std::slice::from_raw_parts_mut(dst.add(got), n - got) };
+        match (&*s).read(b) {
+            Ok(0) => return Err("its sidecar closed the connection".into()),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let mut pfd = libc::pollfd {
+                    fd: s.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+                if unsafe { libc::poll(&mut pfd, 1, ms) } == 0 {
+                    return Err(format!(
+                        "no traffic from its sidecar for {} ms (link down?)",
+                        timeout.as_millis()
+                    ));
+                }
+            }
+            Err(e) => return Err(format!("connection error: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// The receive loop; returns why the connection ended.
+fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
+    let mut scratch: Vec<u8> = Vec::new();
+    loop {
+        if c.state.load(Ordering::Acquire) == LOST {
+            return "closed".into();
+        }
+        let mut h = [0u8; FRAME_HEADER];
+        if let Err(e) = read_full(&s, h.as_mut_ptr(), FRAME_HEADER, p.timeout) {
+            return e;
+        }
+        let f = match Frame::decode(&h) {
+            Ok(f) => f,
+            Err(e) => {
+                p.engine.metrics.reject("proxy", "frame");
+                return format!("protocol error from its sidecar: {e}");
+            }
+        };
+        match f.kind {
+            wire::KIND_DATA => {
+                let n = f.len as usize;
+                let chan = p.lock().recv.get(&f.key).cloned();
+                match chan {
+                    Some(ch) if Arc::ptr_eq(&ch.conn, c) => {
+                        let mut ring = ch.ring.lock().unwrap_or_else(|e| e.into_inner());
+                        let space = ring.space().unwrap_or(0);
+                        if n > space || f.value != ring.pos() {
+                            p.engine.metrics.reject("proxy", "credit");
+                            return format!(
+                                "protocol error: {n} bytes at {} for a ring with {space} free at {}",
+                                f.value,
+                                ring.pos()
+                            );
+                        }
+                        // Straight from the socket into the rank's ring.
+                        for (ptr, len) in ring.regions(n) {
+                            if len > 0
+                                && let Err(e) = read_full(&s, ptr, len, p.timeout)
+                            {
+                                return e;
+                            }
+                        }
+                        ring.publish(n);
+                        c.count_rx(n as u64);
+                    }
+                    _ => {
+                        // A rank that closed with bytes in flight: discard them.
+                        scratch.resize(n, 0);
+                        if let Err(e) = read_full(&s, scratch.as_mut_ptr(), n, p.timeout) {
+                            return e;
+                        }
+                        c.count_rx(n as u64);
+                    }
+                }
+            }
+            wire::KIND_CREDIT => {
+                let mut reg = p.lock();
+                match reg.send.get(&f.key) {
+                    Some(sc) if Arc::ptr_eq(&sc.conn, c) => {
+                        sc.window.fetch_max(f.value, Ordering::AcqRel);
+                    }
+                    _ => p.park_credit(&mut reg, f.key, f.value),
+                }
+                drop(reg);
+                p.doorbell.ring();
+            }
+            _ => {} // ping: liveness only
+        }
+    }
+}

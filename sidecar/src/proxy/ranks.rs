@@ -1,0 +1,165 @@
+//! The ranks' side: a Unix socket (`<control socket>.proxy`, mode 0600)
+//! where each communicator-rank with peers on other hosts opens its
+//! channels (`libcomm::proxy`). One thread per open connection, which
+//! sleeps in `read` until the rank closes it (or dies).
+
+use super::{Proxy, RecvChan, SendChan};
+use libcomm::proxy::{self as lp, Attached, OpenMsg};
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if path.exists() {
+        std::fs::remove_file(path)?;
+    }
+    let old = unsafe { libc::umask(0o177) };
+    let l = UnixListener::bind(path);
+    unsafe { libc::umask(old) };
+    let l = l?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+pub fn serve(p: Arc<Proxy>, l: UnixListener) {
+    for s in l.incoming() {
+        match s {
+            Ok(s) => {
+                let p = p.clone();
+                let _ = std::thread::Builder::new()
+                    .name("weft-proxy-rank".into())
+                    .stack_size(128 << 10)
+                    .spawn(move || serve_rank(p, s));
+            }
+            Err(e) => {
+                crate::engine::log(&format!("proxy: accept on the rank socket failed: {e}"));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
+    let fd = s.as_raw_fd();
+    lp::set_read_timeout(fd, Duration::from_secs(5));
+    let (open, keys) = match open(&p, fd) {
+        Ok(x) => x,
+        Err(why) => {
+            p.engine.metrics.reject("proxy-socket", "open");
+            crate::engine::log(&format!("proxy: refused a rank's open: {why}"));
+            let _ = lp::send_msg(fd, lp::KIND_ERR, why.as_bytes(), &[]);
+            return;
+        }
+    };
+    if lp::send_msg(fd, lp::KIND_OK, &[], &[p.doorbell.fd()]).is_err() {
+        close(&p, &keys);
+        return;
+    }
+    // The rank holds the connection for the communicator's life.
+    lp::set_read_timeout(fd, Duration::ZERO);
+    let mut b = [0u8; 64];
+    while let Ok(n) = s.read(&mut b) {
+        if n == 0 {
+            break;
+        }
+    }
+    let _ = open;
+    close(&p, &keys);
+}
+
+type Keys = Vec<(super::wire::Key, super::wire::Key)>;
+
+/// Reads, checks and registers one Open: the channels' keys.
+fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
+    let (kind, payload, fds) = lp::recv_msg(fd).map_err(|e| e.to_string())?;
+    if kind != lp::KIND_OPEN {
+        return Err(format!("expected an open, got kind {kind}"));
+    }
+    let m = OpenMsg::decode(&payload).map_err(|e| e.to_string())?;
+    if m.job != p.job {
+        return Err(format!("job '{}' is not this sidecar's job '{}'", m.job, p.job));
+    }
+    let att = Arc::new(Attached::map(&m, &fds).map_err(|e| e.to_string())?);
+    let my_ip = m.addr.ip();
+    let mut reg = p.lock();
+    let mut keys: Keys = Vec::new();
+    let mut err = None;
+    for (i, peer) in m.peers.iter().enumerate() {
+        let ip = peer.addr.ip();
+        if ip == my_ip || ip.is_unspecified() {
+            err = Some(format!(
+                "rank {} on host {} has address {ip}, not another host's",
+                peer.rank, peer.host
+            ));
+            break;
+        }
+        let conn = p.conn(&mut reg, ip, my_ip, &peer.host);
+        if conn.state.load(std::sync::atomic::Ordering::Acquire) == super::LOST {
+            err = Some(
+                conn.lost_reason
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            );
+            break;
+        }
+        let skey = (m.comm, m.rank, peer.rank);
+        let rkey = (m.comm, peer.rank, m.rank);
+        if reg.send.contains_key(&skey) || reg.recv.contains_key(&rkey) {
+            err = Some(format!(
+                "rank {} of this communicator has opened its channels already",
+                m.rank
+            ));
+            break;
+        }
+        let window = reg.pending.remove(&skey).map(|x| x.0).unwrap_or(0);
+        reg.send.insert(
+            skey,
+            Arc::new(SendChan {
+                key: skey,
+                conn: conn.clone(),
+                ring: Mutex::new(att.out_ring(i)),
+                window: AtomicU64::new(window),
+                att: att.clone(),
+                closed_at: OnceLock::new(),
+            }),
+        );
+        reg.recv.insert(
+            rkey,
+            Arc::new(RecvChan {
+                key: rkey,
+                conn,
+                ring: Mutex::new(att.in_ring(i)),
+                granted: AtomicU64::new(0),
+                att: att.clone(),
+            }),
+        );
+        keys.push((skey, rkey));
+    }
+    if let Some(e) = err {
+        for (s, r) in &keys {
+            reg.send.remove(s);
+            reg.recv.remove(r);
+        }
+        return Err(e);
+    }
+    p.rebuild(&reg);
+    Ok((m, keys))
+}
+
+/// The rank has gone: stop delivering to it, drain what it sent.
+fn close(p: &Proxy, keys: &Keys) {
+    let mut reg = p.lock();
+    for (s, r) in keys {
+        reg.recv.remove(r);
+        if let Some(c) = reg.send.get(s) {
+            let _ = c.closed_at.set(Instant::now());
+        }
+    }
+    p.rebuild(&reg);
+}

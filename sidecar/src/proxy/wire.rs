@@ -1,0 +1,257 @@
+//! Sidecar-to-sidecar proxy wire format: the handshake that authenticates
+//! a connection with the job secret, and the frames multiplexed over it.
+//! Every decoder bounds sizes and checks every field; nothing decoded is
+//! trusted for addressing.
+//!
+//! Handshake (each message a u32 big-endian length and at most
+//! [`MAX_HANDSHAKE`] bytes): the dialer sends [`PREFACE`] and `Hello`
+//! (its nonce, job, host name); the acceptor answers `Challenge` (its
+//! nonce, host name, HMAC over both nonces in the acceptor role); the
+//! dialer answers `Proof` (HMAC in the dialer role); the acceptor confirms
+//! with one byte. Both sides prove the secret over fresh nonces of both, so
+//! nothing recorded can be replayed and neither role's MAC serves the other.
+
+use hmac::{KeyInit, Mac};
+use sha2::Sha256;
+
+/// The first 24 bytes of a proxy connection (the peer port tells it from
+/// the HTTP/2 preface of gRPC by these).
+pub const PREFACE: &[u8; 24] = b"WEFT-PROXY/1\r\n\r\n\0\0\0\0\0\0\0\0";
+pub const MAX_HANDSHAKE: usize = 1024;
+pub const FRAME_HEADER: usize = 40;
+/// Largest data frame (a multiple of 8).
+pub const MAX_FRAME: usize = 1 << 20;
+
+pub const KIND_DATA: u8 = 1;
+pub const KIND_CREDIT: u8 = 2;
+pub const KIND_PING: u8 = 3;
+
+/// (communicator, source rank, destination rank): one direction of a channel.
+pub type Key = ([u8; 16], u32, u32);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: u8,
+    pub key: Key,
+    /// Data: payload bytes that follow.
+    pub len: u32,
+    /// Data: stream position of the first payload byte; credit: how far the
+    /// sender may write (stream position).
+    pub value: u64,
+}
+
+impl Frame {
+    pub fn encode(&self) -> [u8; FRAME_HEADER] {
+        let mut h = [0u8; FRAME_HEADER];
+        h[0] = self.kind;
+        h[4..8].copy_from_slice(&self.key.1.to_be_bytes());
+        h[8..12].copy_from_slice(&self.key.2.to_be_bytes());
+        h[12..16].copy_from_slice(&self.len.to_be_bytes());
+        h[16..32].copy_from_slice(&self.key.0);
+        h[32..40].copy_from_slice(&self.value.to_be_bytes());
+        h
+    }
+
+    pub fn decode(h: &[u8; FRAME_HEADER]) -> Result<Frame, String> {
+        let kind = h[0];
+        if h[1..4] != [0, 0, 0] {
+            return Err("reserved header bytes are not zero".into());
+        }
+        let u32_at = |i: usize| u32::from_be_bytes(h[i..i + 4].try_into().unwrap());
+        let f = Frame {
+            kind,
+            key: (h[16..32].try_into().unwrap(), u32_at(4), u32_at(8)),
+            len: u32_at(12),
+            value: u64::from_be_bytes(h[32..40].try_into().unwrap()),
+        };
+        match kind {
+            KIND_DATA => {
+                let n = f.len as usize;
+                if n == 0 || n > MAX_FRAME || !n.is_multiple_of(8) {
+                    return Err(format!(
+                        "data frame of {n} bytes (must be 8..={MAX_FRAME}, a multiple of 8)"
+                    ));
+                }
+                if !f.value.is_multiple_of(8) {
+                    return Err("data frame at an unaligned stream position".into());
+                }
+            }
+            KIND_CREDIT | KIND_PING => {
+                if f.len != 0 {
+                    return Err(format!("kind {kind} frame with a {} byte payload", f.len));
+                }
+            }
+            k => return Err(format!("unknown frame kind {k}")),
+        }
+        Ok(f)
+    }
+}
+
+/// A bounded reader of handshake fields.
+struct Rd<'a>(&'a [u8]);
+
+impl<'a> Rd<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("truncated handshake message".into());
+        }
+        let (h, t) = self.0.split_at(n);
+        self.0 = t;
+        Ok(h)
+    }
+    fn nonce(&mut self) -> Result<[u8; 16], String> {
+        Ok(self.take(16)?.try_into().unwrap())
+    }
+    fn mac(&mut self) -> Result<[u8; 32], String> {
+        Ok(self.take(32)?.try_into().unwrap())
+    }
+    fn str(&mut self) -> Result<String, String> {
+        let n = u16::from_be_bytes(self.take(2)?.try_into().unwrap()) as usize;
+        if n > 256 {
+            return Err(format!("string of {n} bytes in a handshake message"));
+        }
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "invalid UTF-8".to_string())
+    }
+    fn end(&self) -> Result<(), String> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err("trailing bytes in a handshake message".into())
+        }
+    }
+}
+
+fn put_str(v: &mut Vec<u8>, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(256)];
+    v.extend_from_slice(&(s.len() as u16).to_be_bytes());
+    v.extend_from_slice(s);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    pub nonce: [u8; 16],
+    pub job: String,
+    pub host: String,
+}
+
+impl Hello {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.nonce.to_vec();
+        put_str(&mut v, &self.job);
+        put_str(&mut v, &self.host);
+        v
+    }
+    pub fn decode(b: &[u8]) -> Result<Hello, String> {
+        let mut r = Rd(b);
+        let h = Hello {
+            nonce: r.nonce()?,
+            job: r.str()?,
+            host: r.str()?,
+        };
+        r.end()?;
+        Ok(h)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    pub nonce: [u8; 16],
+    pub host: String,
+    pub mac: [u8; 32],
+}
+
+impl Challenge {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = self.nonce.to_vec();
+        put_str(&mut v, &self.host);
+        v.extend_from_slice(&self.mac);
+        v
+    }
+    pub fn decode(b: &[u8]) -> Result<Challenge, String> {
+        let mut r = Rd(b);
+        let c = Challenge {
+            nonce: r.nonce()?,
+            host: r.str()?,
+            mac: r.mac()?,
+        };
+        r.end()?;
+        Ok(c)
+    }
+}
+
+/// The dialer's proof: its MAC.
+pub fn decode_proof(b: &[u8]) -> Result<[u8; 32], String> {
+    let mut r = Rd(b);
+    let m = r.mac()?;
+    r.end()?;
+    Ok(m)
+}
+
+/// Checks a handshake message's length prefix.
+pub fn decode_len(b: [u8; 4]) -> Result<usize, String> {
+    let n = u32::from_be_bytes(b) as usize;
+    if n > MAX_HANDSHAKE {
+        Err(format!(
+            "handshake message of {n} bytes exceeds {MAX_HANDSHAKE}"
+        ))
+    } else {
+        Ok(n)
+    }
+}
+
+/// HMAC-SHA256(secret, "weft-proxy" role job nonce_dialer nonce_acceptor).
+pub fn mac(secret: &str, role: &str, job: &str, dialer: &[u8; 16], acceptor: &[u8; 16]) -> [u8; 32] {
+    let mut m =
+        <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("any key length");
+    m.update(b"weft-proxy\0");
+    m.update(role.as_bytes());
+    m.update(b"\0");
+    m.update(job.as_bytes());
+    m.update(b"\0");
+    m.update(dialer);
+    m.update(acceptor);
+    m.finalize().into_bytes().into()
+}
+
+/// Constant-time comparison.
+pub fn mac_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_ones_are_refused() {
+        let f = Frame {
+            kind: KIND_DATA,
+            key: ([7; 16], 1, 2),
+            len: 64,
+            value: 128,
+        };
+        assert_eq!(Frame::decode(&f.encode()).unwrap(), f);
+        for bad in [
+            Frame { len: 0, ..f },
+            Frame { len: 12, ..f },
+            Frame {
+                len: MAX_FRAME as u32 + 8,
+                ..f
+            },
+            Frame {
+                kind: KIND_CREDIT,
+                ..f
+            },
+            Frame { kind: 9, ..f },
+        ] {
+            assert!(Frame::decode(&bad.encode()).is_err(), "{bad:?}");
+        }
+        let h = Hello {
+            nonce: [1; 16],
+            job: "j".into(),
+            host: "h".into(),
+        };
+        assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
+        assert!(decode_len(2048u32.to_be_bytes()).is_err());
+    }
+}
