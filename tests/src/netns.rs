@@ -99,3 +99,15 @@ pub fn enter(name: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Runs `f` on a thread inside network namespace `name` (setns affects the
+/// calling thread only): how the test process reaches a host's sockets.
+pub fn within<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let name = name.to_string();
+    std::thread::spawn(move || {
+        enter(&name).expect("entering the namespace");
+        f()
+    })
+    .join()
+    .expect("thread inside the namespace")
+}

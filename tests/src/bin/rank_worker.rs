@@ -45,6 +45,8 @@ fn main() {
         "sc_storm" => sidecar_modes::storm(),
         "sc_hang" => sidecar_modes::hang(),
         "sc_behind" => sidecar_modes::behind(),
+        "sc_payload" => sidecar_modes::payload(),
+        "sc_bw" => sidecar_modes::bandwidth(),
         other => fail(format!("unknown mode '{other}'")),
     }
 }

@@ -161,6 +161,7 @@ pub fn hang() {
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         });
     }
+    transport_facts();
     println!("@ running=1");
     let mut buf = vec![1.0f32; 1 << 16];
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -197,4 +198,72 @@ pub fn behind() {
     ok(w.destroy(), "destroy");
     agent.close();
     println!("@ done=1");
+}
+
+/// How this process reached other hosts (the proxy tests check it).
+fn transport_facts() {
+    let t = libcomm::transport_stats();
+    println!(
+        "@ tcp_conns={} proxy_chans={}",
+        t.tcp_connections, t.proxy_channels
+    );
+}
+
+/// `sc_payload ELEMS ITERS`: ITERS checked all-reduces of ELEMS f32 on the
+/// world and the split half, plus the mixed small collectives of `step`.
+pub fn payload() {
+    let agent = attach();
+    let elems = arg(2, "1024");
+    let iters = arg(3, "10");
+    let w = ok(Communicator::from_env(), "init");
+    let half = ok(w.split(Some((w.rank() % 2) as u32), 0), "split").unwrap();
+    for c in [&w, &half] {
+        let n = c.count();
+        for i in 0..iters {
+            let mut v: Vec<f32> = (0..elems).map(|k| (c.rank() + k % 7 + i) as f32).collect();
+            ok(c.all_reduce_in_place(&mut v, ReduceOp::Sum), "all_reduce");
+            for (k, x) in v.iter().enumerate() {
+                let want = (n * (n - 1) / 2 + n * (k % 7 + i)) as f32;
+                if *x != want {
+                    fail(format!("all_reduce #{i}: [{k}] = {x}, want {want}"));
+                }
+            }
+            step(c, i);
+        }
+    }
+    transport_facts();
+    ok(half.destroy(), "destroy split");
+    ok(w.destroy(), "destroy");
+    agent.close();
+    println!("@ done=1");
+}
+
+/// `sc_bw ITERS BYTES...`: all-reduce (f32 sum) timings, median of ITERS
+/// after 2 warm-ups, per size: `@ us_<bytes>=<microseconds>`.
+pub fn bandwidth() {
+    let agent = attach();
+    let iters = arg(2, "20");
+    let sizes: Vec<usize> = std::env::args()
+        .skip(3)
+        .map(|s| s.parse().unwrap_or_else(|_| fail("bad size")))
+        .collect();
+    let w = ok(Communicator::from_env(), "init");
+    for bytes in sizes {
+        let mut v = vec![1.0f32; (bytes / 4).max(1)];
+        let mut times = Vec::new();
+        for i in 0..iters + 2 {
+            ok(w.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max), "barrier");
+            let t = Instant::now();
+            ok(w.all_reduce_in_place(&mut v, ReduceOp::Sum), "all_reduce");
+            if i >= 2 {
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            v.iter_mut().for_each(|x| *x = 1.0);
+        }
+        times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!("@ us_{bytes}={:.1}", times[times.len() / 2]);
+    }
+    transport_facts();
+    ok(w.destroy(), "destroy");
+    agent.close();
 }
