@@ -99,6 +99,84 @@ proptest! {
     }
 }
 
+// The network proxy's decoders: rank opens (libcomm::proxy), message
+// headers on the ranks' socket, sidecar-to-sidecar handshake and frames.
+fn valid_open() -> libcomm::proxy::OpenMsg {
+    use libcomm::proxy::{OpenMsg, ProxyPeer};
+    OpenMsg {
+        job: "job".into(),
+        comm: [3; 16],
+        rank: 1,
+        nranks: 4,
+        pid: 42,
+        ring_cap: 1 << 16,
+        addr: "10.0.0.1:5".parse().unwrap(),
+        peers: vec![ProxyPeer {
+            rank: 2,
+            addr: "10.0.0.2:6".parse().unwrap(),
+            host: "h2".into(),
+        }],
+    }
+}
+
+proptest! {
+    #![proptest_config(cfg())]
+
+    #[test]
+    fn arbitrary_bytes_never_panic_the_proxy_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        use weft::proxy::wire;
+        let _ = libcomm::proxy::OpenMsg::decode(&bytes);
+        let mut h = [0u8; libcomm::proxy::HEADER];
+        let n = bytes.len().min(h.len());
+        h[..n].copy_from_slice(&bytes[..n]);
+        let _ = libcomm::proxy::decode_header(&h);
+        let mut f = [0u8; wire::FRAME_HEADER];
+        let n = bytes.len().min(f.len());
+        f[..n].copy_from_slice(&bytes[..n]);
+        if let Ok(fr) = wire::Frame::decode(&f) {
+            // Whatever decodes is within the bounds the receive loop relies on.
+            prop_assert!(fr.len as usize <= wire::MAX_FRAME && fr.len % 8 == 0);
+        }
+        let _ = wire::Hello::decode(&bytes);
+        let _ = wire::Challenge::decode(&bytes);
+        let _ = wire::decode_proof(&bytes);
+    }
+
+    #[test]
+    fn mutated_proxy_messages_never_panic(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+        let mut b = valid_open().encode();
+        for (i, x) in &flips {
+            let k = i % b.len();
+            b[k] ^= x;
+        }
+        if let Ok(m) = libcomm::proxy::OpenMsg::decode(&b) {
+            prop_assert!(m.rank < m.nranks && m.peers.iter().all(|p| p.rank < m.nranks));
+            prop_assert!((m.ring_cap as usize).is_power_of_two());
+        }
+        let f = weft::proxy::wire::Frame { kind: 1, key: ([1; 16], 1, 2), len: 4096, value: 64 };
+        let mut h = f.encode();
+        for (i, x) in &flips {
+            h[i % h.len()] ^= x;
+        }
+        if let Ok(fr) = weft::proxy::wire::Frame::decode(&h) {
+            prop_assert!(fr.len as usize <= weft::proxy::wire::MAX_FRAME);
+        }
+    }
+}
+
+#[test]
+fn proxy_open_round_trips_and_oversized_input_is_refused() {
+    let m = valid_open();
+    assert_eq!(libcomm::proxy::OpenMsg::decode(&m.encode()).unwrap(), m);
+    assert!(libcomm::proxy::OpenMsg::decode(&vec![0u8; libcomm::proxy::MAX_MSG + 1]).is_err());
+    let mut h = [0u8; libcomm::proxy::HEADER];
+    h[..4].copy_from_slice(&libcomm::proxy::MAGIC);
+    h[4] = libcomm::proxy::VERSION;
+    h[5] = libcomm::proxy::KIND_OPEN;
+    h[8..].copy_from_slice(&(libcomm::proxy::MAX_MSG as u32 + 1).to_be_bytes());
+    assert!(libcomm::proxy::decode_header(&h).is_err());
+}
+
 #[test]
 fn the_decoder_refuses_messages_over_the_limit() {
     // The gRPC server is built with max_decoding_message_size(MAX_MESSAGE);
