@@ -479,3 +479,41 @@ fn wrong_secret_garbage_and_oversized_on_the_proxy_port_are_rejected() {
     assert!(metrics.contains("weft_proxy_connections_total 1"), "{metrics}");
     assert!(metrics.contains("weft_proxy_hosts_lost_total 0"), "{metrics}");
 }
+
+/// Measurement, not a check (run on demand, ideally `--release`): all-reduce
+/// latency/bandwidth across 2 namespace hosts x 2 ranks, through the
+/// sidecar proxy and with direct TCP (`WEFT_PROXY=0`).
+#[test]
+#[ignore]
+fn measure_proxy_vs_direct_tcp() {
+    let Some(c) = cluster(2, 5000) else {
+        return;
+    };
+    let sizes = ["8", "4096", "65536", "1048576", "16777216"];
+    let mut args = vec!["sc_bw", "20"];
+    args.extend(sizes);
+    let mut rows = Vec::new();
+    for (name, proxy) in [("proxy", "1"), ("direct", "0")] {
+        let run = job::run(
+            c.spec(&args, Duration::from_secs(300))
+                .env("WEFT_PROXY", proxy),
+        );
+        run.assert_success();
+        let f = run.facts(0);
+        rows.push((name, f));
+    }
+    println!("| bytes | proxy us | proxy algbw GB/s | direct us | direct algbw GB/s |");
+    println!("|---:|---:|---:|---:|---:|");
+    for s in sizes {
+        let key = format!("us_{s}");
+        let p: f64 = rows[0].1[&key].parse().unwrap();
+        let d: f64 = rows[1].1[&key].parse().unwrap();
+        let b: f64 = s.parse().unwrap();
+        println!(
+            "| {s} | {p:.1} | {:.3} | {d:.1} | {:.3} |",
+            b / p / 1e3,
+            b / d / 1e3
+        );
+    }
+    println!("proxy ranks: {:?}; direct ranks: {:?}", rows[0].1.get("proxy_chans"), rows[1].1.get("tcp_conns"));
+}
