@@ -9,8 +9,8 @@ use crate::config::{Config, TransportPref};
 use crate::error::{Error, Result};
 use crate::fault::Fault;
 use crate::log::info_log;
-use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
 use crate::transport::proxy::ProxyLink;
+use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
 use crate::transport::tcp::{self, CommId, Endpoint};
 use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
 use crate::unique_id::hex;
@@ -102,13 +102,12 @@ impl CommCore {
         }
         // Other hosts go through the pod's sidecar when it offers a proxy
         // (WEFT_TRANSPORT=tcp keeps every peer on direct TCP).
-        let proxy_path = if ctx.cfg.transport != TransportPref::Tcp
-            && kinds.contains(&PeerKind::Tcp)
-        {
-            crate::proxy::socket_path()?
-        } else {
-            None
-        };
+        let proxy_path =
+            if ctx.cfg.transport != TransportPref::Tcp && kinds.contains(&PeerKind::Tcp) {
+                crate::proxy::socket_path()?
+            } else {
+                None
+            };
         let mut kinds = kinds;
         if proxy_path.is_some() {
             for k in kinds.iter_mut().filter(|k| **k == PeerKind::Tcp) {

@@ -128,7 +128,9 @@ impl OpenMsg {
     /// Decodes and validates (sizes, ranks, capacity) an Open.
     pub fn decode(b: &[u8]) -> Result<OpenMsg> {
         if b.len() > MAX_MSG {
-            return Err(Error::InvalidArgument("proxy open message too large".into()));
+            return Err(Error::InvalidArgument(
+                "proxy open message too large".into(),
+            ));
         }
         let mut d = Dec::new(b, "proxy open");
         let job = d.str(256)?;
@@ -527,7 +529,10 @@ impl InRing {
     }
     /// Everything written has been read by the rank.
     pub fn drained(&self) -> bool {
-        self.end.space().map(|s| s as u64 == self.cap).unwrap_or(false)
+        self.end
+            .space()
+            .map(|s| s as u64 == self.cap)
+            .unwrap_or(false)
     }
     pub fn cap(&self) -> u64 {
         self.cap

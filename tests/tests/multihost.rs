@@ -120,7 +120,8 @@ impl Cluster {
                     .block_on(weft::ras::fetch(sc.socket.clone()))
                     .unwrap();
                 if s.comms.iter().any(|c| {
-                    c.ranks.len() == self.per_host && c.ranks.iter().all(|r| r.last_completed_seq >= 3)
+                    c.ranks.len() == self.per_host
+                        && c.ranks.iter().all(|r| r.last_completed_seq >= 3)
                 }) {
                     break;
                 }
@@ -340,7 +341,15 @@ fn proxy_counters(sc: &Sidecar) -> (u64, Vec<(String, String, u64)>) {
 /// address and `other`'s (any ports), from `ss`.
 fn tcp_between(c: &Cluster, h: usize, other: usize) -> usize {
     let out = std::process::Command::new("ip")
-        .args(["netns", "exec", &c.net.hosts[h], "ss", "-Htn", "state", "established"])
+        .args([
+            "netns",
+            "exec",
+            &c.net.hosts[h],
+            "ss",
+            "-Htn",
+            "state",
+            "established",
+        ])
         .output()
         .expect("running ss");
     let (a, b) = (&c.net.addrs[h], &c.net.addrs[other]);
@@ -472,12 +481,19 @@ fn wrong_secret_garbage_and_oversized_on_the_proxy_port_are_rejected() {
     });
     let log = c.sidecars[0].log();
     for reason in ["auth", "garbage", "oversized"] {
-        let line = format!("weft_rejected_connections_total{{port=\"proxy\",reason=\"{reason}\"}} 1");
+        let line =
+            format!("weft_rejected_connections_total{{port=\"proxy\",reason=\"{reason}\"}} 1");
         assert!(metrics.contains(&line), "{line} in\n{metrics}\n{log}");
     }
     assert!(log.contains("rejected a proxy connection"), "{log}");
-    assert!(metrics.contains("weft_proxy_connections_total 1"), "{metrics}");
-    assert!(metrics.contains("weft_proxy_hosts_lost_total 0"), "{metrics}");
+    assert!(
+        metrics.contains("weft_proxy_connections_total 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weft_proxy_hosts_lost_total 0"),
+        "{metrics}"
+    );
 }
 
 /// Measurement, not a check (run on demand, ideally `--release`): all-reduce
@@ -515,5 +531,9 @@ fn measure_proxy_vs_direct_tcp() {
             b / d / 1e3
         );
     }
-    println!("proxy ranks: {:?}; direct ranks: {:?}", rows[0].1.get("proxy_chans"), rows[1].1.get("tcp_conns"));
+    println!(
+        "proxy ranks: {:?}; direct ranks: {:?}",
+        rows[0].1.get("proxy_chans"),
+        rows[1].1.get("tcp_conns")
+    );
 }

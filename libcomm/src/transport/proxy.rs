@@ -145,8 +145,7 @@ impl ProxyLink {
             )
         };
         let gone = n == 0
-            || (n < 0
-                && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock);
+            || (n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock);
         if gone {
             Err(format!(
                 "lost the sidecar proxy at {}: its connection closed",

@@ -406,10 +406,18 @@ impl Mapping {
         Mapping::map_fd_min(fd, len, nlocal, cap, what)
     }
 
-    fn map_fd_min(fd: &OwnedFd, len: usize, nlocal: usize, cap: usize, what: &str) -> Result<Mapping> {
+    fn map_fd_min(
+        fd: &OwnedFd,
+        len: usize,
+        nlocal: usize,
+        cap: usize,
+        what: &str,
+    ) -> Result<Mapping> {
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 || (st.st_size as usize) < len {
-            return Err(Error::Internal(format!("{what} is smaller than {len} bytes")));
+            return Err(Error::Internal(format!(
+                "{what} is smaller than {len} bytes"
+            )));
         }
         let p = unsafe {
             libc::mmap(

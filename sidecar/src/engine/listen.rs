@@ -156,7 +156,10 @@ pub async fn accept_loop(l: Listener, engine: Arc<Engine>, tx: mpsc::Sender<io::
                                 _ => ("short", "lost before the proxy handshake"),
                             }
                         }
-                        _ => ("garbage", "a proxy connection, but this sidecar runs no proxy"),
+                        _ => (
+                            "garbage",
+                            "a proxy connection, but this sidecar runs no proxy",
+                        ),
                     }
                 }
                 Ok(Ok(_)) => ("garbage", "not gRPC (bad HTTP/2 preface)"),

@@ -58,7 +58,10 @@ impl Engine {
             for v in p.view() {
                 let ip = v.ip.to_string();
                 let i = match s.hosts.iter().position(|h| {
-                    h.addr.rsplit_once(':').map(|x| x.0.trim_matches(['[', ']'])) == Some(&ip)
+                    h.addr
+                        .rsplit_once(':')
+                        .map(|x| x.0.trim_matches(['[', ']']))
+                        == Some(&ip)
                 }) {
                     Some(i) => i,
                     None => {

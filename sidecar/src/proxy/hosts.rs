@@ -131,9 +131,7 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
         .spawn(move || {
             let reject = |reason: &str, why: &str| {
                 p.engine.metrics.reject("proxy", reason);
-                crate::engine::log(&format!(
-                    "rejected a proxy connection from {from}: {why}"
-                ));
+                crate::engine::log(&format!("rejected a proxy connection from {from}: {why}"));
             };
             let _ = s.set_nonblocking(false);
             match handshake_accept(&p, s) {
@@ -164,7 +162,10 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
         });
 }
 
-fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<(TcpStream, String), (&'static str, String)> {
+fn handshake_accept(
+    p: &Proxy,
+    mut s: TcpStream,
+) -> Result<(TcpStream, String), (&'static str, String)> {
     let io = |e: std::io::Error| ("short", e.to_string());
     s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
     s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
@@ -221,8 +222,7 @@ fn install(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream, name: &str) {
     if c.sock.set(s).is_err() {
         return p.lose(c, "a second connection to an existing host");
     }
-    if c
-        .state
+    if c.state
         .compare_exchange(super::CONNECTING, UP, Ordering::AcqRel, Ordering::Acquire)
         .is_err()
     {

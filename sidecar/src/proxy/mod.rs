@@ -186,7 +186,13 @@ impl Proxy {
     }
 
     /// The connection to `ip`, made on first use (the lower address dials).
-    pub fn conn(self: &Arc<Self>, reg: &mut Reg, ip: IpAddr, my_ip: IpAddr, name: &str) -> Arc<HostConn> {
+    pub fn conn(
+        self: &Arc<Self>,
+        reg: &mut Reg,
+        ip: IpAddr,
+        my_ip: IpAddr,
+        name: &str,
+    ) -> Arc<HostConn> {
         if let Some(c) = reg.conns.get(&ip) {
             return c.clone();
         }

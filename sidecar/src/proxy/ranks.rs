@@ -82,7 +82,10 @@ fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
     }
     let m = OpenMsg::decode(&payload).map_err(|e| e.to_string())?;
     if m.job != p.job {
-        return Err(format!("job '{}' is not this sidecar's job '{}'", m.job, p.job));
+        return Err(format!(
+            "job '{}' is not this sidecar's job '{}'",
+            m.job, p.job
+        ));
     }
     let att = Arc::new(Attached::map(&m, &fds).map_err(|e| e.to_string())?);
     let my_ip = m.addr.ip();

@@ -122,7 +122,10 @@ fn pump(c: &HostConn, chans: &[Arc<SendChan>], t: &mut TxState) -> Result<(bool,
                 Err(e) => return Err(io_err(e)),
             }
         } else if t.ctrl_off < t.ctrl.len() {
-            match writev(fd, &[(t.ctrl[t.ctrl_off..].as_ptr(), t.ctrl.len() - t.ctrl_off)]) {
+            match writev(
+                fd,
+                &[(t.ctrl[t.ctrl_off..].as_ptr(), t.ctrl.len() - t.ctrl_off)],
+            ) {
                 Ok(n) => {
                     moved = true;
                     t.ctrl_off += n;

@@ -200,7 +200,13 @@ pub fn decode_len(b: [u8; 4]) -> Result<usize, String> {
 }
 
 /// HMAC-SHA256(secret, "weft-proxy" role job nonce_dialer nonce_acceptor).
-pub fn mac(secret: &str, role: &str, job: &str, dialer: &[u8; 16], acceptor: &[u8; 16]) -> [u8; 32] {
+pub fn mac(
+    secret: &str,
+    role: &str,
+    job: &str,
+    dialer: &[u8; 16],
+    acceptor: &[u8; 16],
+) -> [u8; 32] {
     let mut m =
         <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("any key length");
     m.update(b"weft-proxy\0");

@@ -252,7 +252,10 @@ pub fn bandwidth() {
         let mut v = vec![1.0f32; (bytes / 4).max(1)];
         let mut times = Vec::new();
         for i in 0..iters + 2 {
-            ok(w.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max), "barrier");
+            ok(
+                w.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
+                "barrier",
+            );
             let t = Instant::now();
             ok(w.all_reduce_in_place(&mut v, ReduceOp::Sum), "all_reduce");
             if i >= 2 {
