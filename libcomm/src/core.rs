@@ -150,11 +150,11 @@ impl CommCore {
         // segment, so that destroying right after init can never unlink it
         // from under a slower peer (NCCL ends init with a bootstrap barrier
         // for the same reason).
-        if nlocal > 1 {
-            if let Err(e) = wait_all_mapped(&own, nlocal, &locals, &ctx, deadline) {
-                shm::unlink(&own_name);
-                return Err(e);
-            }
+        if nlocal > 1
+            && let Err(e) = wait_all_mapped(&own, nlocal, &locals, &ctx, deadline)
+        {
+            shm::unlink(&own_name);
+            return Err(e);
         }
         let mut chans: Vec<Option<Chan>> = (0..n).map(|_| None).collect();
         for &r in locals.iter().filter(|&&r| r != me) {

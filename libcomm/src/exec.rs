@@ -80,10 +80,9 @@ impl CommCore {
         // Connect before waiting for connections: lower ranks never wait, so
         // lazy connection setup cannot deadlock.
         for pass_connecting in [true, false] {
-            for i in 0..xs.len() {
-                let peer = xs[i].peer;
-                if !xs[i].p.done && (peer > self.ctx.rank) == pass_connecting {
-                    self.chan(peer)?;
+            for x in xs.iter() {
+                if !x.p.done && (x.peer > self.ctx.rank) == pass_connecting {
+                    self.chan(x.peer)?;
                 }
             }
         }

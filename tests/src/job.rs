@@ -74,6 +74,9 @@ impl JobRun {
     }
 }
 
+/// Extra environment per rank.
+pub type PerRankEnv<'a> = Box<dyn Fn(usize) -> Vec<(String, String)> + 'a>;
+
 /// What to run.
 pub struct JobSpec<'a> {
     pub program: &'a Path,
@@ -81,7 +84,7 @@ pub struct JobSpec<'a> {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     /// Extra variables for one rank.
-    pub per_rank_env: Option<Box<dyn Fn(usize) -> Vec<(String, String)> + 'a>>,
+    pub per_rank_env: Option<PerRankEnv<'a>>,
     pub timeout: Duration,
 }
 
@@ -183,10 +186,10 @@ pub fn run(spec: JobSpec<'_>) -> JobRun {
     let mut timed_out = false;
     while status.iter().any(Option::is_none) {
         for (r, c) in guard.0.iter_mut().enumerate() {
-            if status[r].is_none() {
-                if let Ok(Some(st)) = c.try_wait() {
-                    status[r] = Some(st);
-                }
+            if status[r].is_none()
+                && let Ok(Some(st)) = c.try_wait()
+            {
+                status[r] = Some(st);
             }
         }
         if Instant::now() >= deadline {

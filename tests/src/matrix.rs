@@ -384,7 +384,7 @@ pub fn run_all(
                         };
                         if let Err(e) = r.run(&c) {
                             fails.push(e);
-                            if fails.len() >= 10 || !comm.async_error().is_ok() {
+                            if fails.len() >= 10 || comm.async_error().is_err() {
                                 return (id as usize, fails);
                             }
                         }
