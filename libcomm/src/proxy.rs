@@ -29,7 +29,7 @@
 
 use crate::bootstrap::wire::{Dec, Enc};
 use crate::error::{Error, Result};
-use crate::transport::shm::{FAIL_ERROR, Mapping, RingEnd};
+use crate::transport::shm::{FAIL_ABORT, FAIL_ERROR, Mapping, RingEnd, ST_DESTROYED};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
@@ -472,6 +472,28 @@ impl Attached {
 
     pub fn failed(&self) -> bool {
         self.own.control().failure().is_some()
+    }
+
+    /// The failure the rank's communicator holds, if any: (origin rank,
+    /// aborted, reason — known only when the rank itself raised it).
+    pub fn raised(&self) -> Option<(u32, bool, String)> {
+        let c = self.own.control();
+        let (origin, kind) = c.failure()?;
+        let reason = if origin == self.rank as usize {
+            c.reason()
+        } else {
+            String::new()
+        };
+        Some((origin as u32, kind == FAIL_ABORT, reason))
+    }
+
+    /// The rank destroyed its communicator (a clean end, not a crash).
+    pub fn destroyed(&self) -> bool {
+        self.own.control().state.load(Ordering::Acquire) == ST_DESTROYED
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
     }
 }
 

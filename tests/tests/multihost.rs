@@ -537,3 +537,48 @@ fn measure_proxy_vs_direct_tcp() {
         rows[1].1.get("tcp_conns")
     );
 }
+
+/// A rank SIGKILLed on host 0: its local peer sees the process gone, and
+/// the ranks on host 1 hear it through the proxy (the connection they share
+/// with every other rank stays up): every survivor fails, none hangs.
+#[test]
+fn sigkill_of_a_rank_fails_the_ranks_on_other_hosts_through_the_proxy() {
+    let Some(c) = cluster(2, 5000) else {
+        return;
+    };
+    let t = Instant::now();
+    let run = job::run(
+        c.spec(&["sc_hang"], Duration::from_secs(90))
+            .env("WEFT_TEST_VICTIM", "1"),
+    );
+    assert_eq!(run.ranks[1].signal, Some(libc::SIGKILL), "{}", run.dump());
+    let errs = errors(&run);
+    let mut at = Vec::new();
+    for r in [0, 2, 3] {
+        assert_eq!(
+            run.ranks[r].code,
+            Some(3),
+            "rank {r} must fail\n{}",
+            run.dump()
+        );
+        let f = run.facts(r);
+        assert_eq!(common::num(&f, "tcp_conns"), 0, "proxied: {f:?}");
+        at.push(f["failed_at_ms"].parse::<u128>().unwrap());
+    }
+    for r in [2, 3] {
+        assert!(
+            errs[r].contains(&c.net.hosts[0]) || errs[r].contains("rank 2 failed"),
+            "rank {r}: {}",
+            errs[r]
+        );
+    }
+    let spread = at.iter().max().unwrap() - at.iter().min().unwrap();
+    eprintln!(
+        "rank 1 killed: survivors failed within {spread} ms of each other, job over in {:.2?}; errors: {errs:?}",
+        t.elapsed()
+    );
+    assert!(spread < 2000, "{spread} ms");
+    // The host connection survives a rank's death.
+    let (_, peers) = proxy_counters(&c.sidecars[0]);
+    assert!(peers.iter().all(|p| p.1 == "up"), "{peers:?}");
+}

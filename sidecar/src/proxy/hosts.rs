@@ -338,6 +338,7 @@ fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
                 drop(reg);
                 p.doorbell.ring();
             }
+            wire::KIND_FAIL => p.on_fail(c, f.key.0, f.key.1, f.value),
             _ => {} // ping: liveness only
         }
     }

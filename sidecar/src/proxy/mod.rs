@@ -122,10 +122,25 @@ pub struct RecvChan {
     pub att: Arc<Attached>,
 }
 
+/// One opened communicator-rank: failures cross hosts through it.
+pub struct RankLink {
+    pub comm: [u8; 16],
+    pub rank: u32,
+    pub att: Arc<Attached>,
+    /// The connections to the hosts of its remote peers.
+    pub conns: Vec<Arc<HostConn>>,
+    /// Its failure has been passed on (or came from there).
+    pub told: std::sync::atomic::AtomicBool,
+}
+
 #[derive(Default)]
 pub struct Reg {
     pub send: HashMap<Key, Arc<SendChan>>,
     pub recv: HashMap<Key, Arc<RecvChan>>,
+    pub links: HashMap<([u8; 16], u32), Arc<RankLink>>,
+    /// Ranks gone without destroying: their peers elsewhere are told once
+    /// what they sent has drained (as TCP delivers before its FIN).
+    pub dying: Vec<Arc<RankLink>>,
     pub pending: HashMap<Key, (u64, Instant)>,
     pub conns: HashMap<IpAddr, Arc<HostConn>>,
 }
@@ -135,6 +150,8 @@ pub struct Reg {
 pub struct Snap {
     pub conns: Vec<(Arc<HostConn>, Vec<Arc<SendChan>>)>,
     pub recv: Vec<Arc<RecvChan>>,
+    pub links: Vec<Arc<RankLink>>,
+    pub dying: bool,
 }
 
 pub struct Proxy {
@@ -177,6 +194,8 @@ impl Proxy {
         self.snap.store(Arc::new(Snap {
             conns,
             recv: reg.recv.values().cloned().collect(),
+            links: reg.links.values().cloned().collect(),
+            dying: !reg.dying.is_empty(),
         }));
         self.engine
             .metrics
@@ -247,6 +266,47 @@ impl Proxy {
             .find(|a: &SocketAddr| a.ip() == ip)
             .map(|a| a.port())
             .unwrap_or(self.own_port)
+    }
+
+    /// Tells the hosts of a rank's remote peers that it failed (`what`: 0
+    /// failed, 1 aborted, 2 exited without destroying), once. Direct TCP
+    /// gets this from the closing connection; shared connections need it.
+    pub fn tell_failed(&self, l: &RankLink, what: u64) {
+        if l.told.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for c in l.conns.iter().filter(|c| c.up()) {
+            c.tx.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .queue(wire::Frame {
+                    kind: wire::KIND_FAIL,
+                    key: (l.comm, l.rank, 0),
+                    len: 0,
+                    value: what,
+                });
+        }
+        self.doorbell.ring();
+    }
+
+    /// A peer host says a rank of `comm` failed: fail our ranks of it.
+    pub fn on_fail(&self, c: &HostConn, comm: [u8; 16], rank: u32, what: u64) {
+        let what = match what {
+            1 => "aborted",
+            2 => "exited without destroying the communicator",
+            _ => "failed",
+        };
+        let reason = format!("rank {rank} on host {} {what}", c.label());
+        let links: Vec<Arc<RankLink>> = self
+            .lock()
+            .links
+            .values()
+            .filter(|l| l.comm == comm)
+            .cloned()
+            .collect();
+        for l in links {
+            l.told.store(true, Ordering::Release);
+            l.att.fail(&reason);
+        }
     }
 
     /// Credits that arrived before their channel was opened here.

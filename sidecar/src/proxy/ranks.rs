@@ -57,7 +57,7 @@ fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
         }
     };
     if lp::send_msg(fd, lp::KIND_OK, &[], &[p.doorbell.fd()]).is_err() {
-        close(&p, &keys);
+        close(&p, &open, &keys);
         return;
     }
     // The rank holds the connection for the communicator's life.
@@ -68,8 +68,7 @@ fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
             break;
         }
     }
-    let _ = open;
-    close(&p, &keys);
+    close(&p, &open, &keys);
 }
 
 type Keys = Vec<(super::wire::Key, super::wire::Key)>;
@@ -91,6 +90,7 @@ fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
     let my_ip = m.addr.ip();
     let mut reg = p.lock();
     let mut keys: Keys = Vec::new();
+    let mut conns: Vec<Arc<super::HostConn>> = Vec::new();
     let mut err = None;
     for (i, peer) in m.peers.iter().enumerate() {
         let ip = peer.addr.ip();
@@ -119,6 +119,9 @@ fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
                 m.rank
             ));
             break;
+        }
+        if !conns.iter().any(|c| Arc::ptr_eq(c, &conn)) {
+            conns.push(conn.clone());
         }
         let window = reg.pending.remove(&skey).map(|x| x.0).unwrap_or(0);
         reg.send.insert(
@@ -151,12 +154,41 @@ fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
         }
         return Err(e);
     }
+    if reg.links.contains_key(&(m.comm, m.rank)) {
+        for (s, r) in &keys {
+            reg.send.remove(s);
+            reg.recv.remove(r);
+        }
+        return Err(format!(
+            "rank {} of this communicator is open already",
+            m.rank
+        ));
+    }
+    reg.links.insert(
+        (m.comm, m.rank),
+        Arc::new(super::RankLink {
+            comm: m.comm,
+            rank: m.rank,
+            att,
+            conns,
+            told: Default::default(),
+        }),
+    );
     p.rebuild(&reg);
     Ok((m, keys))
 }
 
-/// The rank has gone: stop delivering to it, drain what it sent.
-fn close(p: &Proxy, keys: &Keys) {
+/// The rank has gone: stop delivering to it, drain what it sent; if it did
+/// not destroy its communicator (crash, SIGKILL), its peers elsewhere fail.
+fn close(p: &Proxy, m: &OpenMsg, keys: &Keys) {
+    let link = p.lock().links.remove(&(m.comm, m.rank));
+    if let Some(l) = link {
+        match l.att.raised() {
+            Some((_, aborted, _)) => p.tell_failed(&l, aborted as u64),
+            None if !l.att.destroyed() => p.lock().dying.push(l),
+            None => {}
+        }
+    }
     let mut reg = p.lock();
     for (s, r) in keys {
         reg.recv.remove(r);

@@ -221,6 +221,14 @@ pub fn run(p: Arc<Proxy>) {
         let seen = p.doorbell.seen();
         grant(&p);
         let snap = p.snap.load_full();
+        // A rank whose communicator failed: its remote peers must hear it.
+        for l in &snap.links {
+            if !l.told.load(Ordering::Acquire)
+                && let Some((_, aborted, _)) = l.att.raised()
+            {
+                p.tell_failed(l, aborted as u64);
+            }
+        }
         let mut progress = false;
         let mut blocked: Vec<libc::pollfd> = Vec::new();
         let now = p.now_ms();
@@ -263,13 +271,22 @@ pub fn run(p: Arc<Proxy>) {
             }
         }
         // Forget closed ranks' send channels once drained (or hopeless).
-        if closing && last_sweep.elapsed() >= Duration::from_millis(20) {
+        if (closing || snap.dying) && last_sweep.elapsed() >= Duration::from_millis(20) {
             last_sweep = Instant::now();
             let mut reg = p.lock();
-            let before = reg.send.len();
+            let before = (reg.send.len(), reg.dying.len());
             reg.send.retain(|_, s| !super::drained_or_stale(s));
-            if reg.send.len() != before {
+            let dying = std::mem::take(&mut reg.dying);
+            let (done, wait): (Vec<_>, Vec<_>) = dying
+                .into_iter()
+                .partition(|l| !reg.send.keys().any(|k| k.0 == l.comm && k.1 == l.rank));
+            reg.dying = wait;
+            if (reg.send.len(), reg.dying.len()) != before {
                 p.rebuild(&reg);
+            }
+            drop(reg);
+            for l in done {
+                p.tell_failed(&l, 2);
             }
         }
         if progress {

@@ -25,6 +25,10 @@ pub const MAX_FRAME: usize = 1 << 20;
 pub const KIND_DATA: u8 = 1;
 pub const KIND_CREDIT: u8 = 2;
 pub const KIND_PING: u8 = 3;
+/// A rank of communicator `key.0` failed or died on the sender's host:
+/// `key.1` the rank that failed; `value` 0 failed, 1 aborted, 2 exited
+/// without destroying its communicator.
+pub const KIND_FAIL: u8 = 4;
 
 /// (communicator, source rank, destination rank): one direction of a channel.
 pub type Key = ([u8; 16], u32, u32);
@@ -76,7 +80,7 @@ impl Frame {
                     return Err("data frame at an unaligned stream position".into());
                 }
             }
-            KIND_CREDIT | KIND_PING => {
+            KIND_CREDIT | KIND_PING | KIND_FAIL => {
                 if f.len != 0 {
                     return Err(format!("kind {kind} frame with a {} byte payload", f.len));
                 }
