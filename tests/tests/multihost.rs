@@ -448,6 +448,7 @@ fn wrong_secret_garbage_and_oversized_on_the_proxy_port_are_rejected() {
                 nonce: [7; 16],
                 job,
                 host: "impostor".into(),
+                addr: "10.200.0.2".into(),
             };
             s.write_all(&framed(&hello.encode())).unwrap();
             let mut len = [0u8; 4];
@@ -581,4 +582,74 @@ fn sigkill_of_a_rank_fails_the_ranks_on_other_hosts_through_the_proxy() {
     // The host connection survives a rank's death.
     let (_, peers) = proxy_counters(&c.sidecars[0]);
     assert!(peers.iter().all(|p| p.1 == "up"), "{peers:?}");
+}
+
+/// Two free ports, one per loopback alias, with the same number.
+fn free_port_on(ips: &[&str]) -> u16 {
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind(format!("{}:0", ips[0])).unwrap();
+        let port = l.local_addr().unwrap().port();
+        if ips[1..]
+            .iter()
+            .all(|ip| std::net::TcpListener::bind(format!("{ip}:{port}")).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no common free port on {ips:?}");
+}
+
+/// The proxy without network namespaces (runs anywhere, no privileges):
+/// two "hosts" are two loopback addresses with a sidecar each and 2 ranks
+/// each (distinct WEFT_HOSTNAME, WEFT_LISTEN_ADDR). Checked collectives
+/// pass, every rank is proxied, one connection joins the two sidecars.
+#[test]
+fn proxy_between_two_sidecars_on_loopback_addresses() {
+    let ips = ["127.0.0.11", "127.0.0.12"];
+    let port = free_port_on(&ips);
+    let mut sidecars: Vec<Sidecar> = Vec::new();
+    for h in 0..2 {
+        let extra = vec![
+            "--peer-listen".to_string(),
+            format!("{}:{port}", ips[h]),
+            "--peers".to_string(),
+            format!("{}:{port}", ips[1 - h]),
+        ];
+        let sc = Sidecar::start_with(cli(), None, &extra, &[], sidecars.first());
+        sidecars.push(sc);
+    }
+    let boot = format!("{}:{}", ips[0], free_port_on(&ips[..1]));
+    let s0 = &sidecars[0];
+    let t = Instant::now();
+    let spec = JobSpec::new(common::worker(), 4, &["sc_payload", "16384", "6"])
+        .env("WEFT_JOB", &s0.job)
+        .env("WEFT_JOB_SECRET", &s0.secret)
+        .env("WEFT_BOOTSTRAP", &boot)
+        .env("NCCL_COMM_ID", &boot)
+        .per_rank(|r| {
+            let h = r / 2;
+            vec![
+                ("WEFT_HOSTNAME".into(), format!("loop{h}")),
+                ("WEFT_LISTEN_ADDR".into(), ips[h].to_string()),
+                (
+                    "WEFT_SIDECAR_SOCKET".into(),
+                    sidecars[h].socket.display().to_string(),
+                ),
+            ]
+        })
+        .timeout(Duration::from_secs(120));
+    let run = job::run(spec);
+    run.assert_success();
+    for r in &run.ranks {
+        let f = run.facts(r.rank);
+        assert_eq!(common::num(&f, "tcp_conns"), 0, "rank {}: {f:?}", r.rank);
+        assert!(common::num(&f, "proxy_chans") > 0, "rank {}: {f:?}", r.rank);
+    }
+    for (k, sc) in sidecars.iter().enumerate() {
+        let (bytes, peers) = proxy_counters(sc);
+        assert!(bytes > 4 * 16384 * 6, "sidecar {k}: {bytes} bytes");
+        assert_eq!(peers.len(), 1, "{peers:?}\n{}", sc.log());
+        assert_eq!((peers[0].1.as_str(), peers[0].2), ("up", 1), "{peers:?}");
+    }
+    eprintln!("loopback hosts: job {:.2?}", t.elapsed());
 }

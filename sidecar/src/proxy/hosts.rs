@@ -41,7 +41,7 @@ fn recv(s: &mut TcpStream) -> Result<Vec<u8>, (&'static str, String)> {
 }
 
 /// Connects to the host's sidecar (retrying until it listens) and installs the connection.
-pub fn dial(p: Arc<Proxy>, c: Arc<HostConn>) {
+pub fn dial(p: Arc<Proxy>, c: Arc<HostConn>, my_ip: std::net::IpAddr) {
     let _ = std::thread::Builder::new()
         .name("weft-proxy-dial".into())
         .spawn(move || {
@@ -50,7 +50,7 @@ pub fn dial(p: Arc<Proxy>, c: Arc<HostConn>) {
             let mut last;
             while c.state.load(Ordering::Acquire) != LOST {
                 match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-                    Ok(s) => match handshake_dial(&p, s) {
+                    Ok(s) => match handshake_dial(&p, s, my_ip) {
                         Ok((s, name)) => return install(&p, &c, s, &name),
                         Err((fatal, e)) => {
                             if fatal {
@@ -92,7 +92,11 @@ pub fn await_accept(p: Arc<Proxy>, c: Arc<HostConn>) {
 
 /// Dialer's side of the handshake. `Err((fatal, why))`: fatal when the
 /// peer proved it does not hold our secret (retrying cannot help).
-fn handshake_dial(p: &Proxy, mut s: TcpStream) -> Result<(TcpStream, String), (bool, String)> {
+fn handshake_dial(
+    p: &Proxy,
+    mut s: TcpStream,
+    my_ip: std::net::IpAddr,
+) -> Result<(TcpStream, String), (bool, String)> {
     let soft = |e: std::io::Error| (false, e.to_string());
     s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(soft)?;
     s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(soft)?;
@@ -102,18 +106,20 @@ fn handshake_dial(p: &Proxy, mut s: TcpStream) -> Result<(TcpStream, String), (b
         nonce,
         job: p.job.clone(),
         host: p.host.clone(),
-    };
-    send(&mut s, &hello.encode()).map_err(soft)?;
+        addr: my_ip.to_string(),
+    }
+    .encode();
+    send(&mut s, &hello).map_err(soft)?;
     let ch = recv(&mut s).map_err(|e| (false, e.1))?;
     let ch = Challenge::decode(&ch).map_err(|e| (true, e))?;
-    let want = wire::mac(&p.secret, "acceptor", &p.job, &nonce, &ch.nonce);
+    let want = wire::mac(&p.secret, "acceptor", &p.job, &hello, &ch.nonce);
     if !wire::mac_eq(&want, &ch.mac) {
         return Err((
             true,
             "it does not hold this job's secret (HMAC mismatch)".into(),
         ));
     }
-    let proof = wire::mac(&p.secret, "dialer", &p.job, &nonce, &ch.nonce);
+    let proof = wire::mac(&p.secret, "dialer", &p.job, &hello, &ch.nonce);
     send(&mut s, &proof).map_err(soft)?;
     let mut ok = [0u8; 1];
     s.read_exact(&mut ok)
@@ -136,8 +142,8 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
             let _ = s.set_nonblocking(false);
             match handshake_accept(&p, s) {
                 Err((reason, why)) => reject(reason, &why),
-                Ok((s, name)) => {
-                    let ip = from.ip();
+                Ok((s, name, claimed)) => {
+                    let ip = claimed.unwrap_or(from.ip());
                     let c = {
                         let mut reg = p.lock();
                         match reg.conns.get(&ip) {
@@ -162,15 +168,15 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
         });
 }
 
-fn handshake_accept(
-    p: &Proxy,
-    mut s: TcpStream,
-) -> Result<(TcpStream, String), (&'static str, String)> {
+/// An authenticated connection, the peer's host name and claimed address.
+type Accepted = (TcpStream, String, Option<std::net::IpAddr>);
+
+fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<Accepted, (&'static str, String)> {
     let io = |e: std::io::Error| ("short", e.to_string());
     s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
     s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
-    let hello = recv(&mut s)?;
-    let hello = Hello::decode(&hello).map_err(|e| ("garbage", e))?;
+    let raw = recv(&mut s)?;
+    let hello = Hello::decode(&raw).map_err(|e| ("garbage", e))?;
     if hello.job != p.job {
         return Err(("auth", format!("job '{}' is not ours", hello.job)));
     }
@@ -178,17 +184,17 @@ fn handshake_accept(
     let ch = Challenge {
         nonce,
         host: p.host.clone(),
-        mac: wire::mac(&p.secret, "acceptor", &p.job, &hello.nonce, &nonce),
+        mac: wire::mac(&p.secret, "acceptor", &p.job, &raw, &nonce),
     };
     send(&mut s, &ch.encode()).map_err(io)?;
     let proof = recv(&mut s)?;
     let proof = wire::decode_proof(&proof).map_err(|e| ("garbage", e))?;
-    let want = wire::mac(&p.secret, "dialer", &p.job, &hello.nonce, &nonce);
+    let want = wire::mac(&p.secret, "dialer", &p.job, &raw, &nonce);
     if !wire::mac_eq(&want, &proof) {
         return Err(("auth", "wrong job secret (HMAC mismatch)".into()));
     }
     s.write_all(&[1]).map_err(io)?;
-    Ok((s, hello.host))
+    Ok((s, hello.host, hello.addr.parse().ok()))
 }
 
 /// Tunes an authenticated connection and starts its receive thread.

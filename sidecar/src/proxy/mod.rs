@@ -218,7 +218,7 @@ impl Proxy {
         let c = self.new_conn(ip, name);
         reg.conns.insert(ip, c.clone());
         if my_ip < ip {
-            hosts::dial(self.clone(), c.clone());
+            hosts::dial(self.clone(), c.clone(), my_ip);
         } else {
             hosts::await_accept(self.clone(), c.clone());
         }

@@ -136,6 +136,10 @@ pub struct Hello {
     pub nonce: [u8; 16],
     pub job: String,
     pub host: String,
+    /// The dialer's address as its ranks advertise it: the connection is
+    /// the host's with that address, whatever source address the kernel
+    /// picked (multi-homed hosts, loopback aliases).
+    pub addr: String,
 }
 
 impl Hello {
@@ -143,6 +147,7 @@ impl Hello {
         let mut v = self.nonce.to_vec();
         put_str(&mut v, &self.job);
         put_str(&mut v, &self.host);
+        put_str(&mut v, &self.addr);
         v
     }
     pub fn decode(b: &[u8]) -> Result<Hello, String> {
@@ -151,6 +156,7 @@ impl Hello {
             nonce: r.nonce()?,
             job: r.str()?,
             host: r.str()?,
+            addr: r.str()?,
         };
         r.end()?;
         Ok(h)
@@ -203,14 +209,10 @@ pub fn decode_len(b: [u8; 4]) -> Result<usize, String> {
     }
 }
 
-/// HMAC-SHA256(secret, "weft-proxy" role job nonce_dialer nonce_acceptor).
-pub fn mac(
-    secret: &str,
-    role: &str,
-    job: &str,
-    dialer: &[u8; 16],
-    acceptor: &[u8; 16],
-) -> [u8; 32] {
+/// HMAC-SHA256(secret, "weft-proxy" role job hello nonce_acceptor): `hello`
+/// is the dialer's whole Hello (its nonce, host and address included), so
+/// neither side can be talked into a different peer identity.
+pub fn mac(secret: &str, role: &str, job: &str, hello: &[u8], acceptor: &[u8; 16]) -> [u8; 32] {
     let mut m =
         <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("any key length");
     m.update(b"weft-proxy\0");
@@ -218,7 +220,8 @@ pub fn mac(
     m.update(b"\0");
     m.update(job.as_bytes());
     m.update(b"\0");
-    m.update(dialer);
+    m.update(&(hello.len() as u32).to_be_bytes());
+    m.update(hello);
     m.update(acceptor);
     m.finalize().into_bytes().into()
 }
@@ -260,6 +263,7 @@ mod tests {
             nonce: [1; 16],
             job: "j".into(),
             host: "h".into(),
+            addr: "10.0.0.1".into(),
         };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         assert!(decode_len(2048u32.to_be_bytes()).is_err());
