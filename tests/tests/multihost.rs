@@ -495,6 +495,27 @@ fn wrong_secret_garbage_and_oversized_on_the_proxy_port_are_rejected() {
         metrics.contains("weft_proxy_hosts_lost_total 0"),
         "{metrics}"
     );
+    // Proxied bytes and frames per peer host and direction.
+    let peer = &c.net.addrs[1];
+    for m in ["bytes", "frames"] {
+        for dir in ["tx", "rx"] {
+            let key = format!("weft_proxy_{m}_total{{peer=\"{peer}\",direction=\"{dir}\"}} ");
+            let v: u64 = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .unwrap_or_else(|| panic!("{key} in\n{metrics}"))
+                .trim()
+                .parse()
+                .unwrap();
+            assert!(v > 0, "{key}{v}");
+        }
+    }
+    // `weft ras` shows the proxy connection and its bytes.
+    let s = weft_tests_rt()
+        .block_on(weft::ras::fetch(c.sidecars[0].socket.clone()))
+        .unwrap();
+    let text = weft::ras::render(&s);
+    assert!(text.contains("; proxy up (sent "), "{text}");
 }
 
 /// Measurement, not a check (run on demand, ideally `--release`): all-reduce
