@@ -37,6 +37,17 @@ fn cluster(hosts: usize, peer_timeout_ms: u64) -> Option<Cluster> {
 }
 
 fn cluster_with(hosts: usize, per_host: usize, peer_timeout_ms: u64) -> Option<Cluster> {
+    cluster_full(hosts, per_host, peer_timeout_ms, true)
+}
+
+/// Without `heartbeats` the sidecars get no `--peers`: only the proxy's own
+/// pings and silence timeout watch the hosts.
+fn cluster_full(
+    hosts: usize,
+    per_host: usize,
+    peer_timeout_ms: u64,
+    heartbeats: bool,
+) -> Option<Cluster> {
     let net = match Net::create(hosts) {
         Ok(n) => n,
         Err(e) => {
@@ -50,34 +61,37 @@ fn cluster_with(hosts: usize, per_host: usize, peer_timeout_ms: u64) -> Option<C
             .filter(|k| *k != h)
             .map(|k| format!("{}:{PEER_PORT}", net.addrs[k]))
             .collect();
-        let extra = vec![
+        let mut extra = vec![
             "--peer-listen".to_string(),
             format!("{}:{PEER_PORT}", net.addrs[h]),
-            "--peers".to_string(),
-            peers.join(","),
             "--peer-timeout-ms".to_string(),
             peer_timeout_ms.to_string(),
         ];
+        if heartbeats {
+            extra.extend(["--peers".to_string(), peers.join(",")]);
+        }
         let sc = Sidecar::start_with(cli(), Some(&net.hosts[h]), &extra, &[], sidecars.first());
         sidecars.push(sc);
     }
-    // Every sidecar has heard from every peer before the job starts.
-    let t = Instant::now();
-    for sc in &sidecars {
-        loop {
-            let s = weft_tests_rt()
-                .block_on(weft::ras::fetch(sc.socket.clone()))
-                .unwrap();
-            if s.hosts.len() == hosts - 1 && s.hosts.iter().all(|h| h.state == "up") {
-                break;
+    if heartbeats {
+        // Every sidecar has heard from every peer before the job starts.
+        let t = Instant::now();
+        for sc in &sidecars {
+            loop {
+                let s = weft_tests_rt()
+                    .block_on(weft::ras::fetch(sc.socket.clone()))
+                    .unwrap();
+                if s.hosts.len() == hosts - 1 && s.hosts.iter().all(|h| h.state == "up") {
+                    break;
+                }
+                let logs: Vec<String> = sidecars.iter().map(|s| s.log()).collect();
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "peers never up: {:?}\n{logs:?}",
+                    s.hosts
+                );
+                std::thread::sleep(Duration::from_millis(50));
             }
-            let logs: Vec<String> = sidecars.iter().map(|s| s.log()).collect();
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "peers never up: {:?}\n{logs:?}",
-                s.hosts
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
     }
     Some(Cluster {
@@ -673,4 +687,38 @@ fn proxy_between_two_sidecars_on_loopback_addresses() {
         assert_eq!((peers[0].1.as_str(), peers[0].2), ("up", 1), "{peers:?}");
     }
     eprintln!("loopback hosts: job {:.2?}", t.elapsed());
+}
+
+/// The proxy alone notices a cut link (no heartbeats configured): its
+/// pings stop arriving, and after the timeout every rank fails with an
+/// error naming the lost host.
+#[test]
+fn cutting_a_link_is_noticed_by_the_proxy_alone() {
+    const TIMEOUT_MS: u64 = 1500;
+    let Some(c) = cluster_full(2, PER_HOST, TIMEOUT_MS, false) else {
+        return;
+    };
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
+        c.wait_running();
+        let t0 = now_ms();
+        c.net.cut(1);
+        let run = h.join().unwrap();
+        let errs = errors(&run);
+        let mut worst = 0;
+        for r in &run.ranks {
+            assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
+            let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
+            worst = worst.max(at.saturating_sub(t0));
+            let lost = &c.net.hosts[1 - r.rank / PER_HOST];
+            assert!(
+                errs[r.rank].contains(lost.as_str()) && errs[r.rank].contains("lost host"),
+                "rank {}'s error names {lost}: {}",
+                r.rank,
+                errs[r.rank]
+            );
+        }
+        eprintln!("link cut, proxy alone: every rank failed within {worst} ms; errors: {errs:?}");
+        assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
+    });
 }
