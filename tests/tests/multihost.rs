@@ -722,3 +722,34 @@ fn cutting_a_link_is_noticed_by_the_proxy_alone() {
         assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
     });
 }
+
+/// No head-of-line blocking on the shared connection: while one channel
+/// stalls with full rings (rank 2 does not receive rank 0's 32 MiB for
+/// 1.5 s), ranks 1 and 3 — same two sidecars, same connection — finish 300
+/// all-reduces, and the stalled transfer completes intact afterwards.
+#[test]
+fn a_stalled_channel_does_not_block_others_on_the_shared_connection() {
+    let Some(c) = cluster(2, 5000) else {
+        return;
+    };
+    let run = job::run(c.spec(&["sc_hol"], Duration::from_secs(120)));
+    run.assert_success();
+    let fact = |r: usize, k: &str| -> u128 { run.facts(r)[k].parse().unwrap() };
+    let recv_start = fact(2, "recv_start_ms");
+    for r in [1, 3] {
+        let done = fact(r, "small_done_ms");
+        assert!(
+            done < recv_start,
+            "rank {r} finished at {done}, after the stalled receive began at {recv_start}"
+        );
+        eprintln!(
+            "rank {r}: 300 all-reduces done {} ms before the stalled channel was drained",
+            recv_start - done
+        );
+    }
+    for r in 0..4 {
+        assert_eq!(common::num(&run.facts(r), "tcp_conns"), 0);
+    }
+    let (_, peers) = proxy_counters(&c.sidecars[0]);
+    assert_eq!(peers[0].2, 1, "{peers:?}");
+}

@@ -47,6 +47,7 @@ fn main() {
         "sc_behind" => sidecar_modes::behind(),
         "sc_payload" => sidecar_modes::payload(),
         "sc_bw" => sidecar_modes::bandwidth(),
+        "sc_hol" => sidecar_modes::head_of_line(),
         other => fail(format!("unknown mode '{other}'")),
     }
 }

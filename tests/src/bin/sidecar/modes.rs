@@ -270,3 +270,49 @@ pub fn bandwidth() {
     ok(w.destroy(), "destroy");
     agent.close();
 }
+
+/// `sc_hol` (2 hosts x 2 ranks; ranks 0,1 on one host, 2,3 on the other):
+/// rank 0 sends 32 MiB to rank 2, which waits 1.5 s before receiving, so
+/// that channel stalls with full rings; meanwhile ranks 1 and 3 run 300
+/// checked all-reduces over the same pair of sidecars. Prints when each
+/// part finished, for the test to compare.
+pub fn head_of_line() {
+    let agent = attach();
+    let w = ok(Communicator::from_env(), "init");
+    let pair = ok(w.split(Some((w.rank() % 2) as u32), 0), "split").unwrap();
+    ok(
+        w.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
+        "barrier",
+    );
+    const N: usize = 8 << 20; // u32s: 32 MiB
+    match w.rank() {
+        0 => {
+            let v: Vec<u32> = (0..N as u32).collect();
+            ok(pair.send(&v, 1), "send");
+            println!("@ big_sent_ms={}", now_ms());
+        }
+        2 => {
+            std::thread::sleep(Duration::from_millis(1500));
+            println!("@ recv_start_ms={}", now_ms());
+            let mut v = vec![0u32; N];
+            ok(pair.recv(&mut v, 0), "recv");
+            if let Some(k) = (0..N).find(|&k| v[k] != k as u32) {
+                fail(format!("big message: [{k}] = {}", v[k]));
+            }
+        }
+        _ => {
+            for i in 0..300 {
+                step(&pair, 3 * i);
+            }
+            println!("@ small_done_ms={}", now_ms());
+        }
+    }
+    ok(
+        w.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
+        "barrier",
+    );
+    transport_facts();
+    ok(pair.destroy(), "destroy pair");
+    ok(w.destroy(), "destroy");
+    agent.close();
+}
