@@ -135,7 +135,11 @@ proptest! {
         f[..n].copy_from_slice(&bytes[..n]);
         if let Ok(fr) = wire::Frame::decode(&f) {
             // Whatever decodes is within the bounds the receive loop relies on.
-            prop_assert!(fr.len as usize <= wire::MAX_FRAME && fr.len % 8 == 0);
+            if fr.kind == wire::KIND_DATA {
+                prop_assert!(fr.len as usize <= wire::MAX_FRAME && fr.len % 8 == 0);
+            } else {
+                prop_assert!(fr.len as usize <= wire::MAX_REASON);
+            }
         }
         let _ = wire::Hello::decode(&bytes);
         let _ = wire::Challenge::decode(&bytes);

@@ -344,7 +344,15 @@ fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
                 drop(reg);
                 p.doorbell.ring();
             }
-            wire::KIND_FAIL => p.on_fail(c, f.key.0, f.key.1, f.value),
+            wire::KIND_FAIL => {
+                let mut why = [0u8; wire::MAX_REASON];
+                let n = f.len as usize;
+                if let Err(e) = read_full(&s, why.as_mut_ptr(), n, p.timeout) {
+                    return e;
+                }
+                let why = String::from_utf8_lossy(&why[..n]);
+                p.on_fail(c, f.key.0, f.key.1, f.value, &why);
+            }
             _ => {} // ping: liveness only
         }
     }

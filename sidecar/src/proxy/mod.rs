@@ -271,31 +271,41 @@ impl Proxy {
     /// Tells the hosts of a rank's remote peers that it failed (`what`: 0
     /// failed, 1 aborted, 2 exited without destroying), once. Direct TCP
     /// gets this from the closing connection; shared connections need it.
-    pub fn tell_failed(&self, l: &RankLink, what: u64) {
+    pub fn tell_failed(&self, l: &RankLink, what: u64, why: &str) {
         if l.told.swap(true, Ordering::AcqRel) {
             return;
         }
+        let mut n = why.len().min(wire::MAX_REASON);
+        while !why.is_char_boundary(n) {
+            n -= 1;
+        }
         for c in l.conns.iter().filter(|c| c.up()) {
-            c.tx.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .queue(wire::Frame {
+            c.tx.lock().unwrap_or_else(|e| e.into_inner()).queue_with(
+                wire::Frame {
                     kind: wire::KIND_FAIL,
                     key: (l.comm, l.rank, 0),
                     len: 0,
                     value: what,
-                });
+                },
+                &why.as_bytes()[..n],
+            );
         }
         self.doorbell.ring();
     }
 
     /// A peer host says a rank of `comm` failed: fail our ranks of it.
-    pub fn on_fail(&self, c: &HostConn, comm: [u8; 16], rank: u32, what: u64) {
+    pub fn on_fail(&self, c: &HostConn, comm: [u8; 16], rank: u32, what: u64, why: &str) {
         let what = match what {
             1 => "aborted",
             2 => "exited without destroying the communicator",
             _ => "failed",
         };
-        let reason = format!("rank {rank} on host {} {what}", c.label());
+        let why: String = why.chars().filter(|c| !c.is_control()).collect();
+        let reason = if why.is_empty() {
+            format!("rank {rank} on host {} {what}", c.label())
+        } else {
+            format!("rank {rank} on host {} {what}: {why}", c.label())
+        };
         let links: Vec<Arc<RankLink>> = self
             .lock()
             .links

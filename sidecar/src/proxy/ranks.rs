@@ -184,7 +184,7 @@ fn close(p: &Proxy, m: &OpenMsg, keys: &Keys) {
     let link = p.lock().links.remove(&(m.comm, m.rank));
     if let Some(l) = link {
         match l.att.raised() {
-            Some((_, aborted, _)) => p.tell_failed(&l, aborted as u64),
+            Some((_, aborted, why)) => p.tell_failed(&l, aborted as u64, &why),
             None if !l.att.destroyed() => p.lock().dying.push(l),
             None => {}
         }

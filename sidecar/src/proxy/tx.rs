@@ -42,6 +42,12 @@ impl TxState {
     pub fn queue(&mut self, f: Frame) {
         self.ctrl.extend_from_slice(&f.encode());
     }
+    /// A control frame with a (small) payload: `f.len` is set from it.
+    pub fn queue_with(&mut self, mut f: Frame, payload: &[u8]) {
+        f.len = payload.len() as u32;
+        self.ctrl.extend_from_slice(&f.encode());
+        self.ctrl.extend_from_slice(payload);
+    }
     fn idle(&self) -> bool {
         self.cur.is_none() && self.ctrl_off >= self.ctrl.len()
     }
@@ -224,9 +230,22 @@ pub fn run(p: Arc<Proxy>) {
         // A rank whose communicator failed: its remote peers must hear it.
         for l in &snap.links {
             if !l.told.load(Ordering::Acquire)
-                && let Some((_, aborted, _)) = l.att.raised()
+                && let Some((origin, aborted, why)) = l.att.raised()
             {
-                p.tell_failed(l, aborted as u64);
+                // Raised by a local peer: its reason, when it is ours too.
+                let why = if origin == l.rank {
+                    why
+                } else {
+                    snap.links
+                        .iter()
+                        .find(|o| o.comm == l.comm && o.rank == origin)
+                        .and_then(|o| o.att.raised())
+                        .map(|x| x.2)
+                        .filter(|s| !s.is_empty())
+                        .map(|s| format!("rank {origin} failed: {s}"))
+                        .unwrap_or_else(|| format!("rank {origin} failed"))
+                };
+                p.tell_failed(l, aborted as u64, &why);
             }
         }
         let mut progress = false;
@@ -286,7 +305,7 @@ pub fn run(p: Arc<Proxy>) {
             }
             drop(reg);
             for l in done {
-                p.tell_failed(&l, 2);
+                p.tell_failed(&l, 2, "");
             }
         }
         if progress {

@@ -21,13 +21,16 @@ pub const MAX_HANDSHAKE: usize = 1024;
 pub const FRAME_HEADER: usize = 40;
 /// Largest data frame (a multiple of 8).
 pub const MAX_FRAME: usize = 1 << 20;
+/// Largest reason text a `fail` frame carries.
+pub const MAX_REASON: usize = 512;
 
 pub const KIND_DATA: u8 = 1;
 pub const KIND_CREDIT: u8 = 2;
 pub const KIND_PING: u8 = 3;
 /// A rank of communicator `key.0` failed or died on the sender's host:
 /// `key.1` the rank that failed; `value` 0 failed, 1 aborted, 2 exited
-/// without destroying its communicator.
+/// without destroying its communicator; the payload (at most
+/// [`MAX_REASON`] bytes) is the rank's reason, if known.
 pub const KIND_FAIL: u8 = 4;
 
 /// (communicator, source rank, destination rank): one direction of a channel.
@@ -80,7 +83,12 @@ impl Frame {
                     return Err("data frame at an unaligned stream position".into());
                 }
             }
-            KIND_CREDIT | KIND_PING | KIND_FAIL => {
+            KIND_FAIL => {
+                if f.len as usize > MAX_REASON {
+                    return Err(format!("fail frame with a {} byte reason", f.len));
+                }
+            }
+            KIND_CREDIT | KIND_PING => {
                 if f.len != 0 {
                     return Err(format!("kind {kind} frame with a {} byte payload", f.len));
                 }
