@@ -108,6 +108,26 @@ impl CommCore {
             } else {
                 None
             };
+        // Both ends of a channel must agree on how it goes: a mismatch would
+        // leave each side waiting on a path the other never uses.
+        if let Some(r) = (0..n)
+            .find(|&r| kinds[r] == PeerKind::Tcp && ctx.peers[r].proxied != proxy_path.is_some())
+        {
+            let how = |p: bool| {
+                if p {
+                    "through its sidecar's proxy"
+                } else {
+                    "directly over TCP"
+                }
+            };
+            return Err(Error::InvalidUsage(format!(
+                "rank {r} on host {} reaches other hosts {} but rank {me} on host {} {}: every rank of a job must make the same choice (WEFT_PROXY, WEFT_SIDECAR_SOCKET, WEFT_TRANSPORT, the sidecars' --no-proxy)",
+                ctx.peers[r].hostname,
+                how(ctx.peers[r].proxied),
+                ctx.peers[me].hostname,
+                how(proxy_path.is_some())
+            )));
+        }
         let mut kinds = kinds;
         if proxy_path.is_some() {
             for k in kinds.iter_mut().filter(|k| **k == PeerKind::Tcp) {

@@ -83,6 +83,12 @@ pub fn socket_path() -> Result<Option<PathBuf>> {
     }
 }
 
+/// Whether a rank with `cfg` sends to other hosts through its sidecar's
+/// proxy (what it tells its peers at bootstrap).
+pub(crate) fn would_proxy(cfg: &crate::Config) -> bool {
+    cfg.transport != crate::TransportPref::Tcp && matches!(socket_path(), Ok(Some(_)))
+}
+
 /// A remote peer of an opening rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyPeer {

@@ -634,12 +634,13 @@ fn free_port_on(ips: &[&str]) -> u16 {
     panic!("no common free port on {ips:?}");
 }
 
-/// The proxy without network namespaces (runs anywhere, no privileges):
-/// two "hosts" are two loopback addresses with a sidecar each and 2 ranks
-/// each (distinct WEFT_HOSTNAME, WEFT_LISTEN_ADDR). Checked collectives
-/// pass, every rank is proxied, one connection joins the two sidecars.
-#[test]
-fn proxy_between_two_sidecars_on_loopback_addresses() {
+/// Two "hosts" without network namespaces (runs anywhere, no privileges):
+/// two loopback addresses with a sidecar each; 2 ranks per host (distinct
+/// WEFT_HOSTNAME, WEFT_LISTEN_ADDR) run `args`, `extra(rank)` added.
+fn loopback_job(
+    args: &[&str],
+    extra: impl Fn(usize) -> Vec<(String, String)>,
+) -> (JobRun, Vec<Sidecar>) {
     let ips = ["127.0.0.11", "127.0.0.12"];
     let port = free_port_on(&ips);
     let mut sidecars: Vec<Sidecar> = Vec::new();
@@ -655,25 +656,36 @@ fn proxy_between_two_sidecars_on_loopback_addresses() {
     }
     let boot = format!("{}:{}", ips[0], free_port_on(&ips[..1]));
     let s0 = &sidecars[0];
-    let t = Instant::now();
-    let spec = JobSpec::new(common::worker(), 4, &["sc_payload", "16384", "6"])
+    let spec = JobSpec::new(common::worker(), 4, args)
         .env("WEFT_JOB", &s0.job)
         .env("WEFT_JOB_SECRET", &s0.secret)
         .env("WEFT_BOOTSTRAP", &boot)
         .env("NCCL_COMM_ID", &boot)
         .per_rank(|r| {
             let h = r / 2;
-            vec![
+            let mut v = vec![
                 ("WEFT_HOSTNAME".into(), format!("loop{h}")),
                 ("WEFT_LISTEN_ADDR".into(), ips[h].to_string()),
                 (
                     "WEFT_SIDECAR_SOCKET".into(),
                     sidecars[h].socket.display().to_string(),
                 ),
-            ]
+            ];
+            v.extend(extra(r));
+            v
         })
         .timeout(Duration::from_secs(120));
     let run = job::run(spec);
+    (run, sidecars)
+}
+
+/// The proxy without network namespaces: checked collectives pass between
+/// two loopback "hosts", every rank is proxied, one connection joins the
+/// two sidecars.
+#[test]
+fn proxy_between_two_sidecars_on_loopback_addresses() {
+    let t = Instant::now();
+    let (run, sidecars) = loopback_job(&["sc_payload", "16384", "6"], |_| Vec::new());
     run.assert_success();
     for r in &run.ranks {
         let f = run.facts(r.rank);
@@ -686,7 +698,33 @@ fn proxy_between_two_sidecars_on_loopback_addresses() {
         assert_eq!(peers.len(), 1, "{peers:?}\n{}", sc.log());
         assert_eq!((peers[0].1.as_str(), peers[0].2), ("up", 1), "{peers:?}");
     }
-    eprintln!("loopback hosts: job {:.2?}", t.elapsed());
+    eprintln!("loopback hosts: {:.2?}", t.elapsed());
+}
+
+/// Ranks that disagree about the proxy (WEFT_PROXY=0 on one host only)
+/// fail at init with an error saying so, instead of waiting on paths the
+/// other side never uses.
+#[test]
+fn ranks_that_disagree_about_the_proxy_fail_at_init_with_a_clear_error() {
+    let (run, _sidecars) = loopback_job(&["sc_payload", "16", "1"], |r| {
+        if r < 2 {
+            vec![("WEFT_PROXY".into(), "0".into())]
+        } else {
+            Vec::new()
+        }
+    });
+    assert!(!run.timed_out, "{}", run.dump());
+    for r in &run.ranks {
+        assert_ne!(r.code, Some(0), "rank {} must fail\n{}", r.rank, run.dump());
+        assert!(
+            r.stderr
+                .contains("every rank of a job must make the same choice"),
+            "rank {}: {}",
+            r.rank,
+            r.stderr
+        );
+    }
+    eprintln!("disagreeing ranks failed in {:.2?}", run.elapsed);
 }
 
 /// The proxy alone notices a cut link (no heartbeats configured): its

@@ -23,6 +23,9 @@ pub struct PeerInfo {
     /// The peer's TCP endpoint (for transports across hosts).
     pub addr: SocketAddr,
     pub hostname: String,
+    /// It reaches other hosts through its sidecar's proxy (every rank of a
+    /// job must make the same choice; checked when channels are built).
+    pub proxied: bool,
 }
 
 impl PeerInfo {
@@ -30,7 +33,8 @@ impl PeerInfo {
         e.u64(self.host_id)
             .u32(self.pid)
             .addr(self.addr)
-            .str(&self.hostname);
+            .str(&self.hostname)
+            .u16(self.proxied as u16);
     }
     pub(crate) fn decode(d: &mut Dec<'_>) -> Result<PeerInfo> {
         Ok(PeerInfo {
@@ -38,6 +42,7 @@ impl PeerInfo {
             pid: d.u32()?,
             addr: d.addr()?,
             hostname: d.str(255)?,
+            proxied: d.u16()? & 1 != 0,
         })
     }
 }
