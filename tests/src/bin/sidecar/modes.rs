@@ -271,10 +271,16 @@ pub fn bandwidth() {
     agent.close();
 }
 
+/// A file that says rank `r` of this job got somewhere (`sc_hol`).
+fn marker(r: usize) -> std::path::PathBuf {
+    let job = std::env::var("WEFT_JOB").unwrap_or_default();
+    std::env::temp_dir().join(format!("weft-hol-{job}-{r}"))
+}
+
 /// `sc_hol` (2 hosts x 2 ranks; ranks 0,1 on one host, 2,3 on the other):
-/// rank 0 sends 32 MiB to rank 2, which waits 1.5 s before receiving, so
-/// that channel stalls with full rings; meanwhile ranks 1 and 3 run 300
-/// checked all-reduces over the same pair of sidecars. Prints when each
+/// rank 0 sends 32 MiB to rank 2, which receives only once ranks 1 and 3
+/// have finished 300 checked all-reduces over the same pair of sidecars,
+/// so that channel stalls with full rings all the while. Prints when each
 /// part finished, for the test to compare.
 pub fn head_of_line() {
     let agent = attach();
@@ -292,7 +298,15 @@ pub fn head_of_line() {
             println!("@ big_sent_ms={}", now_ms());
         }
         2 => {
-            std::thread::sleep(Duration::from_millis(1500));
+            // Receive only once ranks 1 and 3 are done (or after 20 s: then
+            // they were blocked behind this stalled channel, and the test
+            // sees it in the timestamps).
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline && !(marker(1).exists() && marker(3).exists()) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = std::fs::remove_file(marker(1));
+            let _ = std::fs::remove_file(marker(3));
             println!("@ recv_start_ms={}", now_ms());
             let mut v = vec![0u32; N];
             ok(pair.recv(&mut v, 0), "recv");
@@ -301,10 +315,13 @@ pub fn head_of_line() {
             }
         }
         _ => {
+            // Give rank 0's transfer time to fill every buffer on its way.
+            std::thread::sleep(Duration::from_millis(300));
             for i in 0..300 {
                 step(&pair, 3 * i);
             }
             println!("@ small_done_ms={}", now_ms());
+            let _ = std::fs::write(marker(w.rank()), b"done");
         }
     }
     ok(
