@@ -130,6 +130,80 @@ impl BenchOp {
     /// `send` and `recv` must be valid for the layout's element counts (in
     /// place: both point into one buffer at [`inplace_offsets`](Self::inplace_offsets)).
     #[allow(clippy::too_many_arguments)]
+    /// The operations of one call (send/recv is two), for the device path.
+    pub fn group_ops(
+        self,
+        rank: usize,
+        n: usize,
+        send: *const u8,
+        recv: *mut u8,
+        l: &Layout,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Vec<GroupOp> {
+        let count = l.count;
+        match self {
+            BenchOp::AllReduce => vec![GroupOp::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            }],
+            BenchOp::AllGather => vec![GroupOp::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            }],
+            BenchOp::ReduceScatter => {
+                vec![GroupOp::ReduceScatter {
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    op,
+                }]
+            }
+            BenchOp::Broadcast => vec![GroupOp::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            }],
+            BenchOp::Reduce => vec![GroupOp::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            }],
+            BenchOp::AllToAll => vec![GroupOp::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            }],
+            BenchOp::SendRecv => vec![
+                GroupOp::Send {
+                    buf: send,
+                    count,
+                    dtype,
+                    peer: (rank + 1) % n,
+                },
+                GroupOp::Recv {
+                    buf: recv,
+                    count,
+                    dtype,
+                    peer: (rank + n - 1) % n,
+                },
+            ],
+        }
+    }
+
     pub unsafe fn run(
         self,
         comm: &Communicator,
