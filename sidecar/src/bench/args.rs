@@ -185,6 +185,10 @@ impl BenchArgs {
             v.push("--algo".into());
             v.push(a.clone());
         }
+        if self.device == Device::Cuda {
+            v.push("--device".into());
+            v.push("cuda".into());
+        }
         v.into_iter().map(OsString::from).collect()
     }
 }
@@ -300,7 +304,7 @@ mod tests {
     fn rank_argv_round_trips() {
         let a = parse(&[
             "bcast", "-n", "4", "-b", "1K", "-e", "1M", "-f", "4", "-d", "int8", "-o", "min", "-r",
-            "3", "-c", "--json", "-w", "2", "-i", "7", "-a", "tree",
+            "3", "-c", "--json", "-w", "2", "-i", "7", "-a", "tree", "--device", "cuda",
         ])
         .unwrap();
         let argv = a.to_rank_argv();
@@ -337,5 +341,6 @@ mod tests {
             (a.dtype, a.redop, a.check, a.json)
         );
         assert_eq!(b.algo, a.algo);
+        assert_eq!(b.device, Device::Cuda);
     }
 }
