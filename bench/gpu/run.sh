@@ -23,8 +23,9 @@ NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__f
 SYSNCCL=$(find / -name 'libnccl.so.2*' -not -path '*/.device/*' -not -path '/proc/*' 2>/dev/null | head -3)
 NVRTC=$(dirname $(find / -name 'libnvrtc.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1) 2>/dev/null)
 WEFT=$D/weft   # our libnccl.so.2
-T=$D/nccl-tests/build
-TM=$D/nccl-tests/build-mpi
+# Build outputs outside this folder: a call that carries it replaces it.
+T=/tmp/nccl-tests/build
+TM=/tmp/nccl-tests/build-mpi
 MPIRUN="mpirun --allow-run-as-root --oversubscribe -np $NG --bind-to none -x NCCL_NVLS_ENABLE -x WEFT_KERNEL_CACHE -x LD_LIBRARY_PATH"
 CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
 SYS_LD="$NCCL/lib"
@@ -43,7 +44,7 @@ build)
   log build nccl-tests
   mkdir -p /tmp/ncclh/lib && ln -sf $NCCL/lib/libnccl.so.2 /tmp/ncclh/lib/libnccl.so && ln -sfn $NCCL/include /tmp/ncclh/include
   CUDA_HOME=$(dirname $(dirname $(which nvcc)))
-  (cd $D/nccl-tests && make -j16 MPI=0 NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
+  (cd $D/nccl-tests && make -j16 MPI=0 BUILDDIR=$T NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
   ls $T ;;
 smoke)
   log smoke ours g=$NG
@@ -61,9 +62,19 @@ check)
   TMO=120 run_ours $T/all_gather_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'  ;;
 rtest)
   log rust GPU test
-  LD_LIBRARY_PATH=$OURS_LD timeout 200 $D/weft/cuda-test --nocapture 2>&1 | tail -25; echo "rc=$?"
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+rtest0)
   log rust GPU test WEFT_CUDA_DIRECT=0
-  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 200 $D/weft/cuda-test --nocapture 2>&1 | tail -25; echo "rc=$?" ;;
+  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+check9)
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+    log check ours $t g=$NG
+    TMO=120 run_ours $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | CHK
+  done
+  for t in broadcast reduce gather scatter sendrecv; do for r in 3; do
+    log check ours $t root=$r unaligned odd g=$NG
+    TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+  done; done ;;
 check4)
   for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall; do
       log check ours $t g=$NG
@@ -112,42 +123,49 @@ mpibuild)
   [ -e $MPI_HOME/include/mpi.h ] || ln -sfn "$(dirname "$(find / -name mpi.h -not -path '/proc/*' 2>/dev/null | head -1)")" $MPI_HOME/include
   echo "mpirun: $(which mpirun) mpicc: $(which mpicc)"; ls -la $MPI_HOME/; mpirun --version 2>&1 | head -2
   CUDA_HOME=$(dirname $(dirname $(which nvcc)))
-  (cd $D/nccl-tests && make -j16 MPI=1 MPI_HOME=$MPI_HOME BUILDDIR=build-mpi NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build-mpi.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build-mpi.log)
+  (cd $D/nccl-tests && make -j16 MPI=1 MPI_HOME=$MPI_HOME BUILDDIR=$TM NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build-mpi.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build-mpi.log)
   ls $TM ;;
 mpi)
   # One process per GPU (as torchrun/mpirun run jobs): CUDA IPC between ranks.
   for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
     log mpi check ours $t np=$NG
-    LD_LIBRARY_PATH=$OURS_LD TMO=120 timeout 120 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+    LD_LIBRARY_PATH=$OURS_LD timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
   done
-  for t in all_reduce all_gather broadcast reduce; do for who in nccl ours; do
+  for t in all_reduce all_gather broadcast reduce sendrecv; do for who in nccl ours; do
     log mpi perf $who $t np=$NG; echo "### mpi $who $t np=$NG" >> $OUT/perf-mpi.txt
     if [ $who = ours ]; then L=$OURS_LD; else L=$SYS_LD; fi
-    LD_LIBRARY_PATH=$L timeout 150 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 1G -f 4 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf-mpi.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    LD_LIBRARY_PATH=$L timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 1G -f 32 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf-mpi.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 wbench)
   # weft bench --device cuda: one process per rank/GPU, results checked.
   for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
     log weft bench $t --device cuda -n $NG
-    LD_LIBRARY_PATH=$NVRTC timeout 120 $D/weft/weft bench $t -n $NG -b 8 -e 256M -f 8 --check --device cuda -w 2 -i 10 2>&1 | tee -a $OUT/wbench.txt | tail -14
+    LD_LIBRARY_PATH=$NVRTC timeout 60 $D/weft/weft bench $t -n $NG -b 8 -e 256M -f 32 --check --device cuda -w 2 -i 10 2>&1 | tee -a $OUT/wbench.txt | tail -14
   done ;;
 sweep)
   # Broadcast / reduce / all-gather variants (pull vs push), 32 MB up.
   for t in broadcast reduce all_gather alltoall; do
     log perf nccl $t; echo "### nccl $t -g $NG" >> $OUT/sweep.txt
-    TMO=100 run_nccl $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+    TMO=60 run_nccl $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
     for push in 0 1; do
       log perf ours $t push=$push; echo "### ours-push$push $t -g $NG" >> $OUT/sweep.txt
-      WEFT_CUDA_PUSH=$push TMO=100 run_ours $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+      WEFT_CUDA_PUSH=$push TMO=60 run_ours $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
     done
   done ;;
 perfp2p)
   for t in sendrecv gather scatter; do for who in nccl ours; do
     log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
-    TMO=150 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
+    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 8 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
+  done; done ;;
+table)
+  # The side-by-side tables of docs/PERFORMANCE-GPU.md (bench/gpu/table.py perf.txt).
+  for t in all_reduce all_gather reduce_scatter alltoall broadcast reduce; do for who in nccl ours; do
+    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 save)
-  # Built nccl-tests binaries back to the caller (to carry next time).
-  mkdir -p $OUT/bin/build $OUT/bin/build-mpi
-  cp $T/*_perf $OUT/bin/build/ 2>/dev/null; cp $TM/*_perf $OUT/bin/build-mpi/ 2>/dev/null; du -sh $OUT/bin ;;
+  # Built nccl-tests binaries back to the caller (one file: carry it next time).
+  (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;
+unsave)
+  [ -e $D/ncclbin.tgz ] && (mkdir -p /tmp/nccl-tests && cd /tmp/nccl-tests && tar xzf $D/ncclbin.tgz) && ls $T $TM ;;
 esac; done

@@ -70,9 +70,12 @@ struct Status {
 // Direct mode: each block publishes its rank's {in, out} pointers here (in its
 // own flag area) before the entry barrier; peers read them after it.
 #define WEFT_PTR_OFF (32 << 10)
-// Broadcasts of at least this many bytes use scatter + all-gather among the
-// non-root ranks (below: every rank reads the root's buffer, one hop).
+// Broadcasts of at least this many bytes use a pipelined scatter +
+// all-gather among the non-root ranks (below: every rank reads the root's
+// buffer, one hop).
 #define WEFT_BCAST_SPLIT_MIN (256 << 10)
+// Direct broadcast: per-block progress counters of the pipeline.
+#define WEFT_PROG_OFF (48 << 10)
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence
 // number of the sender's last posted send; on the sender, {ptr, bytes} of its
 // current send to [receiver] and done[receiver] = last completed sequence.
@@ -490,36 +493,52 @@ __device__ void collective_direct(const Args& a) {
             if (out + lo * E != root_in + lo * E) copy_bytes(out + lo * E, root_in + lo * E, bytes, a.rank != a.root);
             break;
         }
-        // Scatter then all-gather among the n-1 helpers: helper j fetches
-        // part j from the root (the root sends the message once in total),
-        // then every helper fetches the other parts from their helpers. Each
-        // link carries about the message size once and nothing waits on a
-        // pipeline to fill.
-        u64 plo, phi;
+        // Pipelined scatter + all-gather among the n-1 helpers: this block's
+        // slice goes in steps; in step j helper h fetches its part of step j
+        // from the root and raises its progress flag, then fetches the other
+        // helpers' parts of step j-1 once their flags say they are there.
+        // The root sends the message once in total, every helper receives it
+        // once, and only one step has to fill before all links are busy.
         if (a.rank == a.root) {
             if (out != root_in) copy_bytes(out + lo * E, root_in + lo * E, bytes, false);
-            if (a.push)
-                for (int j = 0; j < n - 1; j++) {
-                    int r = (a.root + 1 + j) % n;
-                    part<T>(lo, hi, j, n - 1, plo, phi);
-                    copy_bytes((u8*)pout[r] + plo * E, root_in + plo * E, (phi - plo) * E, false);
-                }
-            BARRIER(a, 2 * s + 1);
             break;
         }
-        part<T>(lo, hi, helper, n - 1, plo, phi);
-        if (!a.push) copy_bytes(out + plo * E, root_in + plo * E, (phi - plo) * E, true);
-        BARRIER(a, 2 * s + 1);
-        for (int k = 1; k < n - 1; k++) {
-            int j = (helper + k) % (n - 1);
-            int r = (a.root + 1 + j) % n;
-            if (a.push) {
-                // My part into helper j's output.
-                copy_bytes((u8*)pout[r] + plo * E, out + plo * E, (phi - plo) * E, false);
-            } else {
-                u64 qlo, qhi;
-                part<T>(lo, hi, j, n - 1, qlo, qhi);
-                copy_bytes(out + qlo * E, (const u8*)pout[r] + qlo * E, (qhi - qlo) * E, true);
+        const int m = n - 1;
+        u64 step = (bytes / 16 + 15) / 16 * 16;
+        if (step < (16 << 10)) step = 16 << 10;
+        if (step > (256 << 10)) step = 256 << 10;
+        const u64 nsteps = (bytes + step - 1) / step;
+        u64* mine = (u64*)(a.flags[a.rank] + WEFT_PROG_OFF) + blockIdx.x;
+        __shared__ int quit;
+        if (threadIdx.x == 0) quit = 0;
+        for (u64 j = 0; j <= nsteps; j++) {
+            if (j < nsteps) {
+                u64 slo = j * step, shi = slo + step > bytes ? bytes : slo + step;
+                u64 per = ((shi - slo + m - 1) / m + 15) / 16 * 16;
+                u64 plo = slo + helper * per, phi = plo + per;
+                if (plo > shi) plo = shi;
+                if (phi > shi) phi = shi;
+                copy_bytes(out + lo * E + plo, root_in + lo * E + plo, phi - plo, true);
+                __threadfence_system();
+                __syncthreads();
+                if (threadIdx.x == 0) st_release_sys(mine, (s << 32) | (j + 1));
+            }
+            if (j == 0) continue;
+            u64 slo = (j - 1) * step, shi = slo + step > bytes ? bytes : slo + step;
+            u64 per = ((shi - slo + m - 1) / m + 15) / 16 * 16;
+            for (int k = 1; k < m; k++) {
+                int h = (helper + k) % m;
+                int r = (a.root + 1 + h) % n;
+                if (threadIdx.x == 0) {
+                    const u64* theirs = (const u64*)(a.flags[r] + WEFT_PROG_OFF) + blockIdx.x;
+                    if (!wait_geq(theirs, (s << 32) | j, a.status)) quit = 1;
+                }
+                __syncthreads();
+                if (quit) return;
+                u64 qlo = slo + h * per, qhi = qlo + per;
+                if (qlo > shi) qlo = shi;
+                if (qhi > shi) qhi = shi;
+                copy_bytes(out + lo * E + qlo, (const u8*)pout[r] + lo * E + qlo, qhi - qlo, true);
             }
         }
         break;

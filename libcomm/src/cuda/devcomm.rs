@@ -466,8 +466,12 @@ pub struct DevComm {
     usable: bool,
     /// Every rank is in this process: kernels read peers' buffers in place.
     direct: bool,
-    /// Direct copies write into the peers' buffers (`WEFT_CUDA_PUSH=1`).
-    push: bool,
+    /// Direct copies write into the peers' buffers: `WEFT_CUDA_PUSH=1` for
+    /// every copying collective, `0` for none; unset, all-gather only (it
+    /// measured faster pushing, 0.97 against 0.94 of NCCL at 2 GB on 4 x H200;
+    /// all-to-all too, but pushing into a peer's buffer races with that peer
+    /// reading the same place when the call is in place).
+    push: Option<bool>,
     /// Pinned host memory mapped into the device (abort word, kernel errors).
     status: *mut Status,
     /// Point-to-point sequence numbers per peer, and receive blocks finished.
@@ -534,7 +538,7 @@ impl DevComm {
                 seq: 0,
                 usable: false,
                 direct: false,
-                push: std::env::var("WEFT_CUDA_PUSH").is_ok_and(|v| v == "1"),
+                push: std::env::var("WEFT_CUDA_PUSH").ok().map(|v| v == "1"),
                 status: status.cast(),
                 send_seq: vec![0; nranks],
                 recv_seq: vec![0; nranks],
@@ -848,7 +852,7 @@ impl DevComm {
             root: p.root,
             parity_bytes: self.parity_bytes as u64,
             direct: direct as i32,
-            push: self.push as i32,
+            push: self.push.unwrap_or(p.kind == K_ALLGATHER) as i32,
             status: self.status as u64,
             exit_barrier: exit_barrier as i32,
             pad: 0,
