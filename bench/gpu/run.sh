@@ -163,6 +163,13 @@ table)
     log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
     TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
+bcast)
+  # Broadcast alone: correctness (odd, unaligned, every type) and the side by side.
+  TMO=60 run_ours $T/broadcast_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+  for who in nccl ours; do
+    log perf $who broadcast g=$NG; echo "### $who broadcast -g $NG" >> $OUT/perf.txt
+    TMO=60 run_$who $T/broadcast_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).
   (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;

@@ -734,8 +734,9 @@ unsafe fn enqueue(
                 return Err(finalized_error(&e, what));
             }
             let op = build(&e)?;
-            // Nothing to move (NCCL returns at once too; buffers may be NULL).
-            if op.is_empty() && !group::in_group() {
+            // Nothing to move, in a group or not (NCCL returns at once too;
+            // buffers may be NULL).
+            if op.is_empty() {
                 return Ok(SUCCESS);
             }
             // Device memory goes to the CUDA backend (kernels on `stream`,
