@@ -124,13 +124,8 @@ impl BenchOp {
         }
     }
 
-    /// Runs the collective once.
-    ///
-    /// # Safety
-    /// `send` and `recv` must be valid for the layout's element counts (in
-    /// place: both point into one buffer at [`inplace_offsets`](Self::inplace_offsets)).
+    /// The operations of one call (send/recv is two).
     #[allow(clippy::too_many_arguments)]
-    /// The operations of one call (send/recv is two), for the device path.
     pub fn group_ops(
         self,
         rank: usize,
@@ -204,6 +199,12 @@ impl BenchOp {
         }
     }
 
+    /// Runs the collective once on host memory.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be valid for the layout's element counts (in
+    /// place: both point into one buffer at [`inplace_offsets`](Self::inplace_offsets)).
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn run(
         self,
         comm: &Communicator,
@@ -214,40 +215,16 @@ impl BenchOp {
         op: ReduceOp,
         root: usize,
     ) -> libcomm::Result<()> {
-        let count = l.count;
+        let ops = self.group_ops(comm.rank(), comm.count(), send, recv, l, dtype, op, root);
         unsafe {
-            match self {
-                BenchOp::AllReduce => comm.all_reduce_raw(send, recv, count, dtype, op),
-                BenchOp::AllGather => comm.all_gather_raw(send, recv, count, dtype),
-                BenchOp::ReduceScatter => comm.reduce_scatter_raw(send, recv, count, dtype, op),
-                BenchOp::Broadcast => comm.broadcast_raw(send, recv, count, dtype, root),
-                BenchOp::Reduce => comm.reduce_raw(send, recv, count, dtype, op, root),
-                BenchOp::AllToAll => comm.all_to_all_raw(send, recv, count, dtype),
-                BenchOp::SendRecv => {
-                    let n = comm.count();
-                    let r = comm.rank();
-                    let mut g = Group::new();
-                    g.push_raw(
-                        comm,
-                        GroupOp::Send {
-                            buf: send,
-                            count,
-                            dtype,
-                            peer: (r + 1) % n,
-                        },
-                    )?;
-                    g.push_raw(
-                        comm,
-                        GroupOp::Recv {
-                            buf: recv,
-                            count,
-                            dtype,
-                            peer: (r + n - 1) % n,
-                        },
-                    )?;
-                    g.execute()
-                }
+            if let [one] = ops[..] {
+                return comm.submit(one);
             }
+            let mut g = Group::new();
+            for o in ops {
+                g.push_raw(comm, o)?;
+            }
+            g.execute()
         }
     }
 
