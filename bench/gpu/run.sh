@@ -2,11 +2,14 @@
 # Weft CUDA data plane on the GPU machine: build nccl-tests against the
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
-#   phases: info build smoke rtest check check4 perfar perf perfvar final
+#   phases: info build mpibuild smoke rtest check check4 mpi wbench sweep
+#           perfar perf perfp2p perfvar final
 # Layout next to this script (never committed; built/copied per run):
-#   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here with MPI=0
+#   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
+#                    with MPI=0 (build/) and MPI=1 (build-mpi/)
 #   weft/libnccl.so.2  stripped `cargo build --release -p weft-nccl` (target/release/libnccl.so)
 #   weft/cuda-test     stripped `cargo test --release -p weft-nccl --test cuda --no-run` binary
+#   weft/weft          stripped `cargo build --release -p weft` (for weft bench --device cuda)
 # Logs go to $OUT (check.txt, perf.txt, build.log); bench/gpu/table.py perf.txt
 # prints the side-by-side tables.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -20,7 +23,11 @@ NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__f
 SYSNCCL=$(find / -name 'libnccl.so.2*' -not -path '*/.device/*' -not -path '/proc/*' 2>/dev/null | head -3)
 NVRTC=$(dirname $(find / -name 'libnvrtc.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1) 2>/dev/null)
 WEFT=$D/weft   # our libnccl.so.2
-T=$D/nccl-tests/build
+# Build outputs outside this folder: a call that carries it replaces it.
+T=/tmp/nccl-tests/build
+TM=/tmp/nccl-tests/build-mpi
+MPIRUN="mpirun --allow-run-as-root --oversubscribe -np $NG --bind-to none -x NCCL_NVLS_ENABLE -x WEFT_KERNEL_CACHE -x LD_LIBRARY_PATH"
+CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
 SYS_LD="$NCCL/lib"
 OURS_LD="$WEFT:$NVRTC"
 export WEFT_KERNEL_CACHE=/tmp/weft-kernels
@@ -37,14 +44,14 @@ build)
   log build nccl-tests
   mkdir -p /tmp/ncclh/lib && ln -sf $NCCL/lib/libnccl.so.2 /tmp/ncclh/lib/libnccl.so && ln -sfn $NCCL/include /tmp/ncclh/include
   CUDA_HOME=$(dirname $(dirname $(which nvcc)))
-  (cd $D/nccl-tests && make -j16 MPI=0 NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
+  (cd $D/nccl-tests && make -j16 MPI=0 BUILDDIR=$T NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
   ls $T ;;
 smoke)
   log smoke ours g=$NG
   NCCL_DEBUG=INFO TMO=60 run_ours $T/all_reduce_perf -g $NG -b 8 -e 8M -f 8 -c 1 -n 5 -w 2 2>&1 | tail -40 ;;
 check)
   for g in 1 2 $NG; do [ $g -le $NG ] || continue
-    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
       log check ours $t g=$g
       TMO=120 run_ours $T/${t}_perf -g $g -b 8 -e 4M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
     done
@@ -55,9 +62,19 @@ check)
   TMO=120 run_ours $T/all_gather_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'  ;;
 rtest)
   log rust GPU test
-  LD_LIBRARY_PATH=$OURS_LD timeout 200 $D/weft/cuda-test --nocapture 2>&1 | tail -25; echo "rc=$?"
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+rtest0)
   log rust GPU test WEFT_CUDA_DIRECT=0
-  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 200 $D/weft/cuda-test --nocapture 2>&1 | tail -25; echo "rc=$?" ;;
+  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+check9)
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+    log check ours $t g=$NG
+    TMO=120 run_ours $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | CHK
+  done
+  for t in broadcast reduce gather scatter sendrecv; do for r in 3; do
+    log check ours $t root=$r unaligned odd g=$NG
+    TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+  done; done ;;
 check4)
   for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall; do
       log check ours $t g=$NG
@@ -97,4 +114,65 @@ perf|perfar)
       TMO=150 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
     done
   done ;;
+mpibuild)
+  log build nccl-tests MPI=1
+  # A MPI_HOME with include/ and lib/ from mpicc's own answers (distributions split them).
+  MPI_HOME=/tmp/mpihome; mkdir -p $MPI_HOME
+  ln -sfn "$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')" $MPI_HOME/include
+  ln -sfn "$(mpicc --showme:libdirs 2>/dev/null | awk '{print $1}')" $MPI_HOME/lib
+  [ -e $MPI_HOME/include/mpi.h ] || ln -sfn "$(dirname "$(find / -name mpi.h -not -path '/proc/*' 2>/dev/null | head -1)")" $MPI_HOME/include
+  echo "mpirun: $(which mpirun) mpicc: $(which mpicc)"; ls -la $MPI_HOME/; mpirun --version 2>&1 | head -2
+  CUDA_HOME=$(dirname $(dirname $(which nvcc)))
+  (cd $D/nccl-tests && make -j16 MPI=1 MPI_HOME=$MPI_HOME BUILDDIR=$TM NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build-mpi.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build-mpi.log)
+  ls $TM ;;
+mpi)
+  # One process per GPU (as torchrun/mpirun run jobs): CUDA IPC between ranks.
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+    log mpi check ours $t np=$NG
+    LD_LIBRARY_PATH=$OURS_LD timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+  done
+  for t in all_reduce all_gather broadcast reduce sendrecv; do for who in nccl ours; do
+    log mpi perf $who $t np=$NG; echo "### mpi $who $t np=$NG" >> $OUT/perf-mpi.txt
+    if [ $who = ours ]; then L=$OURS_LD; else L=$SYS_LD; fi
+    LD_LIBRARY_PATH=$L timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 1G -f 32 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf-mpi.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done; done ;;
+wbench)
+  # weft bench --device cuda: one process per rank/GPU, results checked.
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+    log weft bench $t --device cuda -n $NG
+    LD_LIBRARY_PATH=$NVRTC timeout 60 $D/weft/weft bench $t -n $NG -b 8 -e 256M -f 32 --check --device cuda -w 2 -i 10 2>&1 | tee -a $OUT/wbench.txt | tail -14
+  done ;;
+sweep)
+  # Broadcast / reduce / all-gather variants (pull vs push), 32 MB up.
+  for t in broadcast reduce all_gather alltoall; do
+    log perf nccl $t; echo "### nccl $t -g $NG" >> $OUT/sweep.txt
+    TMO=60 run_nccl $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+    for push in 0 1; do
+      log perf ours $t push=$push; echo "### ours-push$push $t -g $NG" >> $OUT/sweep.txt
+      WEFT_CUDA_PUSH=$push TMO=60 run_ours $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+    done
+  done ;;
+perfp2p)
+  for t in sendrecv gather scatter; do for who in nccl ours; do
+    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 8 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
+  done; done ;;
+table)
+  # The side-by-side tables of docs/PERFORMANCE-GPU.md (bench/gpu/table.py perf.txt).
+  for t in all_reduce all_gather reduce_scatter alltoall broadcast reduce; do for who in nccl ours; do
+    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done; done ;;
+bcast)
+  # Broadcast alone: correctness (odd, unaligned, every type) and the side by side.
+  TMO=60 run_ours $T/broadcast_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+  for who in nccl ours; do
+    log perf $who broadcast g=$NG; echo "### $who broadcast -g $NG" >> $OUT/perf.txt
+    TMO=60 run_$who $T/broadcast_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done ;;
+save)
+  # Built nccl-tests binaries back to the caller (one file: carry it next time).
+  (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;
+unsave)
+  [ -e $D/ncclbin.tgz ] && (mkdir -p /tmp/nccl-tests && cd /tmp/nccl-tests && tar xzf $D/ncclbin.tgz) && ls $T $TM ;;
 esac; done

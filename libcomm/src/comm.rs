@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) obs_seq: crate::observe::Seq,
     /// A weak pointer to this record, for the observer's abort handle.
     me: OnceLock<std::sync::Weak<Shared>>,
+    /// The device side (CUDA), set up by the first operation on device memory.
+    pub(crate) dev: Mutex<crate::cuda::batch::DevSlot>,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
@@ -84,6 +86,7 @@ impl Shared {
             ended_at: Mutex::new(None),
             obs_seq: Default::default(),
             me: OnceLock::new(),
+            dev: Mutex::new(Default::default()),
         });
         let _ = s.me.set(Arc::downgrade(&s));
         s
@@ -392,6 +395,14 @@ impl Communicator {
         match self.s.state.get() {
             CommState::Initializing => Err(Error::InProgress),
             CommState::Ready => {
+                if let crate::cuda::batch::DevSlot::On(dc) = &*lock(&self.s.dev)
+                    && let Some(e) = dc.kernel_error()
+                {
+                    return Err(Error::InvalidUsage(format!(
+                        "{}: an operation failed on the GPU: {e}",
+                        self.describe()
+                    )));
+                }
                 if let Some(f) = self.s.fault.get()
                     && let Some(r) = f.check()
                 {
@@ -590,11 +601,51 @@ impl Communicator {
         }
         *lock(&self.s.ended_at) = Some(SystemTime::now());
         drop(core);
+        // The device side goes after the stream work that uses it; an aborted
+        // one stays (a peer's kernel may still touch it).
+        let dev = std::mem::take(&mut *lock(&self.s.dev));
+        let dev_result = match dev {
+            crate::cuda::batch::DevSlot::On(dc) if from != CommState::Aborted => {
+                dc.finalize().map_err(|e| {
+                    Error::Cuda(format!(
+                        "releasing the device side of communicator {} (rank {}): {e}",
+                        self.s.label, self.s.rank
+                    ))
+                })
+            }
+            _ => Ok(()),
+        };
         crate::observe::comm(|| crate::observe::CommEvent::Destroyed {
             comm_id: self.s.label.clone(),
             rank: self.s.rank,
         });
-        Ok(())
+        dev_result
+    }
+
+    /// "communicator <id> (rank r of n)", for messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "communicator {} (rank {} of {})",
+            self.s.label, self.s.rank, self.s.nranks
+        )
+    }
+
+    /// The CUDA device of this rank's device side (set up by its first
+    /// operation on device memory), if any.
+    pub fn cuda_device(&self) -> Option<i32> {
+        match &*lock(&self.s.dev) {
+            crate::cuda::batch::DevSlot::On(dc) => Some(dc.device()),
+            crate::cuda::batch::DevSlot::Off(d) => Some(*d),
+            crate::cuda::batch::DevSlot::Unset => None,
+        }
+    }
+
+    pub(crate) fn dev_slot(&self) -> MutexGuard<'_, crate::cuda::batch::DevSlot> {
+        lock(&self.s.dev)
+    }
+
+    pub(crate) fn state_error(&self, state: CommState, what: &'static str) -> Error {
+        self.s.state_error(state, what)
     }
 }
 
@@ -625,6 +676,10 @@ pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
         };
     }
     *lock(&s.ended_at) = Some(SystemTime::now());
+    // Kernels of ours spinning on peers return (their stream completes).
+    if let crate::cuda::batch::DevSlot::On(dc) = &*lock(&s.dev) {
+        dc.abort();
+    }
     // Lock-free: wake everyone, including a collective of ours blocked in another thread.
     if let Some(f) = s.fault.get() {
         f.raise(FAIL_ABORT, reason);

@@ -25,6 +25,8 @@ pub enum ErrorKind {
     Unsupported,
     /// The operation is still running (non-blocking communicators; NCCL: ncclInProgress).
     InProgress,
+    /// A CUDA driver call failed (NCCL: ncclUnhandledCudaError).
+    Cuda,
 }
 
 /// Every error libcomm returns.
@@ -85,6 +87,9 @@ pub enum Error {
     #[error("operation in progress")]
     InProgress,
 
+    #[error("CUDA error: {0}")]
+    Cuda(String),
+
     #[error("internal error (a bug in Weft, please report it): {0}")]
     Internal(String),
 }
@@ -103,6 +108,7 @@ impl Error {
             Error::System { .. } => ErrorKind::SystemError,
             Error::Unsupported(_) => ErrorKind::Unsupported,
             Error::InProgress => ErrorKind::InProgress,
+            Error::Cuda(_) => ErrorKind::Cuda,
             Error::Internal(_) => ErrorKind::Internal,
         }
     }

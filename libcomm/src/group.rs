@@ -103,7 +103,7 @@ impl GroupOp {
     }
 
     /// Zero-count collectives are no-ops (sends/receives of 0 bytes still match up).
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         match *self {
             GroupOp::Send { .. } | GroupOp::Recv { .. } => false,
             GroupOp::AllReduce { count, .. }

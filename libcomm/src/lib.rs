@@ -40,6 +40,7 @@ mod unique_id;
 pub use algo::tuner::{Algo, AlgoOverride, Coll};
 pub use comm::Communicator;
 pub use config::{Config, TransportPref};
+pub use cuda::batch::DeviceOp;
 pub use error::{Error, ErrorKind, Result};
 pub use group::{Group, GroupOp};
 pub use state::CommState;

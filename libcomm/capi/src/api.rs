@@ -734,6 +734,11 @@ unsafe fn enqueue(
                 return Err(finalized_error(&e, what));
             }
             let op = build(&e)?;
+            // Nothing to move, in a group or not (NCCL returns at once too;
+            // buffers may be NULL).
+            if op.is_empty() {
+                return Ok(SUCCESS);
+            }
             // Device memory goes to the CUDA backend (kernels on `stream`,
             // or staging through host memory); host memory stays on the host path.
             let ptrs: Vec<*const c_void> = buffers.iter().map(|b| b.0).collect();

@@ -61,6 +61,7 @@ pub fn code_of(kind: ErrorKind) -> NcclResult {
         // Something this build or machine cannot do: a usage error for the caller.
         ErrorKind::Unsupported => INVALID_USAGE,
         ErrorKind::InProgress => IN_PROGRESS,
+        ErrorKind::Cuda => UNHANDLED_CUDA_ERROR,
     }
 }
 

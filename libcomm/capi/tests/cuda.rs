@@ -79,6 +79,10 @@ enum Coll {
     Reduce,
     AllToAll,
     SendRecv,
+    Gather,
+    Scatter,
+    /// All-to-all from grouped sends and receives, oneself included.
+    AllToAllP2p,
 }
 
 fn skip_reason() -> Option<String> {
@@ -131,6 +135,9 @@ fn cuda_collectives_match_host_reference() {
             Coll::Reduce,
             Coll::AllToAll,
             Coll::SendRecv,
+            Coll::Gather,
+            Coll::Scatter,
+            Coll::AllToAllP2p,
         ] {
             let reduces = matches!(coll, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce);
             let ops: &[i32] = if reduces { &[0, 1, 2, 3, 4] } else { &[0] };
@@ -141,7 +148,12 @@ fn cuda_collectives_match_host_reference() {
                             continue;
                         }
                         for inplace in [false, true] {
-                            if inplace && matches!(coll, Coll::AllToAll | Coll::SendRecv) {
+                            if inplace
+                                && matches!(
+                                    coll,
+                                    Coll::AllToAll | Coll::SendRecv | Coll::AllToAllP2p
+                                )
+                            {
                                 continue;
                             }
                             cases += 1;
@@ -194,11 +206,13 @@ fn one_case(
     let (in_elems, out_elems) = match coll {
         Coll::AllGather => (count, count * nu),
         Coll::ReduceScatter => (count * nu, count),
-        Coll::AllToAll => (count * nu, count * nu),
+        Coll::AllToAll | Coll::AllToAllP2p => (count * nu, count * nu),
+        Coll::Gather => (count, count * nu),
+        Coll::Scatter => (count * nu, count),
         _ => (count, count),
     };
     let root = match coll {
-        Coll::Broadcast => 1 % nu,
+        Coll::Broadcast | Coll::Gather => 1 % nu,
         Coll::Reduce => nu - 1,
         _ => 0,
     };
@@ -221,6 +235,8 @@ fn one_case(
             match coll {
                 Coll::AllGather => (recv[r] + (r * count * e) as u64, recv[r]),
                 Coll::ReduceScatter => (recv[r], recv[r] + (r * count * e) as u64),
+                Coll::Gather if r == root => (recv[r] + (r * count * e) as u64, recv[r]),
+                Coll::Scatter if r == root => (recv[r], recv[r] + (r * count * e) as u64),
                 _ => (recv[r], recv[r]),
             }
         };
@@ -244,6 +260,18 @@ fn one_case(
                     let a = pncclSend(s, count, dt, ((r + 1) % nu) as i32, c, null);
                     let b = pncclRecv(o, count, dt, ((r + nu - 1) % nu) as i32, c, null);
                     a.max(b)
+                }
+                Coll::Gather => pncclGather(s, o, count, dt, root as i32, c, null),
+                Coll::Scatter => pncclScatter(s, o, count, dt, root as i32, c, null),
+                Coll::AllToAllP2p => {
+                    let mut rc = 0;
+                    for p in 0..nu {
+                        let sp = (bufs[r].0 as usize + p * count * e) as *const c_void;
+                        let rp = (bufs[r].1 as usize + p * count * e) as *mut c_void;
+                        rc = rc.max(pncclSend(sp, count, dt, p as i32, c, null));
+                        rc = rc.max(pncclRecv(rp, count, dt, p as i32, c, null));
+                    }
+                    rc
                 }
             };
             if rc != 0 {
@@ -274,7 +302,7 @@ fn one_case(
         }
     };
     for r in 0..nu {
-        if coll == Coll::Reduce && r != root {
+        if matches!(coll, Coll::Reduce | Coll::Gather) && r != root {
             continue;
         }
         let mut out = vec![0u8; out_elems * e];
@@ -285,7 +313,9 @@ fn one_case(
                 Coll::ReduceScatter => reduce(&|j| inputs[j][r * count + i]),
                 Coll::AllGather => inputs[i / count][i % count],
                 Coll::Broadcast => inputs[root][i],
-                Coll::AllToAll => inputs[i / count][r * count + i % count],
+                Coll::AllToAll | Coll::AllToAllP2p => inputs[i / count][r * count + i % count],
+                Coll::Gather => inputs[i / count][i % count],
+                Coll::Scatter => inputs[root][r * count + i],
                 Coll::SendRecv => inputs[(r + nu - 1) % nu][i],
             };
             let got = decode(dt, &out[i * e..(i + 1) * e]);
@@ -301,4 +331,66 @@ fn one_case(
         }
     }
     Ok(())
+}
+
+/// ncclCommAbort makes a kernel that waits for a peer which never comes
+/// return: the stream drains instead of hanging the process.
+#[test]
+fn abort_releases_a_kernel_waiting_for_a_peer() {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED abort_releases_a_kernel_waiting_for_a_peer: {why}");
+        return;
+    }
+    if !cuda::kernels::nvrtc_available() {
+        eprintln!(
+            "SKIPPED abort_releases_a_kernel_waiting_for_a_peer: libnvrtc not found (no kernel path)"
+        );
+        return;
+    }
+    let devs = [0, (cuda::device_count() - 1).min(1)];
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); 2];
+    assert_eq!(
+        unsafe { pncclCommInitAll(comms.as_mut_ptr(), 2, devs.as_ptr()) },
+        0
+    );
+    let bytes = 1 << 20;
+    let bufs: Vec<u64> = devs
+        .iter()
+        .map(|&d| mem::alloc(d, bytes).unwrap())
+        .collect();
+    let null = std::ptr::null_mut::<c_void>();
+    let count = bytes / 4;
+    // Both ranks once (sets up the device side), then rank 0 alone.
+    unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for r in 0..2 {
+            let b = bufs[r] as *mut c_void;
+            assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[r], null), 0);
+        }
+        assert_eq!(pncclGroupEnd(), 0);
+        mem::sync(devs[0]).unwrap();
+        mem::sync(devs[1]).unwrap();
+        let b = bufs[0] as *mut c_void;
+        assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[0], null), 0);
+    }
+    // A watchdog: a hang here is the failure this test exists for.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(30)).is_err() {
+            eprintln!(
+                "FAILED abort_releases_a_kernel_waiting_for_a_peer: the stream did not drain within 30 s of the abort"
+            );
+            std::process::exit(101);
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    assert_eq!(unsafe { pncclCommAbort(comms[0]) }, 0);
+    mem::sync(devs[0]).unwrap();
+    let _ = tx.send(());
+    eprintln!("stream drained {:?} after ncclCommAbort", t.elapsed());
+    assert_eq!(unsafe { pncclCommAbort(comms[1]) }, 0);
+    for (i, &d) in devs.iter().enumerate() {
+        mem::free(d, bufs[i]).unwrap();
+    }
 }

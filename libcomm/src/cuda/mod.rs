@@ -528,5 +528,7 @@ impl Staging {
     }
 }
 
+pub mod batch;
 mod devcomm;
-pub use devcomm::{DESCRIPTOR_BYTES, DevComm, MAX_RANKS, Plan, compile_single};
+pub use batch::{DeviceOp, run, set_logger, submit};
+pub use devcomm::{DESCRIPTOR_BYTES, DevComm, MAX_RANKS, P2p, Plan, compile_single, p2p_pieces};

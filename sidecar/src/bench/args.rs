@@ -26,9 +26,10 @@ bad arguments; 124 on --timeout.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Device {
-    /// Host memory (the only backend built today).
+    /// Host memory.
     Host,
-    /// CUDA device memory (not built yet).
+    /// CUDA device memory: rank i uses GPU (local rank mod GPU count), work
+    /// on one stream per rank, timed until the stream drains.
     Cuda,
 }
 
@@ -123,13 +124,6 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
 impl BenchArgs {
     /// Checks what clap cannot: consistency between options.
     pub fn validate(&self) -> Result<(), String> {
-        if self.device == Device::Cuda {
-            return Err(
-                "--device cuda: the CUDA backend is not built yet (and no GPU \
-                        backend is available in this build); use --device host"
-                    .into(),
-            );
-        }
         if self.min_bytes > self.max_bytes {
             return Err(format!(
                 "invalid sizes: minbytes {} > maxbytes {}",
@@ -190,6 +184,10 @@ impl BenchArgs {
         if let Some(a) = &self.algo {
             v.push("--algo".into());
             v.push(a.clone());
+        }
+        if self.device == Device::Cuda {
+            v.push("--device".into());
+            v.push("cuda".into());
         }
         v.into_iter().map(OsString::from).collect()
     }
@@ -296,18 +294,17 @@ mod tests {
                 .validate()
                 .is_err()
         );
-        let e = parse(&["allreduce", "--device", "cuda"])
-            .unwrap()
-            .validate()
-            .unwrap_err();
-        assert!(e.contains("CUDA backend is not built yet"), "{e}");
+        assert_eq!(
+            parse(&["allreduce", "--device", "cuda"]).unwrap().device,
+            Device::Cuda
+        );
     }
 
     #[test]
     fn rank_argv_round_trips() {
         let a = parse(&[
             "bcast", "-n", "4", "-b", "1K", "-e", "1M", "-f", "4", "-d", "int8", "-o", "min", "-r",
-            "3", "-c", "--json", "-w", "2", "-i", "7", "-a", "tree",
+            "3", "-c", "--json", "-w", "2", "-i", "7", "-a", "tree", "--device", "cuda",
         ])
         .unwrap();
         let argv = a.to_rank_argv();
@@ -344,5 +341,6 @@ mod tests {
             (a.dtype, a.redop, a.check, a.json)
         );
         assert_eq!(b.algo, a.algo);
+        assert_eq!(b.device, Device::Cuda);
     }
 }

@@ -124,7 +124,82 @@ impl BenchOp {
         }
     }
 
-    /// Runs the collective once.
+    /// The operations of one call (send/recv is two).
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_ops(
+        self,
+        rank: usize,
+        n: usize,
+        send: *const u8,
+        recv: *mut u8,
+        l: &Layout,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Vec<GroupOp> {
+        let count = l.count;
+        match self {
+            BenchOp::AllReduce => vec![GroupOp::AllReduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+            }],
+            BenchOp::AllGather => vec![GroupOp::AllGather {
+                send,
+                recv,
+                count,
+                dtype,
+            }],
+            BenchOp::ReduceScatter => {
+                vec![GroupOp::ReduceScatter {
+                    send,
+                    recv,
+                    count,
+                    dtype,
+                    op,
+                }]
+            }
+            BenchOp::Broadcast => vec![GroupOp::Broadcast {
+                send,
+                recv,
+                count,
+                dtype,
+                root,
+            }],
+            BenchOp::Reduce => vec![GroupOp::Reduce {
+                send,
+                recv,
+                count,
+                dtype,
+                op,
+                root,
+            }],
+            BenchOp::AllToAll => vec![GroupOp::AllToAll {
+                send,
+                recv,
+                count,
+                dtype,
+            }],
+            BenchOp::SendRecv => vec![
+                GroupOp::Send {
+                    buf: send,
+                    count,
+                    dtype,
+                    peer: (rank + 1) % n,
+                },
+                GroupOp::Recv {
+                    buf: recv,
+                    count,
+                    dtype,
+                    peer: (rank + n - 1) % n,
+                },
+            ],
+        }
+    }
+
+    /// Runs the collective once on host memory.
     ///
     /// # Safety
     /// `send` and `recv` must be valid for the layout's element counts (in
@@ -140,40 +215,16 @@ impl BenchOp {
         op: ReduceOp,
         root: usize,
     ) -> libcomm::Result<()> {
-        let count = l.count;
+        let ops = self.group_ops(comm.rank(), comm.count(), send, recv, l, dtype, op, root);
         unsafe {
-            match self {
-                BenchOp::AllReduce => comm.all_reduce_raw(send, recv, count, dtype, op),
-                BenchOp::AllGather => comm.all_gather_raw(send, recv, count, dtype),
-                BenchOp::ReduceScatter => comm.reduce_scatter_raw(send, recv, count, dtype, op),
-                BenchOp::Broadcast => comm.broadcast_raw(send, recv, count, dtype, root),
-                BenchOp::Reduce => comm.reduce_raw(send, recv, count, dtype, op, root),
-                BenchOp::AllToAll => comm.all_to_all_raw(send, recv, count, dtype),
-                BenchOp::SendRecv => {
-                    let n = comm.count();
-                    let r = comm.rank();
-                    let mut g = Group::new();
-                    g.push_raw(
-                        comm,
-                        GroupOp::Send {
-                            buf: send,
-                            count,
-                            dtype,
-                            peer: (r + 1) % n,
-                        },
-                    )?;
-                    g.push_raw(
-                        comm,
-                        GroupOp::Recv {
-                            buf: recv,
-                            count,
-                            dtype,
-                            peer: (r + n - 1) % n,
-                        },
-                    )?;
-                    g.execute()
-                }
+            if let [one] = ops[..] {
+                return comm.submit(one);
             }
+            let mut g = Group::new();
+            for o in ops {
+                g.push_raw(comm, o)?;
+            }
+            g.execute()
         }
     }
 

@@ -12,9 +12,10 @@
 use std::io::Write;
 use std::time::Instant;
 
+use libcomm::cuda::{self, mem};
 use libcomm::{Communicator, DataType, ReduceOp};
 
-use super::args::BenchArgs;
+use super::args::{BenchArgs, Device};
 use super::ops::{BenchOp, Layout};
 use super::report::{self, Header, Measure, Row};
 use super::sizes;
@@ -51,6 +52,51 @@ impl Buf {
     }
 }
 
+/// Device buffers of `--device cuda` (the host `Buf`s then only stage data
+/// for `--check`).
+struct Gpu {
+    dev: i32,
+    send: u64,
+    recv: u64,
+    bytes: usize,
+}
+
+impl Gpu {
+    /// This rank's GPU: local rank modulo the GPUs the process sees.
+    fn open(rank: usize, bytes: usize) -> Result<Gpu, String> {
+        cuda::driver().map_err(|e| format!("--device cuda: {e}"))?;
+        let ngpu = cuda::device_count();
+        if ngpu == 0 {
+            return Err("--device cuda: the CUDA driver sees no GPU".into());
+        }
+        let local = std::env::var("WEFT_LOCAL_RANK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(rank);
+        let dev = (local % ngpu as usize) as i32;
+        let bytes = bytes.max(16);
+        let send = mem::alloc(dev, bytes).map_err(|e| format!("--device cuda: GPU {dev}: {e}"))?;
+        let recv = mem::alloc(dev, bytes).map_err(|e| format!("--device cuda: GPU {dev}: {e}"))?;
+        Ok(Gpu {
+            dev,
+            send,
+            recv,
+            bytes,
+        })
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        mem::sync(self.dev).map_err(|e| format!("waiting for GPU {}: {e}", self.dev))
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        let _ = mem::free(self.dev, self.send);
+        let _ = mem::free(self.dev, self.recv);
+    }
+}
+
 struct Bench<'a> {
     comm: &'a Communicator,
     args: &'a BenchArgs,
@@ -58,6 +104,7 @@ struct Bench<'a> {
     n: usize,
     send: Buf,
     recv: Buf,
+    gpu: Option<Gpu>,
 }
 
 fn err(what: &str, e: libcomm::Error) -> String {
@@ -102,19 +149,54 @@ impl Bench<'_> {
     /// The send and receive pointers of one call.
     fn ptrs(&mut self, l: &Layout, in_place: bool) -> (*const u8, *mut u8) {
         let ts = self.args.dtype.size();
-        let recv = self.recv.ptr();
+        let (send, recv) = match &self.gpu {
+            Some(g) => (g.send as *mut u8, g.recv as *mut u8),
+            None => (self.send.ptr(), self.recv.ptr()),
+        };
         if in_place {
             let (so, ro) = self.args.coll.inplace_offsets(l, self.rank);
-            // SAFETY: offsets stay within the receive buffer, sized for the largest layout.
-            unsafe { (recv.add(so * ts).cast_const(), recv.add(ro * ts)) }
+            // Address arithmetic only (device pointers are never dereferenced
+            // here); offsets stay within the receive buffer.
+            (
+                recv.wrapping_add(so * ts).cast_const(),
+                recv.wrapping_add(ro * ts),
+            )
         } else {
-            (self.send.ptr().cast_const(), recv)
+            (send.cast_const(), recv)
         }
+    }
+
+    /// Waits for the GPU's queued work (nothing on the host path).
+    fn drain(&self) -> Result<(), String> {
+        self.gpu.as_ref().map_or(Ok(()), Gpu::sync)
     }
 
     fn call(&mut self, l: &Layout, in_place: bool) -> Result<(), String> {
         let (s, r) = self.ptrs(l, in_place);
         let a = self.args;
+        if let Some(g) = &self.gpu {
+            let ops = a.coll.group_ops(
+                self.rank,
+                self.n,
+                s,
+                r,
+                l,
+                a.dtype,
+                a.redop,
+                a.root as usize,
+            );
+            let batch: Vec<cuda::DeviceOp<'_>> = ops
+                .into_iter()
+                .map(|op| cuda::DeviceOp {
+                    comm: self.comm,
+                    op,
+                    stream: std::ptr::null_mut(),
+                    device: Some(g.dev),
+                })
+                .collect();
+            // SAFETY: device buffers sized for the largest layout, as on the host.
+            return unsafe { cuda::run(&batch) }.map_err(|e| err(a.coll.name(), e));
+        }
         // SAFETY: both buffers hold `buffer_elems` of the largest layout; the
         // in-place offsets are those the collective documents.
         unsafe {
@@ -130,11 +212,13 @@ impl Bench<'_> {
         for _ in 0..a.warmup {
             self.call(l, in_place)?;
         }
+        self.drain()?;
         self.barrier()?;
         let t0 = Instant::now();
         for _ in 0..a.iters {
             self.call(l, in_place)?;
         }
+        self.drain()?;
         let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
         let secs = self.sum_f64(secs)? / self.n as f64;
         let algbw = a.coll.algbw(l, a.dtype, self.n, secs);
@@ -170,7 +254,21 @@ impl Bench<'_> {
             d.fill_sentinel(&mut self.recv.bytes()[..l.recv_elems * ts]);
             d.fill(self.rank, 0, &mut self.send.bytes()[..send_len]);
         }
+        if let Some(g) = &self.gpu {
+            let span = l.buffer_elems() * ts;
+            let up = |dst: u64, b: &mut Buf, n: usize| mem::htod(g.dev, dst, &b.bytes()[..n]);
+            up(g.recv, &mut self.recv, span.max(l.recv_elems * ts))
+                .and_then(|_| up(g.send, &mut self.send, send_len))
+                .map_err(|e| format!("copying check data to GPU {}: {e}", g.dev))?;
+        }
         self.call(l, in_place)?;
+        if let Some(g) = &self.gpu {
+            g.sync()?;
+            let n = l.buffer_elems() * ts;
+            let (dev, recv) = (g.dev, g.recv);
+            mem::dtoh(dev, &mut self.recv.bytes()[..n], recv)
+                .map_err(|e| format!("copying results from GPU {dev}: {e}"))?;
+        }
         let out = &self.recv.bytes()[ro * ts..ro * ts + l.recv_elems * ts];
         let wrong = a.coll.wrong(&d, self.rank, a.root as usize, l, out);
         self.sum_u64(wrong)
@@ -201,6 +299,10 @@ fn run(args: &BenchArgs) -> Result<(), String> {
         .max()
         .unwrap_or(0);
     let bytes = largest * dt.size();
+    let gpu = match args.device {
+        Device::Cuda => Some(Gpu::open(rank, bytes)?),
+        Device::Host => None,
+    };
     let mut b = Bench {
         comm: &comm,
         args,
@@ -208,6 +310,7 @@ fn run(args: &BenchArgs) -> Result<(), String> {
         n,
         send: Buf::new(bytes),
         recv: Buf::new(bytes),
+        gpu,
     };
     // Valid, finite values of the type in both buffers (never NaN or
     // subnormal patterns, which would time the FPU rather than the fabric).
@@ -218,6 +321,12 @@ fn run(args: &BenchArgs) -> Result<(), String> {
     };
     init.fill(rank, 0, &mut b.send.bytes()[..bytes]);
     init.fill(rank, 0, &mut b.recv.bytes()[..bytes]);
+    if let Some(g) = &b.gpu {
+        let n = bytes.min(g.bytes);
+        mem::htod(g.dev, g.send, &b.send.bytes()[..n])
+            .and_then(|_| mem::htod(g.dev, g.recv, &b.recv.bytes()[..n]))
+            .map_err(|e| format!("filling GPU {}: {e}", g.dev))?;
+    }
 
     // Who is where, for the header.
     let mut pids = vec![0u64; n];
@@ -233,7 +342,10 @@ fn run(args: &BenchArgs) -> Result<(), String> {
         warmup: args.warmup,
         iters: args.iters,
         check: args.check,
-        device: "host",
+        device: match args.device {
+            Device::Cuda => "cuda",
+            Device::Host => "host",
+        },
         algo: args.algo.clone(),
         ranks: pids.iter().map(|&p| (p as u32, host.clone())).collect(),
     };
@@ -289,5 +401,6 @@ fn run(args: &BenchArgs) -> Result<(), String> {
     }
     comm.destroy()
         .map_err(|e| err("destroying the communicator", e))?;
+    drop(b);
     Ok(())
 }
