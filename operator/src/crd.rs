@@ -29,6 +29,9 @@ pub const DEFAULT_BOOTSTRAP_PORT: i32 = 29400;
 pub const TORCH_MASTER_PORT: i32 = 29500;
 /// Default port of the sidecar's Prometheus endpoint.
 pub const DEFAULT_SIDECAR_METRICS_PORT: i32 = 9464;
+/// Default port sidecars reach each other on (heartbeats, job-wide status,
+/// the network proxy's one connection per pair of pods).
+pub const DEFAULT_SIDECAR_PEER_PORT: i32 = 29401;
 
 /// A distributed job whose ranks talk through Weft.
 ///
@@ -211,7 +214,8 @@ impl LogLevel {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {"rule": "self.bootstrapPort != self.metricsPort", "message": "sidecar.bootstrapPort and sidecar.metricsPort must differ"},
-    {"rule": "self.bootstrapPort != 29500 && self.metricsPort != 29500", "message": "port 29500 is reserved for torchrun (PET_MASTER_PORT)"}
+    {"rule": "self.peerPort != self.bootstrapPort && self.peerPort != self.metricsPort", "message": "sidecar.peerPort must differ from sidecar.bootstrapPort and sidecar.metricsPort"},
+    {"rule": "self.bootstrapPort != 29500 && self.metricsPort != 29500 && self.peerPort != 29500", "message": "port 29500 is reserved for torchrun (PET_MASTER_PORT)"}
 ]))]
 pub struct SidecarSpec {
     /// Sidecar image; the operator's default (Helm value `sidecar.image`) when unset.
@@ -228,10 +232,15 @@ pub struct SidecarSpec {
     #[serde(default = "default_bootstrap_port")]
     #[schemars(range(min = 1024, max = 65535))]
     pub bootstrap_port: i32,
-    /// Port of the sidecar's Prometheus endpoint.
+    /// Port of the sidecar's Prometheus endpoint (also /healthz, /readyz, /ras).
     #[serde(default = "default_metrics_port")]
     #[schemars(range(min = 1024, max = 65535))]
     pub metrics_port: i32,
+    /// Port the pods' sidecars reach each other on: heartbeats, job-wide RAS
+    /// and the network proxy (inter-pod traffic of the ranks).
+    #[serde(default = "default_peer_port")]
+    #[schemars(range(min = 1024, max = 65535))]
+    pub peer_port: i32,
     /// Log level of the sidecar (`WEFT_LOG`).
     #[serde(default)]
     pub log_level: LogLevel,
@@ -243,6 +252,9 @@ fn default_bootstrap_port() -> i32 {
 fn default_metrics_port() -> i32 {
     DEFAULT_SIDECAR_METRICS_PORT
 }
+fn default_peer_port() -> i32 {
+    DEFAULT_SIDECAR_PEER_PORT
+}
 
 impl Default for SidecarSpec {
     fn default() -> Self {
@@ -252,6 +264,7 @@ impl Default for SidecarSpec {
             resources: None,
             bootstrap_port: DEFAULT_BOOTSTRAP_PORT,
             metrics_port: DEFAULT_SIDECAR_METRICS_PORT,
+            peer_port: DEFAULT_SIDECAR_PEER_PORT,
             log_level: LogLevel::Info,
         }
     }

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, Probe,
-    ResourceRequirements, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    TCPSocketAction, Volume, VolumeMount,
+    Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, Pod,
+    PodSpec, Probe, ResourceRequirements, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -142,6 +142,7 @@ pub fn desired_service(job: &CollectiveJob) -> Service {
             selector: Some(BTreeMap::from([(LABEL_JOB.to_string(), job.name_any())])),
             ports: Some(vec![
                 port("bootstrap", job.spec.sidecar.bootstrap_port),
+                port("weft-peer", job.spec.sidecar.peer_port),
                 port("torch-master", TORCH_MASTER_PORT),
             ]),
             ..ServiceSpec::default()
@@ -307,7 +308,47 @@ fn normalise_gpus(c: &mut Container) {
         .insert(GPU_RESOURCE.into(), q);
 }
 
-fn sidecar_container(job: &CollectiveJob, env: Vec<EnvVar>, cfg: &OperatorConfig) -> Container {
+/// A lost pod is noticed by the other pods' sidecars after this long without
+/// an answer (libcomm's own `WEFT_PEER_TIMEOUT_MS` default is the same).
+pub const PEER_TIMEOUT_MS: u64 = 10_000;
+/// A pod whose sidecar never answered yet (still pulling its image, still
+/// pending) counts as lost only after this long.
+pub const PEER_STARTUP_GRACE_MS: u64 = 600_000;
+
+/// `weft sidecar` for replica `index`: HTTP (metrics, probes, RAS) and the
+/// peer port on every interface, the other replicas' sidecars as peers
+/// (heartbeats, job-wide RAS, the network proxy).
+pub fn sidecar_command(job: &CollectiveJob, index: i32) -> Vec<String> {
+    let sc = &job.spec.sidecar;
+    let mut cmd = vec![
+        "weft".to_string(),
+        "sidecar".into(),
+        "--http".into(),
+        format!("0.0.0.0:{}", sc.metrics_port),
+        "--peer-listen".into(),
+        format!("0.0.0.0:{}", sc.peer_port),
+        "--peer-timeout-ms".into(),
+        PEER_TIMEOUT_MS.to_string(),
+        "--peer-startup-grace-ms".into(),
+        PEER_STARTUP_GRACE_MS.to_string(),
+    ];
+    let peers: Vec<String> = (0..job.spec.replicas)
+        .filter(|&i| i != index)
+        .map(|i| format!("{}:{}", pod_dns(job, i), sc.peer_port))
+        .collect();
+    if !peers.is_empty() {
+        cmd.push("--peers".into());
+        cmd.push(peers.join(","));
+    }
+    cmd
+}
+
+fn sidecar_container(
+    job: &CollectiveJob,
+    index: i32,
+    env: Vec<EnvVar>,
+    cfg: &OperatorConfig,
+) -> Container {
     let sc = &job.spec.sidecar;
     let mut env = env;
     env.push(self::env("WEFT_LOG", sc.log_level.as_str()));
@@ -335,21 +376,25 @@ fn sidecar_container(job: &CollectiveJob, env: Vec<EnvVar>, cfg: &OperatorConfig
                 .unwrap_or_else(|| cfg.sidecar_image.clone()),
         ),
         image_pull_policy: sc.image_pull_policy.clone(),
-        command: Some(vec!["weft".into(), "sidecar".into()]),
+        command: Some(sidecar_command(job, index)),
         env: Some(env),
         ports: Some(vec![
             port("bootstrap", sc.bootstrap_port),
             port("metrics", sc.metrics_port),
+            port("weft-peer", sc.peer_port),
         ]),
         // Native sidecar: an init container that keeps running; the kubelet
         // starts it before the workload and stops it after the workload exits,
         // so it never keeps a finished pod alive.
         restart_policy: Some("Always".into()),
-        // Workload containers start only once the sidecar listens.
+        // Workload containers start only once the sidecar serves HTTP (its
+        // Unix socket and proxy exist by then). Not the bootstrap port: rank
+        // 0, in the workload container, serves that.
         startup_probe: Some(Probe {
-            tcp_socket: Some(TCPSocketAction {
-                port: IntOrString::Int(sc.bootstrap_port),
-                ..TCPSocketAction::default()
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".into()),
+                port: IntOrString::Int(sc.metrics_port),
+                ..HTTPGetAction::default()
             }),
             period_seconds: Some(1),
             failure_threshold: Some(120),
@@ -395,7 +440,7 @@ pub fn desired_pod(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorCo
         c.volume_mounts = Some(add_mounts(c.volume_mounts.take()));
         normalise_gpus(c);
     }
-    let mut init = vec![sidecar_container(job, contract.clone(), cfg)];
+    let mut init = vec![sidecar_container(job, index, contract.clone(), cfg)];
     for mut c in spec.init_containers.take().unwrap_or_default() {
         c.env = Some(with_contract_env(c.env.take(), &contract));
         c.volume_mounts = Some(add_mounts(c.volume_mounts.take()));
@@ -578,7 +623,7 @@ pub(crate) mod tests {
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
         assert_eq!(spec.selector.unwrap()[LABEL_JOB], "train");
         let ports: Vec<i32> = spec.ports.unwrap().iter().map(|p| p.port).collect();
-        assert_eq!(ports, [29400, 29500]);
+        assert_eq!(ports, [29400, 29401, 29500]);
         let owner = &s.metadata.owner_references.unwrap()[0];
         assert_eq!(owner.kind, "CollectiveJob");
         assert_eq!(owner.controller, Some(true));
@@ -728,11 +773,26 @@ pub(crate) mod tests {
         assert_eq!(sc.name, SIDECAR_NAME);
         assert_eq!(sc.image.as_deref(), Some("weft:custom"));
         assert_eq!(sc.restart_policy.as_deref(), Some("Always"));
-        assert_eq!(sc.command.as_ref().unwrap(), &["weft", "sidecar"]);
-        let probe = sc.startup_probe.as_ref().unwrap();
         assert_eq!(
-            probe.tcp_socket.as_ref().unwrap().port,
-            IntOrString::Int(31000)
+            sc.command.as_ref().unwrap(),
+            &[
+                "weft",
+                "sidecar",
+                "--http",
+                "0.0.0.0:9464",
+                "--peer-listen",
+                "0.0.0.0:29401",
+                "--peer-timeout-ms",
+                "10000",
+                "--peer-startup-grace-ms",
+                "600000"
+            ]
+        );
+        let probe = sc.startup_probe.as_ref().unwrap();
+        let get = probe.http_get.as_ref().unwrap();
+        assert_eq!(
+            (get.path.as_deref(), &get.port),
+            (Some("/healthz"), &IntOrString::Int(9464))
         );
         assert_eq!(env_of(sc)["WEFT_BOOTSTRAP"], "s-0.s.ml.svc:31000");
         let reqs = sc.resources.as_ref().unwrap().requests.as_ref().unwrap();
@@ -748,6 +808,33 @@ pub(crate) mod tests {
             spec.init_containers.unwrap()[0].image.as_deref(),
             Some("registry/weft:1.0")
         );
+    }
+
+    /// Every sidecar lists the other replicas' sidecars as peers (heartbeats,
+    /// job-wide RAS, the proxy), at their stable DNS names and peer port.
+    #[test]
+    fn sidecars_peer_with_the_other_replicas() {
+        let mut j = job("p", 3, 2);
+        j.spec.sidecar.peer_port = 30001;
+        let cmd = sidecar_command(&j, 1);
+        let at = |flag: &str| {
+            let i = cmd.iter().position(|a| a == flag).unwrap();
+            cmd[i + 1].clone()
+        };
+        assert_eq!(at("--peer-listen"), "0.0.0.0:30001");
+        assert_eq!(at("--peers"), "p-0.p.ml.svc:30001,p-2.p.ml.svc:30001");
+        let pod = desired_pod(&j, 2, 0, &OperatorConfig::default());
+        let sc = &pod.spec.unwrap().init_containers.unwrap()[0];
+        let ports: Vec<i32> = sc
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| p.container_port)
+            .collect();
+        assert_eq!(ports, [29400, 9464, 30001]);
+        let peers = sc.command.as_ref().unwrap().last().unwrap();
+        assert_eq!(peers, "p-0.p.ml.svc:30001,p-1.p.ml.svc:30001");
     }
 
     #[test]

@@ -109,6 +109,11 @@ pub struct SidecarArgs {
     /// A peer that does not answer heartbeats for this long is a lost host.
     #[arg(long, value_name = "MS", default_value = "3000")]
     pub peer_timeout_ms: u64,
+    /// A peer that has never answered is lost only after this long (pods of
+    /// one job start minutes apart when images are pulled); 0: after
+    /// --peer-timeout-ms like any other.
+    #[arg(long, value_name = "MS", default_value = "0")]
+    pub peer_startup_grace_ms: u64,
     /// Seconds the ranks get to acknowledge an abort on SIGTERM before we exit.
     #[arg(long, value_name = "SECS", default_value = "2")]
     pub grace: f64,
@@ -268,6 +273,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
             args.peers.clone(),
             (timeout / 6).max(Duration::from_millis(50)),
             timeout,
+            Duration::from_millis(args.peer_startup_grace_ms).max(timeout),
         ));
     }
     let svc = crate::rpc::sidecar_server::SidecarServer::new(service::Service {

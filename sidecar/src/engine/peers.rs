@@ -114,12 +114,14 @@ async fn client(addr: &str) -> Option<SidecarClient<Channel>> {
     Some(SidecarClient::new(ep.connect_lazy()))
 }
 
-/// Heartbeats every peer every `period`; declares a host lost after `timeout`.
+/// Heartbeats every peer every `period`; declares a host lost after
+/// `timeout` without an answer (`first` for a peer that never answered).
 pub async fn heartbeat_loop(
     e: Arc<Engine>,
     addrs: Vec<String>,
     period: Duration,
     timeout: Duration,
+    first: Duration,
 ) {
     let mut peers: Vec<Peer> = addrs
         .into_iter()
@@ -147,7 +149,7 @@ pub async fn heartbeat_loop(
                 _ => {
                     // Silence counts from the last answer (or the first attempt, so
                     // a peer that never came is lost too).
-                    if let Some(host) = e.state.peer_silent(&p.addr, timeout) {
+                    if let Some(host) = e.state.peer_silent(&p.addr, timeout, first) {
                         let reason = format!(
                             "lost host {host}: its sidecar at {} has not answered for {} ms",
                             p.addr,

@@ -273,12 +273,19 @@ impl State {
     }
 
     /// A heartbeat to `addr` failed. Returns the peer's name when it has now
-    /// been silent for `timeout` since its last answer (once).
-    pub fn peer_silent(&self, addr: &str, timeout: std::time::Duration) -> Option<String> {
+    /// been silent for `timeout` since its last answer, or for `first` since
+    /// the first attempt when it never answered (once).
+    pub fn peer_silent(
+        &self,
+        addr: &str,
+        timeout: std::time::Duration,
+        first: std::time::Duration,
+    ) -> Option<String> {
         let mut reg = self.lock();
         let p = reg.peers.entry(addr.to_string()).or_default();
         let since = *p.since.get_or_insert_with(std::time::Instant::now);
-        if p.lost || since.elapsed() < timeout {
+        let limit = if p.last_seen == 0 { first } else { timeout };
+        if p.lost || since.elapsed() < limit {
             return None;
         }
         p.lost = true;
@@ -342,5 +349,37 @@ pub fn merge(into: &mut Status, other: Status) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A peer that never answered gets the startup grace; once it has
+    /// answered, the ordinary timeout applies; lost is reported once.
+    #[test]
+    fn peer_silence_limits() {
+        let s = State::new("job".into(), "me".into());
+        let (short, long) = (Duration::from_millis(30), Duration::from_secs(3600));
+        assert_eq!(s.peer_silent("a:1", short, long), None);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(
+            s.peer_silent("a:1", short, long),
+            None,
+            "still in its startup grace"
+        );
+        assert_eq!(s.peer_silent("b:1", short, short), None);
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(s.peer_silent("b:1", short, short).as_deref(), Some("b:1"));
+        assert_eq!(s.peer_silent("b:1", short, short), None, "reported once");
+        s.peer_seen("a:1", "host-a");
+        std::thread::sleep(Duration::from_millis(60));
+        assert_eq!(
+            s.peer_silent("a:1", short, long).as_deref(),
+            Some("host-a (a:1)"),
+            "answered once: the ordinary timeout"
+        );
     }
 }
