@@ -178,6 +178,17 @@ pub(crate) struct Who<'a> {
 
 /// Reports the start of `ops` (one op, or a group when `group`).
 pub(crate) fn start(who: &Who<'_>, ops: &[GroupOp], group: bool) -> Option<Started> {
+    start_with(who, ops, group, None)
+}
+
+/// As [`start`], naming the algorithm (the CUDA kernel path's own choice)
+/// instead of the host tuner's.
+pub(crate) fn start_with(
+    who: &Who<'_>,
+    ops: &[GroupOp],
+    group: bool,
+    algo_name: Option<&'static str>,
+) -> Option<Started> {
     let o = observer()?;
     let (op, dtype, bytes, algo) = if group || ops.len() != 1 {
         let bytes = ops.iter().map(|op| dtype_and_bytes(op).1).sum();
@@ -192,6 +203,7 @@ pub(crate) fn start(who: &Who<'_>, ops: &[GroupOp], group: bool) -> Option<Start
         };
         (ops[0].name(), dtype, bytes, algo)
     };
+    let algo = algo_name.unwrap_or(algo);
     let ev = OpEvent {
         job: crate::core::job_label(),
         comm_id: who.comm_id.to_string(),

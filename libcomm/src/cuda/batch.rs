@@ -240,8 +240,19 @@ pub unsafe fn run(ops: &[DeviceOp<'_>]) -> Result<()> {
         }
         match dc.plan(&o.op) {
             Some(plan) => {
-                if let Err(e) = unsafe { dc.launch(&plan, o.stream) } {
-                    first.get_or_insert(cuda_err(o.op.name(), o.comm, e));
+                // The span covers the enqueue: the kernel runs after the call
+                // returns, in stream order (as NCCL's calls return).
+                let obs = crate::observe::start_with(
+                    &o.comm.s.who(),
+                    std::slice::from_ref(&o.op),
+                    false,
+                    Some(plan.algorithm()),
+                );
+                let r = unsafe { dc.launch(&plan, o.stream) }
+                    .map_err(|e| cuda_err(o.op.name(), o.comm, e));
+                crate::observe::finish(obs, &r);
+                if let Err(e) = r {
+                    first.get_or_insert(e);
                 }
             }
             None => to_stage.push(*o),
@@ -262,8 +273,13 @@ pub unsafe fn run(ops: &[DeviceOp<'_>]) -> Result<()> {
             .iter()
             .flat_map(|o| p2p_pieces(&o.op, b.comm.rank(), b.comm.count()).unwrap_or_default())
             .collect();
-        if let Err(e) = unsafe { dc.launch_p2p(&pieces, b.ops[0].stream) } {
-            first.get_or_insert(cuda_err("send/recv", b.comm, e));
+        let ops: Vec<GroupOp> = b.ops.iter().map(|o| o.op).collect();
+        let obs = crate::observe::start_with(&b.comm.s.who(), &ops, true, Some("p2p-kernel"));
+        let r = unsafe { dc.launch_p2p(&pieces, b.ops[0].stream) }
+            .map_err(|e| cuda_err("send/recv", b.comm, e));
+        crate::observe::finish(obs, &r);
+        if let Err(e) = r {
+            first.get_or_insert(e);
         }
     }
     let mut staged: Vec<Staging> = Vec::new();
