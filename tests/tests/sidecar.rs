@@ -706,3 +706,57 @@ fn weft_ras_json_reports_the_sidecar() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["job"], sc.job.as_str());
 }
+
+/// A program that only uses the NCCL C ABI (never the Rust agent) attaches
+/// to the sidecar through `WEFT_SIDECAR_SOCKET` by itself: its communicator
+/// and operations show in RAS, and a normal exit is not taken for a death.
+#[test]
+fn c_abi_programs_attach_to_the_sidecar() {
+    let sc = Sidecar::start(cli(), &[]);
+    let release = sc.dir.join("release");
+    let mut env = sc.rank_env();
+    env.push(("WEFT_TEST_RELEASE".into(), release.display().to_string()));
+    let h = spawn_job(vec!["sc_capi".into()], 3, env, Duration::from_secs(60));
+    let t = Instant::now();
+    let comm = loop {
+        let s = status(&sc);
+        if let Some(c) = s.comms.iter().find(|c| {
+            c.nranks == 3
+                && c.ranks.len() == 3
+                && c.ranks.iter().all(|r| r.last_completed_seq >= 20)
+        }) {
+            break c.clone();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the C ABI ranks never showed in RAS: {s:?}\n{}",
+            sc.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for r in &comm.ranks {
+        assert_eq!(r.last_completed_op, "all_reduce", "{r:?}");
+        assert_eq!(r.last_outcome, "ok", "{r:?}");
+    }
+    std::fs::write(&release, b"go").unwrap();
+    let run = h.join().unwrap();
+    for r in &run.ranks {
+        assert_eq!(r.code, Some(0), "rank {}\n{}", r.rank, run.dump());
+    }
+    let pids: Vec<u32> = run.ranks.iter().map(|r| r.pid).collect();
+    let s = status(&sc);
+    let dead: Vec<_> = s
+        .processes
+        .iter()
+        .filter(|p| pids.contains(&p.pid) && p.state == "dead")
+        .collect();
+    assert!(
+        dead.is_empty(),
+        "a clean exit was taken for a death: {dead:?}"
+    );
+    eprintln!(
+        "C ABI attach: communicator {} with 3 ranks in RAS after {:?}",
+        comm.comm_id,
+        t.elapsed()
+    );
+}

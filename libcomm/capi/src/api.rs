@@ -256,6 +256,7 @@ unsafe fn init_rank(
         )));
     }
     let (cfg, blocking) = config::resolve(config, None)?;
+    crate::attach::ensure();
     let bytes: &[u8] = std::slice::from_raw_parts(id.internal.as_ptr().cast(), 128);
     let uid = UniqueId::from_bytes(bytes).map_err(Fail::from)?;
     let (n, r) = (nranks as usize, rank as usize);
@@ -322,6 +323,7 @@ nccl_api! {
         if ndev < 1 {
             return Err(Fail::arg(format!("ndev {ndev} must be at least 1")));
         }
+        crate::attach::ensure();
         let comms = Communicator::init_all(ndev as usize).map_err(Fail::from)?;
         let mut handles_out = Vec::with_capacity(comms.len());
         let mut entries = Vec::with_capacity(comms.len());

@@ -8,9 +8,12 @@
 //! - [`errors`]: result codes, error strings, last error, NCCL_DEBUG logging;
 //! - [`group`]: `ncclGroupStart`/`ncclGroupEnd` per thread;
 //! - [`redop`]: `ncclRedOpCreatePreMulSum` operators;
-//! - [`ptrkind`]: host/device pointer classification (host mode).
+//! - [`ptrkind`]: host/device pointer classification (host mode);
+//! - [`device`]: hands operations on device memory to libcomm's CUDA backend;
+//! - [`attach`]: registers the process with the pod's sidecar.
 
 pub mod api;
+pub mod attach;
 pub mod config;
 pub mod device;
 pub mod errors;

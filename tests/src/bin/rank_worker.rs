@@ -48,6 +48,7 @@ fn main() {
         "sc_payload" => sidecar_modes::payload(),
         "sc_bw" => sidecar_modes::bandwidth(),
         "sc_hol" => sidecar_modes::head_of_line(),
+        "sc_capi" => sidecar_modes::capi(),
         other => fail(format!("unknown mode '{other}'")),
     }
 }

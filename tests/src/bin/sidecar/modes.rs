@@ -333,3 +333,48 @@ pub fn head_of_line() {
     ok(w.destroy(), "destroy");
     agent.close();
 }
+
+/// `sc_capi`: a rank that only uses the NCCL C ABI (as a C or PyTorch
+/// program does): it never installs the agent itself. 20 checked all-reduces,
+/// then it waits for `WEFT_TEST_RELEASE` (bounded) so the test can read RAS,
+/// destroys its communicator and exits normally.
+pub fn capi() {
+    use nccl::api::*;
+    let env = |k: &str| -> i32 {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| fail(format!("{k} is not set")))
+    };
+    let (rank, n) = (env("WEFT_RANK"), env("WEFT_WORLD_SIZE"));
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    unsafe {
+        if pncclGetUniqueId(&mut id) != 0 || pncclCommInitRank(&mut comm, n, id, rank) != 0 {
+            fail("ncclCommInitRank failed");
+        }
+    }
+    let mut buf = vec![0f32; 1000];
+    for i in 0..20 {
+        buf.iter_mut().for_each(|x| *x = (rank + i) as f32);
+        let p = buf.as_mut_ptr().cast::<std::ffi::c_void>();
+        let rc = unsafe { pncclAllReduce(p, p, buf.len(), 7, 0, comm, std::ptr::null_mut()) };
+        let want = (0..n).map(|r| (r + i) as f32).sum::<f32>();
+        if rc != 0 || buf.iter().any(|&x| x != want) {
+            fail(format!(
+                "all-reduce {i}: rc {rc}, got {} want {want}",
+                buf[0]
+            ));
+        }
+    }
+    println!("@ done=20");
+    let release = std::env::var("WEFT_TEST_RELEASE").unwrap_or_default();
+    let t = Instant::now();
+    while !std::path::Path::new(&release).exists() {
+        if t.elapsed() > Duration::from_secs(30) {
+            fail("not released within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    unsafe { pncclCommDestroy(comm) };
+}
