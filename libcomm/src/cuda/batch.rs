@@ -13,7 +13,7 @@
 //!    kernel path) is staged through host memory and runs with the batch's
 //!    host operations in one libcomm `Group`: correct, slow, logged once.
 
-use super::devcomm::{DESCRIPTOR_BYTES, DevComm, P2p, p2p_pieces};
+use super::devcomm::{DESCRIPTOR_BYTES, DevComm, P2p, is_p2p, p2p_pieces};
 use super::{ContextGuard, Staging};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -228,7 +228,7 @@ pub unsafe fn run(ops: &[DeviceOp<'_>]) -> Result<()> {
             to_stage.push(*o);
             continue;
         };
-        if p2p_pieces(&o.op, 0, o.comm.count()).is_some() {
+        if is_p2p(&o.op) {
             match p2p.iter_mut().find(|b| std::ptr::eq(b.comm, o.comm)) {
                 Some(b) => b.ops.push(*o),
                 None => p2p.push(P2pBatch {

@@ -94,6 +94,17 @@ pub enum P2p {
     Copy { dst: u64, src: u64, bytes: usize },
 }
 
+/// Send, receive, gather and scatter: what [`p2p_pieces`] takes apart.
+pub fn is_p2p(op: &GroupOp) -> bool {
+    matches!(
+        op,
+        GroupOp::Send { .. }
+            | GroupOp::Recv { .. }
+            | GroupOp::Gather { .. }
+            | GroupOp::Scatter { .. }
+    )
+}
+
 /// The point-to-point pieces of `op` on rank `rank` of `n` (send/recv,
 /// gather and scatter, as NCCL builds them), or None for other operations.
 /// A send to or receive from oneself is returned as is: [`DevComm::launch_p2p`]
@@ -127,64 +138,59 @@ pub fn p2p_pieces(op: &GroupOp, rank: usize, n: usize) -> Option<Vec<P2p>> {
             count,
             dtype,
             root,
-        } => {
-            let bytes = count * dtype.size();
-            if rank == root {
-                for r in 0..n {
-                    let dst = recv as u64 + (r * bytes) as u64;
-                    v.push(if r == rank {
-                        P2p::Copy {
-                            dst,
-                            src: send as u64,
-                            bytes,
-                        }
-                    } else {
-                        P2p::Recv {
-                            peer: r,
-                            ptr: dst,
-                            bytes,
-                        }
-                    });
-                }
-            } else {
-                v.push(P2p::Send {
-                    peer: root,
-                    ptr: send as u64,
-                    bytes,
-                });
-            }
         }
-        GroupOp::Scatter {
+        | GroupOp::Scatter {
             send,
             recv,
             count,
             dtype,
             root,
         } => {
+            // The root moves one block per rank (its own by a copy); every
+            // other rank one block to or from the root.
+            let gather = matches!(op, GroupOp::Gather { .. });
+            let (send, recv) = (send as u64, recv as u64);
             let bytes = count * dtype.size();
-            if rank == root {
+            if rank != root {
+                v.push(if gather {
+                    P2p::Send {
+                        peer: root,
+                        ptr: send,
+                        bytes,
+                    }
+                } else {
+                    P2p::Recv {
+                        peer: root,
+                        ptr: recv,
+                        bytes,
+                    }
+                });
+            } else {
                 for r in 0..n {
-                    let src = send as u64 + (r * bytes) as u64;
-                    v.push(if r == rank {
-                        P2p::Copy {
-                            dst: recv as u64,
-                            src,
+                    let at = (r * bytes) as u64;
+                    v.push(match (r == rank, gather) {
+                        (true, true) => P2p::Copy {
+                            dst: recv + at,
+                            src: send,
                             bytes,
-                        }
-                    } else {
-                        P2p::Send {
+                        },
+                        (true, false) => P2p::Copy {
+                            dst: recv,
+                            src: send + at,
+                            bytes,
+                        },
+                        (false, true) => P2p::Recv {
                             peer: r,
-                            ptr: src,
+                            ptr: recv + at,
                             bytes,
-                        }
+                        },
+                        (false, false) => P2p::Send {
+                            peer: r,
+                            ptr: send + at,
+                            bytes,
+                        },
                     });
                 }
-            } else {
-                v.push(P2p::Recv {
-                    peer: root,
-                    ptr: recv as u64,
-                    bytes,
-                });
             }
         }
         _ => return None,
@@ -361,11 +367,11 @@ fn op_struct(o: &str) -> &'static str {
 
 /// A kernel on device `dev`: compiled alone (NVRTC, cached in the process and
 /// on disk) and loaded on first use.
-fn function(dev: i32, name: &str) -> CudaResult<sys::CUfunction> {
-    static FUNCS: Mutex<Option<HashMap<(i32, String), usize>>> = Mutex::new(None);
+fn function(dev: i32, name: &'static str) -> CudaResult<sys::CUfunction> {
+    static FUNCS: Mutex<Option<HashMap<(i32, &'static str), usize>>> = Mutex::new(None);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
     let funcs = g.get_or_insert_with(HashMap::new);
-    if let Some(f) = funcs.get(&(dev, name.to_string())) {
+    if let Some(f) = funcs.get(&(dev, name)) {
         return Ok(*f as sys::CUfunction);
     }
     let src = single_source(name);
@@ -389,7 +395,7 @@ fn function(dev: i32, name: &str) -> CudaResult<sys::CUfunction> {
             "cuModuleGetFunction",
         )?
     };
-    funcs.insert((dev, name.to_string()), f as usize);
+    funcs.insert((dev, name), f as usize);
     Ok(f)
 }
 
