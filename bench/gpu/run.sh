@@ -3,7 +3,7 @@
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest check check4 mpi wbench sweep
-#           perfar perf perfp2p perfvar final
+#           perfar perf perfp2p perfvar final tune
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -63,6 +63,13 @@ check)
 rtest)
   log rust GPU test
   LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+rtestv)
+  # The Rust GPU test under the broadcast/reduction variants.
+  for v in "WEFT_CUDA_BCAST=ring WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_REDUCE_CHUNK=4096" \
+           "WEFT_CUDA_BCAST=scatter WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_BLOCKS=128"; do
+    log rust GPU test $v
+    LD_LIBRARY_PATH=$OURS_LD timeout 240 env $v $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -6; echo "rc=$?"
+  done ;;
 rtest0)
   log rust GPU test WEFT_CUDA_DIRECT=0
   WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
@@ -170,6 +177,19 @@ bcast)
     log perf $who broadcast g=$NG; echo "### $who broadcast -g $NG" >> $OUT/perf.txt
     TMO=60 run_$who $T/broadcast_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done ;;
+tune)
+  # Broadcast / reduce / all-gather / all-to-all variants side by side with
+  # NCCL (32 MB - 2 GB). The defaults (no variable set) come first.
+  P() { echo "### $1 $2 -g $NG" >> $OUT/tune.txt; log perf $1 $2; }
+  pv() { P "ours[${2// /,}]" $1; TMO=60 run_ours env $2 $T/${1}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'; }
+  for t in broadcast reduce; do
+    P nccl $t; TMO=60 run_nccl $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+  done
+  for v in "WEFT_DEFAULTS=1" "WEFT_CUDA_BCAST=ring" "WEFT_CUDA_BCAST=ring WEFT_CUDA_BLOCKS=128" "WEFT_CUDA_BCAST=ring WEFT_CUDA_BCAST_STEP=262144" \
+           "WEFT_CUDA_BCAST=scatter" "WEFT_CUDA_BCAST=scatter WEFT_CUDA_BCAST_STEP=65536"; do
+    pv broadcast "$v"
+  done
+  for v in "WEFT_DEFAULTS=1" "WEFT_CUDA_REDUCE_CHUNK=1048576" "WEFT_CUDA_REDUCE_CHUNK=65536"; do pv reduce "$v"; done ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).
   (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;

@@ -54,8 +54,13 @@ struct Args {
     i32 push;                     // 1: direct copies write into peers (else read from them)
     u64 status;                   // host-mapped Status (abort word): 0 = none
     i32 exit_barrier;             // scratch mode: end with a barrier (ranks in other processes)
-    i32 pad;
+    i32 bcast;                    // direct broadcast algorithm: WEFT_BCAST_*
+    u64 step;                     // direct broadcast: pipeline step; reduce: chunk (bytes, multiple of 16)
 };
+
+// Direct broadcast algorithms (keep in sync with cuda/devcomm.rs).
+#define WEFT_BCAST_RING 0
+#define WEFT_BCAST_SCATTER 1
 
 // Host-mapped per communicator (pinned host memory): the host sets `abort`
 // (ncclCommAbort), every spin loop polls it and the kernel returns; kernels
@@ -248,21 +253,22 @@ __device__ __forceinline__ void slice(u64 n, u64& lo, u64& hi) {
     if (hi > n) hi = n;
 }
 
-__device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bool cv) {
+template <int U>
+__device__ __forceinline__ void copy_bytes_u(u8* dst, const u8* src, u64 bytes, bool cv) {
     // 16-byte path when both ends are aligned, else bytes.
     if ((((u64)dst | (u64)src) & 15) == 0) {
         u64 nv = bytes / 16;
         const uint4* s = (const uint4*)src;
         uint4* d = (uint4*)dst;
-        // Four independent 16-byte loads in flight per thread before the stores.
+        // U independent 16-byte loads in flight per thread before the stores.
         const u64 B = blockDim.x;
         u64 i = threadIdx.x;
-        for (; i + 3 * B < nv; i += 4 * B) {
-            uint4 t[4];
+        for (; i + (U - 1) * B < nv; i += U * B) {
+            uint4 t[U];
 #pragma unroll
-            for (int u = 0; u < 4; u++) t[u] = cv ? ld_cv4(s + i + u * B) : s[i + u * B];
+            for (int u = 0; u < U; u++) t[u] = cv ? ld_cv4(s + i + u * B) : s[i + u * B];
 #pragma unroll
-            for (int u = 0; u < 4; u++) d[i + u * B] = t[u];
+            for (int u = 0; u < U; u++) d[i + u * B] = t[u];
         }
         for (; i < nv; i += B) d[i] = cv ? ld_cv4(s + i) : s[i];
         for (u64 i = nv * 16 + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = cv ? ld_cv(src + i) : src[i];
@@ -271,7 +277,15 @@ __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bo
     }
 }
 
+__device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bool cv, bool wide = false) {
+    if (wide)
+        copy_bytes_u<8>(dst, src, bytes, cv);
+    else
+        copy_bytes_u<4>(dst, src, bytes, cv);
+}
+
 // out[i] = finish(op over r of src_r[i]) for i in [lo, hi); src_r = base_r + off (bytes).
+// (Two vectors per source in flight measured no faster on 4 x H200.)
 template <typename T, typename Op>
 __device__ __forceinline__ void reduce_src(const u64* src, const int n, u64 off_bytes, T* out, u64 lo, u64 hi) {
     typedef typename Acc<T>::type A;
@@ -420,6 +434,115 @@ __device__ __forceinline__ void part(u64 lo, u64 hi, int k, int m, u64& plo, u64
     if (phi > hi) phi = hi;
 }
 
+// Pipeline progress of a direct broadcast, one counter per block in the
+// flags of the rank that waits (written by the rank it waits for, so every
+// wait polls local memory). Values (s << 32) | steps done only grow, so a
+// stale value never satisfies a wait. Thread 0 waits; false: aborted.
+__device__ __forceinline__ bool wait_progress(const Args& a, const u64* p, u64 v) {
+    __shared__ int quit;
+    if (threadIdx.x == 0) quit = !wait_geq(p, v, a.status);
+    __syncthreads();
+    return !quit;
+}
+// Publishes the block's writes so far, then the progress value: one thread
+// fences after the block barrier (which orders every thread's writes before
+// it; the system-scope fence is cumulative), so the other threads go on
+// copying instead of each waiting for its own writes to land.
+__device__ __forceinline__ void signal_progress(u64* p, u64 v) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        st_release_sys(p, v);
+    }
+}
+
+// Broadcast with every rank in this process, this block's slice [lo, hi).
+// Small messages: one hop, everyone reads the root's buffer. Otherwise a
+// pipeline of `a.step`-byte steps (the host picks the algorithm by size):
+// - SCATTER: the root writes piece j of the slice into non-root rank j's
+//   output, step by step, raising j's counter; rank j forwards each step of
+//   its piece into the other non-root ranks' outputs. Two hops, so the
+//   pipeline fills fast: the faster one up to a few hundred MB.
+// - RING: ring position p reads each step from p-1's output once p-1 has
+//   raised p's counter. One peer in, one out per rank: the faster one for
+//   large messages.
+// All writes into peers are complete when they pass the exit barrier.
+template <typename T>
+__device__ bool broadcast_direct(const Args& a, const u64* pin, const u64* pout, u64 lo, u64 hi) {
+    const u64 E = sizeof(T);
+    const int n = a.nranks;
+    const u64 tag = a.seq_base << 32;
+    u8* out = (u8*)a.out;
+    const int pos = (a.rank - a.root + n) % n;
+    const u64 bytes = (hi - lo) * E;
+    const u8* root_in = (const u8*)pin[a.root];
+    if (n == 1 || a.count * E < WEFT_BCAST_RING_MIN) {
+        if (out + lo * E != root_in + lo * E) copy_bytes(out + lo * E, root_in + lo * E, bytes, pos != 0);
+        return true;
+    }
+    const u64 STEP = a.step;
+    const u64* mine = (const u64*)(a.flags[a.rank] + WEFT_PROG_OFF) + blockIdx.x;
+    // The root's own output, when the call is not in place.
+    if (pos == 0 && out != root_in) copy_bytes(out + lo * E, root_in + lo * E, bytes, false, true);
+    if (a.bcast == WEFT_BCAST_SCATTER) {
+        const int m = n - 1;
+        if (pos == 0) {
+            for (u64 j = 0;; j++) {
+                const u64 off = j * STEP;
+                bool any = false;
+                for (int h = 0; h < m; h++) {
+                    u64 plo, phi;
+                    part<T>(lo, hi, h, m, plo, phi);
+                    const u64 pb = (phi - plo) * E;
+                    if (off >= pb) continue;
+                    any = true;
+                    const int r = (a.root + 1 + h) % n;
+                    copy_bytes((u8*)pout[r] + plo * E + off, root_in + plo * E + off, pb - off < STEP ? pb - off : STEP,
+                               false, true);
+                }
+                if (!any) break;
+                __syncthreads();
+                if (threadIdx.x < m) {
+                    u64 plo, phi;
+                    part<T>(lo, hi, threadIdx.x, m, plo, phi);
+                    if (off < (phi - plo) * E) {
+                        __threadfence_system();
+                        st_release_sys((u64*)(a.flags[(a.root + 1 + threadIdx.x) % n] + WEFT_PROG_OFF) + blockIdx.x,
+                                       tag | (j + 1));
+                    }
+                }
+            }
+            return true;
+        }
+        const int h = pos - 1;
+        u64 plo, phi;
+        part<T>(lo, hi, h, m, plo, phi);
+        const u64 pb = (phi - plo) * E;
+        for (u64 j = 0, off = 0; off < pb; j++, off += STEP) {
+            if (!wait_progress(a, mine, tag | (j + 1))) return false;
+            const u64 len = pb - off < STEP ? pb - off : STEP;
+            for (int k = 1; k < m; k++) {
+                const int r = (a.root + 1 + (h + k) % m) % n;
+                copy_bytes((u8*)pout[r] + plo * E + off, out + plo * E + off, len, true, true);
+            }
+        }
+        return true;
+    }
+    // RING.
+    if (pos == 0) return true;
+    const u64 nsteps = (bytes + STEP - 1) / STEP;
+    const int pred = (a.rank - 1 + n) % n, succ = (a.rank + 1) % n;
+    const u8* src = (pos == 1 ? root_in : (const u8*)pout[pred]) + lo * E;
+    u64* theirs = (u64*)(a.flags[succ] + WEFT_PROG_OFF) + blockIdx.x;
+    for (u64 j = 0; j < nsteps; j++) {
+        if (pos > 1 && !wait_progress(a, mine, tag | (j + 1))) return false;
+        const u64 off = j * STEP, len = bytes - off < STEP ? bytes - off : STEP;
+        copy_bytes(out + lo * E + off, src + off, len, true, true);
+        if (pos < n - 1) signal_progress(theirs, tag | (j + 1));
+    }
+    return true;
+}
+
 // Direct mode (ranks in one process): no staging copy and no chunking; peers'
 // user buffers are read (or, with `push`, written) in place. Barriers: 2s
 // (pointers published, inputs ready), 2s+1 (second phase: first-phase results
@@ -451,19 +574,22 @@ __device__ void collective_direct(const Args& a) {
     const int helper = (a.rank - a.root - 1 + n) % n;
     switch (a.kind) {
     case K_REDUCE: {
-        // The n-1 non-root ranks split the range; helper j reduces part j of
-        // every input (the root's included) and stores it straight into the
-        // root's output. Every link then carries about the message size once
-        // (the root only receives), like a ring but without pipeline fill.
-        // In place is safe: only helper j reads or writes part j.
+        // The n-1 non-root ranks share the range; a chunk's helper reduces it
+        // from every input (the root's included) and stores it straight into
+        // the root's output. Every link then carries about the message size
+        // once (the root only receives), like a ring but without pipeline
+        // fill. In place is safe: only one helper reads or writes a chunk.
         if (n == 1) {
             if (out != (const u8*)a.in) copy_bytes(out + lo * E, (const u8*)a.in + lo * E, (hi - lo) * E, false);
             break;
         }
         if (a.rank == a.root) break;
-        u64 plo, phi;
-        part<T>(lo, hi, helper, n - 1, plo, phi);
-        reduce_src<T, Op>(pin, n, 0, (T*)pout[a.root], plo, phi);
+        // Chunk k (a.step bytes) is helper k % m's, in its block (k / m) % G:
+        // all blocks stream through neighbouring memory (one far-apart slice
+        // per block measured 3-5% slower at 512 MB - 2 GB).
+        const u64 C = a.step / E, m = n - 1, nch = (count + C - 1) / C;
+        for (u64 k = helper + m * blockIdx.x; k < nch; k += m * gridDim.x)
+            reduce_src<T, Op>(pin, n, 0, (T*)pout[a.root], k * C, (k + 1) * C < count ? (k + 1) * C : count);
         break;
     }
     case K_REDUCESCATTER:
@@ -476,66 +602,25 @@ __device__ void collective_direct(const Args& a) {
                 // My input into everyone's output, at my block of it.
                 u8* dst = (u8*)pout[r] + (a.rank * count + lo) * E;
                 const u8* src = (const u8*)a.in + lo * E;
-                if (dst != src) copy_bytes(dst, src, (hi - lo) * E, false);
+                if (dst != src) copy_bytes(dst, src, (hi - lo) * E, false, true);
             } else {
                 u8* dst = out + (r * count + lo) * E;
                 const u8* src = (const u8*)pin[r] + lo * E;
-                if (dst != src) copy_bytes(dst, src, (hi - lo) * E, true);
+                if (dst != src) copy_bytes(dst, src, (hi - lo) * E, true, true);
             }
         }
         break;
-    case K_BROADCAST: {
-        // Pipelined ring from the root: the rank at ring position p pulls each
-        // step of this block's slice from position p-1's output once p-1's
-        // progress flag for this block says the step is there (values
-        // (s << 32) | step: they only grow). Every link carries the data once.
-        // (A pipelined scatter + all-gather among the non-root ranks measured
-        // slower on 4 x H200: 207 GB/s against this ring's 284 at 2 GB.)
-        const int pos = (a.rank - a.root + n) % n;
-        const int pred = (a.rank - 1 + n) % n;
-        const u64 bytes = (hi - lo) * E;
-        if (count * E < WEFT_BCAST_RING_MIN) {
-            // Small: one hop, everyone pulls from the root (latency over bandwidth).
-            const u8* src = (const u8*)pin[a.root] + lo * E;
-            if (out + lo * E != src) copy_bytes(out + lo * E, src, bytes, true);
-            break;
-        }
-        if (pos == 0) {
-            const u8* src = (const u8*)pin[a.root] + lo * E;
-            if (out + lo * E != src) copy_bytes(out + lo * E, src, bytes, false);
-            break;
-        }
-        const u8* src = (pos == 1 ? (const u8*)pin[a.root] : (const u8*)pout[pred]) + lo * E;
-        const u64 STEP = 128 << 10;
-        const u64 nsteps = (bytes + STEP - 1) / STEP;
-        u64* mine = (u64*)(a.flags[a.rank] + WEFT_PROG_OFF) + blockIdx.x;
-        const u64* theirs = (const u64*)(a.flags[pred] + WEFT_PROG_OFF) + blockIdx.x;
-        __shared__ int quit;
-        if (threadIdx.x == 0) quit = 0;
-        for (u64 j = 0; j < nsteps; j++) {
-            if (pos > 1) {
-                if (threadIdx.x == 0 && !wait_geq(theirs, (s << 32) | (j + 1), a.status)) quit = 1;
-                __syncthreads();
-                if (quit) return;
-            }
-            u64 off = j * STEP, len = bytes - off < STEP ? bytes - off : STEP;
-            copy_bytes(out + lo * E + off, src + off, len, true);
-            if (pos < n - 1) {
-                __threadfence_system();
-                __syncthreads();
-                if (threadIdx.x == 0) st_release_sys(mine, (s << 32) | (j + 1));
-            }
-        }
+    case K_BROADCAST:
+        if (!broadcast_direct<T>(a, pin, pout, lo, hi)) return;
         break;
-    }
     case K_ALLTOALL:
         for (int k = 0; k < n; k++) {
             int r = (a.rank + k) % n;
             if (a.push)
                 copy_bytes((u8*)pout[r] + (a.rank * count + lo) * E, (const u8*)a.in + (r * count + lo) * E, (hi - lo) * E,
-                           false);
+                           false, true);
             else
-                copy_bytes(out + (r * count + lo) * E, (const u8*)pin[r] + (a.rank * count + lo) * E, (hi - lo) * E, true);
+                copy_bytes(out + (r * count + lo) * E, (const u8*)pin[r] + (a.rank * count + lo) * E, (hi - lo) * E, true, true);
         }
         break;
     case K_ALLREDUCE_2SHOT: {

@@ -44,7 +44,8 @@ struct Args {
     push: i32,
     status: u64,
     exit_barrier: i32,
-    pad: i32,
+    bcast: i32,
+    step: u64,
 }
 
 /// Must match `struct Status` in kernels/collectives.cu: host memory mapped
@@ -300,6 +301,86 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Direct broadcast algorithms (keep in sync with WEFT_BCAST_* in
+/// collectives.cu).
+const BCAST_RING: i32 = 0;
+const BCAST_SCATTER: i32 = 1;
+
+/// Kernel knobs read once per communicator from the environment (every rank
+/// of a direct-mode communicator is in one process, so they agree). The
+/// defaults are what measured fastest on 4 x H200 (docs/PERFORMANCE-GPU.md).
+#[derive(Clone, Copy, Debug)]
+struct Tuning {
+    /// `WEFT_CUDA_BCAST`: ring | scatter; unset, by size.
+    bcast: Option<i32>,
+    /// `WEFT_CUDA_BCAST_RING_MB`: direct broadcasts from this size use the ring.
+    ring_from: usize,
+    /// `WEFT_CUDA_BCAST_STEP`: pipeline step in bytes; 0 = by size.
+    step: usize,
+    /// `WEFT_CUDA_REDUCE_CHUNK`: bytes per chunk of a direct reduce.
+    reduce_chunk: usize,
+    /// `WEFT_CUDA_BLOCKS`: blocks per kernel at most; 0 = by collective.
+    blocks: usize,
+}
+
+impl Tuning {
+    fn from_env() -> Tuning {
+        let bcast = match std::env::var("WEFT_CUDA_BCAST").as_deref() {
+            Ok("ring") => Some(BCAST_RING),
+            Ok("scatter") => Some(BCAST_SCATTER),
+            _ => None,
+        };
+        Tuning {
+            bcast,
+            ring_from: env_usize("WEFT_CUDA_BCAST_RING_MB", 256) << 20,
+            step: env_usize("WEFT_CUDA_BCAST_STEP", 0),
+            reduce_chunk: env_usize("WEFT_CUDA_REDUCE_CHUNK", 256 << 10).max(16) / 16 * 16,
+            blocks: env_usize("WEFT_CUDA_BLOCKS", 0).min(MAX_BLOCKS),
+        }
+    }
+
+    /// Blocks per kernel at most: the copying collectives and reduce use
+    /// every SM's worth (128 measured 3-6% faster than 64 at 512 MB - 2 GB);
+    /// all-reduce, reduce-scatter and the ring broadcast measured no faster.
+    fn max_blocks(&self, kind: i32, bcast: i32) -> usize {
+        if self.blocks > 0 {
+            return self.blocks;
+        }
+        match kind {
+            K_REDUCE | K_ALLGATHER | K_ALLTOALL => 128,
+            K_BROADCAST if bcast == BCAST_SCATTER => 128,
+            _ => 64,
+        }
+    }
+
+    fn bcast_algo(&self, bytes: usize) -> i32 {
+        self.bcast.unwrap_or(if bytes >= self.ring_from {
+            BCAST_RING
+        } else {
+            BCAST_SCATTER
+        })
+    }
+
+    /// The broadcast pipeline step for `bytes` over `blocks` blocks. Each
+    /// step costs a flag hand-off (a few us under load) and the pipeline
+    /// fills in one step per hop, so the best step grows with the square
+    /// root of a block's share P: sqrt(P * 10 KB) (about 256 KiB at 8 MB,
+    /// 512 KiB at 32 MB), between 16 KiB and 1 MiB.
+    fn bcast_step(&self, bytes: usize, blocks: usize, nranks: usize, bcast: i32) -> usize {
+        if self.step > 0 {
+            return self.step.div_ceil(16) * 16;
+        }
+        let pieces = if bcast == BCAST_SCATTER {
+            nranks.saturating_sub(1).max(1)
+        } else {
+            1
+        };
+        let per = (bytes / blocks.max(1) / pieces) as f64;
+        let step = (per * 10_000.0).sqrt() as usize;
+        (step / 16 * 16).clamp(16 << 10, 1 << 20)
+    }
+}
+
 /// Device algorithm names `WEFT_ALGO` / `WEFT_CUDA_ALGO` may give.
 const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "staged"];
 
@@ -480,6 +561,7 @@ pub struct DevComm {
     push: Option<bool>,
     /// Pinned host memory mapped into the device (abort word, kernel errors).
     status: *mut Status,
+    tuning: Tuning,
     /// Point-to-point sequence numbers per peer, and receive blocks finished.
     send_seq: Vec<u64>,
     recv_seq: Vec<u64>,
@@ -546,6 +628,7 @@ impl DevComm {
                 direct: false,
                 push: std::env::var("WEFT_CUDA_PUSH").ok().map(|v| v == "1"),
                 status: status.cast(),
+                tuning: Tuning::from_env(),
                 send_seq: vec![0; nranks],
                 recv_seq: vec![0; nranks],
                 recv_blocks: vec![0; nranks],
@@ -839,7 +922,9 @@ impl DevComm {
             p.count.div_ceil(chunk) as u64 + exit_barrier as u64
         };
         let m = if direct { p.count } else { p.count.min(chunk) };
-        let max_blocks = env_usize("WEFT_CUDA_BLOCKS", 64).clamp(1, MAX_BLOCKS);
+        let bytes = p.count * p.elem;
+        let bcast = self.tuning.bcast_algo(bytes);
+        let max_blocks = self.tuning.max_blocks(p.kind, bcast).clamp(1, MAX_BLOCKS);
         let blocks = (m * p.elem * p.parts)
             .div_ceil(32 << 10)
             .clamp(1, max_blocks);
@@ -861,7 +946,12 @@ impl DevComm {
             push: self.push.unwrap_or(p.kind == K_ALLGATHER) as i32,
             status: self.status as u64,
             exit_barrier: exit_barrier as i32,
-            pad: 0,
+            bcast,
+            step: if p.kind == K_REDUCE {
+                self.tuning.reduce_chunk
+            } else {
+                self.tuning.bcast_step(bytes, blocks, self.nranks, bcast)
+            } as u64,
         };
         for r in 0..self.nranks {
             a.flags[r] = self.peers[r];
@@ -1029,10 +1119,10 @@ mod tests {
     #[test]
     fn args_layout_matches_the_kernel() {
         // struct Args in collectives.cu: 16 u64, 5 u64, 4 i32, 1 u64,
-        // 2 i32, 1 u64, 2 i32.
+        // 2 i32, 1 u64, 2 i32, 1 u64.
         assert_eq!(
             std::mem::size_of::<Args>(),
-            16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8
+            16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8
         );
         // struct P2pOp: 5 u64 + 4 i32; struct P2pArgs: 8 u64, 1 u64, 2 i32, 16 ops.
         assert_eq!(std::mem::size_of::<P2pOp>(), 56);
