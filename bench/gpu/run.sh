@@ -3,7 +3,7 @@
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest check check4 mpi wbench sweep
-#           perfar perf perfp2p perfvar final tune
+#           perfar perf perfp2p perfvar final final2 mpicheck tune rtestv
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -176,6 +176,26 @@ bcast)
   for who in nccl ours; do
     log perf $who broadcast g=$NG; echo "### $who broadcast -g $NG" >> $OUT/perf.txt
     TMO=60 run_$who $T/broadcast_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done ;;
+final2)
+  # Broadcast and reduce after a kernel change: checks (every type and op,
+  # odd sizes, unaligned, roots 0 and 3) and the side by side with NCCL.
+  for r in 0 3; do
+    log check ours broadcast root=$r; TMO=90 run_ours $T/broadcast_perf -g $NG -b 8 -e 512M -f 4 -c 1 -n 1 -w 1 -d all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    log check ours reduce root=$r; TMO=90 run_ours $T/reduce_perf -g $NG -b 8 -e 512M -f 4 -c 1 -n 1 -w 1 -d float -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 4M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    for t in broadcast reduce; do log check ours $t unaligned odd root=$r
+      TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 800000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    done
+  done
+  for t in broadcast reduce; do for who in nccl ours; do
+    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done; done ;;
+mpicheck)
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+    log mpi check ours $t np=$NG
+    LD_LIBRARY_PATH=$OURS_LD timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
   done ;;
 tune)
   # Broadcast / reduce / all-gather / all-to-all variants side by side with
