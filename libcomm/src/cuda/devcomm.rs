@@ -1155,7 +1155,10 @@ mod tests {
         for bytes in [300_001usize, 32 << 20, 2 << 30] {
             for algo in [BCAST_RING, BCAST_SCATTER] {
                 let st = t.bcast_step(bytes, 64, 4, algo);
-                assert!(st % 16 == 0 && (16 << 10..=256 << 10).contains(&st), "{bytes}: {st}");
+                assert!(
+                    st.is_multiple_of(16) && (16 << 10..=256 << 10).contains(&st),
+                    "{bytes}: {st}"
+                );
             }
         }
         assert_eq!(t.bcast_step(2 << 30, 64, 4, BCAST_RING), 256 << 10);
@@ -1163,7 +1166,7 @@ mod tests {
         // small; 256 KiB at most.
         for (bytes, blocks) in [(128usize << 10, 4usize), (2 << 20, 64), (32 << 20, 128)] {
             let c = t.reduce_chunk(bytes, blocks, 4);
-            assert!(c % 16 == 0 && c >= 512);
+            assert!(c.is_multiple_of(16) && c >= 512);
             assert!(bytes.div_ceil(c) >= blocks * 3, "{bytes}: {c}");
         }
         assert_eq!(t.reduce_chunk(2 << 30, 128, 4), 256 << 10);
