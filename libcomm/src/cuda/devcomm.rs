@@ -339,14 +339,18 @@ impl Tuning {
         }
     }
 
-    /// Blocks per kernel at most: the copying collectives and reduce use
-    /// every SM's worth (128 measured 3-6% faster than 64 at 512 MB - 2 GB);
-    /// all-reduce, reduce-scatter and the ring broadcast measured no faster.
-    fn max_blocks(&self, kind: i32, bcast: i32) -> usize {
+    /// Blocks per kernel at most. In direct mode the copying collectives
+    /// and reduce use every SM's worth (128 measured 3-6% faster than 64 at
+    /// 512 MB - 2 GB); all-reduce, reduce-scatter and the ring broadcast
+    /// measured no faster. Scratch mode (ranks in other processes) keeps 64,
+    /// as measured there. Every rank must launch the same number (block b
+    /// waits on block b of its peers): `WEFT_CUDA_BLOCKS` must be set alike.
+    fn max_blocks(&self, kind: i32, bcast: i32, direct: bool) -> usize {
         if self.blocks > 0 {
             return self.blocks;
         }
         match kind {
+            _ if !direct => 64,
             K_REDUCE | K_ALLGATHER | K_ALLTOALL => 128,
             K_BROADCAST if bcast == BCAST_SCATTER => 128,
             _ => 64,
@@ -931,7 +935,7 @@ impl DevComm {
         let m = if direct { p.count } else { p.count.min(chunk) };
         let bytes = p.count * p.elem;
         let bcast = self.tuning.bcast_algo(bytes);
-        let max_blocks = self.tuning.max_blocks(p.kind, bcast).clamp(1, MAX_BLOCKS);
+        let max_blocks = self.tuning.max_blocks(p.kind, bcast, direct).clamp(1, MAX_BLOCKS);
         let blocks = (m * p.elem * p.parts)
             .div_ceil(32 << 10)
             .clamp(1, max_blocks);
@@ -1148,9 +1152,10 @@ mod tests {
         };
         assert_eq!(t.bcast_algo(32 << 20), BCAST_SCATTER);
         assert_eq!(t.bcast_algo(256 << 20), BCAST_RING);
-        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_SCATTER), 128);
-        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_RING), 64);
-        assert_eq!(t.max_blocks(K_ALLREDUCE, BCAST_RING), 64);
+        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_SCATTER, true), 128);
+        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_RING, true), 64);
+        assert_eq!(t.max_blocks(K_ALLREDUCE, BCAST_RING, true), 64);
+        assert_eq!(t.max_blocks(K_REDUCE, BCAST_RING, false), 64);
         // Steps: multiples of 16 within [16 KiB, 256 KiB].
         for bytes in [300_001usize, 32 << 20, 2 << 30] {
             for algo in [BCAST_RING, BCAST_SCATTER] {
@@ -1178,7 +1183,7 @@ mod tests {
         };
         assert_eq!(forced.bcast_algo(1 << 20), BCAST_RING);
         assert_eq!(forced.bcast_step(1 << 30, 64, 4, BCAST_RING), 1008);
-        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING), 7);
+        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
     }
 
     fn send(peer: usize, ptr: u64) -> P2p {
