@@ -935,7 +935,10 @@ impl DevComm {
         let m = if direct { p.count } else { p.count.min(chunk) };
         let bytes = p.count * p.elem;
         let bcast = self.tuning.bcast_algo(bytes);
-        let max_blocks = self.tuning.max_blocks(p.kind, bcast, direct).clamp(1, MAX_BLOCKS);
+        let max_blocks = self
+            .tuning
+            .max_blocks(p.kind, bcast, direct)
+            .clamp(1, MAX_BLOCKS);
         let blocks = (m * p.elem * p.parts)
             .div_ceil(32 << 10)
             .clamp(1, max_blocks);
