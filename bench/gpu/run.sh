@@ -2,8 +2,8 @@
 # Weft CUDA data plane on the GPU machine: build nccl-tests against the
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
-#   phases: info build mpibuild smoke rtest check check4 mpi wbench sweep
-#           perfar perf perfp2p perfvar final final2 mpicheck tune rtestv
+#   phases: info build mpibuild smoke rtest rtestv rtest0 check check9
+#           bcastreduce mpicheck mpi wbench table perfp2p tune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -16,7 +16,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 D=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 NG=$(nvidia-smi -L | wc -l)
-phases="${*:-info build smoke check perf}"
+phases="${*:-info build smoke check table}"
 log() { echo "=== $* ($(date -u +%T))"; }
 NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
 [ -n "$NCCL" ] || NCCL=$(dirname $(dirname $(find / -name 'libnccl.so.2*' -not -path '*/.device/*' 2>/dev/null | head -1)))
@@ -33,6 +33,12 @@ OURS_LD="$WEFT:$NVRTC"
 export WEFT_KERNEL_CACHE=/tmp/weft-kernels
 run_ours() { LD_LIBRARY_PATH=$OURS_LD timeout ${TMO:-90} "$@"; echo "rc=$?"; }
 run_nccl() { LD_LIBRARY_PATH=$SYS_LD timeout ${TMO:-90} "$@"; echo "rc=$?"; }
+# side COLL ARGS...: NCCL then Weft on the same nccl-tests binary, checked
+# (-c 1), into perf.txt (time, busbw, #wrong of the out-of-place columns).
+side() { local t=$1; shift; for who in nccl ours; do
+  log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
+  TMO=60 run_$who $T/${t}_perf -g $NG -c 1 -n 10 -w 3 -d float "$@" 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+done; }
 for ph in $phases; do case $ph in
 info)
   log info
@@ -46,81 +52,6 @@ build)
   CUDA_HOME=$(dirname $(dirname $(which nvcc)))
   (cd $D/nccl-tests && make -j16 MPI=0 BUILDDIR=$T NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
   ls $T ;;
-smoke)
-  log smoke ours g=$NG
-  NCCL_DEBUG=INFO TMO=60 run_ours $T/all_reduce_perf -g $NG -b 8 -e 8M -f 8 -c 1 -n 5 -w 2 2>&1 | tail -40 ;;
-check)
-  for g in 1 2 $NG; do [ $g -le $NG ] || continue
-    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
-      log check ours $t g=$g
-      TMO=120 run_ours $T/${t}_perf -g $g -b 8 -e 4M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
-    done
-  done
-  log check ours unaligned + odd sizes
-  TMO=120 run_ours $T/all_reduce_perf -g $NG -b 7 -e 1000003 -f 13 -c 1 -n 2 -w 1 -d all -o all -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
-  TMO=120 run_ours $T/reduce_scatter_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}' 
-  TMO=120 run_ours $T/all_gather_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || $13!="0") {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'  ;;
-rtest)
-  log rust GPU test
-  LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
-rtestv)
-  # The Rust GPU test under the broadcast/reduction variants.
-  for v in "WEFT_CUDA_BCAST=ring WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_REDUCE_CHUNK=4096" \
-           "WEFT_CUDA_BCAST=scatter WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_BLOCKS=128"; do
-    log rust GPU test $v
-    LD_LIBRARY_PATH=$OURS_LD timeout 240 env $v $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -6; echo "rc=$?"
-  done ;;
-rtest0)
-  log rust GPU test WEFT_CUDA_DIRECT=0
-  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
-check9)
-  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
-    log check ours $t g=$NG
-    TMO=120 run_ours $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | CHK
-  done
-  for t in broadcast reduce gather scatter sendrecv; do for r in 3; do
-    log check ours $t root=$r unaligned odd g=$NG
-    TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-  done; done ;;
-check4)
-  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall; do
-      log check ours $t g=$NG
-      TMO=120 run_ours $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'
-  done
-  log check ours unaligned + odd sizes
-  for t in all_reduce reduce_scatter all_gather alltoall broadcast; do
-  TMO=120 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN|Avg bus/{print} END{print "rows", n+0, "wrong rows", bad+0}'
-  done ;;
-final)
-  CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
-  log check ours broadcast g=$NG; TMO=60 run_ours $T/broadcast_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all 2>&1 | tee -a $OUT/check.txt | CHK
-  log check ours reduce g=$NG sum; TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d all -o sum 2>&1 | tee -a $OUT/check.txt | CHK
-  log check ours reduce g=$NG float all ops; TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 2 -w 1 -d float -o all 2>&1 | tee -a $OUT/check.txt | CHK
-  for r in 0 3; do log check ours bcast/reduce root=$r unaligned odd g=$NG
-    TMO=60 run_ours $T/broadcast_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-    TMO=60 run_ours $T/reduce_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-  done
-  for t in broadcast reduce all_reduce; do for who in nccl ours; do
-    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
-    TMO=100 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8}' | tail -9
-  done; done ;;
-perfvar)
-  for b in 32 128; do
-    log perf ours all_reduce blocks=$b
-    echo "### ours-blocks$b all_reduce -g $NG" >> $OUT/perf.txt
-    WEFT_CUDA_BLOCKS=$b TMO=150 run_ours $T/all_reduce_perf -g $NG -b 1M -e 2G -f 4 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $10, $12}'
-  done ;;
-perf|perfar)
-  list="all_reduce all_gather reduce_scatter alltoall broadcast reduce"
-  [ $ph = perfar ] && list=all_reduce
-  [ $ph = perf ] && list="all_gather reduce_scatter alltoall broadcast reduce"
-  for t in $list; do
-    for who in nccl ours; do
-      log perf $who $t g=$NG
-      echo "### $who $t -g $NG" >> $OUT/perf.txt
-      TMO=150 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 2 -c 1 -n 20 -w 5 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
-    done
-  done ;;
 mpibuild)
   log build nccl-tests MPI=1
   # A MPI_HOME with include/ and lib/ from mpicc's own answers (distributions split them).
@@ -132,12 +63,65 @@ mpibuild)
   CUDA_HOME=$(dirname $(dirname $(which nvcc)))
   (cd $D/nccl-tests && make -j16 MPI=1 MPI_HOME=$MPI_HOME BUILDDIR=$TM NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build-mpi.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build-mpi.log)
   ls $TM ;;
-mpi)
+smoke)
+  log smoke ours g=$NG
+  NCCL_DEBUG=INFO TMO=60 run_ours $T/all_reduce_perf -g $NG -b 8 -e 8M -f 8 -c 1 -n 5 -w 2 2>&1 | tail -40 ;;
+rtest)
+  log rust GPU test
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+rtestv)
+  # The Rust GPU test with each broadcast algorithm forced and many small
+  # pipeline steps / reduce chunks.
+  for v in "WEFT_CUDA_BCAST=ring WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_REDUCE_CHUNK=4096" \
+           "WEFT_CUDA_BCAST=scatter WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_BLOCKS=128"; do
+    log rust GPU test $v
+    LD_LIBRARY_PATH=$OURS_LD timeout 240 env $v $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -6; echo "rc=$?"
+  done ;;
+rtest0)
+  log rust GPU test WEFT_CUDA_DIRECT=0
+  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+check)
+  # Every collective on 1, 2 and all GPUs, every type and op; unaligned odd sizes.
+  for g in 1 2 $NG; do [ $g -le $NG ] || continue
+    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+      log check ours $t g=$g
+      TMO=120 run_ours $T/${t}_perf -g $g -b 8 -e 4M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | CHK
+    done
+  done
+  log check ours unaligned + odd sizes
+  TMO=120 run_ours $T/all_reduce_perf -g $NG -b 7 -e 1000003 -f 13 -c 1 -n 2 -w 1 -d all -o all -u 1 2>&1 | tee -a $OUT/check.txt | CHK
+  TMO=120 run_ours $T/reduce_scatter_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | CHK
+  TMO=120 run_ours $T/all_gather_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 2>&1 | tee -a $OUT/check.txt | CHK ;;
+check9)
+  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+    log check ours $t g=$NG
+    TMO=120 run_ours $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/check.txt | CHK
+  done
+  for t in broadcast reduce gather scatter sendrecv; do
+    log check ours $t root=3 unaligned odd g=$NG
+    TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+  done ;;
+bcastreduce)
+  # Broadcast and reduce after a kernel change: checks (every type and op,
+  # odd sizes, unaligned, roots 0 and 3, both broadcast algorithms) and the
+  # side by side with NCCL.
+  for r in 0 3; do
+    log check ours broadcast root=$r; TMO=90 run_ours $T/broadcast_perf -g $NG -b 8 -e 512M -f 4 -c 1 -n 1 -w 1 -d all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    log check ours reduce root=$r; TMO=90 run_ours $T/reduce_perf -g $NG -b 8 -e 512M -f 4 -c 1 -n 1 -w 1 -d float -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 4M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    for t in broadcast reduce; do log check ours $t unaligned odd root=$r
+      TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 800000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    done
+  done
+  for t in broadcast reduce; do side $t -b 8 -e 2G -f 4; done ;;
+mpicheck)
   # One process per GPU (as torchrun/mpirun run jobs): CUDA IPC between ranks.
   for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
     log mpi check ours $t np=$NG
     LD_LIBRARY_PATH=$OURS_LD timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
-  done
+  done ;;
+mpi)
+  # One process per GPU, NCCL and Weft side by side (checked).
   for t in all_reduce all_gather broadcast reduce sendrecv; do for who in nccl ours; do
     log mpi perf $who $t np=$NG; echo "### mpi $who $t np=$NG" >> $OUT/perf-mpi.txt
     if [ $who = ours ]; then L=$OURS_LD; else L=$SYS_LD; fi
@@ -149,57 +133,14 @@ wbench)
     log weft bench $t --device cuda -n $NG
     LD_LIBRARY_PATH=$NVRTC timeout 60 $D/weft/weft bench $t -n $NG -b 8 -e 256M -f 32 --check --device cuda -w 2 -i 10 2>&1 | tee -a $OUT/wbench.txt | tail -14
   done ;;
-sweep)
-  # Broadcast / reduce / all-gather variants (pull vs push), 32 MB up.
-  for t in broadcast reduce all_gather alltoall; do
-    log perf nccl $t; echo "### nccl $t -g $NG" >> $OUT/sweep.txt
-    TMO=60 run_nccl $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
-    for push in 0 1; do
-      log perf ours $t push=$push; echo "### ours-push$push $t -g $NG" >> $OUT/sweep.txt
-      WEFT_CUDA_PUSH=$push TMO=60 run_ours $T/${t}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/sweep.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
-    done
-  done ;;
-perfp2p)
-  for t in sendrecv gather scatter; do for who in nccl ours; do
-    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
-    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 8 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |Avg bus|rc=" | awk '{print $1, $6, $8, $10, $12}' | tail -30
-  done; done ;;
 table)
   # The side-by-side tables of docs/PERFORMANCE-GPU.md (bench/gpu/table.py perf.txt).
-  for t in all_reduce all_gather reduce_scatter alltoall broadcast reduce; do for who in nccl ours; do
-    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
-    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
-  done; done ;;
-bcast)
-  # Broadcast alone: correctness (odd, unaligned, every type) and the side by side.
-  TMO=60 run_ours $T/broadcast_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
-  for who in nccl ours; do
-    log perf $who broadcast g=$NG; echo "### $who broadcast -g $NG" >> $OUT/perf.txt
-    TMO=60 run_$who $T/broadcast_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
-  done ;;
-final2)
-  # Broadcast and reduce after a kernel change: checks (every type and op,
-  # odd sizes, unaligned, roots 0 and 3) and the side by side with NCCL.
-  for r in 0 3; do
-    log check ours broadcast root=$r; TMO=90 run_ours $T/broadcast_perf -g $NG -b 8 -e 512M -f 4 -c 1 -n 1 -w 1 -d all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-    log check ours reduce root=$r; TMO=90 run_ours $T/reduce_perf -g $NG -b 8 -e 512M -f 4 -c 1 -n 1 -w 1 -d float -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-    TMO=60 run_ours $T/reduce_perf -g $NG -b 8 -e 4M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-    for t in broadcast reduce; do log check ours $t unaligned odd root=$r
-      TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 800000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-    done
-  done
-  for t in broadcast reduce; do for who in nccl ours; do
-    log perf $who $t g=$NG; echo "### $who $t -g $NG" >> $OUT/perf.txt
-    TMO=60 run_$who $T/${t}_perf -g $NG -b 8 -e 2G -f 4 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
-  done; done ;;
-mpicheck)
-  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
-    log mpi check ours $t np=$NG
-    LD_LIBRARY_PATH=$OURS_LD timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
-  done ;;
+  for t in all_reduce all_gather reduce_scatter alltoall broadcast reduce; do side $t -b 8 -e 2G -f 4; done ;;
+perfp2p)
+  for t in sendrecv gather scatter; do side $t -b 8 -e 2G -f 8; done ;;
 tune)
-  # Broadcast / reduce / all-gather / all-to-all variants side by side with
-  # NCCL (32 MB - 2 GB). The defaults (no variable set) come first.
+  # Broadcast / reduce variants side by side with NCCL (32 MB - 2 GB,
+  # unchecked). The defaults (no variable set) come first.
   P() { echo "### $1 $2 -g $NG" >> $OUT/tune.txt; log perf $1 $2; }
   pv() { P "ours[${2// /,}]" $1; TMO=60 run_ours env $2 $T/${1}_perf -g $NG -b 32M -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'; }
   for t in broadcast reduce; do
@@ -215,4 +156,6 @@ save)
   (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;
 unsave)
   [ -e $D/ncclbin.tgz ] && (mkdir -p /tmp/nccl-tests && cd /tmp/nccl-tests && tar xzf $D/ncclbin.tgz) && ls $T $TM ;;
+*)
+  echo "unknown phase: $ph" ;;
 esac; done

@@ -75,10 +75,11 @@ struct Status {
 // Direct mode: each block publishes its rank's {in, out} pointers here (in its
 // own flag area) before the entry barrier; peers read them after it.
 #define WEFT_PTR_OFF (32 << 10)
-// Broadcasts of at least this many bytes use the pipelined ring (below:
-// every rank reads the root's buffer, one hop).
-#define WEFT_BCAST_RING_MIN (256 << 10)
-// Direct broadcast: per-block progress counters of the ring pipeline.
+// Direct broadcasts of at least this many bytes are pipelined (scatter +
+// forward or ring, see broadcast_direct); below, every rank reads the root's
+// buffer, one hop.
+#define WEFT_BCAST_PIPELINE_MIN (256 << 10)
+// Direct broadcast: per-block progress counters of the pipelines.
 #define WEFT_PROG_OFF (48 << 10)
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence
 // number of the sender's last posted send; on the sender, {ptr, bytes} of its
@@ -476,7 +477,7 @@ __device__ bool broadcast_direct(const Args& a, const u64* pin, const u64* pout,
     const int pos = (a.rank - a.root + n) % n;
     const u64 bytes = (hi - lo) * E;
     const u8* root_in = (const u8*)pin[a.root];
-    if (n == 1 || a.count * E < WEFT_BCAST_RING_MIN) {
+    if (n == 1 || a.count * E < WEFT_BCAST_PIPELINE_MIN) {
         if (out + lo * E != root_in + lo * E) copy_bytes(out + lo * E, root_in + lo * E, bytes, pos != 0);
         return true;
     }

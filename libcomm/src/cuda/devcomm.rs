@@ -306,11 +306,26 @@ fn env_usize(name: &str, default: usize) -> usize {
 const BCAST_RING: i32 = 0;
 const BCAST_SCATTER: i32 = 1;
 
-/// Kernel knobs read once per communicator from the environment (every rank
-/// of a direct-mode communicator is in one process, so they agree). The
-/// defaults are what measured fastest on 4 x H200 (docs/PERFORMANCE-GPU.md).
+/// Kernel knobs read once per communicator from the environment (as NCCL
+/// reads its variables at init; every rank of a direct-mode communicator is
+/// in one process, so they agree). The defaults are what measured fastest on
+/// 4 x H200 (docs/PERFORMANCE-GPU.md).
 #[derive(Clone, Copy, Debug)]
 struct Tuning {
+    /// `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it names a device algorithm.
+    algo: Option<&'static str>,
+    /// `WEFT_CUDA_ONESHOT_MAX`: one-shot all-reduce up to this many bytes.
+    oneshot_max: usize,
+    /// `WEFT_CUDA_THREADS`: threads per block of the collective kernels.
+    threads: usize,
+    /// `WEFT_CUDA_P2P_BLOCKS`: blocks per receive in point-to-point kernels.
+    p2p_blocks: usize,
+    /// `WEFT_CUDA_PUSH`: direct copies write into the peers' buffers (`1`
+    /// for every copying collective, `0` for none); unset, all-gather only
+    /// (it measured faster pushing, 0.97 against 0.94 of NCCL at 2 GB on
+    /// 4 x H200; all-to-all too, but pushing into a peer's buffer races with
+    /// that peer reading the same place when the call is in place).
+    push: Option<bool>,
     /// `WEFT_CUDA_BCAST`: ring | scatter; unset, by size.
     bcast: Option<i32>,
     /// `WEFT_CUDA_BCAST_RING_MB`: direct broadcasts from this size use the ring.
@@ -331,10 +346,15 @@ impl Tuning {
             _ => None,
         };
         Tuning {
+            algo: algo_override(),
+            oneshot_max: env_usize("WEFT_CUDA_ONESHOT_MAX", 256 << 10),
+            threads: env_usize("WEFT_CUDA_THREADS", 512).clamp(32, 512),
+            p2p_blocks: env_usize("WEFT_CUDA_P2P_BLOCKS", 32).clamp(1, MAX_BLOCKS),
+            push: std::env::var("WEFT_CUDA_PUSH").ok().map(|v| v == "1"),
             bcast,
             ring_from: env_usize("WEFT_CUDA_BCAST_RING_MB", 256) << 20,
             step: env_usize("WEFT_CUDA_BCAST_STEP", 0),
-            reduce_chunk: env_usize("WEFT_CUDA_REDUCE_CHUNK", 256 << 10).max(16) / 16 * 16,
+            reduce_chunk: env_usize("WEFT_CUDA_REDUCE_CHUNK", 256 << 10).max(512) / 16 * 16,
             blocks: env_usize("WEFT_CUDA_BLOCKS", 0).min(MAX_BLOCKS),
         }
     }
@@ -388,7 +408,7 @@ impl Tuning {
     /// NCCL's time), never under 512 bytes.
     fn reduce_chunk(&self, bytes: usize, blocks: usize, nranks: usize) -> usize {
         let share = bytes.div_ceil(blocks.max(1) * nranks.saturating_sub(1).max(1));
-        (share.div_ceil(16) * 16).clamp(512, self.reduce_chunk.max(512))
+        (share.div_ceil(16) * 16).clamp(512, self.reduce_chunk)
     }
 }
 
@@ -398,12 +418,14 @@ const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "staged"];
 /// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it
 /// names a device algorithm (oneshot | twoshot | staged; the host algorithm
 /// names of `WEFT_ALGO`, such as ring, only steer host memory).
-fn algo_override() -> Option<String> {
+fn algo_override() -> Option<&'static str> {
     ["WEFT_CUDA_ALGO", "WEFT_ALGO"]
         .iter()
         .filter_map(|v| std::env::var(v).ok())
-        .map(|s| s.trim().to_ascii_lowercase())
-        .find(|s| DEVICE_ALGOS.contains(&s.as_str()))
+        .find_map(|s| {
+            let s = s.trim().to_ascii_lowercase();
+            DEVICE_ALGOS.iter().copied().find(|a| *a == s)
+        })
 }
 
 /// How one operation runs on the kernel path.
@@ -564,12 +586,6 @@ pub struct DevComm {
     usable: bool,
     /// Every rank is in this process: kernels read peers' buffers in place.
     direct: bool,
-    /// Direct copies write into the peers' buffers: `WEFT_CUDA_PUSH=1` for
-    /// every copying collective, `0` for none; unset, all-gather only (it
-    /// measured faster pushing, 0.97 against 0.94 of NCCL at 2 GB on 4 x H200;
-    /// all-to-all too, but pushing into a peer's buffer races with that peer
-    /// reading the same place when the call is in place).
-    push: Option<bool>,
     /// Pinned host memory mapped into the device (abort word, kernel errors).
     status: *mut Status,
     tuning: Tuning,
@@ -637,7 +653,6 @@ impl DevComm {
                 seq: 0,
                 usable: false,
                 direct: false,
-                push: std::env::var("WEFT_CUDA_PUSH").ok().map(|v| v == "1"),
                 status: status.cast(),
                 tuning: Tuning::from_env(),
                 send_seq: vec![0; nranks],
@@ -835,8 +850,8 @@ impl DevComm {
         if !self.usable || !kernels::nvrtc_available() {
             return None;
         }
-        let algo = algo_override();
-        if algo.as_deref() == Some("staged") {
+        let algo = self.tuning.algo;
+        if algo == Some("staged") {
             return None;
         }
         let n = self.nranks;
@@ -849,10 +864,10 @@ impl DevComm {
                 op,
             } => {
                 let bytes = count * dtype.size();
-                let one = match algo.as_deref() {
+                let one = match algo {
                     Some("oneshot") => true,
                     Some("twoshot") => false,
-                    _ => bytes <= env_usize("WEFT_CUDA_ONESHOT_MAX", 256 << 10) || n <= 2,
+                    _ => bytes <= self.tuning.oneshot_max || n <= 2,
                 };
                 let k = if one { K_ALLREDUCE } else { K_ALLREDUCE_2SHOT };
                 (k, send, recv, count, dtype, Some(op), 0, 1)
@@ -942,7 +957,7 @@ impl DevComm {
         let blocks = (m * p.elem * p.parts)
             .div_ceil(32 << 10)
             .clamp(1, max_blocks);
-        let threads = env_usize("WEFT_CUDA_THREADS", 512).clamp(32, 512);
+        let threads = self.tuning.threads;
         let mut a = Args {
             scratch: [0; MAX_RANKS],
             flags: [0; MAX_RANKS],
@@ -957,14 +972,14 @@ impl DevComm {
             root: p.root,
             parity_bytes: self.parity_bytes as u64,
             direct: direct as i32,
-            push: self.push.unwrap_or(p.kind == K_ALLGATHER) as i32,
+            push: self.tuning.push.unwrap_or(p.kind == K_ALLGATHER) as i32,
             status: self.status as u64,
             exit_barrier: exit_barrier as i32,
             bcast,
-            step: if p.kind == K_REDUCE {
-                self.tuning.reduce_chunk(bytes, blocks, self.nranks)
-            } else {
-                self.tuning.bcast_step(bytes, blocks, self.nranks, bcast)
+            step: match p.kind {
+                K_REDUCE => self.tuning.reduce_chunk(bytes, blocks, self.nranks),
+                K_BROADCAST => self.tuning.bcast_step(bytes, blocks, self.nranks, bcast),
+                _ => 0,
             } as u64,
         };
         for r in 0..self.nranks {
@@ -999,7 +1014,7 @@ impl DevComm {
         self.usable
             && self.direct
             && kernels::nvrtc_available()
-            && algo_override().as_deref() != Some("staged")
+            && self.tuning.algo != Some("staged")
     }
 
     /// Enqueues a group's point-to-point pieces on `stream`: one kernel per
@@ -1014,7 +1029,7 @@ impl DevComm {
         }
         let f = function(self.dev, "weft_p2p")?;
         use_device(self.dev)?;
-        let max_per = env_usize("WEFT_CUDA_P2P_BLOCKS", 32).clamp(1, MAX_BLOCKS);
+        let max_per = self.tuning.p2p_blocks;
         for round in rounds {
             let mut a = P2pArgs {
                 flags: [0; MAX_RANKS],
@@ -1147,6 +1162,11 @@ mod tests {
     #[test]
     fn tuning_defaults_pick_by_size_and_keep_every_block_busy() {
         let t = Tuning {
+            algo: None,
+            oneshot_max: 256 << 10,
+            threads: 512,
+            p2p_blocks: 32,
+            push: None,
             bcast: None,
             ring_from: 256 << 20,
             step: 0,
