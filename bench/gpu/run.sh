@@ -2,14 +2,17 @@
 # Weft CUDA data plane on the GPU machine: build nccl-tests against the
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
-#   phases: info build mpibuild smoke rtest rtestv rtest0 check check9
-#           bcastreduce mpicheck mpi wbench table perfp2p tune save unsave
+#   phases: info build mpibuild smoke rtest rtestv rtestc chainquick rtest0 check check9
+#           chaincheck bcastreduce mpicheck mpi wbench table perfp2p tune
+#           chaintune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
 #   weft/libnccl.so.2  stripped `cargo build --release -p weft-nccl` (target/release/libnccl.so)
 #   weft/cuda-test     stripped `cargo test --release -p weft-nccl --test cuda --no-run` binary
 #   weft/weft          stripped `cargo build --release -p weft` (for weft bench --device cuda)
+# Some phases take the collectives from TABLE_COLLS, CHECK_COLLS (mpicheck),
+# MPI_COLLS, WBENCH_COLLS (default: all of theirs).
 # Logs go to $OUT (check.txt, perf.txt, build.log); bench/gpu/table.py perf.txt
 # prints the side-by-side tables.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,7 +54,9 @@ build)
   mkdir -p /tmp/ncclh/lib && ln -sf $NCCL/lib/libnccl.so.2 /tmp/ncclh/lib/libnccl.so && ln -sfn $NCCL/include /tmp/ncclh/include
   CUDA_HOME=$(dirname $(dirname $(which nvcc)))
   (cd $D/nccl-tests && make -j16 MPI=0 BUILDDIR=$T NCCL_HOME=/tmp/ncclh CUDA_HOME=$CUDA_HOME NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" > $OUT/build.log 2>&1; echo "make rc=$?"; tail -3 $OUT/build.log)
-  ls $T ;;
+  ls $T
+  # NCCL's own choice here (channels, protocol) for the record.
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,GRAPH run_nccl $T/broadcast_perf -g $NG -b 1G -e 1G -c 0 -n 2 -w 1 2>&1 | grep -iE "channel|nchannels|proto|algo|Ring" | sort | uniq -c | sort -rn | head -15 ;;
 mpibuild)
   log build nccl-tests MPI=1
   # A MPI_HOME with include/ and lib/ from mpicc's own answers (distributions split them).
@@ -77,6 +82,17 @@ rtestv)
     log rust GPU test $v
     LD_LIBRARY_PATH=$OURS_LD timeout 240 env $v $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -6; echo "rc=$?"
   done ;;
+rtestc)
+  # The Rust GPU test with every broadcast and reduce as a chain, in 4 KiB
+  # steps through two slots (so senders wait for credits).
+  log rust GPU test chain forced $CHAIN_ENV
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_STEP_KB=4 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
+chainquick)
+  # Quick chain checks of one shape ($CHAIN_ENV): broadcast and reduce,
+  # every type and op to 16 MB, one process.
+  for t in broadcast reduce; do log check ours chain $t $CHAIN_ENV
+    TMO=90 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 1 -w 1 -d all -o all -r 1 2>&1 | tee -a $OUT/check.txt | CHK
+  done ;;
 rtest0)
   log rust GPU test WEFT_CUDA_DIRECT=0
   WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
@@ -101,6 +117,16 @@ check9)
     log check ours $t root=3 unaligned odd g=$NG
     TMO=60 run_ours $T/${t}_perf -g $NG -b 12 -e 40000012 -f 13 -c 1 -n 2 -w 1 -d half -o sum -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
   done ;;
+chaincheck)
+  # Broadcast and reduce as a chain at every size: every type and op, roots
+  # 0 and 3, one process and one process per GPU, unaligned odd sizes.
+  for r in 0 3; do for t in broadcast reduce; do
+    log check ours chain $t root=$r
+    TMO=90 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_SLOTS=2 $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    log mpi check ours chain $t root=$r
+    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+  done; done ;;
 bcastreduce)
   # Broadcast and reduce after a kernel change: checks (every type and op,
   # odd sizes, unaligned, roots 0 and 3, both broadcast algorithms) and the
@@ -116,26 +142,26 @@ bcastreduce)
   for t in broadcast reduce; do side $t -b 8 -e 2G -f 4; done ;;
 mpicheck)
   # One process per GPU (as torchrun/mpirun run jobs): CUDA IPC between ranks.
-  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
+  for t in ${CHECK_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter}; do
     log mpi check ours $t np=$NG
     LD_LIBRARY_PATH=$OURS_LD timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/mpi-check.txt | CHK
   done ;;
 mpi)
   # One process per GPU, NCCL and Weft side by side (checked).
-  for t in all_reduce all_gather broadcast reduce sendrecv; do for who in nccl ours; do
+  for t in ${MPI_COLLS:-all_reduce all_gather broadcast reduce sendrecv}; do for who in nccl ours; do
     log mpi perf $who $t np=$NG; echo "### mpi $who $t np=$NG" >> $OUT/perf-mpi.txt
     if [ $who = ours ]; then L=$OURS_LD; else L=$SYS_LD; fi
     LD_LIBRARY_PATH=$L timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 1G -f 32 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf-mpi.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 wbench)
   # weft bench --device cuda: one process per rank/GPU, results checked.
-  for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
+  for t in ${WBENCH_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}; do
     log weft bench $t --device cuda -n $NG
     LD_LIBRARY_PATH=$NVRTC timeout 60 $D/weft/weft bench $t -n $NG -b 8 -e 256M -f 32 --check --device cuda -w 2 -i 10 2>&1 | tee -a $OUT/wbench.txt | tail -14
   done ;;
 table)
   # The side-by-side tables of docs/PERFORMANCE-GPU.md (bench/gpu/table.py perf.txt).
-  for t in all_reduce all_gather reduce_scatter alltoall broadcast reduce; do side $t -b 8 -e 2G -f 4; done ;;
+  for t in ${TABLE_COLLS:-all_reduce all_gather reduce_scatter alltoall broadcast reduce}; do side $t -b 8 -e 2G -f 4; done ;;
 perfp2p)
   for t in sendrecv gather scatter; do side $t -b 8 -e 2G -f 8; done ;;
 tune)
@@ -151,6 +177,22 @@ tune)
     pv broadcast "$v"
   done
   for v in "WEFT_DEFAULTS=1" "WEFT_CUDA_REDUCE_CHUNK=1048576" "WEFT_CUDA_REDUCE_CHUNK=65536"; do pv reduce "$v"; done ;;
+chaintune)
+  # Chain shapes for broadcast and reduce, NCCL first, 32 MB - 2 GB,
+  # unchecked; each variant: "blocks:step KiB[:more VAR=value of WEFT_CUDA_*]",
+  # chained at every size; "off" = the other algorithms.
+  P() { echo "### $1 $2 -g $NG" >> $OUT/tune.txt; log perf $1 $2; }
+  pv() { P "ours[${2// /,}]" $1; TMO=60 run_ours env $2 $T/${1}_perf -g $NG -b ${TB:-32M} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'; }
+  for t in broadcast reduce; do
+    P nccl $t; TMO=60 run_nccl $T/${t}_perf -g $NG -b ${TB:-32M} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+    for v in ${CHAIN_VARIANTS:-off 32:64 64:128 128:64}; do
+      if [ $v = off ]; then pv $t "WEFT_CUDA_CHAIN_MIN_KB=1000000000"; continue; fi
+      IFS=: read -r nb st rest <<< "$v"
+      e="WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_BLOCKS=$nb WEFT_CUDA_CHAIN_STEP_KB=$st"
+      for x in ${rest//:/ }; do e="$e WEFT_CUDA_$x"; done
+      pv $t "$e"
+    done
+  done ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).
   (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;

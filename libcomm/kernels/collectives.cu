@@ -55,7 +55,9 @@ struct Args {
     u64 status;                   // host-mapped Status (abort word): 0 = none
     i32 exit_barrier;             // scratch mode: end with a barrier (ranks in other processes)
     i32 bcast;                    // direct broadcast algorithm: WEFT_BCAST_*
-    u64 step;                     // direct broadcast: pipeline step; reduce: chunk (bytes, multiple of 16)
+    u64 step;                     // direct broadcast: pipeline step; reduce: chunk; chain: slot (bytes, multiple of 16)
+    i32 chain;                    // 1: broadcast/reduce as a chain through FIFO slots (see chain_fifo)
+    u64 slots;                    // chain: slots per block in every rank's scratch
 };
 
 // Direct broadcast algorithms (keep in sync with cuda/devcomm.rs).
@@ -81,6 +83,11 @@ struct Status {
 #define WEFT_BCAST_PIPELINE_MIN (256 << 10)
 // Direct broadcast: per-block progress counters of the pipelines.
 #define WEFT_PROG_OFF (48 << 10)
+// Chain (see chain_fifo), one u64 per block: tails (steps the predecessor
+// has filled, written by it) and credits (steps the successor has drained,
+// written by it).
+#define WEFT_CHAIN_TAIL_OFF (50 << 10)
+#define WEFT_CHAIN_CRED_OFF (52 << 10)
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence
 // number of the sender's last posted send; on the sender, {ptr, bytes} of its
 // current send to [receiver] and done[receiver] = last completed sequence.
@@ -329,9 +336,15 @@ __device__ __forceinline__ void reduce_src(const u64* src, const int n, u64 off_
 
 template <typename T, typename Op>
 __device__ void collective_direct(const Args& a);
+template <typename T, typename Op>
+__device__ void chain_fifo(const Args& a);
 
 template <typename T, typename Op>
 __device__ void collective(const Args& a) {
+    if (a.chain) {
+        chain_fifo<T, Op>(a);
+        return;
+    }
     if (a.direct && a.kind != K_ALLREDUCE) {
         collective_direct<T, Op>(a);
         return;
@@ -640,6 +653,166 @@ __device__ void collective_direct(const Args& a) {
     }
     }
     barrier(a, 2 * s + 2);
+}
+
+// ---------------------------------------------------------------- chain
+// One step of a chain hop by thread t of nt: src's bytes into `to_peer` (a
+// successor's slot) and `to_local` (my output); either may be null. `src` is
+// a slot a peer wrote (cv: never a stale L1 line from the slot's previous
+// use) or, on the first rank, the caller's buffer.
+__device__ __forceinline__ void copy_step(u8* to_peer, u8* to_local, const u8* src, u64 bytes, bool cv, u32 t, u32 nt) {
+    if ((((u64)to_peer | (u64)to_local | (u64)src) & 15) == 0) {
+        const int U = 8;
+        const u64 nv = bytes / 16;
+        const uint4* s = (const uint4*)src;
+        uint4* p = (uint4*)to_peer;
+        uint4* l = (uint4*)to_local;
+        u64 i = t;
+        for (; i + (U - 1) * nt < nv; i += U * nt) {
+            uint4 v[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = cv ? ld_cv4(s + i + u * nt) : s[i + u * nt];
+            if (p) {
+#pragma unroll
+                for (int u = 0; u < U; u++) p[i + u * nt] = v[u];
+            }
+            if (l) {
+#pragma unroll
+                for (int u = 0; u < U; u++) l[i + u * nt] = v[u];
+            }
+        }
+        for (; i < nv; i += nt) {
+            uint4 v = cv ? ld_cv4(s + i) : s[i];
+            if (p) p[i] = v;
+            if (l) l[i] = v;
+        }
+        for (u64 i = nv * 16 + t; i < bytes; i += nt) {
+            u8 v = cv ? ld_cv(src + i) : src[i];
+            if (to_peer) to_peer[i] = v;
+            if (to_local) to_local[i] = v;
+        }
+    } else {
+        // The caller's buffers need not be 16-byte aligned (nccl-tests -u).
+        for (u64 i = t; i < bytes; i += nt) {
+            u8 v = cv ? ld_cv(src + i) : src[i];
+            if (to_peer) to_peer[i] = v;
+            if (to_local) to_local[i] = v;
+        }
+    }
+}
+
+// One step of a reduce chain by thread t of nt: dst[i] = op(mine[i],
+// slot[i]) for `elems` elements (slot null: the first rank, mine alone),
+// finished (avg: / n) on the last rank. `slot` was written by the
+// predecessor (cv loads).
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce_step(T* dst, const T* mine, const T* slot, u64 elems, bool finish, int n, u32 t,
+                                            u32 nt) {
+    typedef typename Acc<T>::type A;
+    const u64 V = 16 / sizeof(T);
+    if (!slot && !finish) {
+        copy_step((u8*)dst, nullptr, (const u8*)mine, elems * sizeof(T), false, t, nt);
+        return;
+    }
+    u64 vend = ((((u64)dst | (u64)mine | (u64)slot) & 15) == 0) ? elems / V * V : 0;
+    for (u64 i = t * V; i < vend; i += (u64)nt * V) {
+        uint4 x = *(const uint4*)(mine + i);
+        uint4 y;
+        if (slot) y = ld_cv4((const uint4*)(slot + i));
+        const T* xt = (const T*)&x;
+        const T* yt = (const T*)&y;
+        uint4 o;
+        T* ot = (T*)&o;
+#pragma unroll
+        for (int k = 0; k < (int)V; k++) {
+            A acc = load<T>(xt[k]);
+            if (slot) acc = Op::f(load<T>(yt[k]), acc);
+            ot[k] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
+        }
+        *(uint4*)(dst + i) = o;
+    }
+    for (u64 i = vend + t; i < elems; i += nt) {
+        A acc = load<T>(mine[i]);
+        if (slot) acc = Op::f(load<T>(ld_cv(slot + i)), acc);
+        dst[i] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
+    }
+}
+
+// Broadcast and reduce as NCCL shapes them: a pipelined chain r -> r+1 in
+// rank order, from the root (broadcast) or to the root (reduce), through
+// `a.slots` slots of `a.step` bytes per block in every rank's scratch. A
+// rank reads a step from its own slot (local memory: the predecessor wrote
+// it over NVLink), stores it into its output and/or its successor's slot,
+// then raises the successor's tail and gives the predecessor a credit. Every
+// link carries the message once, in one direction, as remote writes into a
+// small window, and no rank touches another rank's user buffers: the same
+// kernel serves ranks in one process and in several (CUDA IPC), and a rank's
+// buffers are free when its own kernel ends. (One pipeline per warp instead
+// of per block, and fence.acq_rel instead of fence.sc, measured no faster.)
+//
+// Tails and credits carry (seq << 32) | steps, so values of earlier
+// operations never satisfy a wait. The entry barrier means every rank has
+// finished its previous operation: nobody reads my scratch any more, so my
+// slots are free. No exit barrier: a rank ends after its predecessor's last
+// step reached it and its successor drained its last step, and the next
+// operation's entry barrier waits for everyone.
+// Reduce partial results are stored in T at every hop (as NCCL does).
+template <typename T, typename Op>
+__device__ void chain_fifo(const Args& a) {
+    const u64 E = sizeof(T);
+    const int n = a.nranks;
+    const u64 s = a.seq_base;
+    BARRIER(a, 2 * s);
+    const bool bcast = a.kind == K_BROADCAST;
+    const int first = bcast ? a.root : (a.root + 1) % n;
+    const int pos = (a.rank - first + n) % n;
+    const int pred = (a.rank - 1 + n) % n, succ = (a.rank + 1) % n;
+    const bool has_pred = pos > 0, has_succ = pos < n - 1;
+    const u32 t = threadIdx.x, nt = blockDim.x;
+    u64 lo, hi;
+    slice<T>(a.count, lo, hi);
+    const u64 bytes = (hi - lo) * E;
+    const u64 STEP = a.step, SLOTS = a.slots, tag = s << 32;
+    const u8* my_fifo = (const u8*)a.scratch[a.rank] + blockIdx.x * SLOTS * STEP;
+    u8* succ_fifo = (u8*)a.scratch[succ] + blockIdx.x * SLOTS * STEP;
+    const u64* tail = (const u64*)(a.flags[a.rank] + WEFT_CHAIN_TAIL_OFF) + blockIdx.x;
+    const u64* credit = (const u64*)(a.flags[a.rank] + WEFT_CHAIN_CRED_OFF) + blockIdx.x;
+    u64* succ_tail = (u64*)(a.flags[succ] + WEFT_CHAIN_TAIL_OFF) + blockIdx.x;
+    u64* pred_credit = (u64*)(a.flags[pred] + WEFT_CHAIN_CRED_OFF) + blockIdx.x;
+    const u8* in = (const u8*)a.in + lo * E;
+    u8* out = (u8*)a.out + lo * E;
+    __shared__ int quit;
+    for (u64 j = 0, off = 0; off < bytes; j++, off += STEP) {
+        const u64 len = bytes - off < STEP ? bytes - off : STEP;
+        const u64 at = (j % SLOTS) * STEP;
+        if (t == 0) {
+            // My slot holds step j; my successor has drained step j - SLOTS.
+            quit = (has_pred && !wait_geq(tail, tag | (j + 1), a.status)) ||
+                   (has_succ && j >= SLOTS && !wait_geq(credit, tag | (j + 1 - SLOTS), a.status));
+        }
+        __syncthreads();
+        if (quit) return;
+        if (bcast) {
+            u8* local = (has_pred || out != in) ? out + off : nullptr;
+            copy_step(has_succ ? succ_fifo + at : nullptr, local, has_pred ? my_fifo + at : in + off, len, has_pred, t, nt);
+        } else {
+            reduce_step<T, Op>((T*)(has_succ ? succ_fifo + at : out + off), (const T*)(in + off),
+                               has_pred ? (const T*)(my_fifo + at) : nullptr, len / E, !has_succ, n, t, nt);
+        }
+        __syncthreads();
+        if (t == 0) {
+            if (has_succ) {
+                __threadfence_system();
+                st_release_sys(succ_tail, tag | (j + 1));
+            }
+            if (has_pred) st_release_sys(pred_credit, tag | (j + 1));
+        }
+    }
+    // Until my successor has drained every step: then none of its writes
+    // (credits) reaches my memory after this kernel, so the memory may be
+    // freed once my stream is idle (as the exit barrier of the other kernels
+    // guarantees).
+    if (has_succ && bytes > 0 && t == 0) wait_geq(credit, tag | ((bytes + STEP - 1) / STEP), a.status);
 }
 
 // ---------------------------------------------------------------- point to point

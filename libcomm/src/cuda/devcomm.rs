@@ -46,6 +46,8 @@ struct Args {
     exit_barrier: i32,
     bcast: i32,
     step: u64,
+    chain: i32,
+    slots: u64,
 }
 
 /// Must match `struct Status` in kernels/collectives.cu: host memory mapped
@@ -336,6 +338,26 @@ struct Tuning {
     reduce_chunk: usize,
     /// `WEFT_CUDA_BLOCKS`: blocks per kernel at most; 0 = by collective.
     blocks: usize,
+    /// `WEFT_CUDA_CHAIN_MIN_KB`: broadcast and reduce of at least this many
+    /// bytes run as a chain through FIFO slots; None = by mode and
+    /// collective (see [`Tuning::chain`]).
+    chain_min: Option<usize>,
+    /// `WEFT_CUDA_CHAIN_STEP_KB`: bytes per chain slot, at most.
+    chain_step: usize,
+    /// `WEFT_CUDA_CHAIN_DEPTH`: steps per block the slot size aims for.
+    chain_depth: usize,
+    /// `WEFT_CUDA_CHAIN_SLOTS`: slots per block, at most.
+    chain_slots: usize,
+    /// `WEFT_CUDA_CHAIN_BLOCKS`: blocks of a chain kernel.
+    chain_blocks: usize,
+}
+
+/// How a chain kernel cuts the work (every rank computes the same).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct ChainShape {
+    blocks: usize,
+    step: usize,
+    slots: usize,
 }
 
 impl Tuning {
@@ -356,6 +378,55 @@ impl Tuning {
             step: env_usize("WEFT_CUDA_BCAST_STEP", 0),
             reduce_chunk: env_usize("WEFT_CUDA_REDUCE_CHUNK", 256 << 10).max(512) / 16 * 16,
             blocks: env_usize("WEFT_CUDA_BLOCKS", 0).min(MAX_BLOCKS),
+            chain_min: std::env::var("WEFT_CUDA_CHAIN_MIN_KB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map(|kb| kb << 10),
+            chain_step: (env_usize("WEFT_CUDA_CHAIN_STEP_KB", 128) << 10).max(16),
+            chain_depth: env_usize("WEFT_CUDA_CHAIN_DEPTH", 8).max(1),
+            chain_slots: env_usize("WEFT_CUDA_CHAIN_SLOTS", 8).max(2),
+            chain_blocks: env_usize("WEFT_CUDA_CHAIN_BLOCKS", 128).clamp(1, MAX_BLOCKS),
+        }
+    }
+
+    /// Whether a broadcast or reduce of `bytes` runs as a chain. Ranks in
+    /// other processes chain from 256 KiB (their other path stages through
+    /// the root's scratch). Ranks in one process chain where it measured
+    /// faster than reading the user buffers in place on 4 x H200
+    /// (docs/PERFORMANCE-GPU.md): broadcast from 64 MiB (32 MB: 209 against
+    /// 228 GB/s, 128 MB: 284 against 267), reduce from 256 MiB (128 MB: 277
+    /// against 295, 512 MB: 336 against 311); below, the chain's pipeline
+    /// fill (one step per hop) costs more than it saves.
+    fn chain(&self, kind: i32, bytes: usize, nranks: usize, direct: bool) -> bool {
+        let min = self.chain_min.unwrap_or(match (direct, kind) {
+            (false, _) => 256 << 10,
+            (true, K_BROADCAST) => 64 << 20,
+            (true, _) => 256 << 20,
+        });
+        matches!(kind, K_BROADCAST | K_REDUCE) && nranks >= 2 && bytes >= min
+    }
+
+    /// Blocks, slot size and slots of a chain over `bytes`, with `scratch`
+    /// bytes of scratch per rank: `chain_depth` (8) steps per block (the
+    /// pipeline fills in one step per hop; 16 or more measured slower: each
+    /// step costs a fence and a flag hand-off) of at most `chain_step`
+    /// (128 KiB), 128 blocks (the link stays busy only with about 16 MB in
+    /// flight: 64 blocks reached 332 GB/s at 2 GB, 128 358); slots as many
+    /// as fit, at most `chain_slots`, at least two.
+    fn chain_shape(&self, bytes: usize, scratch: usize) -> ChainShape {
+        let blocks = self.chain_blocks.min(bytes.div_ceil(4 << 10)).max(1);
+        let per_block = scratch / blocks;
+        let step = (bytes / blocks / self.chain_depth)
+            .clamp(4 << 10, self.chain_step.max(4 << 10))
+            .min(per_block / 2)
+            / 16
+            * 16;
+        let step = step.max(16);
+        let slots = (per_block / step).clamp(2, self.chain_slots);
+        ChainShape {
+            blocks,
+            step,
+            slots,
         }
     }
 
@@ -439,11 +510,14 @@ pub struct Plan {
     elem: usize,
     root: i32,
     parts: usize,
+    /// Broadcast or reduce as a chain through FIFO slots.
+    chain: bool,
 }
 
 impl Plan {
     pub fn algorithm(&self) -> &'static str {
         match self.kind {
+            _ if self.chain => "chain",
             K_ALLREDUCE => "one-shot",
             K_ALLREDUCE_2SHOT => "two-shot",
             _ => "direct",
@@ -920,6 +994,9 @@ impl DevComm {
             elem: dtype.size(),
             root: root as i32,
             parts,
+            chain: self
+                .tuning
+                .chain(kind, count * dtype.size(), n, self.direct),
         })
     }
 
@@ -935,58 +1012,14 @@ impl DevComm {
         }
         let f = function(self.dev, p.func)?;
         use_device(self.dev)?;
-        let direct = self.direct && p.kind != K_ALLREDUCE;
-        // Ranks in other processes read our scratch: end with a barrier so the
-        // area is reusable (and can be freed) once the stream is done.
-        let exit_barrier = !self.direct && !direct;
-        let chunk = (self.parity_bytes / p.parts / p.elem) / 16 * 16;
-        let chunk = chunk.max(16);
-        // A direct kernel uses three barrier values: two sequence numbers.
-        let nchunks = if direct {
-            2
+        let (blocks, a, seqs) = if p.chain {
+            self.chain_args(p)
         } else {
-            p.count.div_ceil(chunk) as u64 + exit_barrier as u64
+            self.direct_or_staged_args(p)
         };
-        let m = if direct { p.count } else { p.count.min(chunk) };
-        let bytes = p.count * p.elem;
-        let bcast = self.tuning.bcast_algo(bytes);
-        let max_blocks = self
-            .tuning
-            .max_blocks(p.kind, bcast, direct)
-            .clamp(1, MAX_BLOCKS);
-        let blocks = (m * p.elem * p.parts)
-            .div_ceil(32 << 10)
-            .clamp(1, max_blocks);
+        let mut a = a;
+        self.seq += seqs;
         let threads = self.tuning.threads;
-        let mut a = Args {
-            scratch: [0; MAX_RANKS],
-            flags: [0; MAX_RANKS],
-            input: p.input,
-            output: p.output,
-            count: p.count as u64,
-            chunk: chunk as u64,
-            seq_base: self.seq + 1,
-            rank: self.rank as i32,
-            nranks: self.nranks as i32,
-            kind: p.kind,
-            root: p.root,
-            parity_bytes: self.parity_bytes as u64,
-            direct: direct as i32,
-            push: self.tuning.push.unwrap_or(p.kind == K_ALLGATHER) as i32,
-            status: self.status as u64,
-            exit_barrier: exit_barrier as i32,
-            bcast,
-            step: match p.kind {
-                K_REDUCE => self.tuning.reduce_chunk(bytes, blocks, self.nranks),
-                K_BROADCAST => self.tuning.bcast_step(bytes, blocks, self.nranks, bcast),
-                _ => 0,
-            } as u64,
-        };
-        for r in 0..self.nranks {
-            a.flags[r] = self.peers[r];
-            a.scratch[r] = self.peers[r] + FLAG_AREA as u64;
-        }
-        self.seq += nchunks;
         let mut params = [(&mut a as *mut Args).cast::<c_void>()];
         unsafe {
             check(
@@ -1006,6 +1039,86 @@ impl DevComm {
                 "cuLaunchKernel",
             )
         }
+    }
+
+    /// Arguments of a chain kernel: (blocks, args, sequence numbers used).
+    /// One sequence number: the entry barrier's value and the tag of the
+    /// tails and credits.
+    fn chain_args(&self, p: &Plan) -> (usize, Args, u64) {
+        let bytes = p.count * p.elem;
+        let shape = self.tuning.chain_shape(bytes, 2 * self.parity_bytes);
+        let mut a = self.args(p, false, false);
+        a.chain = 1;
+        a.step = shape.step as u64;
+        a.slots = shape.slots as u64;
+        (shape.blocks, a, 1)
+    }
+
+    /// Arguments of the other kernels: direct (every rank in this process,
+    /// user buffers in place) or staged through scratch in chunks.
+    fn direct_or_staged_args(&self, p: &Plan) -> (usize, Args, u64) {
+        let direct = self.direct && p.kind != K_ALLREDUCE;
+        // Ranks in other processes read our scratch: end with a barrier so the
+        // area is reusable (and can be freed) once the stream is done.
+        let exit_barrier = !self.direct && !direct;
+        let chunk = (self.parity_bytes / p.parts / p.elem) / 16 * 16;
+        let chunk = chunk.max(16);
+        // A direct kernel uses three barrier values: two sequence numbers.
+        let seqs = if direct {
+            2
+        } else {
+            p.count.div_ceil(chunk) as u64 + exit_barrier as u64
+        };
+        let m = if direct { p.count } else { p.count.min(chunk) };
+        let bytes = p.count * p.elem;
+        let bcast = self.tuning.bcast_algo(bytes);
+        let max_blocks = self
+            .tuning
+            .max_blocks(p.kind, bcast, direct)
+            .clamp(1, MAX_BLOCKS);
+        let blocks = (m * p.elem * p.parts)
+            .div_ceil(32 << 10)
+            .clamp(1, max_blocks);
+        let mut a = self.args(p, direct, exit_barrier);
+        a.chunk = chunk as u64;
+        a.bcast = bcast;
+        a.step = match p.kind {
+            K_REDUCE => self.tuning.reduce_chunk(bytes, blocks, self.nranks),
+            K_BROADCAST => self.tuning.bcast_step(bytes, blocks, self.nranks, bcast),
+            _ => 0,
+        } as u64;
+        (blocks, a, seqs)
+    }
+
+    /// The arguments every kernel shares: buffers, ranks, sequence, flags.
+    fn args(&self, p: &Plan, direct: bool, exit_barrier: bool) -> Args {
+        let mut a = Args {
+            scratch: [0; MAX_RANKS],
+            flags: [0; MAX_RANKS],
+            input: p.input,
+            output: p.output,
+            count: p.count as u64,
+            chunk: 0,
+            seq_base: self.seq + 1,
+            rank: self.rank as i32,
+            nranks: self.nranks as i32,
+            kind: p.kind,
+            root: p.root,
+            parity_bytes: self.parity_bytes as u64,
+            direct: direct as i32,
+            push: self.tuning.push.unwrap_or(p.kind == K_ALLGATHER) as i32,
+            status: self.status as u64,
+            exit_barrier: exit_barrier as i32,
+            bcast: 0,
+            step: 0,
+            chain: 0,
+            slots: 0,
+        };
+        for r in 0..self.nranks {
+            a.flags[r] = self.peers[r];
+            a.scratch[r] = self.peers[r] + FLAG_AREA as u64;
+        }
+        a
     }
 
     /// Whether a group's point-to-point pieces can run as kernels here: every
@@ -1148,10 +1261,10 @@ mod tests {
     #[test]
     fn args_layout_matches_the_kernel() {
         // struct Args in collectives.cu: 16 u64, 5 u64, 4 i32, 1 u64,
-        // 2 i32, 1 u64, 2 i32, 1 u64.
+        // 2 i32, 1 u64, 2 i32, 1 u64, 1 i32 (padded), 1 u64.
         assert_eq!(
             std::mem::size_of::<Args>(),
-            16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8
+            16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8
         );
         // struct P2pOp: 5 u64 + 4 i32; struct P2pArgs: 8 u64, 1 u64, 2 i32, 16 ops.
         assert_eq!(std::mem::size_of::<P2pOp>(), 56);
@@ -1159,9 +1272,9 @@ mod tests {
         assert_eq!(std::mem::size_of::<Status>(), 16);
     }
 
-    #[test]
-    fn tuning_defaults_pick_by_size_and_keep_every_block_busy() {
-        let t = Tuning {
+    /// The defaults `Tuning::from_env` gives with no WEFT_CUDA_* set.
+    fn defaults() -> Tuning {
+        Tuning {
             algo: None,
             oneshot_max: 256 << 10,
             threads: 512,
@@ -1172,7 +1285,17 @@ mod tests {
             step: 0,
             reduce_chunk: 256 << 10,
             blocks: 0,
-        };
+            chain_min: None,
+            chain_step: 128 << 10,
+            chain_depth: 8,
+            chain_slots: 8,
+            chain_blocks: 128,
+        }
+    }
+
+    #[test]
+    fn tuning_defaults_pick_by_size_and_keep_every_block_busy() {
+        let t = defaults();
         assert_eq!(t.bcast_algo(32 << 20), BCAST_SCATTER);
         assert_eq!(t.bcast_algo(256 << 20), BCAST_RING);
         assert_eq!(t.max_blocks(K_BROADCAST, BCAST_SCATTER, true), 128);
@@ -1207,6 +1330,51 @@ mod tests {
         assert_eq!(forced.bcast_algo(1 << 20), BCAST_RING);
         assert_eq!(forced.bcast_step(1 << 30, 64, 4, BCAST_RING), 1008);
         assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
+    }
+
+    #[test]
+    fn chain_shape_fits_scratch_and_pipelines() {
+        let t = defaults();
+        // By mode and collective: ranks in other processes chain from
+        // 256 KiB; in one process broadcast from 64 MiB, reduce from 256 MiB;
+        // never other collectives or one rank.
+        assert!(t.chain(K_BROADCAST, 256 << 10, 4, false));
+        assert!(t.chain(K_REDUCE, 256 << 10, 4, false));
+        assert!(!t.chain(K_BROADCAST, 32 << 20, 4, true));
+        assert!(t.chain(K_BROADCAST, 64 << 20, 4, true));
+        assert!(!t.chain(K_REDUCE, 128 << 20, 2, true));
+        assert!(t.chain(K_REDUCE, 256 << 20, 2, true));
+        assert!(!t.chain(K_ALLREDUCE, 1 << 30, 4, true));
+        assert!(!t.chain(K_REDUCE, 1 << 30, 1, true));
+        let scratch = 64 << 20;
+        for bytes in [256usize << 10, 300_001 * 4, 32 << 20, 2 << 30] {
+            let c = t.chain_shape(bytes, scratch);
+            assert!(c.step.is_multiple_of(16) && c.step >= 4 << 10 && c.step <= 128 << 10);
+            assert!(c.slots >= 2 && c.slots <= 8);
+            assert!(c.blocks * c.slots * c.step <= scratch, "{bytes}: {c:?}");
+        }
+        assert_eq!(
+            t.chain_shape(2 << 30, scratch),
+            ChainShape {
+                blocks: 128,
+                step: 128 << 10,
+                slots: 4
+            }
+        );
+        // About eight steps per block while steps are under the maximum.
+        assert_eq!(t.chain_shape(64 << 20, scratch).step, 64 << 10);
+        // A small scratch (WEFT_CUDA_SCRATCH_MB=1) still gets two slots per
+        // block.
+        let c = t.chain_shape(2 << 30, 2 << 20);
+        assert!(
+            c.slots == 2 && c.blocks * c.slots * c.step <= 2 << 20,
+            "{c:?}"
+        );
+        let forced = Tuning {
+            chain_min: Some(0),
+            ..t
+        };
+        assert!(forced.chain(K_BROADCAST, 4, 2, true));
     }
 
     fn send(peer: usize, ptr: u64) -> P2p {
