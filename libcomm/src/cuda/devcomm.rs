@@ -390,8 +390,9 @@ impl Tuning {
     }
 
     /// Whether a broadcast or reduce of `bytes` runs as a chain. Ranks in
-    /// other processes chain from 256 KiB (their other path stages through
-    /// the root's scratch). Ranks in one process chain where it measured
+    /// other processes chain from 8 MiB (at 256 MB the chain measured 0.88-0.91
+    /// of NCCL against 0.34 staging through the root's scratch; both about
+    /// 0.5 at 8 MB, staging ahead below). Ranks in one process chain where it measured
     /// faster than reading the user buffers in place on 4 x H200
     /// (docs/PERFORMANCE-GPU.md): broadcast from 64 MiB (32 MB: 209 against
     /// 228 GB/s, 128 MB: 284 against 267), reduce from 256 MiB (128 MB: 277
@@ -399,7 +400,7 @@ impl Tuning {
     /// fill (one step per hop) costs more than it saves.
     fn chain(&self, kind: i32, bytes: usize, nranks: usize, direct: bool) -> bool {
         let min = self.chain_min.unwrap_or(match (direct, kind) {
-            (false, _) => 256 << 10,
+            (false, _) => 8 << 20,
             (true, K_BROADCAST) => 64 << 20,
             (true, _) => 256 << 20,
         });
@@ -1336,10 +1337,11 @@ mod tests {
     fn chain_shape_fits_scratch_and_pipelines() {
         let t = defaults();
         // By mode and collective: ranks in other processes chain from
-        // 256 KiB; in one process broadcast from 64 MiB, reduce from 256 MiB;
+        // 8 MiB; in one process broadcast from 64 MiB, reduce from 256 MiB;
         // never other collectives or one rank.
-        assert!(t.chain(K_BROADCAST, 256 << 10, 4, false));
-        assert!(t.chain(K_REDUCE, 256 << 10, 4, false));
+        assert!(!t.chain(K_BROADCAST, 256 << 10, 4, false));
+        assert!(t.chain(K_BROADCAST, 8 << 20, 4, false));
+        assert!(t.chain(K_REDUCE, 8 << 20, 4, false));
         assert!(!t.chain(K_BROADCAST, 32 << 20, 4, true));
         assert!(t.chain(K_BROADCAST, 64 << 20, 4, true));
         assert!(!t.chain(K_REDUCE, 128 << 20, 2, true));
