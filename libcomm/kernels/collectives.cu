@@ -261,13 +261,17 @@ __device__ __forceinline__ void slice(u64 n, u64& lo, u64& hi) {
     if (hi > n) hi = n;
 }
 
+// src's bytes into dst and, unless null, also into dst2 (one load, two
+// stores: a chain hop's output and successor's slot).
 template <int U>
-__device__ __forceinline__ void copy_bytes_u(u8* dst, const u8* src, u64 bytes, bool cv) {
-    // 16-byte path when both ends are aligned, else bytes.
-    if ((((u64)dst | (u64)src) & 15) == 0) {
+__device__ __forceinline__ void copy_bytes_u(u8* dst, u8* dst2, const u8* src, u64 bytes, bool cv) {
+    // 16-byte path when every end is aligned (null is), else bytes: the
+    // caller's buffers need not be (nccl-tests -u).
+    if ((((u64)dst | (u64)dst2 | (u64)src) & 15) == 0) {
         u64 nv = bytes / 16;
         const uint4* s = (const uint4*)src;
         uint4* d = (uint4*)dst;
+        uint4* d2 = (uint4*)dst2;
         // U independent 16-byte loads in flight per thread before the stores.
         const u64 B = blockDim.x;
         u64 i = threadIdx.x;
@@ -277,19 +281,35 @@ __device__ __forceinline__ void copy_bytes_u(u8* dst, const u8* src, u64 bytes, 
             for (int u = 0; u < U; u++) t[u] = cv ? ld_cv4(s + i + u * B) : s[i + u * B];
 #pragma unroll
             for (int u = 0; u < U; u++) d[i + u * B] = t[u];
+            if (d2) {
+#pragma unroll
+                for (int u = 0; u < U; u++) d2[i + u * B] = t[u];
+            }
         }
-        for (; i < nv; i += B) d[i] = cv ? ld_cv4(s + i) : s[i];
-        for (u64 i = nv * 16 + threadIdx.x; i < bytes; i += blockDim.x) dst[i] = cv ? ld_cv(src + i) : src[i];
+        for (; i < nv; i += B) {
+            uint4 t = cv ? ld_cv4(s + i) : s[i];
+            d[i] = t;
+            if (d2) d2[i] = t;
+        }
+        for (u64 i = nv * 16 + threadIdx.x; i < bytes; i += B) {
+            u8 t = cv ? ld_cv(src + i) : src[i];
+            dst[i] = t;
+            if (dst2) dst2[i] = t;
+        }
     } else {
-        for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = cv ? ld_cv(src + i) : src[i];
+        for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) {
+            u8 t = cv ? ld_cv(src + i) : src[i];
+            dst[i] = t;
+            if (dst2) dst2[i] = t;
+        }
     }
 }
 
 __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bool cv, bool wide = false) {
     if (wide)
-        copy_bytes_u<8>(dst, src, bytes, cv);
+        copy_bytes_u<8>(dst, nullptr, src, bytes, cv);
     else
-        copy_bytes_u<4>(dst, src, bytes, cv);
+        copy_bytes_u<4>(dst, nullptr, src, bytes, cv);
 }
 
 // out[i] = finish(op over r of src_r[i]) for i in [lo, hi); src_r = base_r + off (bytes).
@@ -448,25 +468,31 @@ __device__ __forceinline__ void part(u64 lo, u64 hi, int k, int m, u64& plo, u64
     if (phi > hi) phi = hi;
 }
 
-// Pipeline progress of a direct broadcast, one counter per block in the
-// flags of the rank that waits (written by the rank it waits for, so every
-// wait polls local memory). Values (s << 32) | steps done only grow, so a
-// stale value never satisfies a wait. Thread 0 waits; false: aborted.
-__device__ __forceinline__ bool wait_progress(const Args& a, const u64* p, u64 v) {
+// Pipeline progress of a direct broadcast or a chain, one counter per block
+// in the flags of the rank that waits (written by the rank it waits for, so
+// every wait polls local memory). Values (s << 32) | steps done only grow, so
+// a stale value never satisfies a wait. Thread 0 waits for *p >= v and, when
+// p2 is not null, *p2 >= v2; false: aborted.
+__device__ __forceinline__ bool wait_progress(const Args& a, const u64* p, u64 v, const u64* p2 = nullptr, u64 v2 = 0) {
     __shared__ int quit;
-    if (threadIdx.x == 0) quit = !wait_geq(p, v, a.status);
+    if (threadIdx.x == 0) quit = (p && !wait_geq(p, v, a.status)) || (p2 && !wait_geq(p2, v2, a.status));
     __syncthreads();
     return !quit;
 }
-// Publishes the block's writes so far, then the progress value: one thread
-// fences after the block barrier (which orders every thread's writes before
-// it; the system-scope fence is cumulative), so the other threads go on
-// copying instead of each waiting for its own writes to land.
-__device__ __forceinline__ void signal_progress(u64* p, u64 v) {
+// Publishes the block's writes so far, then the progress value v in *p (if
+// not null): one thread fences after the block barrier (which orders every
+// thread's writes before it; the system-scope fence is cumulative), so the
+// other threads go on copying instead of each waiting for its own writes to
+// land. `credit`, if not null, gets v too, without a fence: it only says
+// the block's reads are done.
+__device__ __forceinline__ void signal_progress(u64* p, u64 v, u64* credit = nullptr) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
-        st_release_sys(p, v);
+        if (p) {
+            __threadfence_system();
+            st_release_sys(p, v);
+        }
+        if (credit) st_release_sys(credit, v);
     }
 }
 
@@ -656,66 +682,19 @@ __device__ void collective_direct(const Args& a) {
 }
 
 // ---------------------------------------------------------------- chain
-// One step of a chain hop by thread t of nt: src's bytes into `to_peer` (a
-// successor's slot) and `to_local` (my output); either may be null. `src` is
-// a slot a peer wrote (cv: never a stale L1 line from the slot's previous
-// use) or, on the first rank, the caller's buffer.
-__device__ __forceinline__ void copy_step(u8* to_peer, u8* to_local, const u8* src, u64 bytes, bool cv, u32 t, u32 nt) {
-    if ((((u64)to_peer | (u64)to_local | (u64)src) & 15) == 0) {
-        const int U = 8;
-        const u64 nv = bytes / 16;
-        const uint4* s = (const uint4*)src;
-        uint4* p = (uint4*)to_peer;
-        uint4* l = (uint4*)to_local;
-        u64 i = t;
-        for (; i + (U - 1) * nt < nv; i += U * nt) {
-            uint4 v[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) v[u] = cv ? ld_cv4(s + i + u * nt) : s[i + u * nt];
-            if (p) {
-#pragma unroll
-                for (int u = 0; u < U; u++) p[i + u * nt] = v[u];
-            }
-            if (l) {
-#pragma unroll
-                for (int u = 0; u < U; u++) l[i + u * nt] = v[u];
-            }
-        }
-        for (; i < nv; i += nt) {
-            uint4 v = cv ? ld_cv4(s + i) : s[i];
-            if (p) p[i] = v;
-            if (l) l[i] = v;
-        }
-        for (u64 i = nv * 16 + t; i < bytes; i += nt) {
-            u8 v = cv ? ld_cv(src + i) : src[i];
-            if (to_peer) to_peer[i] = v;
-            if (to_local) to_local[i] = v;
-        }
-    } else {
-        // The caller's buffers need not be 16-byte aligned (nccl-tests -u).
-        for (u64 i = t; i < bytes; i += nt) {
-            u8 v = cv ? ld_cv(src + i) : src[i];
-            if (to_peer) to_peer[i] = v;
-            if (to_local) to_local[i] = v;
-        }
-    }
-}
-
-// One step of a reduce chain by thread t of nt: dst[i] = op(mine[i],
-// slot[i]) for `elems` elements (slot null: the first rank, mine alone),
-// finished (avg: / n) on the last rank. `slot` was written by the
-// predecessor (cv loads).
+// One step of a reduce chain: dst[i] = op(mine[i], slot[i]) for `elems`
+// elements (slot null: the first rank, mine alone), finished (avg: / n) on
+// the last rank. `slot` was written by the predecessor (cv loads).
 template <typename T, typename Op>
-__device__ __forceinline__ void reduce_step(T* dst, const T* mine, const T* slot, u64 elems, bool finish, int n, u32 t,
-                                            u32 nt) {
+__device__ __forceinline__ void reduce_step(T* dst, const T* mine, const T* slot, u64 elems, bool finish, int n) {
     typedef typename Acc<T>::type A;
     const u64 V = 16 / sizeof(T);
     if (!slot && !finish) {
-        copy_step((u8*)dst, nullptr, (const u8*)mine, elems * sizeof(T), false, t, nt);
+        copy_bytes((u8*)dst, (const u8*)mine, elems * sizeof(T), false, true);
         return;
     }
     u64 vend = ((((u64)dst | (u64)mine | (u64)slot) & 15) == 0) ? elems / V * V : 0;
-    for (u64 i = t * V; i < vend; i += (u64)nt * V) {
+    for (u64 i = threadIdx.x * V; i < vend; i += (u64)blockDim.x * V) {
         uint4 x = *(const uint4*)(mine + i);
         uint4 y;
         if (slot) y = ld_cv4((const uint4*)(slot + i));
@@ -731,7 +710,7 @@ __device__ __forceinline__ void reduce_step(T* dst, const T* mine, const T* slot
         }
         *(uint4*)(dst + i) = o;
     }
-    for (u64 i = vend + t; i < elems; i += nt) {
+    for (u64 i = vend + threadIdx.x; i < elems; i += blockDim.x) {
         A acc = load<T>(mine[i]);
         if (slot) acc = Op::f(load<T>(ld_cv(slot + i)), acc);
         dst[i] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
@@ -768,7 +747,6 @@ __device__ void chain_fifo(const Args& a) {
     const int pos = (a.rank - first + n) % n;
     const int pred = (a.rank - 1 + n) % n, succ = (a.rank + 1) % n;
     const bool has_pred = pos > 0, has_succ = pos < n - 1;
-    const u32 t = threadIdx.x, nt = blockDim.x;
     u64 lo, hi;
     slice<T>(a.count, lo, hi);
     const u64 bytes = (hi - lo) * E;
@@ -781,38 +759,31 @@ __device__ void chain_fifo(const Args& a) {
     u64* pred_credit = (u64*)(a.flags[pred] + WEFT_CHAIN_CRED_OFF) + blockIdx.x;
     const u8* in = (const u8*)a.in + lo * E;
     u8* out = (u8*)a.out + lo * E;
-    __shared__ int quit;
     for (u64 j = 0, off = 0; off < bytes; j++, off += STEP) {
         const u64 len = bytes - off < STEP ? bytes - off : STEP;
         const u64 at = (j % SLOTS) * STEP;
-        if (t == 0) {
-            // My slot holds step j; my successor has drained step j - SLOTS.
-            quit = (has_pred && !wait_geq(tail, tag | (j + 1), a.status)) ||
-                   (has_succ && j >= SLOTS && !wait_geq(credit, tag | (j + 1 - SLOTS), a.status));
-        }
-        __syncthreads();
-        if (quit) return;
+        // My slot holds step j; my successor has drained step j - SLOTS.
+        if (!wait_progress(a, has_pred ? tail : nullptr, tag | (j + 1),
+                           has_succ && j >= SLOTS ? credit : nullptr, tag | (j + 1 - SLOTS)))
+            return;
         if (bcast) {
             u8* local = (has_pred || out != in) ? out + off : nullptr;
-            copy_step(has_succ ? succ_fifo + at : nullptr, local, has_pred ? my_fifo + at : in + off, len, has_pred, t, nt);
+            const u8* src = has_pred ? my_fifo + at : in + off;
+            if (has_succ)
+                copy_bytes_u<8>(succ_fifo + at, local, src, len, has_pred);
+            else
+                copy_bytes(local, src, len, true, true);
         } else {
             reduce_step<T, Op>((T*)(has_succ ? succ_fifo + at : out + off), (const T*)(in + off),
-                               has_pred ? (const T*)(my_fifo + at) : nullptr, len / E, !has_succ, n, t, nt);
+                               has_pred ? (const T*)(my_fifo + at) : nullptr, len / E, !has_succ, n);
         }
-        __syncthreads();
-        if (t == 0) {
-            if (has_succ) {
-                __threadfence_system();
-                st_release_sys(succ_tail, tag | (j + 1));
-            }
-            if (has_pred) st_release_sys(pred_credit, tag | (j + 1));
-        }
+        signal_progress(has_succ ? succ_tail : nullptr, tag | (j + 1), has_pred ? pred_credit : nullptr);
     }
     // Until my successor has drained every step: then none of its writes
     // (credits) reaches my memory after this kernel, so the memory may be
     // freed once my stream is idle (as the exit barrier of the other kernels
     // guarantees).
-    if (has_succ && bytes > 0 && t == 0) wait_geq(credit, tag | ((bytes + STEP - 1) / STEP), a.status);
+    if (has_succ && bytes > 0 && threadIdx.x == 0) wait_geq(credit, tag | ((bytes + STEP - 1) / STEP), a.status);
 }
 
 // ---------------------------------------------------------------- point to point

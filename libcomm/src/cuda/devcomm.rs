@@ -1013,12 +1013,11 @@ impl DevComm {
         }
         let f = function(self.dev, p.func)?;
         use_device(self.dev)?;
-        let (blocks, a, seqs) = if p.chain {
+        let (blocks, mut a, seqs) = if p.chain {
             self.chain_args(p)
         } else {
             self.direct_or_staged_args(p)
         };
-        let mut a = a;
         self.seq += seqs;
         let threads = self.tuning.threads;
         let mut params = [(&mut a as *mut Args).cast::<c_void>()];
