@@ -3,7 +3,7 @@
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest rtestv rtestc chainquick rtest0 check check9
-#           chaincheck bcastreduce mpicheck mpi wbench table perfp2p tune
+#           chaincheck chainlite bcastreduce mpicheck mpi wbench table perfp2p tune
 #           chaintune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
@@ -127,6 +127,16 @@ chaincheck)
     log mpi check ours chain $t root=$r
     LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/mpi-check.txt | CHK
   done; done ;;
+chainlite)
+  # A shorter chaincheck (root 3; every type with sum, every op with float),
+  # for a kernel change before the full one.
+  for t in broadcast reduce; do
+    log check ours chain $t root=3 $CHAIN_ENV
+    TMO=90 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o sum -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+    log mpi check ours chain $t root=3
+    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d float -o all -r 3 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+  done ;;
 bcastreduce)
   # Broadcast and reduce after a kernel change: checks (every type and op,
   # odd sizes, unaligned, roots 0 and 3, both broadcast algorithms) and the
@@ -180,13 +190,16 @@ tune)
 chaintune)
   # Chain shapes for broadcast and reduce, NCCL first, 32 MB - 2 GB,
   # unchecked; each variant: "blocks:step KiB[:more VAR=value of WEFT_CUDA_*]",
-  # chained at every size; "off" = the other algorithms.
+  # chained at every size; "off" = the other algorithms; "x:VAR=value[:...]"
+  # = the other algorithms with those WEFT_CUDA_* settings.
   P() { echo "### $1 $2 -g $NG" >> $OUT/tune.txt; log perf $1 $2; }
   pv() { P "ours[${2// /,}]" $1; TMO=60 run_ours env $2 $T/${1}_perf -g $NG -b ${TB:-32M} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'; }
   for t in broadcast reduce; do
     P nccl $t; TMO=60 run_nccl $T/${t}_perf -g $NG -b ${TB:-32M} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
     for v in ${CHAIN_VARIANTS:-off 32:64 64:128 128:64}; do
       if [ $v = off ]; then pv $t "WEFT_CUDA_CHAIN_MIN_KB=1000000000"; continue; fi
+      if [ "${v#x:}" != "$v" ]; then e="WEFT_CUDA_CHAIN_MIN_KB=1000000000"
+        for x in $(echo ${v#x:} | tr : ' '); do e="$e WEFT_CUDA_$x"; done; pv $t "$e"; continue; fi
       IFS=: read -r nb st rest <<< "$v"
       e="WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_BLOCKS=$nb WEFT_CUDA_CHAIN_STEP_KB=$st"
       for x in ${rest//:/ }; do e="$e WEFT_CUDA_$x"; done

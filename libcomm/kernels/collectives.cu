@@ -81,6 +81,8 @@ struct Status {
 // forward or ring, see broadcast_direct); below, every rank reads the root's
 // buffer, one hop.
 #define WEFT_BCAST_PIPELINE_MIN (256 << 10)
+// Direct reduce of at most this many bytes: the root alone reduces.
+#define WEFT_REDUCE_AT_ROOT_MAX (64 << 10)
 // Direct broadcast: per-block progress counters of the pipelines.
 #define WEFT_PROG_OFF (48 << 10)
 // Chain (see chain_fifo), one u64 per block: tails (steps the predecessor
@@ -623,6 +625,13 @@ __device__ void collective_direct(const Args& a) {
             if (out != (const u8*)a.in) copy_bytes(out + lo * E, (const u8*)a.in + lo * E, (hi - lo) * E, false);
             break;
         }
+        // Small messages: the root reads every input itself and writes only
+        // locally, one link crossing instead of a read and a remote write
+        // that the helper must fence before the exit barrier.
+        if (count * E <= WEFT_REDUCE_AT_ROOT_MAX) {
+            if (a.rank == a.root) reduce_src<T, Op>(pin, n, 0, (T*)out, lo, hi);
+            break;
+        }
         if (a.rank == a.root) break;
         // Chunk k (a.step bytes) is helper k % m's, in its block (k / m) % G:
         // all blocks stream through neighbouring memory (one far-apart slice
@@ -636,8 +645,11 @@ __device__ void collective_direct(const Args& a) {
         reduce_src<T, Op>(pin, n, a.rank * count * E, (T*)out, lo, hi);
         break;
     case K_ALLGATHER:
+        // Block b starts at peer rank + b: at any time some blocks copy
+        // locally (HBM) while the others use the links, instead of every
+        // block doing its local copy first with the links idle.
         for (int k = 0; k < n; k++) {
-            int r = (a.rank + k) % n;
+            int r = (a.rank + k + blockIdx.x) % n;
             if (a.push) {
                 // My input into everyone's output, at my block of it.
                 u8* dst = (u8*)pout[r] + (a.rank * count + lo) * E;
@@ -655,7 +667,7 @@ __device__ void collective_direct(const Args& a) {
         break;
     case K_ALLTOALL:
         for (int k = 0; k < n; k++) {
-            int r = (a.rank + k) % n;
+            int r = (a.rank + k + blockIdx.x) % n;  // staggered as all-gather's
             if (a.push)
                 copy_bytes((u8*)pout[r] + (a.rank * count + lo) * E, (const u8*)a.in + (r * count + lo) * E, (hi - lo) * E,
                            false, true);
