@@ -72,7 +72,8 @@ struct Status {
     u32 error;
     u64 detail;
 };
-#define WEFT_ERR_P2P_SIZE 1
+#define WEFT_ERR_P2P_SIZE 1       // detail: peer << 56 | the bytes the sender sent
+#define WEFT_ERR_P2P_SIZE_SEND 2  // detail: peer << 56 | the bytes the receiver expects
 
 // Direct mode: each block publishes its rank's {in, out} pointers here (in its
 // own flag area) before the entry barrier; peers read them after it.
@@ -98,6 +99,18 @@ struct Status {
 #define WEFT_P2P_DONE (10 << 10)
 // On the receiver: blocks finished per sender (monotonic), to find the last one.
 #define WEFT_P2P_COUNT (11 << 10)
+// Point-to-point across processes (see p2p_send_fifo): on the receiver,
+// tails [sender][block] and the sender's byte count [sender] (sent when the
+// sizes differ); on the sender, credits [receiver][block], and per receiver
+// the sequence number of its posted receive and the bytes it expects.
+#define WEFT_P2P_FIFO_MAXB 64
+#define WEFT_P2P_TAIL (12 << 10)
+#define WEFT_P2P_CRED (16 << 10)
+#define WEFT_P2P_RREADY (20 << 10)
+#define WEFT_P2P_RBYTES ((20 << 10) + 256)
+#define WEFT_P2P_SBYTES ((20 << 10) + 512)
+// Low 32 bits of a tail that says "sizes differ, no data follows".
+#define WEFT_P2P_SIZE_MARK 0xffffffffull
 
 // ---------------------------------------------------------------- memory model
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
@@ -470,14 +483,14 @@ __device__ __forceinline__ void part(u64 lo, u64 hi, int k, int m, u64& plo, u64
     if (phi > hi) phi = hi;
 }
 
-// Pipeline progress of a direct broadcast or a chain, one counter per block
-// in the flags of the rank that waits (written by the rank it waits for, so
+// Pipeline progress of a direct broadcast, a chain or a point-to-point
+// FIFO, one counter per block in the flags of the rank that waits (written by the rank it waits for, so
 // every wait polls local memory). Values (s << 32) | steps done only grow, so
 // a stale value never satisfies a wait. Thread 0 waits for *p >= v and, when
 // p2 is not null, *p2 >= v2; false: aborted.
-__device__ __forceinline__ bool wait_progress(const Args& a, const u64* p, u64 v, const u64* p2 = nullptr, u64 v2 = 0) {
+__device__ __forceinline__ bool wait_progress(u64 status, const u64* p, u64 v, const u64* p2 = nullptr, u64 v2 = 0) {
     __shared__ int quit;
-    if (threadIdx.x == 0) quit = (p && !wait_geq(p, v, a.status)) || (p2 && !wait_geq(p2, v2, a.status));
+    if (threadIdx.x == 0) quit = (p && !wait_geq(p, v, status)) || (p2 && !wait_geq(p2, v2, status));
     __syncthreads();
     return !quit;
 }
@@ -561,7 +574,7 @@ __device__ bool broadcast_direct(const Args& a, const u64* pin, const u64* pout,
         part<T>(lo, hi, h, m, plo, phi);
         const u64 pb = (phi - plo) * E;
         for (u64 j = 0, off = 0; off < pb; j++, off += STEP) {
-            if (!wait_progress(a, mine, tag | (j + 1))) return false;
+            if (!wait_progress(a.status, mine, tag | (j + 1))) return false;
             const u64 len = pb - off < STEP ? pb - off : STEP;
             for (int k = 1; k < m; k++) {
                 const int r = (a.root + 1 + (h + k) % m) % n;
@@ -577,7 +590,7 @@ __device__ bool broadcast_direct(const Args& a, const u64* pin, const u64* pout,
     const u8* src = (pos == 1 ? root_in : (const u8*)pout[pred]) + lo * E;
     u64* theirs = (u64*)(a.flags[succ] + WEFT_PROG_OFF) + blockIdx.x;
     for (u64 j = 0; j < nsteps; j++) {
-        if (pos > 1 && !wait_progress(a, mine, tag | (j + 1))) return false;
+        if (pos > 1 && !wait_progress(a.status, mine, tag | (j + 1))) return false;
         const u64 off = j * STEP, len = bytes - off < STEP ? bytes - off : STEP;
         copy_bytes(out + lo * E + off, src + off, len, true, true);
         if (pos < n - 1) signal_progress(theirs, tag | (j + 1));
@@ -775,7 +788,7 @@ __device__ void chain_fifo(const Args& a) {
         const u64 len = bytes - off < STEP ? bytes - off : STEP;
         const u64 at = (j % SLOTS) * STEP;
         // My slot holds step j; my successor has drained step j - SLOTS.
-        if (!wait_progress(a, has_pred ? tail : nullptr, tag | (j + 1),
+        if (!wait_progress(a.status, has_pred ? tail : nullptr, tag | (j + 1),
                            has_succ && j >= SLOTS ? credit : nullptr, tag | (j + 1 - SLOTS)))
             return;
         if (bcast) {
@@ -806,8 +819,10 @@ __device__ void chain_fifo(const Args& a) {
 // every rank fuses its rounds the same way, so the i-th kernels of all ranks
 // only wait on each other and rounds cannot deadlock.
 //
-// Per op: a send is one block: publish {ptr, bytes}, raise ready[me] on the
-// receiver to the pair's sequence number, wait for done[receiver] on mine.
+// Ranks in other processes stream through the receiver's scratch instead
+// (p2p_send_fifo). In one process, per op: a send is one block: publish
+// {ptr, bytes}, raise ready[me] on the receiver to the pair's sequence
+// number, wait for done[receiver] on mine.
 // A receive is `nblocks` blocks: wait for ready, read the sender's slot, copy
 // a slice; the last block to finish (a local counter) raises done[me] on the
 // sender. Sizes that differ are reported in Status.error and both sides finish.
@@ -832,7 +847,108 @@ struct P2pArgs {
     i32 rank;
     i32 nops;
     P2pOp ops[WEFT_MAX_P2P];
+    // Ranks in other processes (direct == 0): each receiver's scratch holds
+    // a region of `region` bytes per sender, `slots` slots of `step` bytes
+    // per block of an op.
+    u64 scratch[WEFT_MAX_RANKS];
+    u64 region;
+    u64 step;
+    u64 slots;
+    i32 direct;
 };
+
+// The slice [lo, hi) of an op's bytes that block b of nb moves (16-byte
+// multiples, so every block's copies stay aligned where the buffer is).
+__device__ __forceinline__ void p2p_slice(u64 bytes, int b, int nb, u64& lo, u64& hi) {
+    u64 per = ((bytes + nb - 1) / nb + 15) / 16 * 16;
+    lo = b * per;
+    hi = lo + per;
+    if (lo > bytes) lo = bytes;
+    if (hi > bytes) hi = bytes;
+}
+
+__device__ __forceinline__ void report(u64 status, u32 code, int peer, u64 bytes) {
+    volatile Status* st = (volatile Status*)status;
+    if (st) {
+        st->detail = ((u64)peer << 56) | (bytes & ((1ull << 56) - 1));
+        st->error = code;
+    }
+}
+
+// Point-to-point across processes: the receiver cannot read the sender's
+// buffer, so block b of a send streams its slice through `slots` slots in
+// the receiver's scratch (its region for this sender), as a chain hop does:
+// copy a step into a slot, fence, raise the receiver's tail; reuse a slot
+// once the receiver's credit says it drained it. The receiver first posts
+// the bytes it expects and its sequence number on the sender (its kernel
+// running means its earlier kernels, which used its scratch, are done);
+// a sender whose size differs reports it, tells the receiver's blocks with
+// a marked tail, and both sides finish. Tags (seq << 32) | steps keep
+// earlier operations' values from satisfying a wait.
+__device__ void p2p_send_fifo(const P2pArgs& a, const P2pOp& op, int b) {
+    const u64 me = a.flags[a.rank], them = a.flags[op.peer];
+    const u64 tag = op.seq << 32, STEP = a.step, SLOTS = a.slots;
+    __shared__ int stop, differ;
+    if (threadIdx.x == 0) {
+        stop = !wait_geq((const u64*)(me + WEFT_P2P_RREADY) + op.peer, op.seq, a.status);
+        differ = !stop && ld_cv((const u64*)(me + WEFT_P2P_RBYTES) + op.peer) != op.bytes;
+    }
+    __syncthreads();
+    if (stop) return;
+    u64* tail = (u64*)(them + WEFT_P2P_TAIL) + a.rank * WEFT_P2P_FIFO_MAXB + b;
+    if (differ) {
+        if (threadIdx.x == 0) {
+            if (b == 0) report(a.status, WEFT_ERR_P2P_SIZE_SEND, op.peer, ld_cv((const u64*)(me + WEFT_P2P_RBYTES) + op.peer));
+            *((volatile u64*)(them + WEFT_P2P_SBYTES) + a.rank) = op.bytes;
+            __threadfence_system();
+            st_release_sys(tail, tag | WEFT_P2P_SIZE_MARK);
+        }
+        return;
+    }
+    u64 lo, hi;
+    p2p_slice(op.bytes, b, op.nblocks, lo, hi);
+    u8* fifo = (u8*)a.scratch[op.peer] + a.rank * a.region + b * SLOTS * STEP;
+    const u64* credit = (const u64*)(me + WEFT_P2P_CRED) + op.peer * WEFT_P2P_FIFO_MAXB + b;
+    u64 j = 0;
+    for (u64 off = lo; off < hi; j++, off += STEP) {
+        if (j >= SLOTS && !wait_progress(a.status, credit, tag | (j + 1 - SLOTS))) return;
+        copy_bytes(fifo + (j % SLOTS) * STEP, (const u8*)op.ptr + off, hi - off < STEP ? hi - off : STEP, false, true);
+        signal_progress(tail, tag | (j + 1));
+    }
+    // Until the receiver has drained every step (no credit of this op
+    // reaches my memory after the kernel).
+    if (j > 0 && threadIdx.x == 0) wait_geq(credit, tag | j, a.status);
+}
+
+__device__ void p2p_recv_fifo(const P2pArgs& a, const P2pOp& op, int b) {
+    const u64 me = a.flags[a.rank], them = a.flags[op.peer];
+    const u64 tag = op.seq << 32, STEP = a.step, SLOTS = a.slots;
+    if (threadIdx.x == 0 && b == 0) {
+        *((volatile u64*)(them + WEFT_P2P_RBYTES) + a.rank) = op.bytes;
+        __threadfence_system();
+        st_release_sys((u64*)(them + WEFT_P2P_RREADY) + a.rank, op.seq);
+    }
+    u64 lo, hi;
+    p2p_slice(op.bytes, b, op.nblocks, lo, hi);
+    const u8* fifo = (const u8*)a.scratch[a.rank] + op.peer * a.region + b * SLOTS * STEP;
+    const u64* tail = (const u64*)(me + WEFT_P2P_TAIL) + op.peer * WEFT_P2P_FIFO_MAXB + b;
+    u64* credit = (u64*)(them + WEFT_P2P_CRED) + a.rank * WEFT_P2P_FIFO_MAXB + b;
+    __shared__ int stop;
+    for (u64 j = 0, off = lo; off < hi; j++, off += STEP) {
+        if (threadIdx.x == 0) {
+            stop = !wait_geq(tail, tag | (j + 1), a.status);
+            if (!stop && (ld_acquire_sys(tail) & WEFT_P2P_SIZE_MARK) == WEFT_P2P_SIZE_MARK) {
+                stop = 1;
+                report(a.status, WEFT_ERR_P2P_SIZE, op.peer, ld_cv((const u64*)(me + WEFT_P2P_SBYTES) + op.peer));
+            }
+        }
+        __syncthreads();
+        if (stop) return;
+        copy_bytes((u8*)op.ptr + off, fifo + (j % SLOTS) * STEP, hi - off < STEP ? hi - off : STEP, true, true);
+        __syncthreads();
+        if (threadIdx.x == 0) st_release_sys(credit, tag | (j + 1));
+    }
+}
 
 #if !defined(WEFT_SINGLE) || defined(WEFT_P2P_KERNEL)
 extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
@@ -843,6 +959,14 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
     const u64 me = a.flags[a.rank];
     __shared__ u64 src, sbytes;
     __shared__ int stop;
+    if (!a.direct && op.kind == P2P_SEND) {
+        p2p_send_fifo(a, op, b);
+        return;
+    }
+    if (!a.direct && op.kind == P2P_RECV) {
+        p2p_recv_fifo(a, op, b);
+        return;
+    }
     if (op.kind == P2P_SEND) {
         if (threadIdx.x == 0) {
             volatile u64* slot = (volatile u64*)(me + WEFT_P2P_PTR) + op.peer * 2;
@@ -855,10 +979,8 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
         return;
     }
     if (op.kind == P2P_COPY) {
-        u64 per = ((op.bytes + op.nblocks - 1) / op.nblocks + 15) / 16 * 16;
-        u64 lo = b * per, hi = lo + per;
-        if (lo > op.bytes) lo = op.bytes;
-        if (hi > op.bytes) hi = op.bytes;
+        u64 lo, hi;
+        p2p_slice(op.bytes, b, op.nblocks, lo, hi);
         if (op.ptr != op.src) copy_bytes((u8*)op.ptr + lo, (const u8*)op.src + lo, hi - lo, false);
         return;
     }
@@ -874,18 +996,10 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
     __syncthreads();
     if (stop) return;
     if (sbytes != op.bytes) {
-        if (threadIdx.x == 0 && b == 0) {
-            volatile Status* st = (volatile Status*)a.status;
-            if (st) {
-                st->detail = ((u64)op.peer << 56) | (sbytes & ((1ull << 56) - 1));
-                st->error = WEFT_ERR_P2P_SIZE;
-            }
-        }
+        if (threadIdx.x == 0 && b == 0) report(a.status, WEFT_ERR_P2P_SIZE, op.peer, sbytes);
     } else {
-        u64 per = ((op.bytes + op.nblocks - 1) / op.nblocks + 15) / 16 * 16;
-        u64 lo = b * per, hi = lo + per;
-        if (lo > op.bytes) lo = op.bytes;
-        if (hi > op.bytes) hi = op.bytes;
+        u64 lo, hi;
+        p2p_slice(op.bytes, b, op.nblocks, lo, hi);
         copy_bytes((u8*)op.ptr + lo, (const u8*)src + lo, hi - lo, true);
     }
     __syncthreads();

@@ -60,6 +60,7 @@ struct Status {
 }
 
 const ERR_P2P_SIZE: u32 = 1;
+const ERR_P2P_SIZE_SEND: u32 = 2;
 
 /// Must match `struct P2pOp` / `struct P2pArgs` in kernels/collectives.cu.
 const MAX_P2P: usize = 16;
@@ -87,6 +88,45 @@ struct P2pArgs {
     rank: i32,
     nops: i32,
     ops: [P2pOp; MAX_P2P],
+    scratch: [u64; MAX_RANKS],
+    region: u64,
+    step: u64,
+    slots: u64,
+    direct: i32,
+}
+
+/// Blocks per op at most across processes (`WEFT_P2P_FIFO_MAXB`).
+const P2P_FIFO_MAXB: usize = 64;
+
+/// How point-to-point streams through a receiver's scratch across processes
+/// (every rank computes the same, so sender and receiver agree).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct P2pFifo {
+    /// Bytes of a receiver's scratch per sender.
+    region: usize,
+    /// Blocks per send or receive: a round holds at most one send and one
+    /// receive per peer, so about 128 blocks in all, which stay resident
+    /// together (a block spinning on a peer must not keep the block that
+    /// would answer it from running).
+    blocks: usize,
+    step: usize,
+    slots: usize,
+}
+
+impl P2pFifo {
+    fn new(scratch: usize, nranks: usize) -> P2pFifo {
+        let n = nranks.max(1);
+        let region = scratch / n / 16 * 16;
+        let blocks = (128 / (2 * n)).clamp(1, P2P_FIFO_MAXB);
+        let slots = 4;
+        let step = (region / blocks / slots / 16 * 16).max(16);
+        P2pFifo {
+            region,
+            blocks,
+            step,
+            slots,
+        }
+    }
 }
 
 /// One point-to-point piece of a group on this rank.
@@ -869,6 +909,11 @@ impl DevComm {
                 detail >> 56,
                 detail & ((1 << 56) - 1)
             )),
+            ERR_P2P_SIZE_SEND => Some(format!(
+                "a send to rank {} has a different size than the {} bytes that rank's receive expects: send and receive counts or types differ",
+                detail >> 56,
+                detail & ((1 << 56) - 1)
+            )),
             e => Some(format!("kernel error code {e}")),
         }
     }
@@ -1121,13 +1166,11 @@ impl DevComm {
         a
     }
 
-    /// Whether a group's point-to-point pieces can run as kernels here: every
-    /// rank in this process (the receiver reads the sender's buffer in place).
+    /// Whether a group's point-to-point pieces can run as kernels here: in
+    /// one process the receiver reads the sender's buffer in place, across
+    /// processes the sender streams through the receiver's scratch.
     pub fn p2p_ok(&self) -> bool {
-        self.usable
-            && self.direct
-            && kernels::nvrtc_available()
-            && self.tuning.algo != Some("staged")
+        self.usable && kernels::nvrtc_available() && self.tuning.algo != Some("staged")
     }
 
     /// Enqueues a group's point-to-point pieces on `stream`: one kernel per
@@ -1143,6 +1186,7 @@ impl DevComm {
         let f = function(self.dev, "weft_p2p")?;
         use_device(self.dev)?;
         let max_per = self.tuning.p2p_blocks;
+        let fifo = P2pFifo::new(2 * self.parity_bytes, self.nranks);
         for round in rounds {
             let mut a = P2pArgs {
                 flags: [0; MAX_RANKS],
@@ -1150,9 +1194,15 @@ impl DevComm {
                 rank: self.rank as i32,
                 nops: 0,
                 ops: [P2pOp::default(); MAX_P2P],
+                scratch: [0; MAX_RANKS],
+                region: fifo.region as u64,
+                step: fifo.step as u64,
+                slots: fifo.slots as u64,
+                direct: self.direct as i32,
             };
             for r in 0..self.nranks {
                 a.flags[r] = self.peers[r];
+                a.scratch[r] = self.peers[r] + FLAG_AREA as u64;
             }
             let movers = round
                 .iter()
@@ -1171,15 +1221,26 @@ impl DevComm {
                             seq: self.send_seq[peer],
                             peer: peer as i32,
                             kind: P2P_SEND,
-                            nblocks: 1,
+                            // Across processes the sender does the copying.
+                            nblocks: if self.direct { 1 } else { fifo.blocks as i32 },
                             ..Default::default()
                         }
                     }
                     P2p::Recv { peer, ptr, bytes } => {
                         self.recv_seq[peer] += 1;
-                        let nb = bytes.div_ceil(256 << 10).clamp(1, cap);
+                        // Across processes both sides use the same blocks (a
+                        // sender's block b fills receiver block b's slots),
+                        // whatever the size, so a size mismatch is detected
+                        // instead of waited on.
+                        let nb = if self.direct {
+                            bytes.div_ceil(256 << 10).clamp(1, cap)
+                        } else {
+                            fifo.blocks
+                        };
                         let base = self.recv_blocks[peer];
-                        self.recv_blocks[peer] += nb as u64;
+                        if self.direct {
+                            self.recv_blocks[peer] += nb as u64;
+                        }
                         P2pOp {
                             ptr,
                             bytes: bytes as u64,
@@ -1266,9 +1327,13 @@ mod tests {
             std::mem::size_of::<Args>(),
             16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8
         );
-        // struct P2pOp: 5 u64 + 4 i32; struct P2pArgs: 8 u64, 1 u64, 2 i32, 16 ops.
+        // struct P2pOp: 5 u64 + 4 i32; struct P2pArgs: 8 u64, 1 u64, 2 i32,
+        // 16 ops, 8 u64, 3 u64, 1 i32 (padded).
         assert_eq!(std::mem::size_of::<P2pOp>(), 56);
-        assert_eq!(std::mem::size_of::<P2pArgs>(), 8 * 8 + 8 + 8 + 16 * 56);
+        assert_eq!(
+            std::mem::size_of::<P2pArgs>(),
+            8 * 8 + 8 + 8 + 16 * 56 + 8 * 8 + 3 * 8 + 8
+        );
         assert_eq!(std::mem::size_of::<Status>(), 16);
     }
 
@@ -1376,6 +1441,32 @@ mod tests {
             ..t
         };
         assert!(forced.chain(K_BROADCAST, 4, 2, true));
+    }
+
+    #[test]
+    fn p2p_fifo_fits_each_receivers_scratch() {
+        // Scratch is at least 2 MiB (WEFT_CUDA_SCRATCH_MB >= 1, two parities).
+        for scratch in [64usize << 20, 2 << 20] {
+            for n in 1..=MAX_RANKS {
+                let f = P2pFifo::new(scratch, n);
+                // One region per sender, one FIFO per block in it.
+                assert!(f.region * n <= scratch, "{scratch} {n}: {f:?}");
+                assert!(
+                    f.blocks * f.slots * f.step <= f.region,
+                    "{scratch} {n}: {f:?}"
+                );
+                assert!(f.step.is_multiple_of(16) && f.step >= 16 && f.slots >= 2);
+                // A round (one send and one receive per peer) stays within
+                // about 128 blocks, and within the kernel's flag arrays.
+                assert!(2 * n * f.blocks <= 128 || f.blocks == 1);
+                assert!(f.blocks <= P2P_FIFO_MAXB);
+            }
+        }
+        let f = P2pFifo::new(64 << 20, 4);
+        assert_eq!(
+            (f.region, f.blocks, f.step, f.slots),
+            (16 << 20, 16, 256 << 10, 4)
+        );
     }
 
     fn send(peer: usize, ptr: u64) -> P2p {

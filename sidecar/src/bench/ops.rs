@@ -56,6 +56,15 @@ impl BenchOp {
         matches!(self, BenchOp::Broadcast | BenchOp::Reduce)
     }
 
+    /// Whether `--check` checks the in-place run. Send/recv in place sends
+    /// and receives through one buffer, which NCCL leaves undefined (the
+    /// receive may overwrite what the send has not read yet; the device
+    /// kernels stream both at once), so, as nccl-tests, its in-place run is
+    /// timed but not checked.
+    pub fn checks_in_place(self) -> bool {
+        self != BenchOp::SendRecv
+    }
+
     /// nccl-tests' bus bandwidth correction factor for `n` ranks.
     pub fn busbw_factor(self, n: usize) -> f64 {
         let n = n as f64;

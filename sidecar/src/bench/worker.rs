@@ -222,7 +222,7 @@ impl Bench<'_> {
         let secs = t0.elapsed().as_secs_f64() / a.iters as f64;
         let secs = self.sum_f64(secs)? / self.n as f64;
         let algbw = a.coll.algbw(l, a.dtype, self.n, secs);
-        let wrong = if a.check {
+        let wrong = if a.check && (!in_place || a.coll.checks_in_place()) {
             Some(self.check(l, in_place, seed)?)
         } else {
             None
