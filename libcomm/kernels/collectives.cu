@@ -888,17 +888,14 @@ __device__ __forceinline__ void report(u64 status, u32 code, int peer, u64 bytes
 __device__ void p2p_send_fifo(const P2pArgs& a, const P2pOp& op, int b) {
     const u64 me = a.flags[a.rank], them = a.flags[op.peer];
     const u64 tag = op.seq << 32, STEP = a.step, SLOTS = a.slots;
-    __shared__ int stop, differ;
-    if (threadIdx.x == 0) {
-        stop = !wait_geq((const u64*)(me + WEFT_P2P_RREADY) + op.peer, op.seq, a.status);
-        differ = !stop && ld_cv((const u64*)(me + WEFT_P2P_RBYTES) + op.peer) != op.bytes;
-    }
+    __shared__ u64 rbytes;
+    if (!wait_progress(a.status, (const u64*)(me + WEFT_P2P_RREADY) + op.peer, op.seq)) return;
+    if (threadIdx.x == 0) rbytes = ld_cv((const u64*)(me + WEFT_P2P_RBYTES) + op.peer);
     __syncthreads();
-    if (stop) return;
     u64* tail = (u64*)(them + WEFT_P2P_TAIL) + a.rank * WEFT_P2P_FIFO_MAXB + b;
-    if (differ) {
+    if (rbytes != op.bytes) {
         if (threadIdx.x == 0) {
-            if (b == 0) report(a.status, WEFT_ERR_P2P_SIZE_SEND, op.peer, ld_cv((const u64*)(me + WEFT_P2P_RBYTES) + op.peer));
+            if (b == 0) report(a.status, WEFT_ERR_P2P_SIZE_SEND, op.peer, rbytes);
             *((volatile u64*)(them + WEFT_P2P_SBYTES) + a.rank) = op.bytes;
             __threadfence_system();
             st_release_sys(tail, tag | WEFT_P2P_SIZE_MARK);
@@ -945,8 +942,7 @@ __device__ void p2p_recv_fifo(const P2pArgs& a, const P2pOp& op, int b) {
         __syncthreads();
         if (stop) return;
         copy_bytes((u8*)op.ptr + off, fifo + (j % SLOTS) * STEP, hi - off < STEP ? hi - off : STEP, true, true);
-        __syncthreads();
-        if (threadIdx.x == 0) st_release_sys(credit, tag | (j + 1));
+        signal_progress(nullptr, tag | (j + 1), credit);
     }
 }
 

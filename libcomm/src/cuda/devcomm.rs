@@ -436,8 +436,9 @@ impl Tuning {
     /// faster than reading the user buffers in place on 4 x H200
     /// (docs/PERFORMANCE-GPU.md): broadcast from 64 MiB (32 MB: 209 against
     /// 228 GB/s, 128 MB: 284 against 267), reduce from 256 MiB (128 MB: 277
-    /// against 295, 512 MB: 336 against 311); below, the chain's pipeline
-    /// fill (one step per hop) costs more than it saves.
+    /// against 295, 512 MB: 336 against 311); below, the chain's fixed cost
+    /// (55-75 us over NCCL, not explained by the one-step-per-hop fill:
+    /// step ramps measured slower) outweighs what it saves.
     fn chain(&self, kind: i32, bytes: usize, nranks: usize, direct: bool) -> bool {
         let min = self.chain_min.unwrap_or(match (direct, kind) {
             (false, _) => 8 << 20,
@@ -1137,9 +1138,10 @@ impl DevComm {
 
     /// The arguments every kernel shares: buffers, ranks, sequence, flags.
     fn args(&self, p: &Plan, direct: bool, exit_barrier: bool) -> Args {
-        let mut a = Args {
-            scratch: [0; MAX_RANKS],
-            flags: [0; MAX_RANKS],
+        let (flags, scratch) = self.peer_areas();
+        Args {
+            scratch,
+            flags,
             input: p.input,
             output: p.output,
             count: p.count as u64,
@@ -1158,12 +1160,18 @@ impl DevComm {
             step: 0,
             chain: 0,
             slots: 0,
-        };
-        for r in 0..self.nranks {
-            a.flags[r] = self.peers[r];
-            a.scratch[r] = self.peers[r] + FLAG_AREA as u64;
         }
-        a
+    }
+
+    /// Every rank's flag area and scratch as mapped here (kernel arguments).
+    fn peer_areas(&self) -> ([u64; MAX_RANKS], [u64; MAX_RANKS]) {
+        let mut flags = [0; MAX_RANKS];
+        let mut scratch = [0; MAX_RANKS];
+        for r in 0..self.nranks {
+            flags[r] = self.peers[r];
+            scratch[r] = self.peers[r] + FLAG_AREA as u64;
+        }
+        (flags, scratch)
     }
 
     /// Whether a group's point-to-point pieces can run as kernels here: in
@@ -1188,22 +1196,19 @@ impl DevComm {
         let max_per = self.tuning.p2p_blocks;
         let fifo = P2pFifo::new(2 * self.parity_bytes, self.nranks);
         for round in rounds {
+            let (flags, scratch) = self.peer_areas();
             let mut a = P2pArgs {
-                flags: [0; MAX_RANKS],
+                flags,
                 status: self.status as u64,
                 rank: self.rank as i32,
                 nops: 0,
                 ops: [P2pOp::default(); MAX_P2P],
-                scratch: [0; MAX_RANKS],
+                scratch,
                 region: fifo.region as u64,
                 step: fifo.step as u64,
                 slots: fifo.slots as u64,
                 direct: self.direct as i32,
             };
-            for r in 0..self.nranks {
-                a.flags[r] = self.peers[r];
-                a.scratch[r] = self.peers[r] + FLAG_AREA as u64;
-            }
             let movers = round
                 .iter()
                 .filter(|p| !matches!(p, P2p::Send { .. }))
