@@ -2,9 +2,9 @@
 # Weft CUDA data plane on the GPU machine: build nccl-tests against the
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
-#   phases: info build mpibuild smoke rtest rtestv rtestc chainquick rtest0 check check9
-#           chaincheck chainlite bcastreduce mpicheck mpi wbench table perfp2p tune
-#           chaintune save unsave
+#   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 check checkg
+#           check9 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
+#           perfp2p tune chaintune linestune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -86,12 +86,18 @@ rtestc)
   # The Rust GPU test with every broadcast and reduce as a chain, in 4 KiB
   # steps through two slots (so senders wait for credits).
   log rust GPU test chain forced $CHAIN_ENV
-  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_STEP_KB=4 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_STEP_KB=4 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
+rtestl)
+  # The Rust GPU test with every broadcast and reduce as a lines chain of
+  # one block whose warps have two iterations in flight (senders wait for
+  # credits all the time).
+  log rust GPU test lines, one block, window 2
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_LINES_MIN_KB=0 WEFT_CUDA_LINES_BLOCKS=1 WEFT_CUDA_LINES_WINDOW=2 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
 chainquick)
   # Quick chain checks of one shape ($CHAIN_ENV): broadcast and reduce,
   # every type and op to 16 MB, one process.
   for t in broadcast reduce; do log check ours chain $t $CHAIN_ENV
-    TMO=90 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 1 -w 1 -d all -o all -r 1 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=90 run_ours env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 1 -w 1 -d all -o all -r 1 2>&1 | tee -a $OUT/check.txt | CHK
   done ;;
 rtest0)
   log rust GPU test WEFT_CUDA_DIRECT=0
@@ -108,6 +114,14 @@ check)
   TMO=120 run_ours $T/all_reduce_perf -g $NG -b 7 -e 1000003 -f 13 -c 1 -n 2 -w 1 -d all -o all -u 1 2>&1 | tee -a $OUT/check.txt | CHK
   TMO=120 run_ours $T/reduce_scatter_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -o sum -u 1 2>&1 | tee -a $OUT/check.txt | CHK
   TMO=120 run_ours $T/all_gather_perf -g $NG -b 12 -e 1000012 -f 13 -c 1 -n 2 -w 1 -d all -u 1 2>&1 | tee -a $OUT/check.txt | CHK ;;
+checkg)
+  # Chosen collectives (CHECK_COLLS) on GPU counts GS (default 2 3), every type and op.
+  for g in ${GS:-2 3}; do [ $g -le $NG ] || continue
+    for t in ${CHECK_COLLS:-broadcast reduce}; do
+      log check ours $t g=$g
+      TMO=120 run_ours $T/${t}_perf -g $g -b 8 -e 16M -f 8 -c 1 -n 2 -w 1 -d all -o all -r $((g - 1)) 2>&1 | tee -a $OUT/check.txt | CHK
+    done
+  done ;;
 check9)
   for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter; do
     log check ours $t g=$NG
@@ -122,20 +136,50 @@ chaincheck)
   # 0 and 3, one process and one process per GPU, unaligned odd sizes.
   for r in 0 3; do for t in broadcast reduce; do
     log check ours chain $t root=$r
-    TMO=90 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
-    TMO=60 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_SLOTS=2 $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=90 run_ours env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_SLOTS=2 $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
     log mpi check ours chain $t root=$r
-    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB -x WEFT_CUDA_LINES $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/mpi-check.txt | CHK
   done; done ;;
 chainlite)
   # A shorter chaincheck (root 3; every type with sum, every op with float),
   # for a kernel change before the full one.
   for t in broadcast reduce; do
     log check ours chain $t root=3 $CHAIN_ENV
-    TMO=90 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o sum -r 3 2>&1 | tee -a $OUT/check.txt | CHK
-    TMO=60 run_ours env WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=90 run_ours env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o sum -r 3 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r 3 2>&1 | tee -a $OUT/check.txt | CHK
     log mpi check ours chain $t root=3
-    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d float -o all -r 3 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_CHAIN_MIN_KB -x WEFT_CUDA_LINES $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d float -o all -r 3 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+  done ;;
+linescheck)
+  # Broadcast and reduce as a lines chain at every size ($LINES_ENV on
+  # top): every type and op, roots 0 and 3, unaligned odd sizes with small
+  # windows, one process and one process per GPU.
+  for r in 0 3; do for t in broadcast reduce; do
+    log check ours lines $t root=$r $LINES_ENV
+    TMO=90 run_ours env WEFT_CUDA_LINES_MIN_KB=0 $LINES_ENV $T/${t}_perf -g $NG -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    TMO=60 run_ours env WEFT_CUDA_LINES_MIN_KB=0 WEFT_CUDA_LINES_WINDOW=2 $LINES_ENV $T/${t}_perf -g $NG -b 12 -e 400000012 -f 13 -c 1 -n 1 -w 1 -d half -o sum -u 1 -r $r 2>&1 | tee -a $OUT/check.txt | CHK
+    log mpi check ours lines $t root=$r
+    LD_LIBRARY_PATH=$OURS_LD WEFT_CUDA_LINES_MIN_KB=0 timeout 90 $MPIRUN -x WEFT_CUDA_LINES_MIN_KB $TM/${t}_perf -g 1 -b 8 -e 64M -f 8 -c 1 -n 1 -w 1 -d all -o all -r $r 2>&1 | tee -a $OUT/mpi-check.txt | CHK
+  done; done ;;
+linestune)
+  # Broadcast and reduce from ${TB:-8} bytes to 2 GB, unchecked, NCCL first,
+  # then each of LINES_VARIANTS: "on" (lines at every size), "off" (no
+  # lines: the other algorithms), "bN" (lines, N blocks), "x:VAR=value[:...]"
+  # (WEFT_CUDA_VAR settings on top of the defaults).
+  P() { echo "### $1 $2 -g $NG" >> $OUT/tune.txt; log perf $1 $2; }
+  pv() { P "ours[${2// /,}]" $1; TMO=90 run_ours env $2 $T/${1}_perf -g $NG -b ${TB:-8} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'; }
+  for t in ${LT_COLLS:-broadcast reduce}; do
+    P nccl $t; TMO=90 run_nccl $T/${t}_perf -g $NG -b ${TB:-8} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
+    for v in ${LINES_VARIANTS:-on off}; do
+      case $v in
+        on) e="WEFT_CUDA_LINES_MIN_KB=0 WEFT_CUDA_LINES_MAX_KB=100000000" ;;
+        off) e="WEFT_CUDA_LINES=0" ;;
+        b*) e="WEFT_CUDA_LINES_MIN_KB=0 WEFT_CUDA_LINES_MAX_KB=100000000 WEFT_CUDA_LINES_BLOCKS=${v#b}" ;;
+        x:*) e="WEFT_DEFAULTS=1"; for x in $(echo ${v#x:} | tr : ' '); do e="$e WEFT_CUDA_$x"; done ;;
+      esac
+      pv $t "$e"
+    done
   done ;;
 bcastreduce)
   # Broadcast and reduce after a kernel change: checks (every type and op,
@@ -161,7 +205,9 @@ mpi)
   for t in ${MPI_COLLS:-all_reduce all_gather broadcast reduce sendrecv}; do for who in nccl ours; do
     log mpi perf $who $t np=$NG; echo "### mpi $who $t np=$NG" >> $OUT/perf-mpi.txt
     if [ $who = ours ]; then L=$OURS_LD; else L=$SYS_LD; fi
-    LD_LIBRARY_PATH=$L timeout 60 $MPIRUN $TM/${t}_perf -g 1 -b 8 -e 1G -f 32 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf-mpi.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    # MPI_ENV: WEFT_CUDA_* settings for our ranks ("VAR=value ...").
+    X=""; for kv in $MPI_ENV; do X="$X -x $kv"; done
+    LD_LIBRARY_PATH=$L timeout 60 $MPIRUN $X $TM/${t}_perf -g 1 -b 8 -e 1G -f 32 -c 1 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/perf-mpi.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 wbench)
   # weft bench --device cuda: one process per rank/GPU, results checked.
@@ -197,11 +243,11 @@ chaintune)
   for t in broadcast reduce; do
     P nccl $t; TMO=60 run_nccl $T/${t}_perf -g $NG -b ${TB:-32M} -e 2G -f 4 -c 0 -n 10 -w 3 -d float 2>&1 | tee -a $OUT/tune.txt | grep -E "^ +[0-9]+ " | awk '{print $1, $6, $8}'
     for v in ${CHAIN_VARIANTS:-off 32:64 64:128 128:64}; do
-      if [ $v = off ]; then pv $t "WEFT_CUDA_CHAIN_MIN_KB=1000000000"; continue; fi
-      if [ "${v#x:}" != "$v" ]; then e="WEFT_CUDA_CHAIN_MIN_KB=1000000000"
+      if [ $v = off ]; then pv $t "WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=1000000000"; continue; fi
+      if [ "${v#x:}" != "$v" ]; then e="WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=1000000000"
         for x in $(echo ${v#x:} | tr : ' '); do e="$e WEFT_CUDA_$x"; done; pv $t "$e"; continue; fi
       IFS=: read -r nb st rest <<< "$v"
-      e="WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_BLOCKS=$nb WEFT_CUDA_CHAIN_STEP_KB=$st"
+      e="WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_BLOCKS=$nb WEFT_CUDA_CHAIN_STEP_KB=$st"
       for x in ${rest//:/ }; do e="$e WEFT_CUDA_$x"; done
       pv $t "$e"
     done

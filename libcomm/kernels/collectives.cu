@@ -56,9 +56,15 @@ struct Args {
     i32 exit_barrier;             // scratch mode: end with a barrier (ranks in other processes)
     i32 bcast;                    // direct broadcast algorithm: WEFT_BCAST_*
     u64 step;                     // direct broadcast: pipeline step; reduce: chunk; chain: slot (bytes, multiple of 16)
-    i32 chain;                    // 1: broadcast/reduce as a chain through FIFO slots (see chain_fifo)
-    u64 slots;                    // chain: slots per block in every rank's scratch
+    i32 chain;                    // broadcast/reduce as a chain: WEFT_CHAIN_FIFO or WEFT_CHAIN_LINES
+    u64 slots;                    // chain: slots per block in every rank's scratch; lines: window per warp (iterations)
 };
+
+// Args.chain (keep in sync with cuda/devcomm.rs): 0 none, else the chain's
+// protocol: FIFO slots with a fence and a flag per step (chain_fifo), or
+// lines that carry their own flags (lines_chain).
+#define WEFT_CHAIN_FIFO 1
+#define WEFT_CHAIN_LINES 2
 
 // Direct broadcast algorithms (keep in sync with cuda/devcomm.rs).
 #define WEFT_BCAST_RING 0
@@ -91,6 +97,11 @@ struct Status {
 // written by it).
 #define WEFT_CHAIN_TAIL_OFF (50 << 10)
 #define WEFT_CHAIN_CRED_OFF (52 << 10)
+// Lines chain (see lines_chain): one u64 credit per warp, at most
+// WEFT_LINES_MAX_WARPS (written by the successor), up to the area's end
+// (FLAG_AREA in cuda/devcomm.rs: 128 KiB).
+#define WEFT_LINES_CRED_OFF (64 << 10)
+#define WEFT_LINES_MAX_WARPS 2048
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence
 // number of the sender's last posted send; on the sender, {ptr, bytes} of its
 // current send to [receiver] and done[receiver] = last completed sequence.
@@ -373,9 +384,15 @@ template <typename T, typename Op>
 __device__ void collective_direct(const Args& a);
 template <typename T, typename Op>
 __device__ void chain_fifo(const Args& a);
+template <typename T, typename Op>
+__device__ void lines_chain(const Args& a);
 
 template <typename T, typename Op>
 __device__ void collective(const Args& a) {
+    if (a.chain == WEFT_CHAIN_LINES) {
+        lines_chain<T, Op>(a);
+        return;
+    }
     if (a.chain) {
         chain_fifo<T, Op>(a);
         return;
@@ -809,6 +826,234 @@ __device__ void chain_fifo(const Args& a) {
     // freed once my stream is idle (as the exit barrier of the other kernels
     // guarantees).
     if (has_succ && bytes > 0 && threadIdx.x == 0) wait_geq(credit, tag | ((bytes + STEP - 1) / STEP), a.status);
+}
+
+// ---------------------------------------------------------------- lines
+// The chain again (same order, same roles: broadcast from the root, reduce
+// to it), but without a fence and a flag hand-off per step: the data carries
+// its own flags, as NCCL's LL128 protocol does. A 128-byte line is written
+// by 8 lanes of one warp store (16 bytes each); the last lane's second word
+// is the flag, so a line holds 120 bytes of data. Over NVLink a warp's
+// 128-byte store lands whole, so a receiver that sees the flag sees the
+// line: it polls its own memory and forwards line by line, with no step to
+// fill and no fence on the way. The host uses lines only where every link
+// is NVLink (see DevComm::connect) and on sm_80 and newer.
+//
+// Each warp is its own pipeline: warp g of every rank handles iterations
+// g, g + G, ... (G warps in all) of LINES_U groups each; a group is two
+// 512-byte wire rows carrying 60 16-byte data vectors (lane l: vector l,
+// and 32 + l - l/8 unless l is a flag lane, whose second half rides in the
+// second row's first word). Iteration k of warp g sits in slot k % W of the
+// warp's window in the successor's lines area (scratch + 2 * parity_bytes,
+// written only by the predecessor r - 1); flags are (seq << 32) | (k + 1),
+// so a line of an earlier operation or an earlier lap never matches. The
+// successor credits iterations back (one u64 per warp in my flags area);
+// at the end every sender waits for its last credit, so when a kernel has
+// ended no peer still reads what it wrote or writes into its memory, and the
+// next operation (stream-ordered after it) may refill the windows without an
+// entry barrier.
+#define LINES_U 4
+#define LINES_GROUP_VECS 60
+#define LINES_ROW_WORDS 64
+#define LINES_ITER_WORDS (LINES_U * 2 * LINES_ROW_WORDS)
+
+__device__ __forceinline__ void st_vol2(u64* p, u64 x, u64 y) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(x), "l"(y) : "memory");
+}
+__device__ __forceinline__ void ld_vol2(const u64* p, u64& x, u64& y) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+}
+__device__ __forceinline__ u64 lo64(uint4 v) { return (u64)v.x | ((u64)v.y << 32); }
+__device__ __forceinline__ u64 hi64(uint4 v) { return (u64)v.z | ((u64)v.w << 32); }
+__device__ __forceinline__ uint4 vec2(u64 lo, u64 hi) {
+    return make_uint4((u32)lo, (u32)(lo >> 32), (u32)hi, (u32)(hi >> 32));
+}
+
+// 16-byte vector v of a user buffer of `bytes` bytes (zeros past the end);
+// byte by byte where the buffer is not 16-byte aligned (nccl-tests -u) or
+// the vector is the partial last one.
+__device__ __forceinline__ uint4 load_vec(const u8* base, u64 v, u64 bytes) {
+    const u64 off = v * 16;
+    if (off + 16 <= bytes && ((u64)base & 15) == 0) return *(const uint4*)(base + off);
+    u8 b[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) b[i] = off + i < bytes ? base[off + i] : 0;
+    uint4 r;
+    memcpy(&r, b, 16);
+    return r;
+}
+__device__ __forceinline__ void store_vec(u8* base, u64 v, u64 bytes, uint4 x) {
+    const u64 off = v * 16;
+    if (off + 16 <= bytes && ((u64)base & 15) == 0) {
+        *(uint4*)(base + off) = x;
+        return;
+    }
+    u8 b[16];
+    memcpy(b, &x, 16);
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (off + i < bytes) base[off + i] = b[i];
+}
+
+// op(got, mine) element by element (got absent: mine), finished (avg: / n)
+// on the chain's last rank; the partial result is stored in T at every hop,
+// as chain_fifo and NCCL do.
+template <typename T, typename Op>
+__device__ __forceinline__ uint4 vec_reduce(uint4 mine, uint4 got, bool has_got, bool finish, int n) {
+    typedef typename Acc<T>::type A;
+    const T* xt = (const T*)&mine;
+    const T* yt = (const T*)&got;
+    uint4 o;
+    T* ot = (T*)&o;
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(T)); k++) {
+        A acc = load<T>(xt[k]);
+        if (has_got) acc = Op::f(load<T>(yt[k]), acc);
+        ot[k] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
+    }
+    return o;
+}
+
+// Lane 0 spins until *p >= need (remembered in `seen`); false: aborted.
+__device__ __forceinline__ bool warp_wait_geq(const u64* p, u64 need, u64& seen, u64 status) {
+    int ok = 1;
+    if ((threadIdx.x & 31) == 0) {
+        u32 spins = 0;
+        while ((seen = ld_acquire_sys(p)) < need) {
+            if (++spins == 1024) {
+                spins = 0;
+                if (aborted(status)) {
+                    ok = 0;
+                    break;
+                }
+            }
+        }
+    }
+    seen = __shfl_sync(0xffffffffu, seen, 0);
+    return __shfl_sync(0xffffffffu, ok, 0) != 0;
+}
+
+// Waits until every line of this lane's rows (row r at rows + r * 64 words)
+// carries `flag`, then reads them whole. Only the flag lanes poll, and only
+// their flag words (a quarter of the L2 traffic of polling whole lines
+// while NVLink writes land in them); once the warp agreed that every line
+// has landed, every lane reads its words, so it sees whole lines whatever
+// order the line's parts landed in. False: aborted.
+__device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2 * LINES_U][2], u64 status) {
+    const bool flag_lane = (threadIdx.x & 7) == 7;
+    u32 spins = 0;
+    while (true) {
+        bool missing = false;
+        if (flag_lane) {
+#pragma unroll
+            for (int r = 0; r < 2 * LINES_U; r++) missing |= *(const volatile u64*)(rows + r * LINES_ROW_WORDS + 1) != flag;
+        }
+        if (!__any_sync(0xffffffffu, missing)) break;
+        if (++spins == 1024) {
+            spins = 0;
+            bool stop = (threadIdx.x & 31) == 0 && aborted(status);
+            if (__any_sync(0xffffffffu, stop)) return false;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2 * LINES_U; r++) ld_vol2(rows + r * LINES_ROW_WORDS, w[r][0], w[r][1]);
+    return true;
+}
+
+template <typename T, typename Op>
+__device__ void lines_chain(const Args& a) {
+    const int n = a.nranks;
+    const bool bcast = a.kind == K_BROADCAST;
+    const int first = bcast ? a.root : (a.root + 1) % n;
+    const int pos = (a.rank - first + n) % n;
+    const int pred = (a.rank - 1 + n) % n, succ = (a.rank + 1) % n;
+    const bool has_pred = pos > 0, has_succ = pos < n - 1;
+    const int lane = threadIdx.x & 31;
+    const bool flag_lane = (lane & 7) == 7;
+    // This lane's second vector of a group (flag lanes have none).
+    const u64 second = 32 + lane - lane / 8;
+    const u64 warps = blockDim.x / 32;
+    const u64 G = gridDim.x * warps;
+    const u64 g = blockIdx.x * warps + threadIdx.x / 32;
+    const u64 bytes = a.count * sizeof(T);
+    const u64 vecs = (bytes + 15) / 16;
+    const u64 iter_vecs = (u64)LINES_U * LINES_GROUP_VECS;
+    const u64 iters = (vecs + iter_vecs - 1) / iter_vecs;
+    const u64 mine = iters > g ? (iters - g + G - 1) / G : 0;
+    const u64 W = a.slots;
+    const u64 every = W / 2 > 0 ? W / 2 : 1;  // credit every `every` iterations
+    const u64 tag = a.seq_base << 32;
+    const u64 lines_off = 2 * a.parity_bytes + g * W * LINES_ITER_WORDS * 8;
+    const u64* my_rows = (const u64*)(a.scratch[a.rank] + lines_off) + 2 * lane;
+    u64* succ_rows = (u64*)(a.scratch[succ] + lines_off) + 2 * lane;
+    const u64* credit = (const u64*)(a.flags[a.rank] + WEFT_LINES_CRED_OFF) + g;
+    u64* pred_credit = (u64*)(a.flags[pred] + WEFT_LINES_CRED_OFF) + g;
+    const u8* in = (const u8*)a.in;
+    u8* out = (u8*)a.out;
+    const bool copy_out = bcast ? (has_pred || out != in) : !has_succ;
+    const bool own_input = !bcast || !has_pred;
+    u64 seen = 0;
+    for (u64 k = 0; k < mine; k++) {
+        const u64 v0 = (g + k * G) * iter_vecs;
+        const u64 flag = tag | (k + 1);
+        const u64 slot = (k % W) * LINES_ITER_WORDS;
+        // Room in the successor's window: it has drained iteration k - W.
+        if (has_succ && k >= W && seen < (tag | (k + 1 - W)))
+            if (!warp_wait_geq(credit, tag | (k + 1 - W), seen, a.status)) return;
+        // My own input first (the root's data, or my term of the reduce),
+        // so its loads are in flight while the predecessor's lines land.
+        uint4 x[2 * LINES_U];
+        if (own_input) {
+#pragma unroll
+            for (int q = 0; q < LINES_U; q++) {
+                const u64 gv = v0 + q * LINES_GROUP_VECS;
+                x[2 * q] = load_vec(in, gv + lane, bytes);
+                x[2 * q + 1] = flag_lane ? make_uint4(0, 0, 0, 0) : load_vec(in, gv + second, bytes);
+            }
+        }
+        u64 w[2 * LINES_U][2];
+        if (has_pred && !lines_recv(my_rows + slot, flag, w, a.status)) return;
+#pragma unroll
+        for (int q = 0; q < LINES_U; q++) {
+            // This lane's two vectors of group q (a flag lane's one: r0).
+            uint4 r0 = make_uint4(0, 0, 0, 0), r1 = r0;
+            if (has_pred) {
+                r0 = flag_lane ? vec2(w[2 * q][0], w[2 * q + 1][0]) : vec2(w[2 * q][0], w[2 * q][1]);
+                r1 = vec2(w[2 * q + 1][0], w[2 * q + 1][1]);
+            }
+            if (!bcast) {
+                r0 = vec_reduce<T, Op>(x[2 * q], r0, has_pred, !has_succ, n);
+                r1 = vec_reduce<T, Op>(x[2 * q + 1], r1, has_pred, !has_succ, n);
+            } else if (!has_pred) {
+                r0 = x[2 * q];
+                r1 = x[2 * q + 1];
+            }
+            if (has_succ) {
+                u64* row = succ_rows + slot + 2 * q * LINES_ROW_WORDS;
+                if (bcast && has_pred) {
+                    // Forwarded as received: the successor's flag is mine.
+                    st_vol2(row, w[2 * q][0], w[2 * q][1]);
+                    st_vol2(row + LINES_ROW_WORDS, w[2 * q + 1][0], w[2 * q + 1][1]);
+                } else {
+                    st_vol2(row, lo64(r0), flag_lane ? flag : hi64(r0));
+                    st_vol2(row + LINES_ROW_WORDS, flag_lane ? hi64(r0) : lo64(r1), flag_lane ? flag : hi64(r1));
+                }
+            }
+            if (copy_out) {
+                const u64 gv = v0 + q * LINES_GROUP_VECS;
+                store_vec(out, gv + lane, bytes, r0);
+                if (!flag_lane) store_vec(out, gv + second, bytes, r1);
+            }
+        }
+        // Credit the predecessor: this warp's reads of the slot are done
+        // (their values were used above).
+        if (has_pred && ((k + 1) % every == 0 || k + 1 == mine)) {
+            __syncwarp();
+            if (lane == 0) st_release_sys(pred_credit, tag | (k + 1));
+        }
+    }
+    // Until my successor has drained every iteration (see above).
+    if (has_succ && mine > 0) warp_wait_geq(credit, tag | mine, seen, a.status);
 }
 
 // ---------------------------------------------------------------- point to point

@@ -127,7 +127,8 @@ fn setup(ops: &[DeviceOp<'_>]) -> Result<()> {
             && everyone_created
         {
             match dc.connect(all) {
-                Ok(()) => ok[i][0] = 1,
+                // 1: connected; 3: and every link carries lines.
+                Ok(()) => ok[i][0] = 1 | ((dc.lines_capable() as u8) << 1),
                 Err(err) => log(
                     true,
                     &format!(
@@ -151,10 +152,11 @@ fn setup(ops: &[DeviceOp<'_>]) -> Result<()> {
     }
     g.execute()?;
     for (i, (c, d)) in todo.iter().enumerate() {
-        let usable = agreed[i][0] == 1;
+        let usable = agreed[i][0] & 1 == 1;
         let slot = match created[i].take() {
             Some(mut dc) if usable => {
                 dc.set_usable(true);
+                dc.set_lines(agreed[i][0] == 3);
                 DevSlot::On(Box::new(dc))
             }
             // Created but unusable elsewhere: release it now.
@@ -169,8 +171,10 @@ fn setup(ops: &[DeviceOp<'_>]) -> Result<()> {
             &format!(
                 "{}: CUDA device {d}: {}",
                 c.describe(),
-                if usable {
-                    "kernel path on (peers mapped by P2P/IPC)"
+                if agreed[i][0] == 3 {
+                    "kernel path on (peers mapped by P2P/IPC; NVLink everywhere: lines chain on)"
+                } else if usable {
+                    "kernel path on (peers mapped by P2P/IPC; some link is not NVLink-class: lines chain off)"
                 } else {
                     "kernel path off: every operation stages through host memory (slow)"
                 }

@@ -2,7 +2,10 @@
 //! GPU, mapped by every other rank (P2P in one process, IPC across processes),
 //! and the kernel launches that use them.
 
-use super::{CudaResult, check, compute_capability, kernels, use_device};
+use super::{
+    CudaResult, check, compute_capability, device_at, kernels, nvlink_class, pci_location,
+    use_device,
+};
 use crate::group::GroupOp;
 use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
@@ -12,7 +15,21 @@ use std::sync::{Mutex, OnceLock};
 
 pub const MAX_RANKS: usize = 8;
 pub const MAX_BLOCKS: usize = 128;
-const FLAG_AREA: usize = 64 << 10;
+const FLAG_AREA: usize = 128 << 10;
+/// Bytes of the lines area after the scratch (see `lines_chain` in
+/// collectives.cu): every warp's window of the lines chain.
+const LINES_AREA: usize = 32 << 20;
+/// Wire bytes of one warp iteration of the lines chain (`LINES_ITER_WORDS`),
+/// and the data they carry (120 of every 128 bytes).
+const LINES_ITER_BYTES: usize = 4096;
+const LINES_ITER_DATA: usize = LINES_ITER_BYTES / 128 * 120;
+/// Warps of a lines kernel at most (`WEFT_LINES_MAX_WARPS`: credit words).
+const LINES_MAX_WARPS: usize = 2048;
+/// Window of a lines warp in iterations at most.
+const LINES_MAX_WINDOW: usize = 16;
+/// `Args::chain` (`WEFT_CHAIN_*` in collectives.cu).
+const CHAIN_FIFO: i32 = 1;
+const CHAIN_LINES: i32 = 2;
 /// Bytes of one rank's descriptor in the init exchange.
 pub const DESCRIPTOR_BYTES: usize = 128;
 
@@ -343,6 +360,14 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A size given in KiB by `name`, in bytes; None when unset or unparsable.
+fn env_kb(name: &str) -> Option<usize> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map(|kb| kb << 10)
+}
+
 /// Direct broadcast algorithms (keep in sync with WEFT_BCAST_* in
 /// collectives.cu).
 const BCAST_RING: i32 = 0;
@@ -390,6 +415,21 @@ struct Tuning {
     chain_slots: usize,
     /// `WEFT_CUDA_CHAIN_BLOCKS`: blocks of a chain kernel.
     chain_blocks: usize,
+    /// `WEFT_CUDA_LINES=0` turns the lines chain off.
+    lines: bool,
+    /// `WEFT_CUDA_LINES_MIN_KB` / `WEFT_CUDA_LINES_MAX_KB`: broadcast and
+    /// reduce with at least `lines_min` and less than `lines_max` bytes run
+    /// as a lines chain where every link allows it; None = by mode (see
+    /// [`Tuning::lines`]).
+    lines_min: Option<usize>,
+    lines_max: Option<usize>,
+    /// `WEFT_CUDA_LINES_BLOCKS`: blocks of a lines kernel at most (128: the
+    /// link stays busy only with about 2048 warps' windows in flight; 64
+    /// blocks measured 0.88 of NCCL at 128 MB - 2 GB, 128 blocks 0.92-0.95).
+    lines_blocks: usize,
+    /// `WEFT_CUDA_LINES_WINDOW`: iterations in flight per warp at most
+    /// (2 - 16; small ones make senders wait for credits, as tests want).
+    lines_window: usize,
 }
 
 /// How a chain kernel cuts the work (every rank computes the same).
@@ -418,18 +458,57 @@ impl Tuning {
             step: env_usize("WEFT_CUDA_BCAST_STEP", 0),
             reduce_chunk: env_usize("WEFT_CUDA_REDUCE_CHUNK", 256 << 10).max(512) / 16 * 16,
             blocks: env_usize("WEFT_CUDA_BLOCKS", 0).min(MAX_BLOCKS),
-            chain_min: std::env::var("WEFT_CUDA_CHAIN_MIN_KB")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .map(|kb| kb << 10),
+            chain_min: env_kb("WEFT_CUDA_CHAIN_MIN_KB"),
             chain_step: (env_usize("WEFT_CUDA_CHAIN_STEP_KB", 128) << 10).max(16),
             chain_depth: env_usize("WEFT_CUDA_CHAIN_DEPTH", 8).max(1),
             chain_slots: env_usize("WEFT_CUDA_CHAIN_SLOTS", 8).max(2),
             chain_blocks: env_usize("WEFT_CUDA_CHAIN_BLOCKS", 128).clamp(1, MAX_BLOCKS),
+            lines: std::env::var("WEFT_CUDA_LINES").map_or(true, |v| v != "0"),
+            lines_min: env_kb("WEFT_CUDA_LINES_MIN_KB"),
+            lines_max: env_kb("WEFT_CUDA_LINES_MAX_KB"),
+            lines_blocks: env_usize("WEFT_CUDA_LINES_BLOCKS", 128).clamp(1, MAX_BLOCKS),
+            lines_window: env_usize("WEFT_CUDA_LINES_WINDOW", LINES_MAX_WINDOW)
+                .clamp(2, LINES_MAX_WINDOW),
         }
     }
 
-    /// Whether a broadcast or reduce of `bytes` runs as a chain. Ranks in
+    /// Whether a broadcast or reduce of `bytes` runs as a lines chain, given
+    /// that every link allows it (`capable`, agreed by all ranks): below
+    /// 256 MiB by default. On 4 x H200 it beat every other algorithm there
+    /// (about 20 us up to 2 MB against NCCL's 24-36; 0.95 of NCCL at 128 MB,
+    /// against 0.85-0.87 for the FIFO chain and the in-place algorithms),
+    /// while its 8 flag bytes per 128 cap it at 120/128 of the link: from
+    /// 512 MB the FIFO chain is faster (340 against 332 GB/s).
+    fn lines(&self, kind: i32, bytes: usize, nranks: usize, capable: bool) -> bool {
+        let min = self.lines_min.unwrap_or(0);
+        let max = self.lines_max.unwrap_or(256 << 20);
+        capable
+            && self.lines
+            && matches!(kind, K_BROADCAST | K_REDUCE)
+            && nranks >= 2
+            && (min..max).contains(&bytes)
+    }
+
+    /// Blocks and window (iterations per warp) of a lines chain over `bytes`
+    /// with `threads` threads per block: as many warps as there are
+    /// iterations, up to `lines_blocks` blocks and `LINES_MAX_WARPS` warps,
+    /// each warp's window an equal share of the lines area (at most
+    /// `lines_window` iterations, at least 2).
+    fn lines_shape(&self, bytes: usize, threads: usize) -> (usize, usize) {
+        let warps_per_block = (threads / 32).max(1);
+        let iters = bytes.div_ceil(LINES_ITER_DATA).max(1);
+        let blocks = iters
+            .div_ceil(warps_per_block)
+            .min(self.lines_blocks)
+            .min(LINES_MAX_WARPS / warps_per_block)
+            .max(1);
+        let window = (LINES_AREA / (blocks * warps_per_block) / LINES_ITER_BYTES)
+            .clamp(2, self.lines_window);
+        (blocks, window)
+    }
+
+    /// Whether a broadcast or reduce of `bytes` runs as a FIFO chain (asked
+    /// only when the lines chain is not taken: see [`Tuning::lines`]). Ranks in
     /// other processes chain from 8 MiB (at 256 MB the chain measured 0.88-0.91
     /// of NCCL against 0.34 staging through the root's scratch; both about
     /// 0.5 at 8 MB, staging ahead below). Ranks in one process chain where it measured
@@ -552,14 +631,16 @@ pub struct Plan {
     elem: usize,
     root: i32,
     parts: usize,
-    /// Broadcast or reduce as a chain through FIFO slots.
-    chain: bool,
+    /// Broadcast or reduce as a chain: 0 no, else `CHAIN_FIFO` (slots and a
+    /// flag per step) or `CHAIN_LINES` (lines with their own flags).
+    chain: i32,
 }
 
 impl Plan {
     pub fn algorithm(&self) -> &'static str {
         match self.kind {
-            _ if self.chain => "chain",
+            _ if self.chain == CHAIN_LINES => "lines",
+            _ if self.chain == CHAIN_FIFO => "chain",
             K_ALLREDUCE => "one-shot",
             K_ALLREDUCE_2SHOT => "two-shot",
             _ => "direct",
@@ -702,6 +783,10 @@ pub struct DevComm {
     usable: bool,
     /// Every rank is in this process: kernels read peers' buffers in place.
     direct: bool,
+    /// Every link of this rank may carry the lines chain (NVLink-class).
+    lines_capable: bool,
+    /// Every rank agreed it is (see `set_lines`).
+    lines: bool,
     /// Pinned host memory mapped into the device (abort word, kernel errors).
     status: *mut Status,
     tuning: Tuning,
@@ -723,7 +808,7 @@ impl DevComm {
         let _ = ctx;
         let cc = compute_capability(dev)?;
         let parity_bytes = env_usize("WEFT_CUDA_SCRATCH_MB", 32).max(1) << 20;
-        let total = FLAG_AREA + 2 * parity_bytes;
+        let total = FLAG_AREA + 2 * parity_bytes + LINES_AREA;
         let mut base: sys::CUdeviceptr = 0;
         let mut status: *mut c_void = std::ptr::null_mut();
         unsafe {
@@ -744,6 +829,9 @@ impl DevComm {
                 ));
             }
             check(sys::cuMemsetD8_v2(base, 0, FLAG_AREA), "cuMemsetD8")?;
+            // No line may carry a valid flag before a lines chain wrote it.
+            let lines = base + (FLAG_AREA + 2 * parity_bytes) as u64;
+            check(sys::cuMemsetD8_v2(lines, 0, LINES_AREA), "cuMemsetD8")?;
             check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
         }
         let mut d = vec![0u8; DESCRIPTOR_BYTES];
@@ -754,6 +842,9 @@ impl DevComm {
         let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
         let ipc_ok = unsafe { sys::cuIpcGetMemHandle(&mut h, base) } == sys::CUresult::CUDA_SUCCESS;
         d[32] = ipc_ok as u8;
+        for (i, v) in pci_location(dev)?.iter().enumerate() {
+            d[40 + 4 * i..44 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
         for (i, c) in h.reserved.iter().enumerate() {
             d[64 + i] = *c as u8;
         }
@@ -769,6 +860,8 @@ impl DevComm {
                 seq: 0,
                 usable: false,
                 direct: false,
+                lines_capable: false,
+                lines: false,
                 status: status.cast(),
                 tuning: Tuning::from_env(),
                 send_seq: vec![0; nranks],
@@ -864,7 +957,30 @@ impl DevComm {
                 self.imported.push(p);
             }
         }
+        self.lines_capable = self.cc.0 >= 8
+            && (0..self.nranks).filter(|&r| r != self.rank).all(|r| {
+                let d = &all[r * DESCRIPTOR_BYTES..(r + 1) * DESCRIPTOR_BYTES];
+                let word = |i: usize| i32::from_le_bytes(d[i..i + 4].try_into().unwrap());
+                let peer = if d[0..8] == me.to_le_bytes() {
+                    Some(word(8))
+                } else {
+                    device_at([word(40), word(44), word(48)])
+                };
+                peer.is_some_and(|p| nvlink_class(self.dev, p))
+            });
         Ok(())
+    }
+
+    /// Whether every link of this rank can carry the lines chain (to be
+    /// agreed with the peers: see `set_lines`).
+    pub fn lines_capable(&self) -> bool {
+        self.lines_capable
+    }
+
+    /// Sets whether every rank found its links lines-capable (the caller's
+    /// agreement: all ranks must pick the same algorithms).
+    pub fn set_lines(&mut self, lines: bool) {
+        self.lines = lines;
     }
 
     /// Sets whether every rank connected (the caller's agreement).
@@ -1041,9 +1157,16 @@ impl DevComm {
             elem: dtype.size(),
             root: root as i32,
             parts,
-            chain: self
+            chain: if self.tuning.lines(kind, count * dtype.size(), n, self.lines) {
+                CHAIN_LINES
+            } else if self
                 .tuning
-                .chain(kind, count * dtype.size(), n, self.direct),
+                .chain(kind, count * dtype.size(), n, self.direct)
+            {
+                CHAIN_FIFO
+            } else {
+                0
+            },
         })
     }
 
@@ -1059,7 +1182,9 @@ impl DevComm {
         }
         let f = function(self.dev, p.func)?;
         use_device(self.dev)?;
-        let (blocks, mut a, seqs) = if p.chain {
+        let (blocks, mut a, seqs) = if p.chain == CHAIN_LINES {
+            self.lines_args(p)
+        } else if p.chain == CHAIN_FIFO {
             self.chain_args(p)
         } else {
             self.direct_or_staged_args(p)
@@ -1094,10 +1219,22 @@ impl DevComm {
         let bytes = p.count * p.elem;
         let shape = self.tuning.chain_shape(bytes, 2 * self.parity_bytes);
         let mut a = self.args(p, false, false);
-        a.chain = 1;
+        a.chain = CHAIN_FIFO;
         a.step = shape.step as u64;
         a.slots = shape.slots as u64;
         (shape.blocks, a, 1)
+    }
+
+    /// Arguments of a lines chain: one sequence number, the tag of its flags
+    /// and credits (no barrier).
+    fn lines_args(&self, p: &Plan) -> (usize, Args, u64) {
+        let (blocks, window) = self
+            .tuning
+            .lines_shape(p.count * p.elem, self.tuning.threads);
+        let mut a = self.args(p, false, false);
+        a.chain = CHAIN_LINES;
+        a.slots = window as u64;
+        (blocks, a, 1)
     }
 
     /// Arguments of the other kernels: direct (every rank in this process,
@@ -1360,6 +1497,11 @@ mod tests {
             chain_depth: 8,
             chain_slots: 8,
             chain_blocks: 128,
+            lines: true,
+            lines_min: None,
+            lines_max: None,
+            lines_blocks: 128,
+            lines_window: LINES_MAX_WINDOW,
         }
     }
 
@@ -1400,6 +1542,50 @@ mod tests {
         assert_eq!(forced.bcast_algo(1 << 20), BCAST_RING);
         assert_eq!(forced.bcast_step(1 << 30, 64, 4, BCAST_RING), 1008);
         assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
+    }
+
+    #[test]
+    fn lines_shape_fits_the_area_and_the_credit_words() {
+        let t = defaults();
+        for threads in [32, 256, 512] {
+            let warps = threads / 32;
+            for bytes in [1usize, 3840, 3841, 1 << 20, 32 << 20, 2 << 30] {
+                let (blocks, window) = t.lines_shape(bytes, threads);
+                assert!((1..=t.lines_blocks).contains(&blocks), "{bytes}: {blocks}");
+                assert!(blocks * warps <= LINES_MAX_WARPS);
+                assert!((2..=LINES_MAX_WINDOW).contains(&window));
+                assert!(blocks * warps * window * LINES_ITER_BYTES <= LINES_AREA);
+                // Enough warps for every iteration of a small message, at
+                // once; never more blocks than it has iterations for.
+                let iters = bytes.div_ceil(LINES_ITER_DATA);
+                assert!(blocks * warps >= iters.min(t.lines_blocks * warps));
+                assert!((blocks - 1) * warps < iters.max(1));
+            }
+        }
+        let small = Tuning {
+            lines_window: 2,
+            lines_blocks: 200,
+            ..t
+        };
+        assert_eq!(small.lines_shape(2 << 30, 512), (128, 2));
+        assert_eq!(t.lines_shape(2 << 30, 512), (128, 4));
+        // Only broadcast and reduce, only where every link allows it.
+        assert!(t.lines(K_BROADCAST, 8, 4, true));
+        assert!(t.lines(K_REDUCE, (256 << 20) - 1, 2, true));
+        assert!(!t.lines(K_REDUCE, 256 << 20, 2, true));
+        assert!(!t.lines(K_REDUCE, 1 << 20, 4, false));
+        assert!(!t.lines(K_ALLREDUCE, 1 << 20, 4, true));
+        assert!(!t.lines(K_BROADCAST, 1 << 20, 1, true));
+        let off = Tuning { lines: false, ..t };
+        assert!(!off.lines(K_BROADCAST, 1 << 20, 4, true));
+        let band = Tuning {
+            lines_min: Some(1 << 10),
+            lines_max: Some(1 << 20),
+            ..t
+        };
+        assert!(!band.lines(K_BROADCAST, 1023, 4, true));
+        assert!(band.lines(K_BROADCAST, 1 << 10, 4, true));
+        assert!(!band.lines(K_BROADCAST, 1 << 20, 4, true));
     }
 
     #[test]

@@ -268,6 +268,57 @@ pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
     }
 }
 
+/// Where device `dev` sits on the PCI bus: (domain, bus, device), the same
+/// in every process whatever its device numbering.
+pub fn pci_location(dev: i32) -> CudaResult<[i32; 3]> {
+    driver()?;
+    use sys::CUdevice_attribute::*;
+    let mut out = [0; 3];
+    unsafe {
+        let mut d: sys::CUdevice = 0;
+        check(sys::cuDeviceGet(&mut d, dev), "cuDeviceGet")?;
+        for (v, attr) in out.iter_mut().zip([
+            CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
+            CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+            CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
+        ]) {
+            check(
+                sys::cuDeviceGetAttribute(v, attr, d),
+                "cuDeviceGetAttribute",
+            )?;
+        }
+    }
+    Ok(out)
+}
+
+/// This process's ordinal of the device at PCI location `loc`, if visible.
+pub fn device_at(loc: [i32; 3]) -> Option<i32> {
+    (0..device_count()).find(|&d| pci_location(d).is_ok_and(|l| l == loc))
+}
+
+/// Whether the link from device `a` to device `b` is NVLink-class: the
+/// driver reports native atomics over it (NVLink and NVSwitch do, PCIe
+/// peer access does not). A warp's 128-byte store then lands whole at the
+/// peer, which the lines chain relies on (as NCCL's LL128 does).
+pub fn nvlink_class(a: i32, b: i32) -> bool {
+    if a == b {
+        return true;
+    }
+    let mut v = 0;
+    unsafe {
+        let (mut da, mut db): (sys::CUdevice, sys::CUdevice) = (0, 0);
+        sys::cuDeviceGet(&mut da, a) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuDeviceGet(&mut db, b) == sys::CUresult::CUDA_SUCCESS
+            && sys::cuDeviceGetP2PAttribute(
+                &mut v,
+                sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                da,
+                db,
+            ) == sys::CUresult::CUDA_SUCCESS
+            && v == 1
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Buffers an operation touches
 
