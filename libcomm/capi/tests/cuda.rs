@@ -394,3 +394,142 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
         mem::free(d, bufs[i]).unwrap();
     }
 }
+
+/// Two communicators over the same GPUs, their operations interleaved on
+/// one stream per GPU (ordered the same way on every GPU, as NCCL requires
+/// of communicators sharing devices): each keeps its own flags, scratch and
+/// sequence numbers, so neither waits on the other's flags nor reads its
+/// data, and 150 operations end with correct results instead of a hang.
+#[test]
+fn communicators_sharing_gpus_keep_their_own_flags() {
+    const NAME: &str = "communicators_sharing_gpus_keep_their_own_flags";
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED {NAME}: {why}");
+        return;
+    }
+    let n = cuda::device_count().min(4);
+    if n < 2 {
+        eprintln!("SKIPPED {NAME}: needs 2 GPUs, found {n}");
+        return;
+    }
+    let nu = n as usize;
+    let devs: Vec<i32> = (0..n).collect();
+    let mut a: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
+    let mut b: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
+    assert_eq!(
+        unsafe { pncclCommInitAll(a.as_mut_ptr(), n, devs.as_ptr()) },
+        0
+    );
+    assert_eq!(
+        unsafe { pncclCommInitAll(b.as_mut_ptr(), n, devs.as_ptr()) },
+        0
+    );
+    // A: all-reduce of 1M floats; B: broadcast from root 0, then reduce to
+    // root n - 1, of 3M floats (odd sizes of each algorithm family).
+    let (ca, cb) = (1usize << 20, 3 * (1usize << 20) + 5);
+    let mut rng = Rng(0x5eed_cafe_f00d_d00d);
+    let in_a: Vec<Vec<f64>> = (0..nu)
+        .map(|_| (0..ca).map(|_| rng.value(F32)).collect())
+        .collect();
+    let in_b: Vec<Vec<f64>> = (0..nu)
+        .map(|_| (0..cb).map(|_| rng.value(F32)).collect())
+        .collect();
+    let upload = |d: i32, v: &[f64]| {
+        let mut bytes = vec![0u8; v.len() * 4];
+        for (i, x) in v.iter().enumerate() {
+            encode(F32, *x, &mut bytes[i * 4..i * 4 + 4]);
+        }
+        let p = mem::alloc(d, bytes.len()).unwrap();
+        mem::htod(d, p, &bytes).unwrap();
+        p
+    };
+    let sa: Vec<u64> = (0..nu).map(|r| upload(r as i32, &in_a[r])).collect();
+    let sb: Vec<u64> = (0..nu).map(|r| upload(r as i32, &in_b[r])).collect();
+    let ra: Vec<u64> = (0..n).map(|d| mem::alloc(d, ca * 4).unwrap()).collect();
+    let rb: Vec<u64> = (0..n).map(|d| mem::alloc(d, cb * 4).unwrap()).collect();
+    let rc: Vec<u64> = (0..n).map(|d| mem::alloc(d, cb * 4).unwrap()).collect();
+    let streams: Vec<u64> = (0..n).map(|d| mem::stream(d).unwrap()).collect();
+    // A hang is the failure this test exists for.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .is_err()
+        {
+            eprintln!("FAILED {NAME}: not done within 120 s (communicators waiting on each other)");
+            std::process::exit(101);
+        }
+    });
+    let iterations = 50;
+    for _ in 0..iterations {
+        unsafe {
+            assert_eq!(pncclGroupStart(), 0);
+            for r in 0..nu {
+                let s = streams[r] as *mut c_void;
+                let (i, o) = (sa[r] as *const c_void, ra[r] as *mut c_void);
+                assert_eq!(pncclAllReduce(i, o, ca, F32, 0, a[r], s), 0);
+            }
+            assert_eq!(pncclGroupEnd(), 0);
+            assert_eq!(pncclGroupStart(), 0);
+            for r in 0..nu {
+                let s = streams[r] as *mut c_void;
+                let (i, o) = (sb[r] as *const c_void, rb[r] as *mut c_void);
+                assert_eq!(pncclBroadcast(i, o, cb, F32, 0, b[r], s), 0);
+            }
+            assert_eq!(pncclGroupEnd(), 0);
+            assert_eq!(pncclGroupStart(), 0);
+            for r in 0..nu {
+                let s = streams[r] as *mut c_void;
+                let (i, o) = (sb[r] as *const c_void, rc[r] as *mut c_void);
+                assert_eq!(pncclReduce(i, o, cb, F32, 0, n - 1, b[r], s), 0);
+            }
+            assert_eq!(pncclGroupEnd(), 0);
+        }
+    }
+    for d in 0..n {
+        mem::sync(d).unwrap();
+    }
+    let _ = tx.send(());
+    let download = |d: usize, p: u64, count: usize| -> Vec<f64> {
+        let mut bytes = vec![0u8; count * 4];
+        mem::dtoh(d as i32, &mut bytes, p).unwrap();
+        bytes.chunks(4).map(|c| decode(F32, c)).collect()
+    };
+    let close = |got: f64, want: f64| (got - want).abs() <= 1e-5 * want.abs().max(1.0);
+    for r in 0..nu {
+        let got = download(r, ra[r], ca);
+        for (i, g) in got.iter().enumerate() {
+            let want: f64 = (0..nu).map(|j| in_a[j][i]).sum();
+            assert!(
+                close(*g, want),
+                "all-reduce rank {r} element {i}: got {g}, want {want}"
+            );
+        }
+        let got = download(r, rb[r], cb);
+        for (i, g) in got.iter().enumerate() {
+            assert!(
+                close(*g, in_b[0][i]),
+                "broadcast rank {r} element {i}: got {g}"
+            );
+        }
+    }
+    let got = download(nu - 1, rc[nu - 1], cb);
+    for (i, g) in got.iter().enumerate() {
+        let want: f64 = (0..nu).map(|j| in_b[j][i]).sum();
+        assert!(close(*g, want), "reduce element {i}: got {g}, want {want}");
+    }
+    eprintln!(
+        "{iterations} rounds of 3 operations on 2 communicators over {n} GPUs: results correct"
+    );
+    for r in 0..nu {
+        unsafe {
+            pncclCommDestroy(a[r]);
+            pncclCommDestroy(b[r]);
+        }
+        let d = r as i32;
+        for p in [sa[r], sb[r], ra[r], rb[r], rc[r]] {
+            mem::free(d, p).unwrap();
+        }
+        mem::stream_destroy(d, streams[r]).unwrap();
+    }
+}

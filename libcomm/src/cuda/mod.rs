@@ -170,7 +170,8 @@ pub fn device_count() -> i32 {
     n
 }
 
-/// Test and tool helpers: device memory on `dev` and synchronous copies.
+/// Test and tool helpers: device memory and streams on `dev`, synchronous
+/// copies.
 pub mod mem {
     use super::*;
 
@@ -212,6 +213,30 @@ pub mod mem {
     pub fn sync(dev: i32) -> CudaResult<()> {
         use_device(dev)?;
         unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize") }
+    }
+
+    /// A new non-blocking stream on device `dev` (not ordered with the
+    /// legacy default stream), as a raw handle for the C API.
+    pub fn stream(dev: i32) -> CudaResult<u64> {
+        use_device(dev)?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        unsafe {
+            check(
+                sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32),
+                "cuStreamCreate",
+            )?
+        };
+        Ok(s as u64)
+    }
+
+    pub fn stream_destroy(dev: i32, s: u64) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe {
+            check(
+                sys::cuStreamDestroy_v2(s as sys::CUstream),
+                "cuStreamDestroy",
+            )
+        }
     }
 }
 
