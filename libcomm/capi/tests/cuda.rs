@@ -460,31 +460,20 @@ fn communicators_sharing_gpus_keep_their_own_flags() {
             std::process::exit(101);
         }
     });
+    // One group per operation: every rank's call with its stream.
+    let group = |call: &dyn Fn(usize, *mut c_void) -> i32| unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for (r, &s) in streams.iter().enumerate() {
+            assert_eq!(call(r, s as *mut c_void), 0);
+        }
+        assert_eq!(pncclGroupEnd(), 0);
+    };
+    let ptr = |p: u64| p as *mut c_void;
     let iterations = 50;
     for _ in 0..iterations {
-        unsafe {
-            assert_eq!(pncclGroupStart(), 0);
-            for r in 0..nu {
-                let s = streams[r] as *mut c_void;
-                let (i, o) = (sa[r] as *const c_void, ra[r] as *mut c_void);
-                assert_eq!(pncclAllReduce(i, o, ca, F32, 0, a[r], s), 0);
-            }
-            assert_eq!(pncclGroupEnd(), 0);
-            assert_eq!(pncclGroupStart(), 0);
-            for r in 0..nu {
-                let s = streams[r] as *mut c_void;
-                let (i, o) = (sb[r] as *const c_void, rb[r] as *mut c_void);
-                assert_eq!(pncclBroadcast(i, o, cb, F32, 0, b[r], s), 0);
-            }
-            assert_eq!(pncclGroupEnd(), 0);
-            assert_eq!(pncclGroupStart(), 0);
-            for r in 0..nu {
-                let s = streams[r] as *mut c_void;
-                let (i, o) = (sb[r] as *const c_void, rc[r] as *mut c_void);
-                assert_eq!(pncclReduce(i, o, cb, F32, 0, n - 1, b[r], s), 0);
-            }
-            assert_eq!(pncclGroupEnd(), 0);
-        }
+        group(&|r, s| unsafe { pncclAllReduce(ptr(sa[r]), ptr(ra[r]), ca, F32, 0, a[r], s) });
+        group(&|r, s| unsafe { pncclBroadcast(ptr(sb[r]), ptr(rb[r]), cb, F32, 0, b[r], s) });
+        group(&|r, s| unsafe { pncclReduce(ptr(sb[r]), ptr(rc[r]), cb, F32, 0, n - 1, b[r], s) });
     }
     for d in 0..n {
         mem::sync(d).unwrap();
