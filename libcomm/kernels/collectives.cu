@@ -226,36 +226,26 @@ template <> __device__ __forceinline__ Bf16 store<Bf16>(float f) {
     return h;
 }
 #if __CUDA_ARCH__ >= 890
-template <> __device__ __forceinline__ float load<E4M3>(E4M3 x) {
-    u32 h2;
-    u16 in = x.v;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
-    Half h;
-    h.v = (u16)(h2 & 0xffff);
-    return load<Half>(h);
-}
-template <> __device__ __forceinline__ E4M3 store<E4M3>(float f) {
-    u16 out;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(0.0f), "f"(f));
-    E4M3 r;
-    r.v = (u8)(out & 0xff);
-    return r;
-}
-template <> __device__ __forceinline__ float load<E5M2>(E5M2 x) {
-    u32 h2;
-    u16 in = x.v;
-    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
-    Half h;
-    h.v = (u16)(h2 & 0xffff);
-    return load<Half>(h);
-}
-template <> __device__ __forceinline__ E5M2 store<E5M2>(float f) {
-    u16 out;
-    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(0.0f), "f"(f));
-    E5M2 r;
-    r.v = (u8)(out & 0xff);
-    return r;
-}
+// fp8 <-> float through f16, one PTX conversion each way; E4M3 and E5M2
+// differ only in the format named in the instruction.
+#define WEFT_FP8(T, FMT)                                                                    \
+    template <> __device__ __forceinline__ float load<T>(T x) {                             \
+        u32 h2;                                                                             \
+        u16 in = x.v;                                                                       \
+        asm("cvt.rn.f16x2." FMT "x2 %0, %1;" : "=r"(h2) : "h"(in));                         \
+        Half h;                                                                             \
+        h.v = (u16)(h2 & 0xffff);                                                           \
+        return load<Half>(h);                                                               \
+    }                                                                                       \
+    template <> __device__ __forceinline__ T store<T>(float f) {                            \
+        u16 out;                                                                            \
+        asm("cvt.rn.satfinite." FMT "x2.f32 %0, %1, %2;" : "=h"(out) : "f"(0.0f), "f"(f));  \
+        T r;                                                                                \
+        r.v = (u8)(out & 0xff);                                                             \
+        return r;                                                                           \
+    }
+WEFT_FP8(E4M3, "e4m3")
+WEFT_FP8(E5M2, "e5m2")
 #endif
 
 // ---------------------------------------------------------------- ops
