@@ -714,6 +714,25 @@ __device__ void collective_direct(const Args& a) {
 }
 
 // ---------------------------------------------------------------- chain
+// op(got, mine) element by element (got absent: mine), finished (avg: / n)
+// on the chain's last rank; the partial result is stored in T at every hop,
+// as NCCL does. 16 bytes: 16 / sizeof(T) elements.
+template <typename T, typename Op>
+__device__ __forceinline__ uint4 vec_reduce(uint4 mine, uint4 got, bool has_got, bool finish, int n) {
+    typedef typename Acc<T>::type A;
+    const T* xt = (const T*)&mine;
+    const T* yt = (const T*)&got;
+    uint4 o;
+    T* ot = (T*)&o;
+#pragma unroll
+    for (int k = 0; k < (int)(16 / sizeof(T)); k++) {
+        A acc = load<T>(xt[k]);
+        if (has_got) acc = Op::f(load<T>(yt[k]), acc);
+        ot[k] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
+    }
+    return o;
+}
+
 // One step of a reduce chain: dst[i] = op(mine[i], slot[i]) for `elems`
 // elements (slot null: the first rank, mine alone), finished (avg: / n) on
 // the last rank. `slot` was written by the predecessor (cv loads).
@@ -728,19 +747,8 @@ __device__ __forceinline__ void reduce_step(T* dst, const T* mine, const T* slot
     u64 vend = ((((u64)dst | (u64)mine | (u64)slot) & 15) == 0) ? elems / V * V : 0;
     for (u64 i = threadIdx.x * V; i < vend; i += (u64)blockDim.x * V) {
         uint4 x = *(const uint4*)(mine + i);
-        uint4 y;
-        if (slot) y = ld_cv4((const uint4*)(slot + i));
-        const T* xt = (const T*)&x;
-        const T* yt = (const T*)&y;
-        uint4 o;
-        T* ot = (T*)&o;
-#pragma unroll
-        for (int k = 0; k < (int)V; k++) {
-            A acc = load<T>(xt[k]);
-            if (slot) acc = Op::f(load<T>(yt[k]), acc);
-            ot[k] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
-        }
-        *(uint4*)(dst + i) = o;
+        uint4 y = slot ? ld_cv4((const uint4*)(slot + i)) : x;
+        *(uint4*)(dst + i) = vec_reduce<T, Op>(x, y, slot != nullptr, finish, n);
     }
     for (u64 i = vend + threadIdx.x; i < elems; i += blockDim.x) {
         A acc = load<T>(mine[i]);
@@ -885,39 +893,13 @@ __device__ __forceinline__ void store_vec(u8* base, u64 v, u64 bytes, uint4 x) {
         if (off + i < bytes) base[off + i] = b[i];
 }
 
-// op(got, mine) element by element (got absent: mine), finished (avg: / n)
-// on the chain's last rank; the partial result is stored in T at every hop,
-// as chain_fifo and NCCL do.
-template <typename T, typename Op>
-__device__ __forceinline__ uint4 vec_reduce(uint4 mine, uint4 got, bool has_got, bool finish, int n) {
-    typedef typename Acc<T>::type A;
-    const T* xt = (const T*)&mine;
-    const T* yt = (const T*)&got;
-    uint4 o;
-    T* ot = (T*)&o;
-#pragma unroll
-    for (int k = 0; k < (int)(16 / sizeof(T)); k++) {
-        A acc = load<T>(xt[k]);
-        if (has_got) acc = Op::f(load<T>(yt[k]), acc);
-        ot[k] = store<T>(finish ? Finish<Op, A>::f(acc, n) : acc);
-    }
-    return o;
-}
-
-// Lane 0 spins until *p >= need (remembered in `seen`); false: aborted.
+// Lane 0 waits until *p >= need (its value then in `seen` for the whole
+// warp); false: aborted.
 __device__ __forceinline__ bool warp_wait_geq(const u64* p, u64 need, u64& seen, u64 status) {
     int ok = 1;
     if ((threadIdx.x & 31) == 0) {
-        u32 spins = 0;
-        while ((seen = ld_acquire_sys(p)) < need) {
-            if (++spins == 1024) {
-                spins = 0;
-                if (aborted(status)) {
-                    ok = 0;
-                    break;
-                }
-            }
-        }
+        ok = wait_geq(p, need, status);
+        seen = ld_acquire_sys(p);
     }
     seen = __shfl_sync(0xffffffffu, seen, 0);
     return __shfl_sync(0xffffffffu, ok, 0) != 0;

@@ -1148,6 +1148,7 @@ impl DevComm {
         if matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2) && self.cc < (8, 9) {
             return None;
         }
+        let bytes = count * dtype.size();
         Some(Plan {
             kind,
             func: func_name(dtype, rop)?,
@@ -1157,12 +1158,9 @@ impl DevComm {
             elem: dtype.size(),
             root: root as i32,
             parts,
-            chain: if self.tuning.lines(kind, count * dtype.size(), n, self.lines) {
+            chain: if self.tuning.lines(kind, bytes, n, self.lines) {
                 CHAIN_LINES
-            } else if self
-                .tuning
-                .chain(kind, count * dtype.size(), n, self.direct)
-            {
+            } else if self.tuning.chain(kind, bytes, n, self.direct) {
                 CHAIN_FIFO
             } else {
                 0
@@ -1332,8 +1330,8 @@ impl DevComm {
         use_device(self.dev)?;
         let max_per = self.tuning.p2p_blocks;
         let fifo = P2pFifo::new(2 * self.parity_bytes, self.nranks);
+        let (flags, scratch) = self.peer_areas();
         for round in rounds {
-            let (flags, scratch) = self.peer_areas();
             let mut a = P2pArgs {
                 flags,
                 status: self.status as u64,

@@ -266,47 +266,17 @@ impl Drop for ContextGuard {
     }
 }
 
-/// Compute capability (major, minor) of device `dev`.
-pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
+/// Attributes `attrs` of device `dev`, in order.
+fn device_attributes<const N: usize>(
+    dev: i32,
+    attrs: [sys::CUdevice_attribute; N],
+) -> CudaResult<[i32; N]> {
     driver()?;
+    let mut out = [0; N];
     unsafe {
         let mut d: sys::CUdevice = 0;
         check(sys::cuDeviceGet(&mut d, dev), "cuDeviceGet")?;
-        let (mut a, mut b) = (0, 0);
-        check(
-            sys::cuDeviceGetAttribute(
-                &mut a,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                d,
-            ),
-            "cuDeviceGetAttribute",
-        )?;
-        check(
-            sys::cuDeviceGetAttribute(
-                &mut b,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                d,
-            ),
-            "cuDeviceGetAttribute",
-        )?;
-        Ok((a, b))
-    }
-}
-
-/// Where device `dev` sits on the PCI bus: (domain, bus, device), the same
-/// in every process whatever its device numbering.
-pub fn pci_location(dev: i32) -> CudaResult<[i32; 3]> {
-    driver()?;
-    use sys::CUdevice_attribute::*;
-    let mut out = [0; 3];
-    unsafe {
-        let mut d: sys::CUdevice = 0;
-        check(sys::cuDeviceGet(&mut d, dev), "cuDeviceGet")?;
-        for (v, attr) in out.iter_mut().zip([
-            CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
-            CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
-            CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
-        ]) {
+        for (v, attr) in out.iter_mut().zip(attrs) {
             check(
                 sys::cuDeviceGetAttribute(v, attr, d),
                 "cuDeviceGetAttribute",
@@ -314,6 +284,33 @@ pub fn pci_location(dev: i32) -> CudaResult<[i32; 3]> {
         }
     }
     Ok(out)
+}
+
+/// Compute capability (major, minor) of device `dev`.
+pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
+    use sys::CUdevice_attribute::*;
+    let [major, minor] = device_attributes(
+        dev,
+        [
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        ],
+    )?;
+    Ok((major, minor))
+}
+
+/// Where device `dev` sits on the PCI bus: (domain, bus, device), the same
+/// in every process whatever its device numbering.
+pub fn pci_location(dev: i32) -> CudaResult<[i32; 3]> {
+    use sys::CUdevice_attribute::*;
+    device_attributes(
+        dev,
+        [
+            CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID,
+            CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+            CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID,
+        ],
+    )
 }
 
 /// This process's ordinal of the device at PCI location `loc`, if visible.
