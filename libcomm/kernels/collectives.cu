@@ -103,8 +103,10 @@ struct Status {
 #define WEFT_LINES_CRED_OFF (64 << 10)
 #define WEFT_LINES_MAX_WARPS 2048
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence
-// number of the sender's last posted send; on the sender, {ptr, bytes} of its
-// current send to [receiver] and done[receiver] = last completed sequence.
+// number of the sender's last posted send and {ptr, bytes}[sender] of that
+// send (written by the sender, so the receiver reads them locally: one NVLink
+// round trip less per message); on the sender, done[receiver] = last
+// completed sequence.
 #define WEFT_P2P_READY (8 << 10)
 #define WEFT_P2P_PTR (9 << 10)
 #define WEFT_P2P_DONE (10 << 10)
@@ -1032,15 +1034,16 @@ __device__ void lines_chain(const Args& a) {
 // Sends, receives and local copies of one group round on one communicator, in
 // one kernel (ranks in one process: the receiver reads the sender's buffer in
 // place). A round holds at most one send and one receive per peer, so the
-// sender's {ptr, bytes} slot is never overwritten before the receiver is done;
-// every rank fuses its rounds the same way, so the i-th kernels of all ranks
-// only wait on each other and rounds cannot deadlock.
+// {ptr, bytes} slot of a sender on its receiver is never overwritten before
+// the receiver is done; every rank fuses its rounds the same way, so the
+// i-th kernels of all ranks only wait on each other and rounds cannot
+// deadlock.
 //
 // Ranks in other processes stream through the receiver's scratch instead
-// (p2p_send_fifo). In one process, per op: a send is one block: publish
-// {ptr, bytes}, raise ready[me] on the receiver to the pair's sequence
-// number, wait for done[receiver] on mine.
-// A receive is `nblocks` blocks: wait for ready, read the sender's slot, copy
+// (p2p_send_fifo). In one process, per op: a send is one block: write
+// {ptr, bytes} into my slot on the receiver, raise ready[me] there to the
+// pair's sequence number, wait for done[receiver] on mine.
+// A receive is `nblocks` blocks: wait for ready, read the slot (local), copy
 // a slice; the last block to finish (a local counter) raises done[me] on the
 // sender. Sizes that differ are reported in Status.error and both sides finish.
 #define WEFT_MAX_P2P 16
@@ -1182,7 +1185,7 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
     }
     if (op.kind == P2P_SEND) {
         if (threadIdx.x == 0) {
-            volatile u64* slot = (volatile u64*)(me + WEFT_P2P_PTR) + op.peer * 2;
+            volatile u64* slot = (volatile u64*)(a.flags[op.peer] + WEFT_P2P_PTR) + a.rank * 2;
             slot[0] = op.ptr;
             slot[1] = op.bytes;
             __threadfence_system();
@@ -1201,7 +1204,7 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
     if (threadIdx.x == 0) {
         stop = !wait_geq((const u64*)(me + WEFT_P2P_READY) + op.peer, op.seq, a.status);
         if (!stop) {
-            const u64* slot = (const u64*)(a.flags[op.peer] + WEFT_P2P_PTR) + a.rank * 2;
+            const u64* slot = (const u64*)(me + WEFT_P2P_PTR) + op.peer * 2;
             src = ld_cv(slot);
             sbytes = ld_cv(slot + 1);
         }
