@@ -4,13 +4,14 @@
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 check checkg
 #           check9 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
-#           perfp2p tune chaintune linestune save unsave
+#           perfp2p lat tune chaintune linestune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
 #   weft/libnccl.so.2  stripped `cargo build --release -p weft-nccl` (target/release/libnccl.so)
 #   weft/cuda-test     stripped `cargo test --release -p weft-nccl --test cuda --no-run` binary
 #   weft/weft          stripped `cargo build --release -p weft` (for weft bench --device cuda)
+#   weft-old/libnccl.so.2  optional: an earlier build, for the `lat` phase's comparison
 # Some phases take the collectives from TABLE_COLLS, CHECK_COLLS (mpicheck),
 # MPI_COLLS, WBENCH_COLLS (default: all of theirs).
 # Logs go to $OUT (check.txt, perf.txt, build.log); bench/gpu/table.py perf.txt
@@ -220,6 +221,22 @@ table)
   for t in ${TABLE_COLLS:-all_reduce all_gather reduce_scatter alltoall broadcast reduce}; do side $t -b 8 -e 2G -f 4; done ;;
 perfp2p)
   for t in sendrecv gather scatter; do side $t -b 8 -e 2G -f 8; done ;;
+lat)
+  # Small-message latency, interleaved to cancel the machine's drift: NCCL,
+  # Weft, and the build in weft-old/ (libnccl.so.2) if there is one, one
+  # after the other, LAT_REPS times (default 3), for LAT_COLLS (default
+  # broadcast sendrecv reduce_scatter), -n LAT_N (default 50); into lat.txt.
+  # Mean per library: awk '/^###/{k=$2" "$3} /^ +[0-9]+ /{s[k]+=$6; n[k]++}
+  # END{for (k in s) print k, s[k]/n[k]}' lat.txt
+  for rep in $(seq ${LAT_REPS:-3}); do for t in ${LAT_COLLS:-broadcast sendrecv reduce_scatter}; do
+    for who in nccl ours old; do
+      case $who in nccl) L=$SYS_LD;; ours) L=$OURS_LD;; old) [ -e $D/weft-old/libnccl.so.2 ] || continue; L=$D/weft-old:$NVRTC;; esac
+      echo "### $who $t rep $rep" >> $OUT/lat.txt
+      LD_LIBRARY_PATH=$L timeout 60 $T/${t}_perf -g $NG -b 8 -e 64K -f 4 -c 1 -n ${LAT_N:-50} -w 10 -d float > $OUT/lat1.txt 2>&1
+      cat $OUT/lat1.txt >> $OUT/lat.txt
+      echo "$who $t rep $rep: $(awk '/^ +[0-9]+ /{printf "%s ", $6}' $OUT/lat1.txt)"
+    done
+  done; done; rm -f $OUT/lat1.txt ;;
 tune)
   # Broadcast / reduce variants side by side with NCCL (32 MB - 2 GB,
   # unchecked). The defaults (no variable set) come first.
