@@ -1,7 +1,8 @@
 //! The correctness matrix run by every rank: every collective x every data
-//! type x every reduction op x counts {0, 1, 7, 1023, > 1 MiB}, in place and
-//! out of place, each result checked element by element against
-//! [`crate::data`]'s reference, outputs poisoned beforehand.
+//! type x every reduction op x counts {0, 1, 7, 1023, just above the
+//! shared-memory ring}, in place and out of place, each result checked element
+//! by element against [`crate::data`]'s reference, outputs poisoned
+//! beforehand.
 
 use crate::data::{Val, decode, encode, input_seed, matches, premul_scalar, reduce_ref, value};
 use libcomm::{Communicator, DataType, Group, GroupOp, ReduceOp};
@@ -44,9 +45,23 @@ pub fn ops(dt: DataType, rank: usize) -> Vec<ReduceOp> {
     v
 }
 
-/// Counts per rank block: 0, 1, 7, 1023, and one just above 1 MiB of data.
-pub fn counts(dt: DataType) -> [usize; 5] {
-    [0, 1, 7, 1023, (1 << 20) / dt.size() + 3]
+/// Counts per rank block: 0, 1, 7, 1023, and one of `big_bytes` of data plus
+/// three elements.
+pub fn counts(dt: DataType, big_bytes: usize) -> [usize; 5] {
+    [0, 1, 7, 1023, big_bytes / dt.size() + 3]
+}
+
+/// The largest count's bytes: the shared-memory ring's capacity
+/// (`WEFT_SHM_RING_BYTES`, else libcomm's largest default, 1 MiB), so that
+/// every large message wraps its ring and waits on its reader, and spans more
+/// than one 256 KiB transport piece. The tests shrink the ring to keep the
+/// reference's work (n x count values per element for reduce-scatter) small
+/// on a 2-core machine without losing either.
+pub fn big_bytes() -> usize {
+    std::env::var("WEFT_SHM_RING_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20)
 }
 
 const POISON: u8 = 0xA5;
@@ -354,6 +369,7 @@ pub fn run_all(
     let mut id = 0u64;
     let mut fails = Vec::new();
     let start = Instant::now();
+    let big = big_bytes();
     for coll in COLLS
         .into_iter()
         .filter(|c| only.is_empty() || only.contains(c))
@@ -370,7 +386,7 @@ pub fn run_all(
                 vec![None]
             };
             for op in op_list {
-                for count in counts(dt) {
+                for count in counts(dt, big) {
                     for inplace in [false, true] {
                         id += 1;
                         n_cases += 1;
