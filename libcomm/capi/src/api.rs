@@ -774,7 +774,7 @@ nccl_api! {
     fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclAllReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
-            Ok(GroupOp::AllReduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype)? })
+            Ok(GroupOp::AllReduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype, stream as usize)? })
         })
     }
 }
@@ -800,7 +800,7 @@ nccl_api! {
     fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
-            Ok(GroupOp::Reduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype)?, root: rank_arg(root, "root", e.comm.count())? })
+            Ok(GroupOp::Reduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype, stream as usize)?, root: rank_arg(root, "root", e.comm.count())? })
         })
     }
 }
@@ -817,7 +817,7 @@ nccl_api! {
     fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int, op: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclReduceScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
-            Ok(GroupOp::ReduceScatter { send: sendbuff.cast(), recv: recvbuff.cast(), count: recvcount, dtype, op: e.redops.resolve(op, dtype)? })
+            Ok(GroupOp::ReduceScatter { send: sendbuff.cast(), recv: recvbuff.cast(), count: recvcount, dtype, op: e.redops.resolve(op, dtype, stream as usize)? })
         })
     }
 }

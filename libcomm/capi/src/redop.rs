@@ -4,12 +4,15 @@
 //! an operator is valid only on the communicator that created it and only for
 //! the data type it was created with (as in NCCL). The scalar is read per
 //! `ncclScalarResidence_t`: `ncclScalarHostImmediate` before the create call
-//! returns; `ncclScalarDevice` each time a collective using the operator runs
-//! (in host mode that memory is host memory, see `ptrkind`).
+//! returns; `ncclScalarDevice` each time a collective using the operator is
+//! called: device memory (detected, see `ptrkind`) after the work already on
+//! the call's stream is done, so a scalar computed on that stream is seen, as
+//! NCCL's kernels see it; host memory (host mode) directly.
 
-use crate::errors::{CResult, Fail};
+use crate::errors::{CResult, Fail, UNHANDLED_CUDA_ERROR};
 use libcomm::{DataType, F8E4M3, F8E5M2, ReduceOp};
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::Mutex;
 
 /// `ncclNumOps`: the first value of a created operator.
@@ -56,6 +59,33 @@ pub unsafe fn read_scalar(p: *const u8, dtype: DataType) -> f64 {
             DataType::F8E5M2 => F8E5M2(p.read_unaligned()).to_f32() as f64,
         }
     }
+}
+
+/// Reads an `ncclScalarDevice` scalar: device memory through the driver,
+/// after `stream`'s earlier work; anything else (host mode) directly.
+///
+/// # Safety
+/// `at` must be readable for one element of `dtype` (device or host memory).
+unsafe fn read_scalar_at(at: usize, dtype: DataType, stream: usize) -> CResult<f64> {
+    let Some(dev) = libcomm::cuda::pointer_device(at as *const c_void) else {
+        return Ok(unsafe { read_scalar(at as *const u8, dtype) });
+    };
+    let mut b = [0u8; 8];
+    libcomm::cuda::mem::dtoh_after(
+        dev,
+        &mut b[..dtype.size()],
+        at as u64,
+        stream as *mut c_void,
+    )
+    .map_err(|e| {
+        Fail::new(
+            UNHANDLED_CUDA_ERROR,
+            format!(
+                "reading the ncclScalarDevice scalar of a PreMulSum operator on GPU {dev}: {e}"
+            ),
+        )
+    })?;
+    Ok(unsafe { read_scalar(b.as_ptr(), dtype) })
 }
 
 impl RedOps {
@@ -119,8 +149,10 @@ impl RedOps {
         }
     }
 
-    /// The libcomm operator for a raw `ncclRedOp_t` used with `dtype`.
-    pub fn resolve(&self, op: i32, dtype: DataType) -> CResult<ReduceOp> {
+    /// The libcomm operator for a raw `ncclRedOp_t` used with `dtype` in a
+    /// call on `stream` (the caller's `cudaStream_t`, as an address: only
+    /// handed to the driver).
+    pub fn resolve(&self, op: i32, dtype: DataType, stream: usize) -> CResult<ReduceOp> {
         match op {
             0 => return Ok(ReduceOp::Sum),
             1 => return Ok(ReduceOp::Prod),
@@ -143,7 +175,7 @@ impl RedOps {
         }
         let s = match p.scalar {
             Scalar::Value(v) => v,
-            Scalar::At(a) => unsafe { read_scalar(a as *const u8, dtype) },
+            Scalar::At(a) => unsafe { read_scalar_at(a, dtype, stream) }?,
         };
         Ok(ReduceOp::PreMulSum(s))
     }
@@ -159,9 +191,9 @@ mod tests {
         let two = 2.0f32;
         let op = unsafe { r.create((&two as *const f32).cast(), DataType::F32, 1) }.unwrap();
         assert_eq!(op, 5);
-        assert!(matches!(r.resolve(op, DataType::F32), Ok(ReduceOp::PreMulSum(s)) if s == 2.0));
-        assert_eq!(r.resolve(op, DataType::F64).unwrap_err().code, 4);
-        assert_eq!(r.resolve(99, DataType::F32).unwrap_err().code, 4);
+        assert!(matches!(r.resolve(op, DataType::F32, 0), Ok(ReduceOp::PreMulSum(s)) if s == 2.0));
+        assert_eq!(r.resolve(op, DataType::F64, 0).unwrap_err().code, 4);
+        assert_eq!(r.resolve(99, DataType::F32, 0).unwrap_err().code, 4);
         r.destroy(op).unwrap();
         assert_eq!(r.destroy(op).unwrap_err().code, 4);
         assert_eq!(r.destroy(0).unwrap_err().code, 4);

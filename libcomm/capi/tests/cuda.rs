@@ -522,3 +522,98 @@ fn communicators_sharing_gpus_keep_their_own_flags() {
         mem::stream_destroy(d, streams[r]).unwrap();
     }
 }
+
+/// `ncclRedOpCreatePreMulSum` with `ncclScalarDevice`: the scalar lives in
+/// device memory and is read when the collective is called (after the work
+/// already on its stream), not when the operator is created; each rank has
+/// its own. A host read of the device pointer would crash instead.
+#[test]
+fn premulsum_reads_a_device_scalar_when_called() {
+    const NAME: &str = "premulsum_reads_a_device_scalar_when_called";
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED {NAME}: {why}");
+        return;
+    }
+    let n = cuda::device_count().min(4);
+    let nu = n as usize;
+    let devs: Vec<i32> = (0..n).collect();
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
+    assert_eq!(
+        unsafe { pncclCommInitAll(comms.as_mut_ptr(), n, devs.as_ptr()) },
+        0
+    );
+    let count = 1001usize;
+    let mut rng = Rng(0xfeed_5ca1_ab1e_0001);
+    let inputs: Vec<Vec<f64>> = (0..nu)
+        .map(|_| (0..count).map(|_| rng.value(F32)).collect())
+        .collect();
+    let f32_bytes = |v: &[f64]| -> Vec<u8> {
+        let mut b = vec![0u8; v.len() * 4];
+        for (i, x) in v.iter().enumerate() {
+            encode(F32, *x, &mut b[i * 4..i * 4 + 4]);
+        }
+        b
+    };
+    let send: Vec<u64> = (0..n).map(|d| mem::alloc(d, count * 4).unwrap()).collect();
+    let recv: Vec<u64> = (0..n).map(|d| mem::alloc(d, count * 4).unwrap()).collect();
+    let scalar: Vec<u64> = (0..n).map(|d| mem::alloc(d, 4).unwrap()).collect();
+    let streams: Vec<u64> = (0..n).map(|d| mem::stream(d).unwrap()).collect();
+    let mut ops = vec![0i32; nu];
+    for r in 0..nu {
+        let d = r as i32;
+        mem::htod(d, send[r], &f32_bytes(&inputs[r])).unwrap();
+        // Created with one value, used with another: read at call time.
+        mem::htod(d, scalar[r], &f32_bytes(&[r as f64 + 2.0])).unwrap();
+        let rc = unsafe {
+            pncclRedOpCreatePreMulSum(&mut ops[r], scalar[r] as *mut c_void, F32, 0, comms[r])
+        };
+        assert_eq!(
+            rc, 0,
+            "ncclRedOpCreatePreMulSum(ncclScalarDevice) on rank {r}"
+        );
+        mem::htod(d, scalar[r], &f32_bytes(&[r as f64 + 3.0])).unwrap();
+    }
+    unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for r in 0..nu {
+            let rc = pncclAllReduce(
+                send[r] as *const c_void,
+                recv[r] as *mut c_void,
+                count,
+                F32,
+                ops[r],
+                comms[r],
+                streams[r] as *mut c_void,
+            );
+            assert_eq!(rc, 0, "all-reduce with the PreMulSum op on rank {r}");
+        }
+        assert_eq!(pncclGroupEnd(), 0);
+    }
+    for d in 0..n {
+        mem::sync(d).unwrap();
+    }
+    for (r, &out) in recv.iter().enumerate() {
+        let mut bytes = vec![0u8; count * 4];
+        mem::dtoh(r as i32, &mut bytes, out).unwrap();
+        for (i, c) in bytes.chunks(4).enumerate() {
+            let got = decode(F32, c);
+            let want: f64 = (0..nu).map(|j| (j as f64 + 3.0) * inputs[j][i]).sum();
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "rank {r} element {i}: got {got}, want {want} (sum of (rank + 3) x input)"
+            );
+        }
+    }
+    eprintln!("{NAME}: {n} GPUs, {count} floats, every rank's device scalar applied");
+    for r in 0..nu {
+        let d = r as i32;
+        unsafe {
+            assert_eq!(pncclRedOpDestroy(ops[r], comms[r]), 0);
+            pncclCommDestroy(comms[r]);
+        }
+        for p in [send[r], recv[r], scalar[r]] {
+            mem::free(d, p).unwrap();
+        }
+        mem::stream_destroy(d, streams[r]).unwrap();
+    }
+}

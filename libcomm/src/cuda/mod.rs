@@ -209,6 +209,25 @@ pub mod mem {
         }
     }
 
+    /// Copies `dst.len()` bytes from `src` once the work already enqueued on
+    /// `stream` (a raw handle; null: the legacy default stream) is done, so
+    /// what that work wrote is what is read. Waits for that stream only,
+    /// never the whole device: other streams' kernels may be waiting on peers
+    /// this thread has yet to launch.
+    pub fn dtoh_after(dev: i32, dst: &mut [u8], src: u64, stream: *mut c_void) -> CudaResult<()> {
+        use_device(dev)?;
+        unsafe {
+            check(
+                sys::cuStreamSynchronize(stream as sys::CUstream),
+                "cuStreamSynchronize",
+            )?;
+            check(
+                sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()),
+                "cuMemcpyDtoH",
+            )
+        }
+    }
+
     /// Waits for all work on device `dev`.
     pub fn sync(dev: i32) -> CudaResult<()> {
         use_device(dev)?;
