@@ -85,6 +85,32 @@ enum Coll {
     AllToAllP2p,
 }
 
+/// One communicator per device in `devs` (ncclCommInitAll), in order.
+fn init_all(devs: &[i32]) -> Vec<ncclComm_t> {
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); devs.len()];
+    assert_eq!(
+        unsafe { pncclCommInitAll(comms.as_mut_ptr(), devs.len() as i32, devs.as_ptr()) },
+        0,
+        "ncclCommInitAll over devices {devs:?}"
+    );
+    comms
+}
+
+/// The devices a test runs on (all, up to 4), or None after printing why it
+/// skips: no driver or device, or fewer than `min`.
+fn devices_or_skip(name: &str, min: i32) -> Option<i32> {
+    if let Some(why) = skip_reason() {
+        eprintln!("SKIPPED {name}: {why}");
+        return None;
+    }
+    let n = cuda::device_count().min(4);
+    if n < min {
+        eprintln!("SKIPPED {name}: needs {min} GPUs, found {n}");
+        return None;
+    }
+    Some(n)
+}
+
 fn skip_reason() -> Option<String> {
     if let Err(e) = cuda::driver() {
         return Some(e);
@@ -117,12 +143,7 @@ fn cuda_collectives_match_host_reference() {
     let mut cases = 0;
     for &n in &sizes {
         let nu = n as usize;
-        let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
-        let devs: Vec<i32> = (0..n).collect();
-        assert_eq!(
-            unsafe { pncclCommInitAll(comms.as_mut_ptr(), n, devs.as_ptr()) },
-            0
-        );
+        let comms = init_all(&(0..n).collect::<Vec<i32>>());
         let max_count = 300_001usize;
         let cap = nu * max_count * 8 + 64;
         let send: Vec<u64> = (0..n).map(|d| mem::alloc(d, cap).unwrap()).collect();
@@ -348,11 +369,7 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
         return;
     }
     let devs = [0, (cuda::device_count() - 1).min(1)];
-    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); 2];
-    assert_eq!(
-        unsafe { pncclCommInitAll(comms.as_mut_ptr(), 2, devs.as_ptr()) },
-        0
-    );
+    let comms = init_all(&devs);
     let bytes = 1 << 20;
     let bufs: Vec<u64> = devs
         .iter()
@@ -403,27 +420,13 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
 #[test]
 fn communicators_sharing_gpus_keep_their_own_flags() {
     const NAME: &str = "communicators_sharing_gpus_keep_their_own_flags";
-    if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED {NAME}: {why}");
+    let Some(n) = devices_or_skip(NAME, 2) else {
         return;
-    }
-    let n = cuda::device_count().min(4);
-    if n < 2 {
-        eprintln!("SKIPPED {NAME}: needs 2 GPUs, found {n}");
-        return;
-    }
+    };
     let nu = n as usize;
     let devs: Vec<i32> = (0..n).collect();
-    let mut a: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
-    let mut b: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
-    assert_eq!(
-        unsafe { pncclCommInitAll(a.as_mut_ptr(), n, devs.as_ptr()) },
-        0
-    );
-    assert_eq!(
-        unsafe { pncclCommInitAll(b.as_mut_ptr(), n, devs.as_ptr()) },
-        0
-    );
+    let a = init_all(&devs);
+    let b = init_all(&devs);
     // A: all-reduce of 1M floats; B: broadcast from root 0, then reduce to
     // root n - 1, of 3M floats (odd sizes of each algorithm family).
     let (ca, cb) = (1usize << 20, 3 * (1usize << 20) + 5);
@@ -526,22 +529,15 @@ fn communicators_sharing_gpus_keep_their_own_flags() {
 /// `ncclRedOpCreatePreMulSum` with `ncclScalarDevice`: the scalar lives in
 /// device memory and is read when the collective is called (after the work
 /// already on its stream), not when the operator is created; each rank has
-/// its own. A host read of the device pointer would crash instead.
+/// its own (a host read of the device pointer is the bug this guards).
 #[test]
 fn premulsum_reads_a_device_scalar_when_called() {
     const NAME: &str = "premulsum_reads_a_device_scalar_when_called";
-    if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED {NAME}: {why}");
+    let Some(n) = devices_or_skip(NAME, 1) else {
         return;
-    }
-    let n = cuda::device_count().min(4);
+    };
     let nu = n as usize;
-    let devs: Vec<i32> = (0..n).collect();
-    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); nu];
-    assert_eq!(
-        unsafe { pncclCommInitAll(comms.as_mut_ptr(), n, devs.as_ptr()) },
-        0
-    );
+    let comms = init_all(&(0..n).collect::<Vec<i32>>());
     let count = 1001usize;
     let mut rng = Rng(0xfeed_5ca1_ab1e_0001);
     let inputs: Vec<Vec<f64>> = (0..nu)
