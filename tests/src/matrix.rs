@@ -58,9 +58,9 @@ pub fn counts(dt: DataType, big_bytes: usize) -> [usize; 5] {
 /// reference's work (n x count values per element for reduce-scatter) small
 /// on a 2-core machine without losing either.
 pub fn big_bytes() -> usize {
-    std::env::var("WEFT_SHM_RING_BYTES")
+    libcomm::Config::from_env()
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|c| c.shm_ring_bytes)
         .unwrap_or(1 << 20)
 }
 

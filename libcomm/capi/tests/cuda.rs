@@ -35,6 +35,15 @@ fn encode(dt: i32, v: f64, out: &mut [u8]) {
     }
 }
 
+/// `v` as f32 bytes.
+fn f32_bytes(v: &[f64]) -> Vec<u8> {
+    let mut b = vec![0u8; v.len() * 4];
+    for (x, out) in v.iter().zip(b.chunks_exact_mut(4)) {
+        encode(F32, *x, out);
+    }
+    b
+}
+
 fn decode(dt: i32, b: &[u8]) -> f64 {
     match dt {
         F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
@@ -438,10 +447,7 @@ fn communicators_sharing_gpus_keep_their_own_flags() {
         .map(|_| (0..cb).map(|_| rng.value(F32)).collect())
         .collect();
     let upload = |d: i32, v: &[f64]| {
-        let mut bytes = vec![0u8; v.len() * 4];
-        for (i, x) in v.iter().enumerate() {
-            encode(F32, *x, &mut bytes[i * 4..i * 4 + 4]);
-        }
+        let bytes = f32_bytes(v);
         let p = mem::alloc(d, bytes.len()).unwrap();
         mem::htod(d, p, &bytes).unwrap();
         p
@@ -543,13 +549,6 @@ fn premulsum_reads_a_device_scalar_when_called() {
     let inputs: Vec<Vec<f64>> = (0..nu)
         .map(|_| (0..count).map(|_| rng.value(F32)).collect())
         .collect();
-    let f32_bytes = |v: &[f64]| -> Vec<u8> {
-        let mut b = vec![0u8; v.len() * 4];
-        for (i, x) in v.iter().enumerate() {
-            encode(F32, *x, &mut b[i * 4..i * 4 + 4]);
-        }
-        b
-    };
     let send: Vec<u64> = (0..n).map(|d| mem::alloc(d, count * 4).unwrap()).collect();
     let recv: Vec<u64> = (0..n).map(|d| mem::alloc(d, count * 4).unwrap()).collect();
     let scalar: Vec<u64> = (0..n).map(|d| mem::alloc(d, 4).unwrap()).collect();
