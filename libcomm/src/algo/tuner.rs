@@ -74,6 +74,10 @@ impl Coll {
     ];
 }
 
+/// `WEFT_ALGO` names of device algorithms with no host counterpart (see
+/// `DEVICE_ALGOS` in cuda/devcomm.rs; `oneshot` is the host's `direct`).
+const DEVICE_ONLY: [&str; 3] = ["twoshot", "ll", "staged"];
+
 fn parse_algo(s: &str) -> Result<Algo> {
     Ok(match s.trim().to_ascii_lowercase().as_str() {
         "ring" => Algo::Ring,
@@ -83,7 +87,7 @@ fn parse_algo(s: &str) -> Result<Algo> {
         "pairwise" => Algo::Pairwise,
         other => {
             return Err(Error::arg(format!(
-                "WEFT_ALGO: unknown algorithm '{other}' (ring, rd, tree, direct, pairwise)"
+                "WEFT_ALGO: unknown algorithm '{other}' (ring, rd, tree, direct, pairwise; for device memory also oneshot, twoshot, ll, staged)"
             )));
         }
     })
@@ -101,6 +105,9 @@ impl std::str::FromStr for AlgoOverride {
         let mut o = AlgoOverride::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part.split_once(':') {
+                // Names only the CUDA kernel path knows steer device memory
+                // (libcomm::cuda); host memory keeps choosing by size.
+                None if DEVICE_ONLY.contains(&part.to_ascii_lowercase().as_str()) => {}
                 None => o.global = Some(parse_algo(part)?),
                 Some((c, a)) => {
                     let c = c.trim().to_ascii_lowercase().replace('_', "");
@@ -211,5 +218,10 @@ mod tests {
         assert_eq!(choose(Coll::Broadcast, 8, 4, &o), Algo::Ring);
         assert!("allreduce:pairwise".parse::<AlgoOverride>().is_err());
         assert!("warp".parse::<AlgoOverride>().is_err());
+        // Device-only names leave host memory to the size rules.
+        for d in ["twoshot", "LL", "staged"] {
+            assert_eq!(d.parse::<AlgoOverride>().unwrap(), AlgoOverride::default());
+        }
+        assert!("allreduce:ll".parse::<AlgoOverride>().is_err());
     }
 }
