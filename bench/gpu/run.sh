@@ -4,7 +4,7 @@
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 check checkg
 #           check9 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
-#           perfp2p lat tune chaintune linestune save unsave
+#           perfp2p lat mpilat tune chaintune linestune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -73,8 +73,9 @@ smoke)
   log smoke ours g=$NG
   NCCL_DEBUG=INFO TMO=60 run_ours $T/all_reduce_perf -g $NG -b 8 -e 8M -f 8 -c 1 -n 5 -w 2 2>&1 | tail -40 ;;
 rtest)
-  log rust GPU test
-  LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+  # RTEST_ENV: settings for this run ("VAR=value ...", e.g. WEFT_ALGO=ll).
+  log rust GPU test $RTEST_ENV
+  env $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
 rtestv)
   # The Rust GPU test with each broadcast algorithm forced and many small
   # pipeline steps / reduce chunks.
@@ -101,8 +102,8 @@ chainquick)
     TMO=90 run_ours env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 $CHAIN_ENV $T/${t}_perf -g $NG -b 8 -e 16M -f 8 -c 1 -n 1 -w 1 -d all -o all -r 1 2>&1 | tee -a $OUT/check.txt | CHK
   done ;;
 rtest0)
-  log rust GPU test WEFT_CUDA_DIRECT=0
-  WEFT_CUDA_DIRECT=0 LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+  log rust GPU test WEFT_CUDA_DIRECT=0 $RTEST_ENV
+  env WEFT_CUDA_DIRECT=0 $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
 check)
   # Every collective on 1, 2 and all GPUs, every type and op; unaligned odd sizes.
   for g in 1 2 $NG; do [ $g -le $NG ] || continue
@@ -237,6 +238,23 @@ lat)
       echo "$who $t rep $rep: $(awk '/^ +[0-9]+ /{printf "%s ", $6}' $OUT/lat1.txt)"
     done
   done; done; rm -f $OUT/lat1.txt ;;
+mpilat)
+  # One process per GPU, small messages (8 B - 1 MB), checked, interleaved:
+  # NCCL, then Weft with each of MLAT_VARIANTS ("default" or
+  # "VAR=value,VAR=value" of WEFT_CUDA_*; default: default, LL off, LL to
+  # 256 KiB), MLAT_REPS times (default 2), MLAT_COLLS (default the six
+  # collectives and sendrecv), -n MLAT_N (default 50); into mpilat.txt.
+  # Means: awk '/^###/{k=$3" "$4} /^ +[0-9]+ /{s[k]+=$6; n[k]++}
+  # END{for (k in s) print k, s[k]/n[k]}' mpilat.txt
+  for rep in $(seq ${MLAT_REPS:-2}); do for t in ${MLAT_COLLS:-all_reduce all_gather reduce_scatter alltoall broadcast reduce sendrecv}; do
+    for v in nccl ${MLAT_VARIANTS:-default WEFT_CUDA_LL_MAX_KB=0 WEFT_CUDA_LL_MAX_KB=256}; do
+      if [ $v = nccl ]; then L=$SYS_LD; X=""; else L=$OURS_LD; X=""; [ $v = default ] || for kv in ${v//,/ }; do X="$X -x $kv"; done; fi
+      echo "### rep$rep $t $v" >> $OUT/mpilat.txt
+      LD_LIBRARY_PATH=$L timeout 60 $MPIRUN $X $TM/${t}_perf -g 1 -b 8 -e 1M -f 4 -c 1 -n ${MLAT_N:-50} -w 10 -d float > $OUT/mlat1.txt 2>&1
+      cat $OUT/mlat1.txt >> $OUT/mpilat.txt
+      echo "$t $v rep $rep: $(awk '/^ +[0-9]+ /{printf "%s ", $6} /^ +[0-9]+ / && ($9!="0" || ($13!="0" && $13!="N/A")) {w++} END{if (w) printf " WRONG rows %d", w}' $OUT/mlat1.txt) $(grep -m1 -iE 'error|rc=|abort' $OUT/mlat1.txt)"
+    done
+  done; done; rm -f $OUT/mlat1.txt ;;
 tune)
   # Broadcast / reduce variants side by side with NCCL (32 MB - 2 GB,
   # unchecked). The defaults (no variable set) come first.

@@ -58,6 +58,10 @@ struct Args {
     u64 step;                     // direct broadcast: pipeline step; reduce: chunk; chain: slot (bytes, multiple of 16)
     i32 chain;                    // broadcast/reduce as a chain: WEFT_CHAIN_FIFO or WEFT_CHAIN_LINES
     u64 slots;                    // chain: slots per block in every rank's scratch; lines: window per warp (iterations)
+    u64 ll;                       // LL one-shot: this op's flag (never 0); 0 = another algorithm
+    u64 ll_off;                   // LL one-shot: offset of this op's parity half of the LL area from scratch
+    u64 ll_check;                 // LL one-shot: ranks (bits) to ask whether they are done with this half
+    u64 ll_need;                  // LL one-shot: their WEFT_LL_COUNT once they are
 };
 
 // Args.chain (keep in sync with cuda/devcomm.rs): 0 none, else the chain's
@@ -124,6 +128,8 @@ struct Status {
 #define WEFT_P2P_SBYTES ((20 << 10) + 512)
 // Low 32 bits of a tail that says "sizes differ, no data follows".
 #define WEFT_P2P_SIZE_MARK 0xffffffffull
+// LL one-shot (see ll_oneshot): blocks of LL kernels finished on this rank.
+#define WEFT_LL_COUNT (24 << 10)
 
 // ---------------------------------------------------------------- memory model
 __device__ __forceinline__ void st_release_sys(u64* p, u64 v) {
@@ -378,9 +384,15 @@ template <typename T, typename Op>
 __device__ void chain_fifo(const Args& a);
 template <typename T, typename Op>
 __device__ void lines_chain(const Args& a);
+template <typename T, typename Op>
+__device__ void ll_oneshot(const Args& a);
 
 template <typename T, typename Op>
 __device__ void collective(const Args& a) {
+    if (a.ll) {
+        ll_oneshot<T, Op>(a);
+        return;
+    }
     if (a.chain == WEFT_CHAIN_LINES) {
         lines_chain<T, Op>(a);
         return;
@@ -1028,6 +1040,180 @@ __device__ void lines_chain(const Args& a) {
     }
     // Until my successor has drained every iteration (see above).
     if (has_succ && mine > 0) warp_wait_geq(credit, tag | mine, seen, a.status);
+}
+
+// ---------------------------------------------------------------- LL one-shot
+// Small collectives in one hop, for ranks in other processes (NCCL's LL
+// protocol): a 16-byte line carries 8 data bytes and the operation's flag
+// twice ({d0, f, d1, f}); 8-byte halves land whole, so a receiver whose
+// 16-byte load sees both flags has the data. Every rank pushes what each
+// peer needs into that peer's LL area (the slot of its parity half for this
+// sender) and then waits on its own memory only: no fence, no barrier, no
+// read across the link, and one transfer where the staged path has a
+// barrier round, a remote read and an exit barrier.
+//
+// Reuse: the flag is the host's count of LL operations (never 0, so never
+// the area's initial zeros), and consecutive operations use opposite parity
+// halves. A sender may write a receiver's half again once the receiver has
+// finished the LL operation two before (the last one to read it). Usually
+// the operation in between proves it: the sender received the receiver's
+// data of that one, pushed only after the receiver's earlier kernel had
+// ended (stream order). Where it did not (a broadcast root, a reduce's
+// senders), the host sets the receiver in `ll_check` and the sender reads
+// the receiver's WEFT_LL_COUNT (blocks of LL kernels finished, raised by
+// each block at its end) until it reaches `ll_need`. Only LL kernels touch
+// the area, and all they write into a peer's memory is data the peer waits
+// for, so there is no exit barrier and nothing lands after a kernel ends.
+//
+// Thread t handles 16-byte vector v of every part (two lines): it loads all
+// it sends before it stores any output, so in-place calls are safe (the
+// vectors of other threads are other addresses). Reductions go in rank
+// order with the accumulator in Acc<T>, as the staged one-shot (reduce_src):
+// every rank gets the same bits.
+#define WEFT_LL_SLOT (512 << 10)  // wire bytes per sender per parity half: 256 KiB of data
+
+__device__ __forceinline__ void st_ll(u32* p, uint4 x, u32 f) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x.x), "r"(f), "r"(x.y), "r"(f)
+                 : "memory");
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p + 4), "r"(x.z), "r"(f), "r"(x.w), "r"(f)
+                 : "memory");
+}
+
+// Waits until both lines at p carry flag f, then returns their data in x;
+// false: aborted.
+__device__ __forceinline__ bool ld_ll(const u32* p, u32 f, uint4& x, u64 status) {
+    u32 spins = 0;
+    while (true) {
+        u32 a0, a1, a2, a3, b0, b1, b2, b3;
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                     : "l"(p)
+                     : "memory");
+        asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                     : "l"(p + 4)
+                     : "memory");
+        if (a1 == f && a3 == f && b1 == f && b3 == f) {
+            x = make_uint4(a0, a2, b0, b2);
+            return true;
+        }
+        if (++spins == 1024) {
+            spins = 0;
+            if (aborted(status)) return false;
+        }
+    }
+}
+
+// A 16-byte vector's elements reduced in Acc<T>.
+template <typename T, typename Op>
+struct VecAcc {
+    typedef typename Acc<T>::type A;
+    A v[16 / sizeof(T)];
+    __device__ __forceinline__ void set(uint4 x) {
+        const T* t = (const T*)&x;
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) v[k] = load<T>(t[k]);
+    }
+    __device__ __forceinline__ void add(uint4 x) {
+        const T* t = (const T*)&x;
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) v[k] = Op::f(v[k], load<T>(t[k]));
+    }
+    __device__ __forceinline__ uint4 finish(int n) const {
+        uint4 o;
+        T* t = (T*)&o;
+#pragma unroll
+        for (int k = 0; k < (int)(16 / sizeof(T)); k++) t[k] = store<T>(Finish<Op, A>::f(v[k], n));
+        return o;
+    }
+};
+
+template <typename T, typename Op>
+__device__ void ll_oneshot(const Args& a) {
+    const int n = a.nranks, me = a.rank, root = a.root, kind = a.kind;
+    const u32 f = (u32)a.ll;
+    const u64 B = a.count * sizeof(T);  // bytes of one part (NCCL's count)
+    const u64 nv = (B + 15) / 16;
+    const u8* in = (const u8*)a.in;
+    u8* out = (u8*)a.out;
+    const bool per_dest = kind == K_REDUCESCATTER || kind == K_ALLTOALL;
+    const bool reduces = kind == K_ALLREDUCE || kind == K_REDUCESCATTER || kind == K_REDUCE;
+    const bool sends = kind == K_BROADCAST ? me == root : kind == K_REDUCE ? me != root : true;
+    const bool receives = kind == K_BROADCAST ? me != root : kind == K_REDUCE ? me == root : true;
+    // My slot in each peer's area, and each peer's slot in mine.
+    __shared__ u32* to[WEFT_MAX_RANKS];
+    __shared__ const u32* from[WEFT_MAX_RANKS];
+    if (threadIdx.x < WEFT_MAX_RANKS && threadIdx.x < n) {
+        const int r = threadIdx.x;
+        to[r] = (u32*)(a.scratch[r] + a.ll_off + (u64)me * WEFT_LL_SLOT);
+        from[r] = (const u32*)(a.scratch[me] + a.ll_off + (u64)r * WEFT_LL_SLOT);
+    }
+    __shared__ int quit;
+    if (threadIdx.x == 0) quit = 0;
+    __syncthreads();
+    if (sends && threadIdx.x < n && ((a.ll_check >> threadIdx.x) & 1) &&
+        !wait_geq((const u64*)(a.flags[threadIdx.x] + WEFT_LL_COUNT), a.ll_need, a.status))
+        quit = 1;
+    __syncthreads();
+    if (quit) return;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
+        // 1. Push: the whole input (or my part d of it) to every peer that
+        // needs it.
+        uint4 own = make_uint4(0, 0, 0, 0);
+        if (sends) {
+            if (per_dest) {
+                for (int k = 1; k < n; k++) {
+                    const int d = (me + k) % n;
+                    st_ll(to[d] + v * 8, load_vec(in + d * B, v, B), f);
+                }
+            } else {
+                own = load_vec(in, v, B);
+                if (kind == K_REDUCE) {
+                    st_ll(to[root] + v * 8, own, f);
+                } else {
+                    for (int k = 1; k < n; k++) st_ll(to[(me + k) % n] + v * 8, own, f);
+                }
+            }
+        }
+        if (!receives) {
+            // The broadcast root's own output (no peer sends it anything).
+            if (kind == K_BROADCAST && out != in) store_vec(out, v, B, own);
+            continue;
+        }
+        // 2. Receive from my own memory.
+        if (reduces) {
+            if (kind == K_REDUCESCATTER) own = load_vec(in + me * B, v, B);
+            else if (!sends) own = load_vec(in, v, B);
+            VecAcc<T, Op> acc;
+            for (int r = 0; r < n; r++) {
+                uint4 x = own;
+                if (r != me && !ld_ll(from[r] + v * 8, f, x, a.status)) return;
+                if (r == 0) acc.set(x);
+                else acc.add(x);
+            }
+            store_vec(out, v, B, acc.finish(n));
+        } else if (kind == K_BROADCAST) {
+            uint4 x;
+            if (!ld_ll(from[root] + v * 8, f, x, a.status)) return;
+            store_vec(out, v, B, x);
+        } else {
+            // All-gather, all-to-all: part r of my output from rank r.
+            for (int k = 0; k < n; k++) {
+                const int r = (me + k) % n;
+                uint4 x;
+                if (r == me) x = per_dest ? load_vec(in + me * B, v, B) : own;
+                else if (!ld_ll(from[r] + v * 8, f, x, a.status)) return;
+                store_vec(out + r * B, v, B, x);
+            }
+        }
+    }
+    // This block is done with my half (its values are used): count it.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd((unsigned long long*)(a.flags[me] + WEFT_LL_COUNT), 1ull);
+    }
 }
 
 // ---------------------------------------------------------------- point to point

@@ -27,6 +27,19 @@ const LINES_ITER_DATA: usize = LINES_ITER_BYTES / 128 * 120;
 const LINES_MAX_WARPS: usize = 2048;
 /// Window of a lines warp in iterations at most.
 const LINES_MAX_WINDOW: usize = 16;
+/// Wire bytes per sender in each parity half of the LL area
+/// (`WEFT_LL_SLOT` in collectives.cu): a line of 16 bytes carries 8.
+const LL_SLOT: usize = 512 << 10;
+/// Bytes of the LL area after the lines area: two parity halves of one slot
+/// per sender (see `ll_oneshot` in collectives.cu).
+const LL_AREA: usize = 2 * MAX_RANKS * LL_SLOT;
+/// Bytes of one part an LL operation carries at most.
+const LL_MAX_BYTES: usize = LL_SLOT / 2;
+/// Parts up to this many bytes run as LL one-shots across processes by
+/// default (see [`Tuning::ll`]): all the slots hold. On 4 x H200 (mpirun,
+/// docs/PERFORMANCE-GPU.md) LL beat the staged path at every size up to
+/// there (all-reduce 128 KiB: 10.9 us against 18.6, NCCL 11.4).
+const LL_DEFAULT_MAX: usize = LL_MAX_BYTES;
 /// `Args::chain` (`WEFT_CHAIN_*` in collectives.cu).
 const CHAIN_FIFO: i32 = 1;
 const CHAIN_LINES: i32 = 2;
@@ -65,6 +78,10 @@ struct Args {
     step: u64,
     chain: i32,
     slots: u64,
+    ll: u64,
+    ll_off: u64,
+    ll_check: u64,
+    ll_need: u64,
 }
 
 /// Must match `struct Status` in kernels/collectives.cu: host memory mapped
@@ -430,6 +447,10 @@ struct Tuning {
     /// `WEFT_CUDA_LINES_WINDOW`: iterations in flight per warp at most
     /// (2 - 16; small ones make senders wait for credits, as tests want).
     lines_window: usize,
+    /// `WEFT_CUDA_LL_MAX_KB`: operations whose parts are at most this many
+    /// bytes run as an LL one-shot (at most `LL_MAX_BYTES`); None = by mode
+    /// (see [`Tuning::ll`]).
+    ll_max: Option<usize>,
 }
 
 /// How a chain kernel cuts the work (every rank computes the same).
@@ -469,7 +490,27 @@ impl Tuning {
             lines_blocks: env_usize("WEFT_CUDA_LINES_BLOCKS", 128).clamp(1, MAX_BLOCKS),
             lines_window: env_usize("WEFT_CUDA_LINES_WINDOW", LINES_MAX_WINDOW)
                 .clamp(2, LINES_MAX_WINDOW),
+            ll_max: env_kb("WEFT_CUDA_LL_MAX_KB"),
         }
+    }
+
+    /// Whether an operation whose parts are `bytes` each runs as an LL
+    /// one-shot (`ll_oneshot` in collectives.cu: one push of lines that carry
+    /// their own flags, no barrier). By default for ranks in other processes,
+    /// up to `LL_DEFAULT_MAX`, where the staged path's barrier round, remote
+    /// read and exit barrier cost more than the data; ranks in one process
+    /// read each other's buffers in place (no staging copy to save) and keep
+    /// the direct kernels unless `WEFT_CUDA_LL_MAX_KB` or `WEFT_ALGO=ll` says
+    /// otherwise. Any other algorithm override turns it off.
+    fn ll(&self, bytes: usize, nranks: usize, direct: bool) -> bool {
+        let max = match self.algo {
+            Some("ll") => LL_MAX_BYTES,
+            Some(_) => return false,
+            None => self
+                .ll_max
+                .unwrap_or(if direct { 0 } else { LL_DEFAULT_MAX }),
+        };
+        nranks >= 2 && bytes > 0 && bytes <= max.min(LL_MAX_BYTES)
     }
 
     /// Whether a broadcast or reduce of `bytes` runs as a lines chain, given
@@ -605,10 +646,10 @@ impl Tuning {
 }
 
 /// Device algorithm names `WEFT_ALGO` / `WEFT_CUDA_ALGO` may give.
-const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "staged"];
+const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
 
 /// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it
-/// names a device algorithm (oneshot | twoshot | staged; the host algorithm
+/// names a device algorithm (oneshot | twoshot | ll | staged; the host algorithm
 /// names of `WEFT_ALGO`, such as ring, only steer host memory).
 fn algo_override() -> Option<&'static str> {
     ["WEFT_CUDA_ALGO", "WEFT_ALGO"]
@@ -618,6 +659,56 @@ fn algo_override() -> Option<&'static str> {
             let s = s.trim().to_ascii_lowercase();
             DEVICE_ALGOS.iter().copied().find(|a| *a == s)
         })
+}
+
+/// The ranks an LL operation of `kind` on rank `me` of `n` pushes to and
+/// receives from, as bit masks.
+fn ll_peers(kind: i32, root: usize, me: usize, n: usize) -> (u64, u64) {
+    let others = ((1u64 << n) - 1) & !(1 << me);
+    match kind {
+        K_BROADCAST if me == root => (others, 0),
+        K_BROADCAST => (0, 1 << root),
+        K_REDUCE if me == root => (0, others),
+        K_REDUCE => (1 << root, 0),
+        _ => (others, others),
+    }
+}
+
+/// What this rank knows about its peers' use of the LL area. Operation k
+/// writes parity half k % 2, so a peer must have finished operation k - 2
+/// before this rank pushes into it again. Having received that peer's data
+/// in operation k - 1 proves it (the peer pushed it after its kernel k - 2
+/// ended); for any other peer pushed to, the kernel reads the peer's count of
+/// finished LL blocks until it reaches the blocks of operations 0 ..= k - 2
+/// (every rank launches the same blocks per operation).
+#[derive(Debug, Default, Clone, PartialEq)]
+struct LlHistory {
+    /// LL operations so far.
+    ops: u64,
+    /// Blocks of all of them, and of the last one.
+    blocks: u64,
+    last_blocks: u64,
+    /// Peers the last one received data from.
+    last_received: u64,
+}
+
+impl LlHistory {
+    /// Records the next operation (pushing to `sends`, receiving from
+    /// `receives`, `blocks` blocks) and returns the peers its kernel must ask
+    /// and the count they must have reached.
+    fn next(&mut self, sends: u64, receives: u64, blocks: u64) -> (u64, u64) {
+        let check = if self.ops >= 2 {
+            sends & !self.last_received
+        } else {
+            0
+        };
+        let need = self.blocks - self.last_blocks;
+        self.ops += 1;
+        self.blocks += blocks;
+        self.last_blocks = blocks;
+        self.last_received = receives;
+        (check, if check == 0 { 0 } else { need })
+    }
 }
 
 /// How one operation runs on the kernel path.
@@ -634,11 +725,14 @@ pub struct Plan {
     /// Broadcast or reduce as a chain: 0 no, else `CHAIN_FIFO` (slots and a
     /// flag per step) or `CHAIN_LINES` (lines with their own flags).
     chain: i32,
+    /// An LL one-shot (see [`Tuning::ll`]).
+    ll: bool,
 }
 
 impl Plan {
     pub fn algorithm(&self) -> &'static str {
         match self.kind {
+            _ if self.ll => "ll",
             _ if self.chain == CHAIN_LINES => "lines",
             _ if self.chain == CHAIN_FIFO => "chain",
             K_ALLREDUCE => "one-shot",
@@ -790,6 +884,9 @@ pub struct DevComm {
     /// Pinned host memory mapped into the device (abort word, kernel errors).
     status: *mut Status,
     tuning: Tuning,
+    /// LL operations launched (their flags and parity halves), and what the
+    /// next one needs to know to reuse a half (see [`LlHistory`]).
+    ll: LlHistory,
     /// Point-to-point sequence numbers per peer, and receive blocks finished.
     send_seq: Vec<u64>,
     recv_seq: Vec<u64>,
@@ -808,7 +905,7 @@ impl DevComm {
         let _ = ctx;
         let cc = compute_capability(dev)?;
         let parity_bytes = env_usize("WEFT_CUDA_SCRATCH_MB", 32).max(1) << 20;
-        let total = FLAG_AREA + 2 * parity_bytes + LINES_AREA;
+        let total = FLAG_AREA + 2 * parity_bytes + LINES_AREA + LL_AREA;
         let mut base: sys::CUdeviceptr = 0;
         let mut status: *mut c_void = std::ptr::null_mut();
         unsafe {
@@ -832,6 +929,9 @@ impl DevComm {
             // No line may carry a valid flag before a lines chain wrote it.
             let lines = base + (FLAG_AREA + 2 * parity_bytes) as u64;
             check(sys::cuMemsetD8_v2(lines, 0, LINES_AREA), "cuMemsetD8")?;
+            // Nor an LL line before an LL operation wrote it (flags start at 1).
+            let ll = lines + LINES_AREA as u64;
+            check(sys::cuMemsetD8_v2(ll, 0, LL_AREA), "cuMemsetD8")?;
             check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
         }
         let mut d = vec![0u8; DESCRIPTOR_BYTES];
@@ -864,6 +964,7 @@ impl DevComm {
                 lines: false,
                 status: status.cast(),
                 tuning: Tuning::from_env(),
+                ll: LlHistory::default(),
                 send_seq: vec![0; nranks],
                 recv_seq: vec![0; nranks],
                 recv_blocks: vec![0; nranks],
@@ -1149,6 +1250,13 @@ impl DevComm {
             return None;
         }
         let bytes = count * dtype.size();
+        let ll = self.tuning.ll(bytes, n, self.direct);
+        // The LL kernel is a one-shot whatever the size rule picked.
+        let kind = if ll && kind == K_ALLREDUCE_2SHOT {
+            K_ALLREDUCE
+        } else {
+            kind
+        };
         Some(Plan {
             kind,
             func: func_name(dtype, rop)?,
@@ -1158,7 +1266,10 @@ impl DevComm {
             elem: dtype.size(),
             root: root as i32,
             parts,
-            chain: if self.tuning.lines(kind, bytes, n, self.lines) {
+            ll,
+            chain: if ll {
+                0
+            } else if self.tuning.lines(kind, bytes, n, self.lines) {
                 CHAIN_LINES
             } else if self.tuning.chain(kind, bytes, n, self.direct) {
                 CHAIN_FIFO
@@ -1180,7 +1291,9 @@ impl DevComm {
         }
         let f = function(self.dev, p.func)?;
         use_device(self.dev)?;
-        let (blocks, mut a, seqs) = if p.chain == CHAIN_LINES {
+        let (blocks, mut a, seqs) = if p.ll {
+            self.ll_args(p)
+        } else if p.chain == CHAIN_LINES {
             self.lines_args(p)
         } else if p.chain == CHAIN_FIFO {
             self.chain_args(p)
@@ -1221,6 +1334,26 @@ impl DevComm {
         a.step = shape.step as u64;
         a.slots = shape.slots as u64;
         (shape.blocks, a, 1)
+    }
+
+    /// Arguments of an LL one-shot: no sequence number (it has no barrier),
+    /// the next LL flag and parity half; one thread per 16 data bytes of a
+    /// part, in at most 32 blocks (all resident at once: every thread waits
+    /// only on its peers' threads of the same index).
+    fn ll_args(&mut self, p: &Plan) -> (usize, Args, u64) {
+        let vecs = (p.count * p.elem).div_ceil(16);
+        let blocks = vecs.div_ceil(self.tuning.threads).clamp(1, 32);
+        let k = self.ll.ops;
+        let (sends, receives) = ll_peers(p.kind, p.root as usize, self.rank, self.nranks);
+        let (check, need) = self.ll.next(sends, receives, blocks as u64);
+        let mut a = self.args(p, false, false);
+        // Never 0 (the area's initial zeros); consecutive values differ.
+        a.ll = k % u32::MAX as u64 + 1;
+        a.ll_off =
+            (2 * self.parity_bytes + LINES_AREA + (k as usize & 1) * MAX_RANKS * LL_SLOT) as u64;
+        a.ll_check = check;
+        a.ll_need = need;
+        (blocks, a, 0)
     }
 
     /// Arguments of a lines chain: one sequence number, the tag of its flags
@@ -1295,6 +1428,10 @@ impl DevComm {
             step: 0,
             chain: 0,
             slots: 0,
+            ll: 0,
+            ll_off: 0,
+            ll_check: 0,
+            ll_need: 0,
         }
     }
 
@@ -1462,10 +1599,10 @@ mod tests {
     #[test]
     fn args_layout_matches_the_kernel() {
         // struct Args in collectives.cu: 16 u64, 5 u64, 4 i32, 1 u64,
-        // 2 i32, 1 u64, 2 i32, 1 u64, 1 i32 (padded), 1 u64.
+        // 2 i32, 1 u64, 2 i32, 1 u64, 1 i32 (padded), 5 u64.
         assert_eq!(
             std::mem::size_of::<Args>(),
-            16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8 + 8 + 8
+            16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8 + 8 + 5 * 8
         );
         // struct P2pOp: 5 u64 + 4 i32; struct P2pArgs: 8 u64, 1 u64, 2 i32,
         // 16 ops, 8 u64, 3 u64, 1 i32 (padded).
@@ -1500,6 +1637,7 @@ mod tests {
             lines_max: None,
             lines_blocks: 128,
             lines_window: LINES_MAX_WINDOW,
+            ll_max: None,
         }
     }
 
@@ -1540,6 +1678,76 @@ mod tests {
         assert_eq!(forced.bcast_algo(1 << 20), BCAST_RING);
         assert_eq!(forced.bcast_step(1 << 30, 64, 4, BCAST_RING), 1008);
         assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
+    }
+
+    #[test]
+    fn ll_is_for_small_parts_across_processes_unless_asked() {
+        let t = defaults();
+        // Across processes: up to the default, never 0 bytes or one rank.
+        assert!(t.ll(8, 4, false));
+        assert!(t.ll(256 << 10, 4, false));
+        assert!(!t.ll((256 << 10) + 1, 4, false));
+        assert!(!t.ll(0, 4, false));
+        assert!(!t.ll(8, 1, false));
+        // In one process: off unless asked.
+        assert!(!t.ll(8, 4, true));
+        let asked = Tuning {
+            ll_max: Some(100 << 20),
+            ..t
+        };
+        assert!(asked.ll(LL_MAX_BYTES, 4, true));
+        assert!(!asked.ll(LL_MAX_BYTES + 1, 4, true), "capped by the slots");
+        let forced = Tuning {
+            algo: Some("ll"),
+            ..t
+        };
+        assert!(forced.ll(LL_MAX_BYTES, 2, true) && !forced.ll(LL_MAX_BYTES + 16, 2, false));
+        let other = Tuning {
+            algo: Some("twoshot"),
+            ..t
+        };
+        assert!(!other.ll(8, 4, false));
+        // The area holds both parity halves of every sender's largest part.
+        assert_eq!(LL_AREA, 2 * MAX_RANKS * 2 * LL_MAX_BYTES);
+        let src = kernels::COLLECTIVES;
+        assert!(src.contains(&format!("#define WEFT_LL_SLOT ({} << 10)", LL_SLOT >> 10)));
+    }
+
+    /// A peer is asked whether it finished the LL operation two back exactly
+    /// when the operation in between brought nothing from it.
+    #[test]
+    fn ll_history_asks_only_peers_that_gave_no_sign() {
+        let n = 4;
+        // Rank 0 all-reduces: every peer's data arrives each time.
+        let mut h = LlHistory::default();
+        for b in [1, 3, 2, 5] {
+            let (s, r) = ll_peers(K_ALLREDUCE, 0, 0, n);
+            assert_eq!(h.next(s, r, b), (0, 0));
+        }
+        // Rank 0 broadcasts from itself after that: nothing comes back.
+        let (s, r) = ll_peers(K_BROADCAST, 0, 0, n);
+        assert_eq!((s, r), (0b1110, 0));
+        // Op 4: the last op (an all-reduce) received from everyone.
+        assert_eq!(h.next(s, r, 4), (0, 0));
+        // Op 5: ask every peer for ops 0..=3 (1 + 3 + 2 + 5 blocks).
+        assert_eq!(h.next(s, r, 4), (0b1110, 11));
+        // Op 6: ops 0..=4.
+        assert_eq!(h.next(s, r, 1), (0b1110, 15));
+        // Its receivers only receive: they never ask.
+        let mut g = LlHistory::default();
+        for _ in 0..4 {
+            let (s, r) = ll_peers(K_BROADCAST, 0, 2, n);
+            assert_eq!((s, r), (0, 0b0001));
+            assert_eq!(g.next(s, r, 2), (0, 0));
+        }
+        // Reduce to rank 3: rank 1 pushes to the root only and asks it from
+        // the third op on.
+        let mut h = LlHistory::default();
+        let (s, r) = ll_peers(K_REDUCE, 3, 1, n);
+        assert_eq!((s, r), (0b1000, 0));
+        assert_eq!(h.next(s, r, 2), (0, 0));
+        assert_eq!(h.next(s, r, 2), (0, 0));
+        assert_eq!(h.next(s, r, 2), (0b1000, 2));
     }
 
     #[test]

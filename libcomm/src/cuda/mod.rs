@@ -49,15 +49,30 @@ pub fn check(r: sys::CUresult, what: &str) -> CudaResult<()> {
 }
 
 /// The driver library is loaded in this process already (the program uses
-/// CUDA). Host-only programs never load it through us.
+/// CUDA). Host-only programs never load it through us. Asked on every call
+/// with a buffer, so a yes is remembered (a loaded driver stays loaded) and
+/// only a no asks the loader again (`dlopen` takes the loader's lock).
 pub fn driver_loaded() -> bool {
-    unsafe {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static LOADED: AtomicBool = AtomicBool::new(false);
+    if LOADED.load(Ordering::Relaxed) {
+        return true;
+    }
+    let loaded = unsafe {
         let h = libc::dlopen(
             c"libcuda.so.1".as_ptr(),
             libc::RTLD_LAZY | libc::RTLD_NOLOAD,
         );
+        if !h.is_null() {
+            // NOLOAD still counts a reference: give it back.
+            libc::dlclose(h);
+        }
         !h.is_null()
+    };
+    if loaded {
+        LOADED.store(true, Ordering::Relaxed);
     }
+    loaded
 }
 
 /// Loads and initialises the CUDA driver once; Err("no CUDA driver ...") on
@@ -79,25 +94,22 @@ pub fn pointer_device(p: *const c_void) -> Option<i32> {
     if p.is_null() || !driver_loaded() || driver().is_err() {
         return None;
     }
-    unsafe {
-        let mut ty: u32 = 0;
-        let r = sys::cuPointerGetAttribute(
-            (&mut ty as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            p as u64,
-        );
-        // 2 = CU_MEMORYTYPE_DEVICE, 3 = CU_MEMORYTYPE_ARRAY.
-        if r != sys::CUresult::CUDA_SUCCESS || !(ty == 2 || ty == 3) {
-            return None;
-        }
-        let mut dev: i32 = -1;
-        let r = sys::cuPointerGetAttribute(
-            (&mut dev as *mut i32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            p as u64,
-        );
-        (r == sys::CUresult::CUDA_SUCCESS).then_some(dev)
-    }
+    // One driver call for both attributes; unlike cuPointerGetAttribute it
+    // answers host memory with defaults (type 0) instead of an error.
+    let mut ty: u32 = 0;
+    let mut dev: i32 = -1;
+    let mut attrs = [
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+    ];
+    let mut data = [
+        (&mut ty as *mut u32).cast::<c_void>(),
+        (&mut dev as *mut i32).cast::<c_void>(),
+    ];
+    let r =
+        unsafe { sys::cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), p as u64) };
+    // 2 = CU_MEMORYTYPE_DEVICE, 3 = CU_MEMORYTYPE_ARRAY.
+    (r == sys::CUresult::CUDA_SUCCESS && (ty == 2 || ty == 3) && dev >= 0).then_some(dev)
 }
 
 #[derive(Clone, Copy)]
