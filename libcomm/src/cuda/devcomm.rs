@@ -1337,12 +1337,15 @@ impl DevComm {
     }
 
     /// Arguments of an LL one-shot: no sequence number (it has no barrier),
-    /// the next LL flag and parity half; one thread per 16 data bytes of a
-    /// part, in at most 32 blocks (all resident at once: every thread waits
-    /// only on its peers' threads of the same index).
+    /// the next LL flag and parity half; a block per 512 vectors of 16 data
+    /// bytes of a part, at most 32 (all resident at once: a thread waits only
+    /// for its peers' pushes, never for another block of its own). The count
+    /// ignores `WEFT_CUDA_THREADS` (the kernel strides over the vectors with
+    /// whatever it gets), so every rank launches the same blocks, which the
+    /// reuse check (`LlHistory`) counts.
     fn ll_args(&mut self, p: &Plan) -> (usize, Args, u64) {
         let vecs = (p.count * p.elem).div_ceil(16);
-        let blocks = vecs.div_ceil(self.tuning.threads).clamp(1, 32);
+        let blocks = vecs.div_ceil(512).clamp(1, 32);
         let k = self.ll.ops;
         let (sends, receives) = ll_peers(p.kind, p.root as usize, self.rank, self.nranks);
         let (check, need) = self.ll.next(sends, receives, blocks as u64);
