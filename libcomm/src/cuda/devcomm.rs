@@ -1753,6 +1753,143 @@ mod tests {
         assert_eq!(h.next(s, r, 2), (0b1000, 2));
     }
 
+    /// A model of the LL area's reuse across processes: ranks run the same
+    /// LL operations at their own pace (any interleaving a random schedule
+    /// picks), each one checking, pushing and receiving as the kernel does
+    /// with the `LlHistory` of its rank. Returns the first slot overwritten
+    /// before its receiver read it, or a deadlock.
+    fn ll_model(n: usize, ops: &[(i32, usize, u64)], seed: u64, check: bool) -> Result<(), String> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Phase {
+            Check,
+            Push,
+            Receive,
+        }
+        // slot[receiver][parity][sender] = (operation, read yet)
+        let mut slot = vec![[[None::<(usize, bool)>; MAX_RANKS]; 2]; n];
+        let mut count = vec![0u64; n];
+        let mut pc = vec![0usize; n];
+        let mut phase = vec![Phase::Check; n];
+        let mut hist = vec![LlHistory::default(); n];
+        // (sends, receives, peers to ask, their count) of each rank's current op.
+        let mut plan = vec![None::<(u64, u64, u64, u64)>; n];
+        let mut rng = seed | 1;
+        loop {
+            let live: Vec<usize> = (0..n).filter(|&r| pc[r] < ops.len()).collect();
+            if live.is_empty() {
+                return Ok(());
+            }
+            // Every rank that can move, in a random order; none: deadlock.
+            let mut moved = false;
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let start = rng as usize;
+            for i in 0..live.len() {
+                let r = live[(start + i) % live.len()];
+                let k = pc[r];
+                let (kind, root, blocks) = ops[k];
+                let par = k % 2;
+                match phase[r] {
+                    Phase::Check => {
+                        let (_, _, c, need) = *plan[r].get_or_insert_with(|| {
+                            let (sends, receives) = ll_peers(kind, root, r, n);
+                            let (c, need) = hist[r].next(sends, receives, blocks);
+                            (sends, receives, if check { c } else { 0 }, need)
+                        });
+                        if (0..n).all(|d| c >> d & 1 == 0 || count[d] >= need) {
+                            phase[r] = Phase::Push;
+                            moved = true;
+                        }
+                    }
+                    Phase::Push => {
+                        let sends = plan[r].unwrap().0;
+                        for d in (0..n).filter(|d| sends >> d & 1 == 1) {
+                            if let Some((j, false)) = slot[d][par][r] {
+                                return Err(format!(
+                                    "rank {r} overwrote op {j}'s data for rank {d} (op {k}) before it was read"
+                                ));
+                            }
+                            slot[d][par][r] = Some((k, false));
+                        }
+                        phase[r] = Phase::Receive;
+                        moved = true;
+                    }
+                    Phase::Receive => {
+                        let receives = plan[r].unwrap().1;
+                        let from: Vec<usize> = (0..n).filter(|s| receives >> s & 1 == 1).collect();
+                        if from
+                            .iter()
+                            .all(|&s| matches!(slot[r][par][s], Some((j, _)) if j == k))
+                        {
+                            for s in from {
+                                slot[r][par][s] = Some((k, true));
+                            }
+                            count[r] += blocks;
+                            pc[r] += 1;
+                            plan[r] = None;
+                            phase[r] = Phase::Check;
+                            moved = true;
+                        }
+                    }
+                }
+                if moved {
+                    break;
+                }
+            }
+            if !moved {
+                return Err(format!("deadlock at {pc:?}"));
+            }
+        }
+    }
+
+    /// The reuse rule holds under random schedules for random sequences of
+    /// every kind of LL operation, and the model has teeth: without the
+    /// count check a broadcast root overwrites unread data (the hang the
+    /// first GPU build had).
+    #[test]
+    fn ll_reuse_never_overwrites_unread_data() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |m: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % m
+        };
+        let kinds = [
+            K_ALLREDUCE,
+            K_BROADCAST,
+            K_REDUCE,
+            K_ALLGATHER,
+            K_REDUCESCATTER,
+            K_ALLTOALL,
+        ];
+        for case in 0..300 {
+            let n = 2 + next(7) as usize;
+            let ops: Vec<(i32, usize, u64)> = (0..2 + next(12))
+                .map(|_| {
+                    (
+                        kinds[next(6) as usize],
+                        next(n as u64) as usize,
+                        1 + next(32),
+                    )
+                })
+                .collect();
+            for seed in 0..8 {
+                if let Err(e) = ll_model(n, &ops, case * 8 + seed + 1, true) {
+                    panic!("case {case} (n={n}, ops={ops:?}, seed {seed}): {e}");
+                }
+            }
+        }
+        for unchecked in [[(K_BROADCAST, 0usize, 2u64); 6], [(K_REDUCE, 2, 1); 6]] {
+            let caught = (1..50).any(|seed| ll_model(3, &unchecked, seed, false).is_err());
+            assert!(
+                caught,
+                "without the check the model should find the overwrite"
+            );
+        }
+    }
+
     #[test]
     fn lines_shape_fits_the_area_and_the_credit_words() {
         let t = defaults();
