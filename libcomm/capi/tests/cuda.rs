@@ -421,6 +421,73 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
     }
 }
 
+/// A collective on a stream being captured into a CUDA graph is refused
+/// with ncclInvalidUsage and a message that says why, instead of becoming a
+/// graph whose replays reuse the captured sequence numbers and flags and
+/// read stale data; the same call after the capture ends works.
+#[test]
+fn graph_capture_is_refused_with_a_clear_error() {
+    use cudarc::driver::sys;
+    let Some(_) = devices_or_skip("graph_capture_is_refused_with_a_clear_error", 1) else {
+        return;
+    };
+    let comms = init_all(&[0]);
+    let count = 1024;
+    let buf = mem::alloc(0, count * 4).unwrap();
+    let input: Vec<f64> = (0..count).map(|i| i as f64 * 0.5 - 7.0).collect();
+    mem::htod(0, buf, &f32_bytes(&input)).unwrap();
+    cuda::use_device(0).unwrap();
+    let b = buf as *mut c_void;
+    unsafe {
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        assert_eq!(
+            sys::cuStreamCreate(&mut stream, 0),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            sys::cuStreamBeginCapture_v2(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+            ),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        let rc = pncclAllReduce(b, b, count, F32, 0, comms[0], stream.cast());
+        let msg = std::ffi::CStr::from_ptr(pncclGetLastError(comms[0]))
+            .to_string_lossy()
+            .into_owned();
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        let ended = sys::cuStreamEndCapture(stream, &mut graph);
+        if !graph.is_null() {
+            sys::cuGraphDestroy(graph);
+        }
+        assert_eq!(rc, 5, "ncclInvalidUsage expected, got {rc}: {msg}");
+        assert!(msg.contains("CUDA graph"), "{msg}");
+        assert_eq!(
+            ended,
+            sys::CUresult::CUDA_SUCCESS,
+            "the refused call must not break the capture"
+        );
+        // Outside capture the same call runs (one rank: the sum is the input).
+        assert_eq!(
+            pncclAllReduce(b, b, count, F32, 0, comms[0], stream.cast()),
+            0
+        );
+        assert_eq!(
+            sys::cuStreamSynchronize(stream),
+            sys::CUresult::CUDA_SUCCESS
+        );
+        sys::cuStreamDestroy_v2(stream);
+    }
+    let mut out = vec![0u8; count * 4];
+    mem::dtoh(0, &mut out, buf).unwrap();
+    assert_eq!(out, f32_bytes(&input));
+    eprintln!(
+        "graph_capture_is_refused_with_a_clear_error: refused during capture, correct after it"
+    );
+    unsafe { pncclCommDestroy(comms[0]) };
+    mem::free(0, buf).unwrap();
+}
+
 /// Two communicators over the same GPUs, their operations interleaved on
 /// one stream per GPU (ordered the same way on every GPU, as NCCL requires
 /// of communicators sharing devices): each keeps its own flags, scratch and

@@ -214,6 +214,15 @@ pub unsafe fn run(ops: &[DeviceOp<'_>]) -> Result<()> {
             )));
         }
     }
+    for o in ops.iter().filter(|o| o.device.is_some()) {
+        if super::stream_capturing(o.stream) {
+            return Err(Error::Unsupported(format!(
+                "{} on {}: the stream is being captured into a CUDA graph, which Weft does not support yet: its kernels take per-call sequence numbers and flags as arguments, so a replayed graph would reuse them and read stale data; run the operation outside capture (nccl-tests: without -G)",
+                o.op.name(),
+                o.comm.describe()
+            )));
+        }
+    }
     let ops: Vec<DeviceOp<'_>> = ops.iter().copied().filter(|o| !o.op.is_empty()).collect();
     // The caller's current context (its cudaSetDevice) is back on return.
     let _ctx = ContextGuard::save();

@@ -112,6 +112,16 @@ pub fn pointer_device(p: *const c_void) -> Option<i32> {
     (r == sys::CUresult::CUDA_SUCCESS && (ty == 2 || ty == 3) && dev >= 0).then_some(dev)
 }
 
+/// Whether `stream` is being captured into a CUDA graph. Only a capture the
+/// driver confirms counts: a failed query lets the operation go on, as it did
+/// before this check existed.
+pub fn stream_capturing(stream: *mut c_void) -> bool {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let r = unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) };
+    r == sys::CUresult::CUDA_SUCCESS
+        && status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+}
+
 #[derive(Clone, Copy)]
 struct Ctx(sys::CUcontext);
 unsafe impl Send for Ctx {}
