@@ -102,8 +102,8 @@ struct Status {
 #define WEFT_CHAIN_TAIL_OFF (50 << 10)
 #define WEFT_CHAIN_CRED_OFF (52 << 10)
 // Lines chain (see lines_chain): one u64 credit per warp, at most
-// WEFT_LINES_MAX_WARPS (written by the successor), up to the area's end
-// (FLAG_AREA in cuda/devcomm.rs: 128 KiB).
+// WEFT_LINES_MAX_WARPS (written by the successor): 64 - 80 KiB of the
+// 128 KiB area (FLAG_AREA in cuda/devcomm.rs).
 #define WEFT_LINES_CRED_OFF (64 << 10)
 #define WEFT_LINES_MAX_WARPS 2048
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence
@@ -1049,12 +1049,15 @@ __device__ void lines_chain(const Args& a) {
 // 16-byte load sees both flags has the data. Every rank pushes what each
 // peer needs into that peer's LL area (the slot of its parity half for this
 // sender) and then waits on its own memory only: no fence, no barrier, no
-// read across the link, and one transfer where the staged path has a
-// barrier round, a remote read and an exit barrier.
+// data read across the link (only the count below, where needed), and one
+// transfer where the staged path has a barrier round, a remote read and an
+// exit barrier.
 //
-// Reuse: the flag is the host's count of LL operations (never 0, so never
-// the area's initial zeros), and consecutive operations use opposite parity
-// halves. A sender may write a receiver's half again once the receiver has
+// Reuse: the flag is the host's count of LL operations modulo 2^32 - 1,
+// plus 1 (never 0, so never the area's initial zeros; a line could match a
+// stale one only after 2 * (2^32 - 1) operations, hours of back-to-back
+// 5 us operations, and only where no operation in between rewrote it), and
+// consecutive operations use opposite parity halves. A sender may write a receiver's half again once the receiver has
 // finished the LL operation two before (the last one to read it). Usually
 // the operation in between proves it: the sender received the receiver's
 // data of that one, pushed only after the receiver's earlier kernel had
@@ -1208,7 +1211,10 @@ __device__ void ll_oneshot(const Args& a) {
             }
         }
     }
-    // This block is done with my half (its values are used): count it.
+    // This block is done with my half: count it. Its reads are complete (their
+    // values were stored before the block barrier), so a GPU-scope fence
+    // before the count suffices in practice, as in NCCL's LL; the reader on
+    // another GPU acquires it with system scope.
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
