@@ -74,10 +74,6 @@ impl Coll {
     ];
 }
 
-/// `WEFT_ALGO` names of device algorithms with no host counterpart (see
-/// `DEVICE_ALGOS` in cuda/devcomm.rs; `oneshot` is the host's `direct`).
-const DEVICE_ONLY: [&str; 3] = ["twoshot", "ll", "staged"];
-
 fn parse_algo(s: &str) -> Result<Algo> {
     Ok(match s.trim().to_ascii_lowercase().as_str() {
         "ring" => Algo::Ring,
@@ -105,10 +101,13 @@ impl std::str::FromStr for AlgoOverride {
         let mut o = AlgoOverride::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part.split_once(':') {
-                // Names only the CUDA kernel path knows steer device memory
-                // (libcomm::cuda); host memory keeps choosing by size.
-                None if DEVICE_ONLY.contains(&part.to_ascii_lowercase().as_str()) => {}
-                None => o.global = Some(parse_algo(part)?),
+                None => match parse_algo(part) {
+                    Ok(a) => o.global = Some(a),
+                    // Names only the CUDA kernel path knows steer device
+                    // memory; host memory keeps choosing by size.
+                    Err(_) if crate::cuda::is_device_algo(part) => {}
+                    Err(e) => return Err(e),
+                },
                 Some((c, a)) => {
                     let c = c.trim().to_ascii_lowercase().replace('_', "");
                     let coll = Coll::ALL

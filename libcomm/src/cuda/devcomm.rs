@@ -648,6 +648,13 @@ impl Tuning {
 /// Device algorithm names `WEFT_ALGO` / `WEFT_CUDA_ALGO` may give.
 const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
 
+/// Whether `name` names a device algorithm (the host tuner leaves those it
+/// does not know itself to the kernel path).
+pub fn is_device_algo(name: &str) -> bool {
+    let name = name.trim().to_ascii_lowercase();
+    DEVICE_ALGOS.contains(&name.as_str())
+}
+
 /// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it
 /// names a device algorithm (oneshot | twoshot | ll | staged; the host algorithm
 /// names of `WEFT_ALGO`, such as ring, only steer host memory).

@@ -645,4 +645,6 @@ impl Staging {
 pub mod batch;
 mod devcomm;
 pub use batch::{DeviceOp, run, set_logger, submit};
-pub use devcomm::{DESCRIPTOR_BYTES, DevComm, MAX_RANKS, P2p, Plan, compile_single, p2p_pieces};
+pub use devcomm::{
+    DESCRIPTOR_BYTES, DevComm, MAX_RANKS, P2p, Plan, compile_single, is_device_algo, p2p_pieces,
+};
