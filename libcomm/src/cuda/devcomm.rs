@@ -1760,6 +1760,14 @@ mod tests {
         assert_eq!(h.next(s, r, 2), (0b1000, 2));
     }
 
+    /// The next value of a xorshift64 generator (state never 0).
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
     /// A model of the LL area's reuse across processes: ranks run the same
     /// LL operations at their own pace (any interleaving a random schedule
     /// picks), each one checking, pushing and receiving as the kernel does
@@ -1788,10 +1796,7 @@ mod tests {
             }
             // Every rank that can move, in a random order; none: deadlock.
             let mut moved = false;
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            let start = rng as usize;
+            let start = xorshift(&mut rng) as usize;
             for i in 0..live.len() {
                 let r = live[(start + i) % live.len()];
                 let k = pc[r];
@@ -1857,12 +1862,7 @@ mod tests {
     #[test]
     fn ll_reuse_never_overwrites_unread_data() {
         let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |m: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % m
-        };
+        let mut next = move |m: u64| xorshift(&mut rng) % m;
         let kinds = [
             K_ALLREDUCE,
             K_BROADCAST,
