@@ -1590,7 +1590,7 @@ mod tests {
     fn single_kernels_compile() {
         if !kernels::nvrtc_available() {
             eprintln!(
-                "SKIPPED single_kernels_compile: libnvrtc not found (see libcomm/kernels/ci-nvrtc.sh)"
+                "SKIPPED single_kernels_compile: libnvrtc not found (see kernels/ci-nvrtc.sh)"
             );
             return;
         }

@@ -1,4 +1,4 @@
-//! The CUDA C++ kernels (`libcomm/kernels/`), embedded in the binary and
+//! The CUDA C++ kernels (top-level `kernels/`), embedded in the binary and
 //! compiled with NVRTC on first use for the device's architecture. The PTX is
 //! cached per process and on disk (`$WEFT_KERNEL_CACHE`, else
 //! `$XDG_CACHE_HOME/weft/kernels`, else `~/.cache/weft/kernels`), keyed by the
@@ -13,11 +13,11 @@ use std::sync::{Mutex, OnceLock};
 /// Every kernel source, by file name.
 pub const SOURCES: &[(&str, &str)] = &[(
     "collectives.cu",
-    include_str!("../../kernels/collectives.cu"),
+    include_str!("../../../kernels/collectives.cu"),
 )];
 
 /// The collectives' source.
-pub const COLLECTIVES: &str = include_str!("../../kernels/collectives.cu");
+pub const COLLECTIVES: &str = include_str!("../../../kernels/collectives.cu");
 
 /// NVRTC's library can be loaded (never panics: cudarc would).
 pub fn nvrtc_available() -> bool {
@@ -115,7 +115,7 @@ mod tests {
     #[test]
     fn every_kernel_compiles_with_nvrtc() {
         if !nvrtc_available() {
-            let why = "libnvrtc not found (run libcomm/kernels/ci-nvrtc.sh, or pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to LD_LIBRARY_PATH)";
+            let why = "libnvrtc not found (run kernels/ci-nvrtc.sh, or pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to LD_LIBRARY_PATH)";
             // CI that provides NVRTC sets WEFT_REQUIRE_NVRTC=1: a missing
             // library is then a failure, never a silent pass.
             assert!(
