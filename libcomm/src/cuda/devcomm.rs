@@ -3,8 +3,8 @@
 //! and the kernel launches that use them.
 
 use super::{
-    CudaResult, check, compute_capability, device_at, kernels, nvlink_class, pci_location,
-    use_device,
+    CudaError, CudaResult, check, compute_capability, device_at, kernels, nvlink_class,
+    pci_location, use_device,
 };
 use crate::group::GroupOp;
 use crate::types::{DataType, ReduceOp};
@@ -280,7 +280,7 @@ pub fn p2p_pieces(op: &GroupOp, rank: usize, n: usize) -> Option<Vec<P2p>> {
 /// so does the peer's i-th receive from us, which is what makes the rounds
 /// of all ranks match). Sends to and receives from oneself pair up, in order,
 /// into copies.
-fn p2p_rounds(pieces: &[P2p], me: usize) -> Result<Vec<Vec<P2p>>, String> {
+fn p2p_rounds(pieces: &[P2p], me: usize) -> CudaResult<Vec<Vec<P2p>>> {
     let mut rounds: Vec<Vec<P2p>> = Vec::new();
     let put = |rounds: &mut Vec<Vec<P2p>>, i: usize, p: P2p| {
         while rounds.len() <= i {
@@ -303,18 +303,18 @@ fn p2p_rounds(pieces: &[P2p], me: usize) -> Result<Vec<Vec<P2p>>, String> {
         })
         .collect();
     if self_sends.len() != self_recvs.len() {
-        return Err(format!(
+        return Err(CudaError::InvalidUsage(format!(
             "{} sends to this rank itself but {} receives from it in one group",
             self_sends.len(),
             self_recvs.len()
-        ));
+        )));
     }
     let mut copies = 0;
     for (&(src, sb), &(dst, rb)) in self_sends.iter().zip(&self_recvs) {
         if sb != rb {
-            return Err(format!(
+            return Err(CudaError::InvalidUsage(format!(
                 "a send to itself of {sb} bytes meets a receive of {rb} bytes"
-            ));
+            )));
         }
         put(
             &mut rounds,
@@ -351,10 +351,10 @@ fn p2p_rounds(pieces: &[P2p], me: usize) -> Result<Vec<Vec<P2p>>, String> {
     // Copies are local: they may sit in any round; spread so none overflows.
     for r in &rounds {
         if r.len() > MAX_P2P {
-            return Err(format!(
+            return Err(CudaError::Unsupported(format!(
                 "{} point-to-point pieces in one round (at most {MAX_P2P})",
                 r.len()
-            ));
+            )));
         }
     }
     Ok(rounds)
@@ -790,7 +790,7 @@ fn function(dev: i32, name: &'static str) -> CudaResult<sys::CUfunction> {
     let (a, b) = compute_capability(dev)?;
     let arch = format!("compute_{a}{b}");
     let ptx = kernels::compile(name, &src, &arch)?;
-    let c = CString::new(ptx).map_err(|_| "PTX holds a NUL byte".to_string())?;
+    let c = CString::new(ptx).map_err(|_| CudaError::InvalidPtx)?;
     let mut m: sys::CUmodule = std::ptr::null_mut();
     use_device(dev)?;
     unsafe {
@@ -927,10 +927,10 @@ impl DevComm {
             std::ptr::write_bytes(status.cast::<u8>(), 0, std::mem::size_of::<Status>());
             if let Err(e) = check(sys::cuMemAlloc_v2(&mut base, total), "cuMemAlloc") {
                 let _ = sys::cuMemFreeHost(status);
-                return Err(format!(
-                    "{e} ({} MiB of scratch on GPU {dev}; WEFT_CUDA_SCRATCH_MB sets it)",
+                return Err(e.context(format!(
+                    "{} MiB of scratch on GPU {dev}; WEFT_CUDA_SCRATCH_MB sets it",
                     total >> 20
-                ));
+                )));
             }
             check(sys::cuMemsetD8_v2(base, 0, FLAG_AREA), "cuMemsetD8")?;
             // No line may carry a valid flag before a lines chain wrote it.
@@ -987,10 +987,10 @@ impl DevComm {
     /// on every rank, which the caller agrees on with the peers.
     pub fn connect(&mut self, all: &[u8]) -> CudaResult<()> {
         if self.nranks > MAX_RANKS {
-            return Err(format!(
+            return Err(CudaError::Unsupported(format!(
                 "{} ranks: the kernel path supports at most {MAX_RANKS}",
                 self.nranks
-            ));
+            )));
         }
         let ctx = use_device(self.dev)?;
         let _ = ctx;
@@ -1007,10 +1007,10 @@ impl DevComm {
             let base = u64::from_le_bytes(d[16..24].try_into().unwrap());
             let pb = u64::from_le_bytes(d[24..32].try_into().unwrap()) as usize;
             if pb != self.parity_bytes {
-                return Err(format!(
+                return Err(CudaError::InvalidUsage(format!(
                     "rank {r} has {pb} bytes of scratch per parity, this rank {} (set WEFT_CUDA_SCRATCH_MB alike everywhere)",
                     self.parity_bytes
-                ));
+                )));
             }
             if r == self.rank {
                 self.peers[r] = self.base;
@@ -1030,10 +1030,10 @@ impl DevComm {
                             "cuDeviceCanAccessPeer",
                         )?;
                         if a == 0 {
-                            return Err(format!(
+                            return Err(CudaError::Unsupported(format!(
                                 "GPU {} cannot access GPU {dev} directly (no P2P)",
                                 self.dev
-                            ));
+                            )));
                         }
                         let r = sys::cuCtxEnablePeerAccess(peer_ctx, 0);
                         if r != sys::CUresult::CUDA_SUCCESS
@@ -1046,9 +1046,9 @@ impl DevComm {
                 self.peers[r] = base;
             } else {
                 if d[32] == 0 {
-                    return Err(format!(
+                    return Err(CudaError::Unsupported(format!(
                         "rank {r} could not export its scratch (cuIpcGetMemHandle)"
-                    ));
+                    )));
                 }
                 let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
                 for i in 0..64 {
@@ -2059,6 +2059,7 @@ mod tests {
         assert!(
             p2p_rounds(&[send(0, 1)], 0)
                 .unwrap_err()
+                .to_string()
                 .contains("sends to this rank itself")
         );
     }

@@ -4,6 +4,7 @@
 //! `$XDG_CACHE_HOME/weft/kernels`, else `~/.cache/weft/kernels`), keyed by the
 //! source's SHA-256 and the architecture.
 
+use super::error::{CudaError, CudaResult};
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -46,11 +47,9 @@ fn cache_dir() -> Option<PathBuf> {
 }
 
 /// Compiles `src` for `arch` (e.g. "compute_90") with NVRTC, no cache.
-pub fn compile_uncached(name: &str, src: &str, arch: &str) -> Result<String, String> {
+pub fn compile_uncached(name: &str, src: &str, arch: &str) -> CudaResult<String> {
     if !nvrtc_available() {
-        return Err(
-            "NVRTC (libnvrtc.so) is not available: install it (pip install nvidia-cuda-nvrtc==13.0.88) and put its lib folder on LD_LIBRARY_PATH".into(),
-        );
+        return Err(CudaError::NvrtcMissing);
     }
     let arch: &'static str = Box::leak(arch.to_string().into_boxed_str());
     let opts = CompileOptions {
@@ -61,11 +60,15 @@ pub fn compile_uncached(name: &str, src: &str, arch: &str) -> Result<String, Str
     };
     compile_ptx_with_opts(src, opts)
         .map(|p| p.to_src())
-        .map_err(|e| format!("NVRTC failed to compile {name} for {arch}: {e:?}"))
+        .map_err(|e| CudaError::Compile {
+            name: name.to_string(),
+            arch: arch.to_string(),
+            log: format!("{e:?}"),
+        })
 }
 
 /// Compiles with the per-process and on-disk caches.
-pub fn compile(name: &str, src: &str, arch: &str) -> Result<String, String> {
+pub fn compile(name: &str, src: &str, arch: &str) -> CudaResult<String> {
     static MEM: Mutex<Option<HashMap<(String, String), String>>> = Mutex::new(None);
     let key = (source_hash(src), arch.to_string());
     if let Some(p) = MEM
