@@ -16,9 +16,11 @@
 //!    kernel path) is staged through host memory and runs with the batch's
 //!    host operations in one libcomm `Group`: correct, slow, logged once.
 
-use super::devcomm::{DESCRIPTOR_BYTES, DevComm, P2p, is_p2p, p2p_pieces};
+use super::devcomm::DevComm;
 use super::driver::{ContextGuard, stream_capturing};
 use super::error::CudaError;
+use super::mapping::DESCRIPTOR_BYTES;
+use super::p2p::{P2p, is_p2p, p2p_pieces};
 use super::staging::{Staging, op_device};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};

@@ -23,29 +23,52 @@
 //! | file | its one job |
 //! |---|---|
 //! | `batch.rs` | the entry point ([`run`], [`submit`]): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging; [`batch::DevSlot`] |
-//! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator |
-//! | `kernels.rs` | the embedded CUDA sources and their NVRTC compile cache |
+//! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors |
+//! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC), release |
+//! | `plan.rs` | which kernel and algorithm a collective runs ([`Plan`]) |
+//! | `tuning.rs` | every `WEFT_CUDA_*` variable, read once into `Tuning`, and the size rules |
+//! | `ll.rs` | the LL one-shot's reuse of its area (`LlHistory`) and its model test |
+//! | `p2p.rs` | send/recv/gather/scatter as point-to-point pieces and rounds |
+//! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
+//! | `abi.rs` | the Rust mirror of the kernels' argument structs, codes and area layout |
+//! | `kernels.rs` | the embedded CUDA sources: kernel names, NVRTC compile cache, module loading |
 //! | `staging.rs` | the host-memory fallback and the buffers an operation touches |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
 //! | `error.rs` | [`CudaError`], this backend's error type |
+//!
+//! `DevSlot` and `DevComm` differ as a slot and what it holds: the
+//! communicator owns a `DevSlot` (`Unset` until its first operation on device
+//! memory, then `Off(device)` when some rank could not map its peers, or
+//! `On(DevComm)`), and the `DevComm` inside is the kernel path's state.
 
+mod abi;
 pub mod batch;
 mod devcomm;
 mod driver;
 mod error;
 pub mod kernels;
+mod launch;
+mod ll;
+mod mapping;
 pub mod mem;
+mod p2p;
+mod plan;
 mod staging;
+mod tuning;
 
+pub use abi::MAX_RANKS;
 pub use batch::{DeviceOp, run, set_logger, submit};
-pub use devcomm::{
-    DESCRIPTOR_BYTES, DevComm, MAX_RANKS, P2p, Plan, compile_single, is_device_algo, p2p_pieces,
-};
+pub use devcomm::DevComm;
 pub use driver::{
     ContextGuard, alloc_current, compute_capability, current_device, device_at, device_count,
     driver, driver_loaded, free, nvlink_class, pci_location, pointer_device, stream_capturing,
     use_device,
 };
 pub use error::{CudaError, CudaResult, check};
+pub use kernels::compile_single;
+pub use mapping::DESCRIPTOR_BYTES;
+pub use p2p::{P2p, p2p_pieces};
+pub use plan::Plan;
 pub use staging::{Buf, Staging, buffers, map_ptrs, op_device};
+pub use tuning::is_device_algo;
