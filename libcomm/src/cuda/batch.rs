@@ -1,4 +1,7 @@
 //! Operations on device memory: one call, or every operation of a group.
+//! The backend's entry point, and the home of [`DevSlot`], the slot each
+//! communicator keeps for its device side (see the `cuda` module docs for
+//! how it differs from the [`DevComm`] it holds).
 //!
 //! 1. Communicators seen with device buffers for the first time set up their
 //!    device side together: allocate scratch + flags, all-gather descriptors
@@ -13,8 +16,12 @@
 //!    kernel path) is staged through host memory and runs with the batch's
 //!    host operations in one libcomm `Group`: correct, slow, logged once.
 
-use super::devcomm::{DESCRIPTOR_BYTES, DevComm, P2p, is_p2p, p2p_pieces};
-use super::{ContextGuard, Staging};
+use super::devcomm::DevComm;
+use super::driver::{ContextGuard, stream_capturing};
+use super::error::CudaError;
+use super::mapping::DESCRIPTOR_BYTES;
+use super::p2p::{P2p, is_p2p, p2p_pieces};
+use super::staging::{Staging, op_device};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::group::{Group, GroupOp};
@@ -68,7 +75,7 @@ fn log(warn: bool, line: &str) {
     }
 }
 
-fn cuda_err(what: &str, comm: &Communicator, e: String) -> Error {
+fn cuda_err(what: &str, comm: &Communicator, e: CudaError) -> Error {
     Error::Cuda(format!("{what} on {}: {e}", comm.describe()))
 }
 
@@ -215,7 +222,7 @@ pub unsafe fn run(ops: &[DeviceOp<'_>]) -> Result<()> {
         }
     }
     for o in ops.iter().filter(|o| o.device.is_some()) {
-        if super::stream_capturing(o.stream) {
+        if stream_capturing(o.stream) {
             return Err(Error::Unsupported(format!(
                 "{} on {}: the stream is being captured into a CUDA graph, which Weft does not support yet: its kernels take per-call sequence numbers and flags as arguments, so a replayed graph would reuse them and read stale data; run the operation outside capture (nccl-tests: without -G)",
                 o.op.name(),
@@ -341,7 +348,7 @@ pub unsafe fn run(ops: &[DeviceOp<'_>]) -> Result<()> {
 /// # Safety
 /// As [`run`].
 pub unsafe fn submit(comm: &Communicator, op: GroupOp, stream: *mut c_void) -> Result<()> {
-    let device = super::op_device(&op, comm.rank(), comm.count());
+    let device = op_device(&op, comm.rank(), comm.count());
     unsafe {
         run(&[DeviceOp {
             comm,
