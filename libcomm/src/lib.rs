@@ -29,7 +29,7 @@ mod fault;
 mod group;
 pub(crate) mod log;
 pub mod observe;
-pub mod proxy;
+pub mod sidecar_link;
 mod reduce;
 mod state;
 mod topology;
@@ -64,7 +64,7 @@ pub fn transport_stats() -> TransportStats {
     use std::sync::atomic::Ordering::Relaxed;
     TransportStats {
         tcp_connections: transport::tcp::CONNECTIONS_OPENED.load(Relaxed),
-        proxy_channels: transport::proxy::CHANNELS_OPENED.load(Relaxed),
+        proxy_channels: transport::sidecar_rings::CHANNELS_OPENED.load(Relaxed),
     }
 }
 

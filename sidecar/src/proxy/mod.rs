@@ -1,5 +1,5 @@
 //! The network proxy: the sidecar moves its pod's ranks' bytes to and from
-//! other hosts (contract with the ranks: `libcomm::proxy`).
+//! other hosts (contract with the ranks: `libcomm::sidecar_link`).
 //!
 //! - `ranks`: the Unix socket ranks open channels on (one connection per
 //!   communicator-rank; its rings are mapped here).
@@ -27,7 +27,7 @@ pub mod wire;
 
 use crate::engine::Engine;
 use arc_swap::ArcSwap;
-use libcomm::proxy::{Attached, Doorbell, InRing, OutRing};
+use libcomm::sidecar_link::{Attached, Doorbell, InRing, OutRing};
 use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};

@@ -1,10 +1,10 @@
 //! The ranks' side: a Unix socket (`<control socket>.proxy`, mode 0600)
 //! where each communicator-rank with peers on other hosts opens its
-//! channels (`libcomm::proxy`). One thread per open connection, which
+//! channels (`libcomm::sidecar_link`). One thread per open connection, which
 //! sleeps in `read` until the rank closes it (or dies).
 
 use super::{Proxy, RecvChan, SendChan};
-use libcomm::proxy::{self as lp, Attached, OpenMsg};
+use libcomm::sidecar_link::{self as lp, Attached, OpenMsg};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
