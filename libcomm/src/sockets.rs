@@ -31,6 +31,23 @@ pub fn set_int(fd: RawFd, level: i32, opt: i32, v: i32) -> io::Result<()> {
     }
 }
 
+/// Bounds blocking reads on a raw socket (`SO_RCVTIMEO`; zero: no bound).
+pub fn set_read_timeout(fd: RawFd, t: Duration) {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_usec: t.subsec_micros() as libc::suseconds_t,
+    };
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+    }
+}
+
 fn millis(t: Duration) -> i32 {
     t.as_millis().min(i32::MAX as u128) as i32
 }
