@@ -721,7 +721,7 @@ fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
         pid: std::process::id(),
         addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), ep.port),
         hostname,
-        proxied: crate::proxy::would_proxy(&s.cfg),
+        proxied: crate::sidecar_link::would_proxy(&s.cfg),
     };
     let (comm_id, peers) =
         client::rendezvous(id, s.rank, s.nranks, me, deadline, &|| s.cancelled())?;

@@ -9,8 +9,8 @@ use crate::config::{Config, TransportPref};
 use crate::error::{Error, Result};
 use crate::fault::Fault;
 use crate::log::info_log;
-use crate::transport::proxy::ProxyLink;
 use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
+use crate::transport::sidecar_rings::ProxyLink;
 use crate::transport::tcp::{self, CommId, Endpoint};
 use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
 use crate::unique_id::hex;
@@ -104,7 +104,7 @@ impl CommCore {
         // (WEFT_TRANSPORT=tcp keeps every peer on direct TCP).
         let proxy_path =
             if ctx.cfg.transport != TransportPref::Tcp && kinds.contains(&PeerKind::Tcp) {
-                crate::proxy::socket_path()?
+                crate::sidecar_link::socket_path()?
             } else {
                 None
             };

@@ -27,10 +27,12 @@ mod error;
 mod exec;
 mod fault;
 mod group;
+pub mod handshake;
 pub(crate) mod log;
 pub mod observe;
-pub mod proxy;
 mod reduce;
+pub mod sidecar_link;
+pub mod sockets;
 mod state;
 mod topology;
 mod transport;
@@ -64,7 +66,7 @@ pub fn transport_stats() -> TransportStats {
     use std::sync::atomic::Ordering::Relaxed;
     TransportStats {
         tcp_connections: transport::tcp::CONNECTIONS_OPENED.load(Relaxed),
-        proxy_channels: transport::proxy::CHANNELS_OPENED.load(Relaxed),
+        proxy_channels: transport::sidecar_rings::CHANNELS_OPENED.load(Relaxed),
     }
 }
 

@@ -100,7 +100,7 @@ pub fn dispatch(cli: Cli) -> i32 {
         Command::Run(args) => run(args),
         Command::Bench(args) => crate::bench::run(args),
         Command::BenchRank(args) => crate::bench::rank(args),
-        Command::Sidecar(args) => crate::engine::run(args),
+        Command::Sidecar(args) => crate::startup::run(args),
         Command::Ras(args) => crate::ras::run(args),
     }
 }

@@ -10,10 +10,15 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod engine;
+pub mod error;
 pub mod launch;
+pub mod log;
+pub mod metrics;
 pub mod proxy;
 pub mod ras;
 pub mod rpc;
+pub mod seams;
+pub mod startup;
 
 pub use launch::{
     LaunchError, LaunchOutcome, LaunchSpec, RankOutput, RankResult, StopReason, launch,

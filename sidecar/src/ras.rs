@@ -1,5 +1,6 @@
 //! `weft ras`: the job's health as this sidecar sees it, from its snapshot.
 
+use crate::error::SidecarError;
 use crate::rpc::Status;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -119,18 +120,21 @@ pub fn render(s: &Status) -> String {
     o
 }
 
-pub async fn fetch(socket: PathBuf) -> Result<Status, String> {
+pub async fn fetch(socket: PathBuf) -> Result<Status, SidecarError> {
     fetch_with(socket, false).await
 }
 
-pub async fn fetch_with(socket: PathBuf, job_wide: bool) -> Result<Status, String> {
-    let mut c = crate::client::sidecar(socket.clone())
-        .await
-        .map_err(|e| format!("cannot reach the sidecar at {}: {e}", socket.display()))?;
+pub async fn fetch_with(socket: PathBuf, job_wide: bool) -> Result<Status, SidecarError> {
+    let mut c = crate::client::sidecar(socket.clone()).await.map_err(|e| {
+        SidecarError::Unreachable(format!(
+            "cannot reach the sidecar at {}: {e}",
+            socket.display()
+        ))
+    })?;
     c.get_status(crate::rpc::StatusRequest { job_wide })
         .await
         .map(|r| r.into_inner())
-        .map_err(|e| format!("status query failed: {}", e.message()))
+        .map_err(|e| SidecarError::Unreachable(format!("status query failed: {}", e.message())))
 }
 
 pub fn run(args: RasArgs) -> i32 {

@@ -99,10 +99,10 @@ proptest! {
     }
 }
 
-// The network proxy's decoders: rank opens (libcomm::proxy), message
+// The network proxy's decoders: rank opens (libcomm::sidecar_link), message
 // headers on the ranks' socket, sidecar-to-sidecar handshake and frames.
-fn valid_open() -> libcomm::proxy::OpenMsg {
-    use libcomm::proxy::{OpenMsg, ProxyPeer};
+fn valid_open() -> libcomm::sidecar_link::OpenMsg {
+    use libcomm::sidecar_link::{OpenMsg, ProxyPeer};
     OpenMsg {
         job: "job".into(),
         comm: [3; 16],
@@ -125,11 +125,11 @@ proptest! {
     #[test]
     fn arbitrary_bytes_never_panic_the_proxy_decoders(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         use weft::proxy::wire;
-        let _ = libcomm::proxy::OpenMsg::decode(&bytes);
-        let mut h = [0u8; libcomm::proxy::HEADER];
+        let _ = libcomm::sidecar_link::OpenMsg::decode(&bytes);
+        let mut h = [0u8; libcomm::sidecar_link::HEADER];
         let n = bytes.len().min(h.len());
         h[..n].copy_from_slice(&bytes[..n]);
-        let _ = libcomm::proxy::decode_header(&h);
+        let _ = libcomm::sidecar_link::decode_header(&h);
         let mut f = [0u8; wire::FRAME_HEADER];
         let n = bytes.len().min(f.len());
         f[..n].copy_from_slice(&bytes[..n]);
@@ -153,7 +153,7 @@ proptest! {
             let k = i % b.len();
             b[k] ^= x;
         }
-        if let Ok(m) = libcomm::proxy::OpenMsg::decode(&b) {
+        if let Ok(m) = libcomm::sidecar_link::OpenMsg::decode(&b) {
             prop_assert!(m.rank < m.nranks && m.peers.iter().all(|p| p.rank < m.nranks));
             prop_assert!((m.ring_cap as usize).is_power_of_two());
         }
@@ -171,14 +171,20 @@ proptest! {
 #[test]
 fn proxy_open_round_trips_and_oversized_input_is_refused() {
     let m = valid_open();
-    assert_eq!(libcomm::proxy::OpenMsg::decode(&m.encode()).unwrap(), m);
-    assert!(libcomm::proxy::OpenMsg::decode(&vec![0u8; libcomm::proxy::MAX_MSG + 1]).is_err());
-    let mut h = [0u8; libcomm::proxy::HEADER];
-    h[..4].copy_from_slice(&libcomm::proxy::MAGIC);
-    h[4] = libcomm::proxy::VERSION;
-    h[5] = libcomm::proxy::KIND_OPEN;
-    h[8..].copy_from_slice(&(libcomm::proxy::MAX_MSG as u32 + 1).to_be_bytes());
-    assert!(libcomm::proxy::decode_header(&h).is_err());
+    assert_eq!(
+        libcomm::sidecar_link::OpenMsg::decode(&m.encode()).unwrap(),
+        m
+    );
+    assert!(
+        libcomm::sidecar_link::OpenMsg::decode(&vec![0u8; libcomm::sidecar_link::MAX_MSG + 1])
+            .is_err()
+    );
+    let mut h = [0u8; libcomm::sidecar_link::HEADER];
+    h[..4].copy_from_slice(&libcomm::sidecar_link::MAGIC);
+    h[4] = libcomm::sidecar_link::VERSION;
+    h[5] = libcomm::sidecar_link::KIND_OPEN;
+    h[8..].copy_from_slice(&(libcomm::sidecar_link::MAX_MSG as u32 + 1).to_be_bytes());
+    assert!(libcomm::sidecar_link::decode_header(&h).is_err());
 }
 
 #[test]

@@ -152,7 +152,7 @@ fn root_timeout() -> Duration {
 
 /// Serves one rendezvous on `listener` from a background thread.
 pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
-    server::set_backlog(&listener, 1024);
+    crate::sockets::set_backlog(&listener, 1024);
     let mut root = Root {
         id,
         nranks: None,
@@ -197,6 +197,6 @@ pub(crate) fn serve_at(id: &UniqueId, nranks: usize) -> Result<()> {
             }
         }
     };
-    server::set_backlog(&listener, nranks * 2);
+    crate::sockets::set_backlog(&listener, nranks * 2);
     spawn(listener, id.clone())
 }

@@ -39,13 +39,6 @@ struct Pending {
     peer: SocketAddr,
 }
 
-/// Sets the listen backlog (std's default is 128): a job-sized backlog lets
-/// every rank of a large job connect at once without ECONNREFUSED/EAGAIN.
-pub(crate) fn set_backlog(l: &TcpListener, backlog: usize) {
-    let b = backlog.clamp(128, 65535) as i32;
-    unsafe { libc::listen(l.as_raw_fd(), b) };
-}
-
 pub(crate) fn reject(mut stream: TcpStream, peer: SocketAddr, what: &str, reason: &str) {
     if reason.starts_with("closed before") {
         // Liveness probes and port scanners: nothing to answer, nothing to report.
@@ -105,7 +98,7 @@ pub(crate) fn serve(
         while accepting && pending.len() < MAX_PENDING {
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    let challenge: [u8; 16] = match crate::unique_id::random() {
+                    let challenge = match crate::handshake::challenge() {
                         Ok(c) => c,
                         Err(_) => continue,
                     };

@@ -8,16 +8,15 @@
 //! bad input becomes an error for that connection only.
 
 use crate::error::{Error, Result};
-use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
-use std::io::{Read, Write};
+use crate::handshake::{self, HandshakeError};
+use std::io::Write;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 pub const MAGIC: [u8; 4] = *b"WFTB";
 pub const VERSION: u8 = 1;
 pub const HEADER: usize = 16;
-pub const TAG: usize = 32;
+pub const TAG: usize = handshake::TAG;
 /// Largest bootstrap payload we accept (a 64k-rank table fits).
 pub const MAX_PAYLOAD: usize = 16 << 20;
 
@@ -54,22 +53,15 @@ pub struct Frame {
     tag: [u8; TAG],
 }
 
+/// The tag of a frame: over the challenge it answers, its header and payload.
 fn mac(secret: &[u8; 32], challenge: &[u8], header: &[u8], payload: &[u8]) -> [u8; TAG] {
-    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("any key length");
-    m.update(challenge);
-    m.update(header);
-    m.update(payload);
-    m.finalize().into_bytes().into()
+    handshake::tag(secret, &[challenge, header, payload])
 }
 
 impl Frame {
     /// Checks the tag in constant time.
     pub fn verify(&self, secret: &[u8; 32], challenge: &[u8]) -> Result<()> {
-        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("any key length");
-        m.update(challenge);
-        m.update(&self.header);
-        m.update(&self.payload);
-        m.verify_slice(&self.tag)
+        handshake::check(secret, &[challenge, &self.header, &self.payload], &self.tag)
             .map_err(|_| Error::Bootstrap("authentication failed: the peer does not hold this job's secret (wrong job, wrong WEFT_JOB_SECRET, or a stray client)".into()))
     }
 }
@@ -144,51 +136,32 @@ fn parse_header(h: &[u8], max_payload: usize) -> Result<(Kind, usize)> {
     let kind = Kind::from_u8(h[5])
         .ok_or_else(|| Error::Bootstrap(format!("unknown bootstrap message kind {}", h[5])))?;
     let len = u32::from_be_bytes(h[8..12].try_into().unwrap()) as usize;
-    if len > max_payload {
-        return Err(Error::Bootstrap(format!(
-            "bootstrap message of {len} bytes exceeds the limit of {max_payload}"
-        )));
-    }
+    let len = handshake::check_len(len, max_payload, WHAT).map_err(boot)?;
     Ok((kind, len))
 }
 
-/// Blocking read of one frame before `deadline` (socket must be blocking).
+/// What handshake errors call a message of this protocol.
+const WHAT: &str = "bootstrap";
+
+fn boot(e: HandshakeError) -> Error {
+    Error::Bootstrap(e.to_string())
+}
+
+/// Blocking read of one frame before `deadline` (socket must be blocking):
+/// the header first (checked and bounded), then exactly its payload and tag.
 pub fn read_frame(
     s: &mut std::net::TcpStream,
     max_payload: usize,
     deadline: Instant,
 ) -> Result<Frame> {
     let mut fb = FrameBuf::default();
-    loop {
-        let need = fb.need(max_payload)?;
-        if need == 0 {
-            return Ok(fb.take(max_payload)?.expect("complete"));
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Bootstrap(
-                "timed out waiting for a bootstrap message".into(),
-            ));
-        }
-        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .map_err(|e| Error::sys("setsockopt", e))?;
-        let mut tmp = vec![0u8; need.min(1 << 20)];
-        match s.read(&mut tmp) {
-            Ok(0) => {
-                return Err(Error::Bootstrap(
-                    "connection closed by the other side during bootstrap".into(),
-                ));
-            }
-            Ok(n) => fb.extend(&tmp[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::Bootstrap(format!("reading bootstrap message: {e}"))),
-        }
-    }
+    let mut header = [0u8; HEADER];
+    handshake::read_exact_by(s, &mut header, deadline, WHAT).map_err(boot)?;
+    fb.extend(&header);
+    let mut rest = vec![0u8; fb.need(max_payload)?];
+    handshake::read_exact_by(s, &mut rest, deadline, WHAT).map_err(boot)?;
+    fb.extend(&rest);
+    Ok(fb.take(max_payload)?.expect("complete"))
 }
 
 pub fn write_all(s: &mut std::net::TcpStream, bytes: &[u8], deadline: Instant) -> Result<()> {
@@ -204,13 +177,7 @@ pub fn write_all(s: &mut std::net::TcpStream, bytes: &[u8], deadline: Instant) -
 /// Waits until `s` is readable (or closed) for at most `t`.
 pub fn wait_readable(s: &std::net::TcpStream, t: Duration) -> bool {
     use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = t.as_millis().min(i32::MAX as u128) as i32;
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
+    matches!(crate::sockets::wait_readable(s.as_raw_fd(), t), Ok(true))
 }
 
 /// Bounded payload encoder/decoder.
@@ -330,6 +297,72 @@ mod tests {
             "replay under another challenge"
         );
         assert!(f.verify(&[8u8; 32], b"chal").is_err(), "wrong secret");
+    }
+
+    #[test]
+    fn tag_is_the_one_of_the_wire_format() {
+        // Version 1 MACs the challenge, the header and the payload, with no
+        // label (written out here so a refactor cannot change it unnoticed).
+        use hmac::{KeyInit, Mac};
+        let secret = [9u8; 32];
+        let bytes = encode(Kind::Connect, b"abc", &secret, b"challenge");
+        let mut m = <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(&secret).unwrap();
+        m.update(b"challenge");
+        m.update(&bytes[..HEADER + 3]);
+        let want: [u8; TAG] = m.finalize().into_bytes().into();
+        assert_eq!(&bytes[HEADER + 3..], &want);
+    }
+
+    #[test]
+    fn blocking_reads_are_bounded_with_clear_errors() {
+        use std::net::{TcpListener, TcpStream};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let mut b = l.accept().unwrap().0;
+        let soon = || Instant::now() + Duration::from_secs(5);
+        let bytes = encode(Kind::Hello, b"payload", &[1; 32], b"c");
+        a.write_all(&bytes).unwrap();
+        let f = read_frame(&mut b, 64, soon()).unwrap();
+        assert_eq!(f.payload, b"payload");
+        f.verify(&[1; 32], b"c").unwrap();
+        let e = f.verify(&[2; 32], b"c").unwrap_err().to_string();
+        assert!(e.contains("does not hold this job's secret"), "{e}");
+        // Oversized: refused from the header.
+        a.write_all(&bytes).unwrap();
+        let e = read_frame(&mut b, 4, soon()).unwrap_err().to_string();
+        assert!(e.contains("exceeds the limit of 4"), "{e}");
+        // Garbage.
+        let (mut a, mut b) = {
+            let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (a, l.accept().unwrap().0)
+        };
+        a.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let e = read_frame(&mut b, 64, soon()).unwrap_err().to_string();
+        assert!(e.contains("not a Weft bootstrap message"), "{e}");
+        // Truncated: closed halfway through the payload.
+        let (mut a, mut b) = {
+            let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (a, l.accept().unwrap().0)
+        };
+        a.write_all(&bytes[..HEADER + 2]).unwrap();
+        drop(a);
+        let e = read_frame(&mut b, 64, soon()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "bootstrap failed: connection closed by the other side during bootstrap"
+        );
+        // Silence: a deadline.
+        let (_a, mut b) = {
+            let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+            (a, l.accept().unwrap().0)
+        };
+        let e = read_frame(&mut b, 64, Instant::now() + Duration::from_millis(50))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("timed out waiting for a bootstrap message"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! caller (`exec`) decides when to wait.
 
 pub(crate) mod futex;
-pub(crate) mod proxy;
 pub(crate) mod shm;
+pub(crate) mod sidecar_rings;
 pub(crate) mod tcp;
 
 use crate::error::Error;

@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::log::{info_log, warn_log};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -93,7 +92,7 @@ impl Endpoint {
             .unwrap_or_else(|| "0.0.0.0:0".into());
         let l = TcpListener::bind(&bind)
             .map_err(|e| Error::sys(format!("peer endpoint: bind {bind}"), e))?;
-        server::set_backlog(&l, 4096);
+        crate::sockets::set_backlog(&l, 4096);
         let port = l
             .local_addr()
             .map_err(|e| Error::sys("getsockname", e))?
@@ -309,30 +308,8 @@ pub(crate) fn connect(
 /// keepalive/user timeouts so a vanished host is noticed within `peer_timeout`.
 pub(crate) fn tune(s: &TcpStream, peer_timeout: Duration) -> Result<()> {
     CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    s.set_nonblocking(true)
-        .map_err(|e| Error::sys("fcntl", e))?;
-    let _ = s.set_nodelay(true);
-    let fd = s.as_raw_fd();
-    let secs = (peer_timeout.as_secs() as i32 / 3).max(1);
-    let ms = peer_timeout.as_millis().min(i32::MAX as u128) as i32;
-    let set = |level, opt, v: i32| unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (&v as *const i32).cast(),
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, secs);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 2);
-    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms);
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        set(libc::SOL_SOCKET, opt, 4 << 20);
-    }
-    Ok(())
+    crate::sockets::tune_data(s, &crate::sockets::DataOpts::between_hosts(peer_timeout))
+        .map_err(|e| Error::sys("fcntl", e))
 }
 
 /// Raises the soft fd limit to the hard one (as MPI runtimes do), once.

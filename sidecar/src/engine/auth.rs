@@ -3,9 +3,9 @@
 //! attaching process to the job (a process of another job sharing the
 //! volume is refused).
 
+use crate::error::SidecarError;
 use crate::rpc::Hello;
-use hmac::{KeyInit, Mac};
-use sha2::Sha256;
+use libcomm::handshake;
 
 /// The job secret, from `WEFT_JOB_SECRET` or the file `WEFT_JOB_SECRET_FILE` names.
 pub fn job_secret_from_env() -> Option<String> {
@@ -28,37 +28,30 @@ pub struct Auth {
 
 /// HMAC-SHA256(secret, "weft-attach\0" job "\0" pid), hex.
 pub fn hello_mac(secret: &str, job: &str, pid: u32) -> String {
-    let mut m =
-        <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("any key length");
-    m.update(format!("weft-attach\0{job}\0{pid}").as_bytes());
-    m.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    handshake::tag_hex(secret.as_bytes(), &[attach_label(job, pid).as_bytes()])
 }
 
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+fn attach_label(job: &str, pid: u32) -> String {
+    format!("weft-attach\0{job}\0{pid}")
 }
 
 impl Auth {
-    pub fn check_hello(&self, h: &Hello) -> Result<(), String> {
+    pub fn check_hello(&self, h: &Hello) -> Result<(), SidecarError> {
         if h.job != self.job {
-            return Err(format!(
+            return Err(SidecarError::Auth(format!(
                 "job '{}' is not this sidecar's job '{}'",
                 h.job.chars().take(64).collect::<String>(),
                 self.job
-            ));
+            )));
         }
         let Some(secret) = &self.secret else {
             return Ok(());
         };
-        let want = hello_mac(secret, &h.job, h.pid);
-        if ct_eq(want.as_bytes(), h.auth.as_bytes()) {
-            Ok(())
-        } else {
-            Err("wrong job secret (HMAC mismatch)".into())
-        }
+        handshake::check_hex(
+            secret.as_bytes(),
+            &[attach_label(&h.job, h.pid).as_bytes()],
+            &h.auth,
+        )
+        .map_err(|_| SidecarError::Auth("wrong job secret (HMAC mismatch)".into()))
     }
 }

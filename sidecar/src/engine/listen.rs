@@ -1,8 +1,11 @@
 //! The Unix socket: created owner-only (0600), and every connection must
 //! open with the HTTP/2 preface before it reaches gRPC, so garbage is refused
 //! with a log line and a counter instead of vanishing inside the HTTP/2 stack.
+//! Connections that open with the preface of another protocol sharing the
+//! port are handed to the [`Route`] given for it.
 
 use super::Engine;
+use crate::seams::{PREFACE_LEN, Route};
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
@@ -13,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const PREFACE: &[u8; PREFACE_LEN] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// A client that connects and sends nothing is dropped after this.
 const PREFACE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -78,16 +81,9 @@ impl AsyncWrite for Conn {
 /// Binds `path` with mode 0600 (umask while binding, so there is no window
 /// in which the socket is more open).
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
-    if path.exists() {
-        std::fs::remove_file(path)?;
-    }
-    let old = unsafe { libc::umask(0o177) };
-    let l = UnixListener::bind(path);
-    unsafe { libc::umask(old) };
-    let l = l?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    let l = libcomm::sockets::bind_unix_owner_only(path)?;
+    l.set_nonblocking(true)?;
+    UnixListener::from_std(l)
 }
 
 /// Either listener.
@@ -111,8 +107,14 @@ impl Listener {
     }
 }
 
-/// Accepts connections, checks each one's preface, hands good ones to `tx`.
-pub async fn accept_loop(l: Listener, engine: Arc<Engine>, tx: mpsc::Sender<io::Result<Conn>>) {
+/// Accepts connections, checks each one's preface, hands gRPC ones to `tx`
+/// and those of another protocol to its route's handler.
+pub async fn accept_loop(
+    l: Listener,
+    engine: Arc<Engine>,
+    routes: Arc<[Route]>,
+    tx: mpsc::Sender<io::Result<Conn>>,
+) {
     let port = match &l {
         Listener::Unix(_) => "socket",
         Listener::Tcp(_) => "peer",
@@ -126,15 +128,16 @@ pub async fn accept_loop(l: Listener, engine: Arc<Engine>, tx: mpsc::Sender<io::
                 continue;
             }
         };
-        let (tx, engine) = (tx.clone(), engine.clone());
+        let (tx, engine, routes) = (tx.clone(), engine.clone(), routes.clone());
         tokio::spawn(async move {
-            let mut buf = [0u8; 24];
+            let mut buf = [0u8; PREFACE_LEN];
             let r = match &mut s {
                 Io::Unix(u) => tokio::time::timeout(PREFACE_TIMEOUT, u.read_exact(&mut buf)).await,
                 Io::Tcp(t) => tokio::time::timeout(PREFACE_TIMEOUT, t.read_exact(&mut buf)).await,
             };
-            let why = match r {
-                Ok(Ok(_)) if &buf == PREFACE => {
+            let route = routes.iter().find(|r| r.preface == buf);
+            let why = match (r, route) {
+                (Ok(Ok(_)), _) if &buf == PREFACE => {
                     let _ = tx
                         .send(Ok(Conn {
                             pre: PREFACE,
@@ -143,28 +146,28 @@ pub async fn accept_loop(l: Listener, engine: Arc<Engine>, tx: mpsc::Sender<io::
                         .await;
                     return;
                 }
-                Ok(Ok(_)) if &buf == crate::proxy::wire::PREFACE => {
-                    // The proxy's data connections share the peer port.
-                    match (s, engine.proxy.get()) {
-                        (Io::Tcp(t), Some(p)) => {
+                (Ok(Ok(_)), Some(r)) => {
+                    // Another protocol sharing the port.
+                    match (s, &r.handler) {
+                        (Io::Tcp(t), Some(h)) => {
                             let from = t.peer_addr();
                             match (t.into_std(), from) {
                                 (Ok(t), Ok(from)) => {
-                                    crate::proxy::hosts::accept(p.clone(), t, from);
+                                    h.handle(t, from);
                                     return;
                                 }
-                                _ => ("short", "lost before the proxy handshake"),
+                                _ => ("short", format!("lost before the {} handshake", r.name)),
                             }
                         }
                         _ => (
                             "garbage",
-                            "a proxy connection, but this sidecar runs no proxy",
+                            format!("a {0} connection, but this sidecar runs no {0}", r.name),
                         ),
                     }
                 }
-                Ok(Ok(_)) => ("garbage", "not gRPC (bad HTTP/2 preface)"),
-                Ok(Err(_)) => ("short", "closed before the HTTP/2 preface"),
-                Err(_) => ("timeout", "no HTTP/2 preface within 5 s"),
+                (Ok(Ok(_)), None) => ("garbage", "not gRPC (bad HTTP/2 preface)".into()),
+                (Ok(Err(_)), _) => ("short", "closed before the HTTP/2 preface".into()),
+                (Err(_), _) => ("timeout", "no HTTP/2 preface within 5 s".into()),
             };
             engine.metrics.reject(port, why.0);
             super::log(&format!("rejected a connection on the {from}: {}", why.1));

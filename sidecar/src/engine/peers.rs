@@ -5,8 +5,8 @@
 
 use super::Engine;
 use crate::rpc::{self, sidecar_client::SidecarClient};
-use hmac::{KeyInit, Mac};
-use sha2::Sha256;
+use crate::seams::JobEvents;
+use libcomm::handshake::{self, HandshakeError, ReplayGuard};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::transport::{Channel, Endpoint};
@@ -23,15 +23,12 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// HMAC-SHA256(secret, "weft-peer\0" job "\0" ts), hex.
 pub fn peer_mac(secret: &str, job: &str, ts: u64) -> String {
-    let mut m =
-        <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("any key length");
-    m.update(format!("weft-peer\0{job}\0{ts}").as_bytes());
-    m.finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    handshake::tag_hex(
+        secret.as_bytes(),
+        &[format!("weft-peer\0{job}\0{ts}").as_bytes()],
+    )
 }
 
 /// Adds our credentials to a request to a peer.
@@ -47,22 +44,17 @@ pub fn sign<T>(e: &Engine, mut req: tonic::Request<T>) -> tonic::Request<T> {
 
 /// Each MAC is accepted once within the skew window (a recorded request
 /// cannot be replayed); the memory is bounded by the window and a cap.
-fn first_use(mac: &str, ts: u64) -> bool {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SEEN: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
-    let mut seen = SEEN
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+static SEEN: ReplayGuard = ReplayGuard::new(MAX_SKEW_MS, 100_000);
+
+/// Checks a peer request's timestamp and MAC: fresh, of this job's secret,
+/// not seen before.
+fn check_request(e: &Engine, ts: u64, mac: &str) -> Result<(), HandshakeError> {
     let now = now_ms();
-    if seen.len() > 100_000 {
-        seen.retain(|_, t| now.abs_diff(*t) <= MAX_SKEW_MS);
-    }
-    if seen.len() > 100_000 {
-        return false; // a flood: refuse rather than grow
-    }
-    seen.insert(mac.to_string(), ts).is_none()
+    handshake::check_fresh(ts, now, MAX_SKEW_MS)?;
+    let secret = e.auth.secret.as_deref().unwrap_or("");
+    let label = format!("weft-peer\0{}\0{ts}", e.auth.job);
+    handshake::check_hex(secret.as_bytes(), &[label.as_bytes()], mac)?;
+    SEEN.first_use(mac, ts, now)
 }
 
 /// The TCP port's interceptor: only holders of the job secret get through.
@@ -74,17 +66,12 @@ pub fn check(e: &Engine, req: &tonic::Request<()>) -> Result<(), tonic::Status> 
         .and_then(|v| v.parse().ok());
     let mac = md.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
     let why = match (ts, mac) {
-        (Some(ts), Some(mac)) => {
-            if now_ms().abs_diff(ts) > MAX_SKEW_MS {
-                Some("stale or future timestamp")
-            } else if peer_mac(e.auth.secret.as_deref().unwrap_or(""), &e.auth.job, ts) != mac {
-                Some("wrong job secret (HMAC mismatch)")
-            } else if !first_use(mac, ts) {
-                Some("replayed request")
-            } else {
-                None
-            }
-        }
+        (Some(ts), Some(mac)) => match check_request(e, ts, mac) {
+            Ok(()) => None,
+            Err(HandshakeError::BadTag) => Some("wrong job secret (HMAC mismatch)"),
+            Err(HandshakeError::Stale) => Some("stale or future timestamp"),
+            Err(_) => Some("replayed request"),
+        },
         _ => Some("no credentials"),
     };
     match why {
@@ -156,9 +143,7 @@ pub async fn heartbeat_loop(
                             timeout.as_millis()
                         );
                         super::log(&reason);
-                        e.state.lock().push_error(reason.clone());
-                        e.state.publish(&e.state.lock());
-                        e.fail_comm("", &reason, 0);
+                        e.host_lost(&reason);
                     }
                 }
             }

@@ -193,7 +193,7 @@ impl Engine {
 
     fn completed(&self, r: SpanRecord) {
         let m = &self.metrics;
-        let l = super::metrics::OpLabel { op: r.op.clone() };
+        let l = crate::metrics::OpLabel { op: r.op.clone() };
         m.collectives.get_or_create(&l).inc();
         m.bytes.get_or_create(&l).inc_by(r.bytes);
         if r.outcome != "ok" {
@@ -280,7 +280,7 @@ impl Sidecar for Service {
                 "rejected an attach from pid {} ({}): {why}",
                 hello.pid, hello.hostname
             ));
-            return Err(Status::unauthenticated(why));
+            return Err(Status::unauthenticated(why.to_string()));
         }
         if engine
             .state

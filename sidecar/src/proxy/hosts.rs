@@ -5,6 +5,9 @@
 
 use super::wire::{self, Challenge, FRAME_HEADER, Frame, Hello};
 use super::{HostConn, LOST, Proxy, UP};
+use crate::error::SidecarError;
+use libcomm::handshake;
+use libcomm::sockets::{self, DataOpts};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -16,28 +19,15 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 /// How long a host's sidecar may take to become reachable at all.
 const CONNECT_LIMIT: Duration = Duration::from_secs(60);
 
-fn random16() -> [u8; 16] {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).expect("system randomness");
-    b
-}
-
-fn send(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
-    let mut v = (b.len() as u32).to_be_bytes().to_vec();
-    v.extend_from_slice(b);
-    s.write_all(&v)
-}
-
 /// Reads one length-prefixed handshake message (bounded size and time).
-fn recv(s: &mut TcpStream) -> Result<Vec<u8>, (&'static str, String)> {
-    let mut l = [0u8; 4];
-    s.read_exact(&mut l)
-        .map_err(|e| ("short", format!("handshake cut short: {e}")))?;
-    let n = wire::decode_len(l).map_err(|e| ("oversized", e))?;
-    let mut b = vec![0u8; n];
-    s.read_exact(&mut b)
-        .map_err(|e| ("short", format!("handshake cut short: {e}")))?;
-    Ok(b)
+fn recv(s: &mut TcpStream) -> Result<Vec<u8>, SidecarError> {
+    let deadline = Instant::now() + HANDSHAKE_LIMIT;
+    Ok(handshake::read_msg(
+        s,
+        wire::MAX_HANDSHAKE,
+        deadline,
+        wire::WHAT,
+    )?)
 }
 
 /// Connects to the host's sidecar (retrying until it listens) and installs the connection.
@@ -52,12 +42,12 @@ pub fn dial(p: Arc<Proxy>, c: Arc<HostConn>, my_ip: std::net::IpAddr) {
                 match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
                     Ok(s) => match handshake_dial(&p, s, my_ip) {
                         Ok((s, name)) => return install(&p, &c, s, &name),
-                        Err((fatal, e)) => {
-                            if fatal {
+                        Err(e) => {
+                            if e.is_fatal() {
                                 p.lose(&c, &format!("its sidecar at {addr}: {e}"));
                                 return;
                             }
-                            last = e;
+                            last = e.to_string();
                         }
                     },
                     Err(e) => last = e.to_string(),
@@ -90,42 +80,38 @@ pub fn await_accept(p: Arc<Proxy>, c: Arc<HostConn>) {
         });
 }
 
-/// Dialer's side of the handshake. `Err((fatal, why))`: fatal when the
-/// peer proved it does not hold our secret (retrying cannot help).
+/// Dialer's side of the handshake. A fatal error (`is_fatal`): the peer
+/// proved it does not hold our secret (retrying cannot help).
 fn handshake_dial(
     p: &Proxy,
     mut s: TcpStream,
     my_ip: std::net::IpAddr,
-) -> Result<(TcpStream, String), (bool, String)> {
-    let soft = |e: std::io::Error| (false, e.to_string());
-    s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(soft)?;
-    s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(soft)?;
-    let nonce = random16();
-    s.write_all(wire::PREFACE).map_err(soft)?;
+) -> Result<(TcpStream, String), SidecarError> {
+    s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
+    s.set_write_timeout(Some(HANDSHAKE_LIMIT))?;
+    let nonce = handshake::challenge()?;
+    s.write_all(wire::PREFACE)?;
     let hello = Hello {
         nonce,
-        job: p.job.clone(),
-        host: p.host.clone(),
+        job: p.cfg.job.clone(),
+        host: p.cfg.host.clone(),
         addr: my_ip.to_string(),
     }
     .encode();
-    send(&mut s, &hello).map_err(soft)?;
-    let ch = recv(&mut s).map_err(|e| (false, e.1))?;
-    let ch = Challenge::decode(&ch).map_err(|e| (true, e))?;
-    let want = wire::mac(&p.secret, "acceptor", &p.job, &hello, &ch.nonce);
-    if !wire::mac_eq(&want, &ch.mac) {
-        return Err((
-            true,
-            "it does not hold this job's secret (HMAC mismatch)".into(),
-        ));
-    }
-    let proof = wire::mac(&p.secret, "dialer", &p.job, &hello, &ch.nonce);
-    send(&mut s, &proof).map_err(soft)?;
+    handshake::write_msg(&mut s, &hello)?;
+    let ch = Challenge::decode(&recv(&mut s)?)?;
+    let (secret, job) = (&p.cfg.secret, &p.cfg.job);
+    wire::check_mac(secret, "acceptor", job, &hello, &ch.nonce, &ch.mac).map_err(|_| {
+        SidecarError::Auth("it does not hold this job's secret (HMAC mismatch)".into())
+    })?;
+    let proof = wire::mac(secret, "dialer", job, &hello, &ch.nonce);
+    handshake::write_msg(&mut s, &proof)?;
+    s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
     let mut ok = [0u8; 1];
     s.read_exact(&mut ok)
-        .map_err(|e| (true, format!("it refused our proof: {e}")))?;
+        .map_err(|e| SidecarError::Auth(format!("it refused our proof: {e}")))?;
     if ok[0] != 1 {
-        return Err((true, "it refused our proof".into()));
+        return Err(SidecarError::Auth("it refused our proof".into()));
     }
     Ok((s, ch.host))
 }
@@ -136,12 +122,12 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
         .name("weft-proxy-accept".into())
         .spawn(move || {
             let reject = |reason: &str, why: &str| {
-                p.engine.metrics.reject("proxy", reason);
-                crate::engine::log(&format!("rejected a proxy connection from {from}: {why}"));
+                p.metrics.reject("proxy", reason);
+                crate::log::log(&format!("rejected a proxy connection from {from}: {why}"));
             };
             let _ = s.set_nonblocking(false);
             match handshake_accept(&p, s) {
-                Err((reason, why)) => reject(reason, &why),
+                Err(e) => reject(e.reject_reason(), &e.to_string()),
                 Ok((s, name, claimed)) => {
                     let ip = claimed.unwrap_or(from.ip());
                     let c = {
@@ -171,53 +157,45 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
 /// An authenticated connection, the peer's host name and claimed address.
 type Accepted = (TcpStream, String, Option<std::net::IpAddr>);
 
-fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<Accepted, (&'static str, String)> {
-    let io = |e: std::io::Error| ("short", e.to_string());
-    s.set_read_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
-    s.set_write_timeout(Some(HANDSHAKE_LIMIT)).map_err(io)?;
+fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<Accepted, SidecarError> {
+    s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
+    s.set_write_timeout(Some(HANDSHAKE_LIMIT))?;
     let raw = recv(&mut s)?;
-    let hello = Hello::decode(&raw).map_err(|e| ("garbage", e))?;
-    if hello.job != p.job {
-        return Err(("auth", format!("job '{}' is not ours", hello.job)));
+    let hello = Hello::decode(&raw)?;
+    let (secret, job) = (&p.cfg.secret, &p.cfg.job);
+    if hello.job != *job {
+        return Err(SidecarError::Auth(format!(
+            "job '{}' is not ours",
+            hello.job
+        )));
     }
-    let nonce = random16();
+    let nonce = handshake::challenge()?;
     let ch = Challenge {
         nonce,
-        host: p.host.clone(),
-        mac: wire::mac(&p.secret, "acceptor", &p.job, &raw, &nonce),
+        host: p.cfg.host.clone(),
+        mac: wire::mac(secret, "acceptor", job, &raw, &nonce),
     };
-    send(&mut s, &ch.encode()).map_err(io)?;
-    let proof = recv(&mut s)?;
-    let proof = wire::decode_proof(&proof).map_err(|e| ("garbage", e))?;
-    let want = wire::mac(&p.secret, "dialer", &p.job, &raw, &nonce);
-    if !wire::mac_eq(&want, &proof) {
-        return Err(("auth", "wrong job secret (HMAC mismatch)".into()));
-    }
-    s.write_all(&[1]).map_err(io)?;
+    handshake::write_msg(&mut s, &ch.encode())?;
+    let proof = wire::decode_proof(&recv(&mut s)?)?;
+    wire::check_mac(secret, "dialer", job, &raw, &nonce, &proof)
+        .map_err(|_| SidecarError::Auth("wrong job secret (HMAC mismatch)".into()))?;
+    s.write_all(&[1])?;
     Ok((s, hello.host, hello.addr.parse().ok()))
 }
 
 /// Tunes an authenticated connection and starts its receive thread.
 fn install(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream, name: &str) {
-    let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(None);
     let _ = s.set_write_timeout(None);
-    let fd = s.as_raw_fd();
-    let set = |level, opt, v: i32| unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            opt,
-            (&v as *const i32).cast(),
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    let ms = p.timeout.as_millis().min(i32::MAX as u128) as i32;
-    set(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, ms);
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        set(libc::SOL_SOCKET, opt, 4 << 20);
-    }
-    let _ = s.set_nonblocking(true);
+    let _ = sockets::tune_data(
+        &s,
+        &DataOpts {
+            user_timeout: Some(p.cfg.timeout),
+            buffers: Some(sockets::DATA_BUFFER),
+            nonblocking: true,
+            ..DataOpts::default()
+        },
+    );
     let rx = match s.try_clone() {
         Ok(r) => r,
         Err(e) => return p.lose(c, &format!("cannot clone the socket: {e}")),
@@ -236,9 +214,9 @@ fn install(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream, name: &str) {
     }
     c.stats.connects.fetch_add(1, Ordering::Relaxed);
     c.last_tx_ms.store(p.now_ms(), Ordering::Relaxed);
-    p.engine.metrics.proxy_up.inc();
-    p.engine.metrics.proxy_connections.inc();
-    crate::engine::log(&format!("proxy: connected to host {}", c.label()));
+    p.metrics.proxy_up.inc();
+    p.metrics.proxy_connections.inc();
+    crate::log::log(&format!("proxy: connected to host {}", c.label()));
     let (p2, c2) = (p.clone(), c.clone());
     let _ = std::thread::Builder::new()
         .name("weft-proxy-rx".into())
@@ -250,29 +228,27 @@ fn install(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream, name: &str) {
 }
 
 /// Reads exactly `n` bytes into `dst`; a silent peer for the timeout is lost.
-fn read_full(s: &TcpStream, dst: *mut u8, n: usize, timeout: Duration) -> Result<(), String> {
+fn read_full(s: &TcpStream, dst: *mut u8, n: usize, timeout: Duration) -> Result<(), SidecarError> {
     let mut got = 0;
     while got < n {
         let b = unsafe { std::slice::from_raw_parts_mut(dst.add(got), n - got) };
         match (&*s).read(b) {
-            Ok(0) => return Err("its sidecar closed the connection".into()),
+            Ok(0) => {
+                return Err(SidecarError::Lost(
+                    "its sidecar closed the connection".into(),
+                ));
+            }
             Ok(k) => got += k,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                let mut pfd = libc::pollfd {
-                    fd: s.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-                if unsafe { libc::poll(&mut pfd, 1, ms) } == 0 {
-                    return Err(format!(
+                if let Ok(false) = sockets::wait_readable(s.as_raw_fd(), timeout) {
+                    return Err(SidecarError::Lost(format!(
                         "no traffic from its sidecar for {} ms (link down?)",
                         timeout.as_millis()
-                    ));
+                    )));
                 }
             }
-            Err(e) => return Err(format!("connection error: {e}")),
+            Err(e) => return Err(SidecarError::Lost(format!("connection error: {e}"))),
         }
     }
     Ok(())
@@ -280,20 +256,27 @@ fn read_full(s: &TcpStream, dst: *mut u8, n: usize, timeout: Duration) -> Result
 
 /// The receive loop; returns why the connection ended.
 fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
+    match receive_frames(p, c, s) {
+        Ok(()) => "closed".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn receive_frames(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> Result<(), SidecarError> {
     let mut scratch: Vec<u8> = Vec::new();
     loop {
         if c.state.load(Ordering::Acquire) == LOST {
-            return "closed".into();
+            return Ok(());
         }
         let mut h = [0u8; FRAME_HEADER];
-        if let Err(e) = read_full(&s, h.as_mut_ptr(), FRAME_HEADER, p.timeout) {
-            return e;
-        }
+        read_full(&s, h.as_mut_ptr(), FRAME_HEADER, p.cfg.timeout)?;
         let f = match Frame::decode(&h) {
             Ok(f) => f,
             Err(e) => {
-                p.engine.metrics.reject("proxy", "frame");
-                return format!("protocol error from its sidecar: {e}");
+                p.metrics.reject("proxy", "frame");
+                return Err(SidecarError::Protocol(format!(
+                    "protocol error from its sidecar: {e}"
+                )));
             }
         };
         match f.kind {
@@ -305,19 +288,17 @@ fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
                         let mut ring = ch.ring.lock().unwrap_or_else(|e| e.into_inner());
                         let space = ring.space().unwrap_or(0);
                         if n > space || f.value != ring.pos() {
-                            p.engine.metrics.reject("proxy", "credit");
-                            return format!(
+                            p.metrics.reject("proxy", "credit");
+                            return Err(SidecarError::Protocol(format!(
                                 "protocol error: {n} bytes at {} for a ring with {space} free at {}",
                                 f.value,
                                 ring.pos()
-                            );
+                            )));
                         }
                         // Straight from the socket into the rank's ring.
                         for (ptr, len) in ring.regions(n) {
-                            if len > 0
-                                && let Err(e) = read_full(&s, ptr, len, p.timeout)
-                            {
-                                return e;
+                            if len > 0 {
+                                read_full(&s, ptr, len, p.cfg.timeout)?;
                             }
                         }
                         ring.publish(n);
@@ -326,9 +307,7 @@ fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
                     _ => {
                         // A rank that closed with bytes in flight: discard them.
                         scratch.resize(n, 0);
-                        if let Err(e) = read_full(&s, scratch.as_mut_ptr(), n, p.timeout) {
-                            return e;
-                        }
+                        read_full(&s, scratch.as_mut_ptr(), n, p.cfg.timeout)?;
                         c.count_rx(n as u64);
                     }
                 }
@@ -347,9 +326,7 @@ fn receive(p: &Arc<Proxy>, c: &Arc<HostConn>, s: TcpStream) -> String {
             wire::KIND_FAIL => {
                 let mut why = [0u8; wire::MAX_REASON];
                 let n = f.len as usize;
-                if let Err(e) = read_full(&s, why.as_mut_ptr(), n, p.timeout) {
-                    return e;
-                }
+                read_full(&s, why.as_mut_ptr(), n, p.cfg.timeout)?;
                 let why = String::from_utf8_lossy(&why[..n]);
                 p.on_fail(c, f.key.0, f.key.1, f.value, &why);
             }

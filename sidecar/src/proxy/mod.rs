@@ -1,5 +1,5 @@
 //! The network proxy: the sidecar moves its pod's ranks' bytes to and from
-//! other hosts (contract with the ranks: `libcomm::proxy`).
+//! other hosts (contract with the ranks: `libcomm::sidecar_link`).
 //!
 //! - `ranks`: the Unix socket ranks open channels on (one connection per
 //!   communicator-rank; its rings are mapped here).
@@ -18,16 +18,21 @@
 //! hence no cross-channel deadlock).
 //!
 //! All of this runs on plain threads with its own small mutex; the status
-//! path reads atomics only.
+//! path reads atomics only. The proxy knows nothing of the engine: it is
+//! given its [`Config`], the metrics, and where to report a lost host
+//! ([`JobEvents`]); it offers a [`ConnectionHandler`] for its connections on
+//! the peer port and [`HostViews`] for the status (`crate::seams`).
 
 pub mod hosts;
 pub mod ranks;
 pub mod tx;
 pub mod wire;
 
-use crate::engine::Engine;
+use crate::log::log;
+use crate::metrics::Metrics;
+use crate::seams::{ConnectionHandler, HostView, HostViews, JobEvents, Route};
 use arc_swap::ArcSwap;
-use libcomm::proxy::{Attached, Doorbell, InRing, OutRing};
+use libcomm::sidecar_link::{Attached, Doorbell, InRing, OutRing};
 use prometheus_client::metrics::counter::Counter;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -154,15 +159,26 @@ pub struct Snap {
     pub dying: bool,
 }
 
-pub struct Proxy {
-    pub engine: Arc<Engine>,
-    pub secret: String,
+/// What the proxy is told at start.
+#[derive(Debug, Clone)]
+pub struct Config {
     pub job: String,
+    /// The job secret (empty without one).
+    pub secret: String,
+    /// This host's name (sent in the handshake).
     pub host: String,
     /// Peer sidecars' addresses (`--peers`), to find a host's port.
     pub peers: Vec<String>,
+    /// Our peer port (other hosts' when `peers` does not name them).
     pub own_port: u16,
+    /// A host connection silent this long is lost.
     pub timeout: Duration,
+}
+
+pub struct Proxy {
+    pub cfg: Config,
+    pub metrics: Arc<Metrics>,
+    events: Arc<dyn JobEvents>,
     pub doorbell: Doorbell,
     pub reg: Mutex<Reg>,
     pub snap: ArcSwap<Snap>,
@@ -197,8 +213,7 @@ impl Proxy {
             links: reg.links.values().cloned().collect(),
             dying: !reg.dying.is_empty(),
         }));
-        self.engine
-            .metrics
+        self.metrics
             .proxy_channels
             .set((reg.send.len() + reg.recv.len()) as i64);
         self.doorbell.ring();
@@ -227,9 +242,8 @@ impl Proxy {
 
     pub fn new_conn(&self, ip: IpAddr, name: &str) -> Arc<HostConn> {
         let label = |dir: &str, what: &str| {
-            use crate::engine::metrics::ProxyLabel;
-            self.engine
-                .metrics
+            use crate::metrics::ProxyLabel;
+            self.metrics
                 .proxy(what)
                 .get_or_create(&ProxyLabel {
                     peer: ip.to_string(),
@@ -259,13 +273,14 @@ impl Proxy {
     /// The peer port of the host at `ip`: from `--peers`, else ours.
     fn port_for(&self, ip: IpAddr) -> u16 {
         use std::net::ToSocketAddrs;
-        self.peers
+        self.cfg
+            .peers
             .iter()
             .filter_map(|p| p.to_socket_addrs().ok())
             .flatten()
             .find(|a: &SocketAddr| a.ip() == ip)
             .map(|a| a.port())
-            .unwrap_or(self.own_port)
+            .unwrap_or(self.cfg.own_port)
     }
 
     /// Tells the hosts of a rank's remote peers that it failed (`what`: 0
@@ -328,7 +343,7 @@ impl Proxy {
             let e = reg.pending.entry(key).or_insert((0, Instant::now()));
             e.0 = e.0.max(window);
         } else {
-            crate::engine::log("proxy: too many credits for unknown channels; dropping one");
+            log("proxy: too many credits for unknown channels; dropping one");
         }
     }
 
@@ -341,15 +356,15 @@ impl Proxy {
             return;
         }
         if was == UP {
-            self.engine.metrics.proxy_up.dec();
+            self.metrics.proxy_up.dec();
         }
         if let Some(s) = c.sock.get() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         let reason = format!("lost host {}: {why}", c.label());
         *c.lost_reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.clone();
-        crate::engine::log(&format!("proxy: {reason}"));
-        self.engine.metrics.proxy_lost.inc();
+        log(&format!("proxy: {reason}"));
+        self.metrics.proxy_lost.inc();
         let atts: Vec<Arc<Attached>> = {
             let reg = self.lock();
             reg.send
@@ -367,12 +382,7 @@ impl Proxy {
         for a in atts {
             a.fail(&reason);
         }
-        {
-            let st = &self.engine.state;
-            st.lock().push_error(reason.clone());
-            st.publish(&st.lock());
-        }
-        self.engine.fail_comm("", &reason, 0);
+        self.events.host_lost(&reason);
         self.rebuild(&self.lock());
     }
 }
@@ -380,31 +390,26 @@ impl Proxy {
 /// Starts the proxy: the ranks' socket (`<socket>.proxy`) and the progress
 /// thread. Host connections start when ranks need them.
 pub fn start(
-    engine: Arc<Engine>,
+    cfg: Config,
     socket: &std::path::Path,
-    peers: Vec<String>,
-    own_port: u16,
-    timeout: Duration,
+    metrics: Arc<Metrics>,
+    events: Arc<dyn JobEvents>,
 ) -> std::io::Result<Arc<Proxy>> {
     let mut path = socket.as_os_str().to_owned();
     path.push(".proxy");
     let path = std::path::PathBuf::from(path);
     let doorbell = Doorbell::create().map_err(|e| std::io::Error::other(e.to_string()))?;
     let p = Arc::new(Proxy {
-        secret: engine.auth.secret.clone().unwrap_or_default(),
-        job: engine.auth.job.clone(),
-        host: engine.state.host.clone(),
-        engine,
-        peers,
-        own_port,
-        timeout,
+        cfg,
+        metrics,
+        events,
         doorbell,
         reg: Mutex::new(Reg::default()),
         snap: ArcSwap::from_pointee(Snap::default()),
         started: Instant::now(),
         socket_path: path.clone(),
     });
-    let listener = ranks::bind(&path)?;
+    let listener = libcomm::sockets::bind_unix_owner_only(&path)?;
     let p2 = p.clone();
     std::thread::Builder::new()
         .name("weft-proxy-ranks".into())
@@ -416,18 +421,27 @@ pub fn start(
     Ok(p)
 }
 
-/// Per peer host, for RAS: (ip, name, state, tx bytes, rx bytes, connects).
-pub struct HostView {
-    pub ip: IpAddr,
-    pub name: String,
-    pub state: &'static str,
-    pub tx_bytes: u64,
-    pub rx_bytes: u64,
-    pub connects: u64,
+/// Takes the proxy's connections from the peer port's listener.
+struct PeerAcceptor(Arc<Proxy>);
+
+impl ConnectionHandler for PeerAcceptor {
+    fn handle(&self, s: TcpStream, from: SocketAddr) {
+        hosts::accept(self.0.clone(), s, from);
+    }
 }
 
-impl Proxy {
-    pub fn view(&self) -> Vec<HostView> {
+/// The peer port's route for proxy connections: to `proxy`, or refused
+/// when this sidecar runs none.
+pub fn route(proxy: Option<&Arc<Proxy>>) -> Route {
+    Route {
+        name: "proxy",
+        preface: *wire::PREFACE,
+        handler: proxy.map(|p| Arc::new(PeerAcceptor(p.clone())) as Arc<dyn ConnectionHandler>),
+    }
+}
+
+impl HostViews for Proxy {
+    fn host_views(&self) -> Vec<HostView> {
         let snap = self.snap.load();
         snap.conns
             .iter()

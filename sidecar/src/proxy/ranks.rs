@@ -1,30 +1,17 @@
 //! The ranks' side: a Unix socket (`<control socket>.proxy`, mode 0600)
 //! where each communicator-rank with peers on other hosts opens its
-//! channels (`libcomm::proxy`). One thread per open connection, which
+//! channels (`libcomm::sidecar_link`). One thread per open connection, which
 //! sleeps in `read` until the rank closes it (or dies).
 
 use super::{Proxy, RecvChan, SendChan};
-use libcomm::proxy::{self as lp, Attached, OpenMsg};
+use crate::error::SidecarError;
+use libcomm::sidecar_link::{self as lp, Attached, OpenMsg};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if path.exists() {
-        std::fs::remove_file(path)?;
-    }
-    let old = unsafe { libc::umask(0o177) };
-    let l = UnixListener::bind(path);
-    unsafe { libc::umask(old) };
-    let l = l?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
-}
 
 pub fn serve(p: Arc<Proxy>, l: UnixListener) {
     for s in l.incoming() {
@@ -37,7 +24,7 @@ pub fn serve(p: Arc<Proxy>, l: UnixListener) {
                     .spawn(move || serve_rank(p, s));
             }
             Err(e) => {
-                crate::engine::log(&format!("proxy: accept on the rank socket failed: {e}"));
+                crate::log::log(&format!("proxy: accept on the rank socket failed: {e}"));
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -50,9 +37,9 @@ fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
     let (open, keys) = match open(&p, fd) {
         Ok(x) => x,
         Err(why) => {
-            p.engine.metrics.reject("proxy-socket", "open");
-            crate::engine::log(&format!("proxy: refused a rank's open: {why}"));
-            let _ = lp::send_msg(fd, lp::KIND_ERR, why.as_bytes(), &[]);
+            p.metrics.reject("proxy-socket", "open");
+            crate::log::log(&format!("proxy: refused a rank's open: {why}"));
+            let _ = lp::send_msg(fd, lp::KIND_ERR, why.to_string().as_bytes(), &[]);
             return;
         }
     };
@@ -74,19 +61,21 @@ fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
 type Keys = Vec<(super::wire::Key, super::wire::Key)>;
 
 /// Reads, checks and registers one Open: the channels' keys.
-fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
-    let (kind, payload, fds) = lp::recv_msg(fd).map_err(|e| e.to_string())?;
+fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), SidecarError> {
+    let (kind, payload, fds) = lp::recv_msg(fd)?;
     if kind != lp::KIND_OPEN {
-        return Err(format!("expected an open, got kind {kind}"));
+        return Err(SidecarError::Protocol(format!(
+            "expected an open, got kind {kind}"
+        )));
     }
-    let m = OpenMsg::decode(&payload).map_err(|e| e.to_string())?;
-    if m.job != p.job {
-        return Err(format!(
+    let m = OpenMsg::decode(&payload)?;
+    if m.job != p.cfg.job {
+        return Err(SidecarError::Auth(format!(
             "job '{}' is not this sidecar's job '{}'",
-            m.job, p.job
-        ));
+            m.job, p.cfg.job
+        )));
     }
-    let att = Arc::new(Attached::map(&m, &fds).map_err(|e| e.to_string())?);
+    let att = Arc::new(Attached::map(&m, &fds)?);
     let my_ip = m.addr.ip();
     let mut reg = p.lock();
     let mut keys: Keys = Vec::new();
@@ -95,29 +84,29 @@ fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
     for (i, peer) in m.peers.iter().enumerate() {
         let ip = peer.addr.ip();
         if ip == my_ip || ip.is_unspecified() {
-            err = Some(format!(
+            err = Some(SidecarError::Refused(format!(
                 "rank {} on host {} has address {ip}, not another host's",
                 peer.rank, peer.host
-            ));
+            )));
             break;
         }
         let conn = p.conn(&mut reg, ip, my_ip, &peer.host);
         if conn.state.load(std::sync::atomic::Ordering::Acquire) == super::LOST {
-            err = Some(
+            err = Some(SidecarError::Lost(
                 conn.lost_reason
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone(),
-            );
+            ));
             break;
         }
         let skey = (m.comm, m.rank, peer.rank);
         let rkey = (m.comm, peer.rank, m.rank);
         if reg.send.contains_key(&skey) || reg.recv.contains_key(&rkey) {
-            err = Some(format!(
+            err = Some(SidecarError::Refused(format!(
                 "rank {} of this communicator has opened its channels already",
                 m.rank
-            ));
+            )));
             break;
         }
         if !conns.iter().any(|c| Arc::ptr_eq(c, &conn)) {
@@ -159,10 +148,10 @@ fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), String> {
             reg.send.remove(s);
             reg.recv.remove(r);
         }
-        return Err(format!(
+        return Err(SidecarError::Refused(format!(
             "rank {} of this communicator is open already",
             m.rank
-        ));
+        )));
     }
     reg.links.insert(
         (m.comm, m.rank),

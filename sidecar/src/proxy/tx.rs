@@ -7,6 +7,7 @@
 
 use super::wire::{self, FRAME_HEADER, Frame};
 use super::{HostConn, Proxy, SendChan};
+use crate::error::SidecarError;
 use std::io::ErrorKind;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -73,18 +74,22 @@ fn writev(fd: i32, bufs: &[(*const u8, usize)]) -> std::io::Result<usize> {
     }
 }
 
-fn io_err(e: std::io::Error) -> String {
-    match e.kind() {
+fn io_err(e: std::io::Error) -> SidecarError {
+    SidecarError::Lost(match e.kind() {
         ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => {
             "its sidecar reset the connection".into()
         }
         ErrorKind::TimedOut => "the connection timed out (link down?)".into(),
         _ => format!("connection error: {e}"),
-    }
+    })
 }
 
 /// Writes what it can on one connection: `(moved anything, socket full)`.
-fn pump(c: &HostConn, chans: &[Arc<SendChan>], t: &mut TxState) -> Result<(bool, bool), String> {
+fn pump(
+    c: &HostConn,
+    chans: &[Arc<SendChan>],
+    t: &mut TxState,
+) -> Result<(bool, bool), SidecarError> {
     let Some(sock) = c.sock.get() else {
         return Ok((false, false));
     };
@@ -220,7 +225,7 @@ fn grant(p: &Proxy) {
 }
 
 pub fn run(p: Arc<Proxy>) {
-    let ping_every = (p.timeout / 4).max(Duration::from_millis(20));
+    let ping_every = (p.cfg.timeout / 4).max(Duration::from_millis(20));
     let mut idle = 0u32;
     let mut last_sweep = Instant::now();
     loop {
@@ -285,7 +290,7 @@ pub fn run(p: Arc<Proxy>) {
                 }
                 Err(e) => {
                     drop(t);
-                    p.lose(c, &e);
+                    p.lose(c, &e.to_string());
                 }
             }
         }

@@ -1,5 +1,5 @@
 //! The third transport: peers on other hosts through the pod's sidecar
-//! (contract: `crate::proxy`). A channel is a pair of SPSC rings in a memfd
+//! (contract: `crate::sidecar_link`). A channel is a pair of SPSC rings in a memfd
 //! segment this rank creates and the sidecar maps: the same rings and
 //! message stepping as shared memory between local ranks, with the sidecar
 //! as the other end. The sidecar moves the bytes between the rings and its
@@ -9,7 +9,7 @@ use super::ShmChan;
 use super::shm::{Mapping, RingEnd};
 use crate::core::Ctx;
 use crate::error::{Error, Result};
-use crate::proxy::{self, KIND_ERR, KIND_OK, KIND_OPEN, OpenMsg, ProxyPeer};
+use crate::sidecar_link::{self as link, KIND_ERR, KIND_OK, KIND_OPEN, OpenMsg, ProxyPeer};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -36,7 +36,7 @@ fn ring_capacity(nremote: usize) -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|c| c.is_power_of_two())
     {
-        return c.clamp(proxy::MIN_RING, proxy::MAX_RING);
+        return c.clamp(link::MIN_RING, link::MAX_RING);
     }
     let per = (8usize << 20) / (2 * nremote.max(1));
     let pow2 = if per.is_power_of_two() {
@@ -92,7 +92,7 @@ impl ProxyLink {
         };
         let sock = UnixStream::connect(path).map_err(|e| lost(format!("connect: {e}")))?;
         let fd = sock.as_raw_fd();
-        proxy::send_msg(
+        link::send_msg(
             fd,
             KIND_OPEN,
             &msg.encode(),
@@ -102,9 +102,9 @@ impl ProxyLink {
         let wait = deadline
             .saturating_duration_since(Instant::now())
             .max(std::time::Duration::from_millis(100));
-        proxy::set_read_timeout(fd, wait);
-        let (kind, payload, fds) = proxy::recv_msg(fd).map_err(|e| lost(e.to_string()))?;
-        proxy::set_read_timeout(fd, std::time::Duration::ZERO);
+        link::set_read_timeout(fd, wait);
+        let (kind, payload, fds) = link::recv_msg(fd).map_err(|e| lost(e.to_string()))?;
+        link::set_read_timeout(fd, std::time::Duration::ZERO);
         match kind {
             KIND_OK if fds.len() == 1 => {}
             KIND_ERR => {

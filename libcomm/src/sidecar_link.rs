@@ -362,21 +362,7 @@ fn read_exact(fd: RawFd, mut b: &mut [u8]) -> Result<()> {
 }
 
 /// Bounds blocking reads on `fd` (the handshake must not hang either side).
-pub fn set_read_timeout(fd: RawFd, t: Duration) {
-    let tv = libc::timeval {
-        tv_sec: t.as_secs() as libc::time_t,
-        tv_usec: t.subsec_micros() as libc::suseconds_t,
-    };
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        );
-    }
-}
+pub use crate::sockets::set_read_timeout;
 
 // ---- The sidecar's side -------------------------------------------------
 

@@ -1,0 +1,56 @@
+//! The interfaces between the sidecar's engine (the ranks' gRPC socket, the
+//! job state, heartbeats with the peers) and its network proxy (the ranks'
+//! bytes to other hosts). Neither imports the other: each is given what it
+//! needs through these, and the sidecar's start-up (`crate::startup`)
+//! connects them.
+//!
+//! - A listener hands each connection that opens with a [`Route`]'s preface
+//!   to that route's [`ConnectionHandler`] (the proxy's connections share the
+//!   engine's peer port).
+//! - The proxy reports a lost host through [`JobEvents`].
+//! - The engine's status shows the proxy's connections through [`HostViews`].
+
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
+
+/// Length of the preface that tells the protocols of a shared port apart
+/// (that of HTTP/2, which gRPC speaks).
+pub const PREFACE_LEN: usize = 24;
+
+/// Takes over a connection a listener accepted (the preface consumed).
+pub trait ConnectionHandler: Send + Sync {
+    fn handle(&self, s: TcpStream, from: SocketAddr);
+}
+
+/// A protocol sharing a listener: connections opening with `preface` go to
+/// `handler`; without one (the service is off here), they are refused with
+/// a line naming the protocol.
+#[derive(Clone)]
+pub struct Route {
+    pub name: &'static str,
+    pub preface: [u8; PREFACE_LEN],
+    pub handler: Option<Arc<dyn ConnectionHandler>>,
+}
+
+/// What the job learns from the data plane.
+pub trait JobEvents: Send + Sync {
+    /// A peer host is lost (`reason` names it): record it and fail every
+    /// local communicator.
+    fn host_lost(&self, reason: &str);
+}
+
+/// One peer host's connection, as the proxy sees it.
+#[derive(Debug, Clone)]
+pub struct HostView {
+    pub ip: IpAddr,
+    pub name: String,
+    pub state: &'static str,
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub connects: u64,
+}
+
+/// Live per-host connection counters (atomics: no lock shared with anything).
+pub trait HostViews: Send + Sync {
+    fn host_views(&self) -> Vec<HostView>;
+}
