@@ -1,9 +1,11 @@
 //! Attaches C programs to the pod's sidecar, as Rust programs do with
-//! `weft::agent::install_from_env()`: with `WEFT_SIDECAR_SOCKET` set, the
-//! first communicator created in the process registers the process with the
-//! sidecar, and every communicator and operation is reported to it (RAS,
-//! OpenTelemetry spans, Prometheus metrics, pod-lifecycle abort). Without the
-//! variable nothing is started (a plain NCCL program gets no extra thread).
+//! `weft::agent::install_from_env()` (both through crate `weft-agent`, the
+//! client alone: this library links none of the sidecar's server stack): with
+//! `WEFT_SIDECAR_SOCKET` set, the first communicator created in the process
+//! registers the process with the sidecar, and every communicator and
+//! operation is reported to it (RAS, OpenTelemetry spans, Prometheus metrics,
+//! pod-lifecycle abort). Without the variable nothing is started (a plain
+//! NCCL program gets no extra thread).
 
 use crate::errors::{Level, log};
 use std::sync::Once;
@@ -18,7 +20,7 @@ pub fn ensure() {
             return;
         };
         let path = path.to_string_lossy().into_owned();
-        match weft::agent::install_from_env() {
+        match weft_agent::install_from_env(None) {
             Ok(_) => {
                 // Flush queued events and end the stream cleanly at a normal
                 // exit, so the sidecar does not take this process for dead.
@@ -37,7 +39,7 @@ pub fn ensure() {
 }
 
 extern "C" fn close_at_exit() {
-    if let Some(a) = weft::agent::installed() {
+    if let Some(a) = weft_agent::installed() {
         a.close();
     }
 }

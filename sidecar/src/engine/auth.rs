@@ -5,34 +5,12 @@
 
 use crate::error::SidecarError;
 use crate::rpc::Hello;
-use libcomm::handshake;
-
-/// The job secret, from `WEFT_JOB_SECRET` or the file `WEFT_JOB_SECRET_FILE` names.
-pub fn job_secret_from_env() -> Option<String> {
-    if let Ok(s) = std::env::var("WEFT_JOB_SECRET")
-        && !s.is_empty()
-    {
-        return Some(s);
-    }
-    let path = std::env::var("WEFT_JOB_SECRET_FILE").ok()?;
-    std::fs::read_to_string(path)
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-}
+/// The job secret and the attach HMAC, shared with the rank side.
+pub use weft_agent::auth::{hello_mac, hello_mac_matches, job_secret_from_env};
 
 pub struct Auth {
     pub job: String,
     pub secret: Option<String>,
-}
-
-/// HMAC-SHA256(secret, "weft-attach\0" job "\0" pid), hex.
-pub fn hello_mac(secret: &str, job: &str, pid: u32) -> String {
-    handshake::tag_hex(secret.as_bytes(), &[attach_label(job, pid).as_bytes()])
-}
-
-fn attach_label(job: &str, pid: u32) -> String {
-    format!("weft-attach\0{job}\0{pid}")
 }
 
 impl Auth {
@@ -47,11 +25,12 @@ impl Auth {
         let Some(secret) = &self.secret else {
             return Ok(());
         };
-        handshake::check_hex(
-            secret.as_bytes(),
-            &[attach_label(&h.job, h.pid).as_bytes()],
-            &h.auth,
-        )
-        .map_err(|_| SidecarError::Auth("wrong job secret (HMAC mismatch)".into()))
+        if hello_mac_matches(secret, &h.job, h.pid, &h.auth) {
+            Ok(())
+        } else {
+            Err(SidecarError::Auth(
+                "wrong job secret (HMAC mismatch)".into(),
+            ))
+        }
     }
 }

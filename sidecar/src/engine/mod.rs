@@ -131,16 +131,8 @@ pub struct SidecarArgs {
     pub no_proxy: bool,
 }
 
-/// This machine's host name.
-pub fn host_name() -> String {
-    let mut b = [0u8; 256];
-    let r = unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) };
-    if r != 0 {
-        return "localhost".into();
-    }
-    let n = b.iter().position(|c| *c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..n]).into_owned()
-}
+/// This machine's host name (the rank side's, shared).
+pub use weft_agent::host_name;
 
 /// Pod termination: abort every communicator of every attached process, wait
 /// (bounded) until they have gone, then let the servers stop.

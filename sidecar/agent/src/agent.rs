@@ -3,14 +3,17 @@
 //! pod's `weft sidecar` (found through `WEFT_SIDECAR_SOCKET`), and carries
 //! the sidecar's abort commands back to the communicators.
 //!
-//! Without `WEFT_SIDECAR_SOCKET` the same engine runs in this process
+//! Without `WEFT_SIDECAR_SOCKET` the sidecar's engine runs in this process
 //! (embedded mode): same registry, snapshots, metrics and spans, no socket.
+//! This crate does not hold that engine: the caller hands one in through
+//! [`Embedded`] (`weft::agent::install_from_env` does), so a rank that only
+//! ever attaches (the drop-in `libnccl.so.2`) links none of it.
 //!
 //! Collectives never wait on this: events go into a bounded queue; when it
 //! is full they are dropped and counted (reported to the sidecar, which
 //! exports `weft_events_dropped_total`).
 
-use crate::engine::{self, Engine, auth};
+use crate::auth;
 use crate::rpc::{self, RankMessage, rank_message::Msg};
 use libcomm::observe::{AbortHandle, CommEvent, Observer, OpEvent, Phase};
 use std::collections::HashMap;
@@ -23,6 +26,24 @@ use tokio::sync::mpsc;
 /// Events queued toward the sidecar before new ones are dropped.
 const QUEUE: usize = 1 << 16;
 
+/// The engine of embedded mode, as the agent sees it: it takes this
+/// process's messages (as the sidecar's `Attach` stream would) and sends its
+/// commands (aborts) back on the [`Commands`] it was started with.
+pub trait Embedded: Send + Sync {
+    /// One message of this process.
+    fn on_message(&self, m: Msg);
+    /// Flushes and stops what the engine exports (spans). Blocks: the agent
+    /// calls it off its runtime (at [`Agent::close`] and when it stops).
+    fn shutdown(&self);
+}
+
+/// Where an engine sends its commands to this process.
+pub type Commands = mpsc::Sender<Result<rpc::SidecarCommand, tonic::Status>>;
+
+/// Starts the embedded engine on the agent's runtime (it may spawn tasks
+/// there) and registers this process with its `Hello`.
+pub type StartEmbedded = Box<dyn FnOnce(rpc::Hello, Commands) -> Arc<dyn Embedded> + Send>;
+
 pub struct Agent {
     tx: mpsc::Sender<RankMessage>,
     dropped: AtomicU64,
@@ -34,7 +55,7 @@ pub struct Agent {
     close_tx: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     done_rx: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// In embedded mode, the in-process engine (its snapshot is this process's RAS view).
-    pub embedded: OnceLock<Arc<Engine>>,
+    embedded: OnceLock<Arc<dyn Embedded>>,
 }
 
 fn nanos(t: std::time::SystemTime) -> u64 {
@@ -178,7 +199,7 @@ impl Observer for Agent {
 fn hello(job: &str, pid: u32, dropped: u64) -> rpc::Hello {
     rpc::Hello {
         pid,
-        hostname: std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| crate::engine::host_name()),
+        hostname: std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| crate::host_name()),
         job: job.into(),
         auth: auth::job_secret_from_env()
             .map(|s| auth::hello_mac(&s, job, pid))
@@ -192,21 +213,37 @@ fn hello(job: &str, pid: u32, dropped: u64) -> rpc::Hello {
 
 static AGENT: OnceLock<Arc<Agent>> = OnceLock::new();
 
+enum Mode {
+    Attached(PathBuf),
+    Embedded(StartEmbedded),
+}
+
 /// The installed agent, if any.
 pub fn installed() -> Option<&'static Arc<Agent>> {
     AGENT.get()
 }
 
 /// Installs the observer: attached to the sidecar at `WEFT_SIDECAR_SOCKET`
-/// (an error when it cannot be reached), else the embedded engine. Call once,
-/// before creating communicators; later calls return the same agent.
-pub fn install_from_env() -> Result<Arc<Agent>, String> {
+/// (an error when it cannot be reached), else the engine `engine` starts
+/// (an error without one). Call once, before creating communicators; later
+/// calls return the same agent.
+pub fn install_from_env(engine: Option<StartEmbedded>) -> Result<Arc<Agent>, String> {
     if let Some(a) = AGENT.get() {
         return Ok(a.clone());
     }
     let socket = std::env::var_os("WEFT_SIDECAR_SOCKET")
         .filter(|s| !s.is_empty())
         .map(PathBuf::from);
+    let mode = match (socket, engine) {
+        (Some(p), _) => Mode::Attached(p),
+        (None, Some(start)) => Mode::Embedded(start),
+        (None, None) => {
+            return Err(
+                "no sidecar to attach to (WEFT_SIDECAR_SOCKET is not set) and no embedded engine"
+                    .into(),
+            );
+        }
+    };
     let job = std::env::var("WEFT_JOB")
         .ok()
         .filter(|j| !j.is_empty())
@@ -241,15 +278,15 @@ pub fn install_from_env() -> Result<Arc<Agent>, String> {
                     return;
                 }
             };
-            match socket {
-                Some(p) => {
+            match mode {
+                Mode::Attached(p) => {
                     rt.block_on(attached(a, p, rx, close_rx, ready_tx));
                     let _ = done_tx.send(());
                 }
-                None => {
-                    rt.block_on(embedded(a.clone(), rx, ready_tx));
-                    if let Some(t) = a.embedded.get().and_then(|e| e.telemetry.get()) {
-                        t.shutdown();
+                Mode::Embedded(start) => {
+                    rt.block_on(embedded(a.clone(), start, rx, ready_tx));
+                    if let Some(e) = a.embedded.get() {
+                        e.shutdown();
                     }
                 }
             }
@@ -295,9 +332,7 @@ impl Agent {
         if let Some(e) = self.embedded.get() {
             // Give the engine a moment to turn the last events into spans, then flush.
             std::thread::sleep(Duration::from_millis(50));
-            if let Some(t) = e.telemetry.get() {
-                t.shutdown();
-            }
+            e.shutdown();
         }
     }
 
@@ -382,7 +417,7 @@ async fn attached(
     if !a.closing.load(Ordering::Relaxed) {
         // The pod's sidecar is gone (killed, or the pod is going away): fail
         // rather than run on unobserved and unproxied.
-        let host = std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| engine::host_name());
+        let host = std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| crate::host_name());
         let reason = format!(
             "lost the sidecar at {} on host {host}: {why}",
             socket.display()
@@ -394,27 +429,18 @@ async fn attached(
 
 async fn embedded(
     a: Arc<Agent>,
+    start: StartEmbedded,
     mut rx: mpsc::Receiver<RankMessage>,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
-    let e = Engine::new(a.job.clone(), engine::host_name(), None);
-    if engine::telemetry::enabled() {
-        match engine::telemetry::Telemetry::start("weft-rank", e.metrics.spans_dropped.clone()) {
-            Ok(t) => {
-                let _ = e.telemetry.set(t);
-            }
-            Err(err) => eprintln!("weft: tracing disabled: {err}"),
-        }
-    }
-    tokio::spawn(e.state.clone().publisher());
     let (cmd_tx, mut cmd_rx) = mpsc::channel(64);
-    let conn = e.add_proc(hello(&a.job, a.pid, 0), cmd_tx);
+    let e = start(hello(&a.job, a.pid, 0), cmd_tx);
     let _ = a.embedded.set(e.clone());
     let _ = ready.send(Ok(()));
     loop {
         tokio::select! {
             m = rx.recv() => match m {
-                Some(RankMessage { msg: Some(m) }) => e.on_message(conn, m),
+                Some(RankMessage { msg: Some(m) }) => e.on_message(m),
                 Some(_) => {}
                 None => break,
             },
@@ -426,5 +452,31 @@ async fn embedded(
                 None => break,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{install_from_env, installed};
+
+    /// The only test of this crate that touches the environment.
+    #[test]
+    fn install_says_why_it_cannot_attach() {
+        // SAFETY: no other test of this crate reads or writes the environment.
+        unsafe { std::env::remove_var("WEFT_SIDECAR_SOCKET") };
+        let Err(e) = install_from_env(None) else {
+            panic!("attached with neither a socket nor an engine")
+        };
+        assert!(e.contains("WEFT_SIDECAR_SOCKET is not set"), "{e}");
+
+        let missing = std::env::temp_dir().join(format!("weft-agent-{}.sock", std::process::id()));
+        // SAFETY: as above.
+        unsafe { std::env::set_var("WEFT_SIDECAR_SOCKET", &missing) };
+        let Err(e) = install_from_env(None) else {
+            panic!("attached to a socket nobody listens on")
+        };
+        assert!(e.contains("cannot reach the sidecar at"), "{e}");
+        assert!(e.contains(&missing.display().to_string()), "{e}");
+        assert!(installed().is_none(), "a failed attach installs nothing");
     }
 }
