@@ -18,6 +18,7 @@
 //! ```
 
 pub mod algo;
+mod backend;
 mod bootstrap;
 mod comm;
 mod config;
@@ -29,6 +30,7 @@ mod fault;
 mod group;
 pub(crate) mod log;
 pub mod observe;
+mod op;
 pub mod proxy;
 mod reduce;
 mod state;
@@ -37,12 +39,12 @@ mod transport;
 mod types;
 mod unique_id;
 
-pub use algo::tuner::{Algo, AlgoOverride, Coll};
+pub use algo::tuner::{Algo, AlgoOverride, Coll, Decision};
 pub use comm::Communicator;
 pub use config::{Config, TransportPref};
-pub use cuda::batch::DeviceOp;
 pub use error::{Error, ErrorKind, Result};
-pub use group::{Group, GroupOp};
+pub use group::Group;
+pub use op::{Buf, Memory, Op, OpKind};
 pub use state::CommState;
 pub use types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 pub use unique_id::{UNIQUE_ID_BYTES, UniqueId};

@@ -6,6 +6,8 @@
 //! sizes are in elements of `dt` unless named `bytes`. Every rank computes the
 //! same chunk boundaries, so no sizes are exchanged; the transports' message
 //! headers still check them, turning a mismatch between ranks into an error.
+//! The algorithm of each collective is the tuner's [`tuner::Decision`], made
+//! once by the caller and passed in.
 
 pub mod tuner;
 
@@ -15,7 +17,7 @@ use crate::exec::Xfer;
 use crate::reduce;
 use crate::transport::Reduce;
 use crate::types::{Combine, DataType, ReduceOp};
-use tuner::{Algo, Coll};
+use tuner::Algo;
 
 /// Balanced split of `count` elements into `n` chunks: chunk `c` is
 /// `[bound(c), bound(c+1))`.
@@ -71,6 +73,7 @@ pub(crate) fn all_reduce(
     count: usize,
     dt: DataType,
     op: ReduceOp,
+    algo: Algo,
 ) -> Result<()> {
     let n = c.ctx.nranks;
     let mut hold = Vec::new();
@@ -80,7 +83,7 @@ pub(crate) fn all_reduce(
         finish_avg(op, dt, recv, count, n);
         return Ok(());
     }
-    match tuner::choose(Coll::AllReduce, count * dt.size(), n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
         Algo::Direct => all_reduce_direct(c, src, recv, count, dt, op),
         _ => {
@@ -241,6 +244,7 @@ pub(crate) fn broadcast(
     recv: *mut u8,
     bytes: usize,
     root: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
@@ -251,7 +255,7 @@ pub(crate) fn broadcast(
     }
     let vr = (r + n - root) % n;
     let real = |v: usize| (v + root) % n;
-    match tuner::choose(Coll::Broadcast, bytes, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Tree => {
             let mut mask = 1;
             while mask < n {
@@ -288,6 +292,7 @@ pub(crate) fn broadcast(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce(
     c: &mut CommCore,
     send: *const u8,
@@ -296,6 +301,7 @@ pub(crate) fn reduce(
     dt: DataType,
     op: ReduceOp,
     root: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
@@ -309,7 +315,7 @@ pub(crate) fn reduce(
     }
     // Non-roots accumulate in scratch: their receive buffer is not theirs to use.
     let mut own_scratch = Vec::new();
-    match tuner::choose(Coll::Reduce, bytes, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Tree => {
             let acc = if r == root {
                 recv
@@ -374,13 +380,14 @@ pub(crate) fn all_gather(
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     copy(unsafe { recv.add(r * bytes) }, send, bytes);
     if n == 1 {
         return Ok(());
     }
-    match tuner::choose(Coll::AllGather, bytes * n, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Direct => {
             let mut xs = Vec::with_capacity(2 * n);
             for p in (0..n).filter(|&p| p != r) {
@@ -404,6 +411,7 @@ pub(crate) fn reduce_scatter(
     count: usize,
     dt: DataType,
     op: ReduceOp,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
@@ -415,7 +423,7 @@ pub(crate) fn reduce_scatter(
         finish_avg(op, dt, recv, count, n);
         return Ok(());
     }
-    match tuner::choose(Coll::ReduceScatter, bytes * n, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Direct => {
             // Receive every peer's block, then combine in rank order so the
             // result does not depend on arrival order.
@@ -457,6 +465,7 @@ pub(crate) fn all_to_all(
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     // In place, blocks would be overwritten before they are sent: send from a copy.
@@ -472,7 +481,7 @@ pub(crate) fn all_to_all(
         unsafe { src.add(r * bytes) },
         bytes,
     );
-    match tuner::choose(Coll::AllToAll, bytes * n, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Direct => {
             let mut xs = Vec::with_capacity(2 * n);
             for p in (0..n).filter(|&p| p != r) {

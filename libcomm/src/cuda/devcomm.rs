@@ -6,7 +6,8 @@ use super::{
     CudaResult, check, compute_capability, device_at, kernels, nvlink_class, pci_location,
     use_device,
 };
-use crate::group::GroupOp;
+use crate::algo::tuner::DEVICE_ALGOS;
+use crate::op::{Op, OpKind};
 use crate::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -172,13 +173,10 @@ pub enum P2p {
 }
 
 /// Send, receive, gather and scatter: what [`p2p_pieces`] takes apart.
-pub fn is_p2p(op: &GroupOp) -> bool {
+pub fn is_p2p(op: &Op) -> bool {
     matches!(
-        op,
-        GroupOp::Send { .. }
-            | GroupOp::Recv { .. }
-            | GroupOp::Gather { .. }
-            | GroupOp::Scatter { .. }
+        op.kind,
+        OpKind::Send | OpKind::Recv | OpKind::Gather | OpKind::Scatter
     )
 }
 
@@ -186,48 +184,24 @@ pub fn is_p2p(op: &GroupOp) -> bool {
 /// gather and scatter, as NCCL builds them), or None for other operations.
 /// A send to or receive from oneself is returned as is: [`DevComm::launch_p2p`]
 /// pairs them into copies.
-pub fn p2p_pieces(op: &GroupOp, rank: usize, n: usize) -> Option<Vec<P2p>> {
+pub fn p2p_pieces(op: &Op, rank: usize, n: usize) -> Option<Vec<P2p>> {
     let mut v = Vec::new();
-    match *op {
-        GroupOp::Send {
-            buf,
-            count,
-            dtype,
-            peer,
-        } => v.push(P2p::Send {
-            peer,
-            ptr: buf as u64,
-            bytes: count * dtype.size(),
+    let (send, recv, bytes, root) = (op.send as u64, op.recv as u64, op.bytes(), op.root);
+    match op.kind {
+        OpKind::Send => v.push(P2p::Send {
+            peer: root,
+            ptr: send,
+            bytes,
         }),
-        GroupOp::Recv {
-            buf,
-            count,
-            dtype,
-            peer,
-        } => v.push(P2p::Recv {
-            peer,
-            ptr: buf as u64,
-            bytes: count * dtype.size(),
+        OpKind::Recv => v.push(P2p::Recv {
+            peer: root,
+            ptr: recv,
+            bytes,
         }),
-        GroupOp::Gather {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        }
-        | GroupOp::Scatter {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => {
+        OpKind::Gather | OpKind::Scatter => {
             // The root moves one block per rank (its own by a copy); every
             // other rank one block to or from the root.
-            let gather = matches!(op, GroupOp::Gather { .. });
-            let (send, recv) = (send as u64, recv as u64);
-            let bytes = count * dtype.size();
+            let gather = op.kind == OpKind::Gather;
             if rank != root {
                 v.push(if gather {
                     P2p::Send {
@@ -643,16 +617,6 @@ impl Tuning {
         let share = bytes.div_ceil(blocks.max(1) * nranks.saturating_sub(1).max(1));
         (share.div_ceil(16) * 16).clamp(512, self.reduce_chunk)
     }
-}
-
-/// Device algorithm names `WEFT_ALGO` / `WEFT_CUDA_ALGO` may give.
-const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
-
-/// Whether `name` names a device algorithm (the host tuner leaves those it
-/// does not know itself to the kernel path).
-pub fn is_device_algo(name: &str) -> bool {
-    let name = name.trim().to_ascii_lowercase();
-    DEVICE_ALGOS.contains(&name.as_str())
 }
 
 /// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it
@@ -1191,7 +1155,7 @@ impl DevComm {
     }
 
     /// How `op` runs on the kernel path, or None (staging).
-    pub fn plan(&self, op: &GroupOp) -> Option<Plan> {
+    pub fn plan(&self, op: &Op) -> Option<Plan> {
         if !self.usable || !kernels::nvrtc_available() {
             return None;
         }
@@ -1200,14 +1164,9 @@ impl DevComm {
             return None;
         }
         let n = self.nranks;
-        let (kind, send, recv, count, dtype, rop, root, parts) = match *op {
-            GroupOp::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => {
+        let (send, recv, count, dtype, rop) = (op.send, op.recv, op.count, op.dtype, op.redop);
+        let (kind, root, parts) = match op.kind {
+            OpKind::AllReduce => {
                 let bytes = count * dtype.size();
                 let one = match algo {
                     Some("oneshot") => true,
@@ -1215,42 +1174,13 @@ impl DevComm {
                     _ => bytes <= self.tuning.oneshot_max || n <= 2,
                 };
                 let k = if one { K_ALLREDUCE } else { K_ALLREDUCE_2SHOT };
-                (k, send, recv, count, dtype, Some(op), 0, 1)
+                (k, 0, 1)
             }
-            GroupOp::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            } => (K_REDUCE, send, recv, count, dtype, Some(op), root, 1),
-            GroupOp::ReduceScatter {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => (K_REDUCESCATTER, send, recv, count, dtype, Some(op), 0, n),
-            GroupOp::AllGather {
-                send,
-                recv,
-                count,
-                dtype,
-            } => (K_ALLGATHER, send, recv, count, dtype, None, 0, 1),
-            GroupOp::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => (K_BROADCAST, send, recv, count, dtype, None, root, 1),
-            GroupOp::AllToAll {
-                send,
-                recv,
-                count,
-                dtype,
-            } => (K_ALLTOALL, send, recv, count, dtype, None, 0, n),
+            OpKind::Reduce => (K_REDUCE, op.root, 1),
+            OpKind::ReduceScatter => (K_REDUCESCATTER, 0, n),
+            OpKind::AllGather => (K_ALLGATHER, 0, 1),
+            OpKind::Broadcast => (K_BROADCAST, op.root, 1),
+            OpKind::AllToAll => (K_ALLTOALL, 0, n),
             _ => return None,
         };
         if matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2) && self.cc < (8, 9) {
@@ -2066,13 +1996,7 @@ mod tests {
     /// Gather and scatter become NCCL's pieces.
     #[test]
     fn gather_and_scatter_pieces() {
-        let g = GroupOp::Gather {
-            send: 100 as *const u8,
-            recv: 1000 as *mut u8,
-            count: 2,
-            dtype: DataType::F32,
-            root: 1,
-        };
+        let g = Op::gather(100 as *const u8, 1000 as *mut u8, 2, DataType::F32, 1);
         assert_eq!(
             p2p_pieces(&g, 1, 3).unwrap(),
             vec![
@@ -2086,13 +2010,7 @@ mod tests {
             ]
         );
         assert_eq!(p2p_pieces(&g, 0, 3).unwrap(), vec![send(1, 100)]);
-        let sc = GroupOp::Scatter {
-            send: 100 as *const u8,
-            recv: 1000 as *mut u8,
-            count: 2,
-            dtype: DataType::F32,
-            root: 0,
-        };
+        let sc = Op::scatter(100 as *const u8, 1000 as *mut u8, 2, DataType::F32, 0);
         assert_eq!(p2p_pieces(&sc, 2, 3).unwrap(), vec![recv(0, 1000)]);
         assert_eq!(p2p_pieces(&sc, 0, 3).unwrap()[2], send(2, 116));
     }
