@@ -10,10 +10,12 @@
 //! (descriptors, agreement), and the observer. It never reaches into
 //! `Communicator` or `Group`.
 //!
-//! Dependencies point one way: `backend` imports only `op` and `error`; the
+//! Dependencies point one way: `backend` imports only `op`, `error` and the
+//! tuner's `Decision`; the
 //! CUDA backend imports `backend`, `op` and the neutral modules (`types`,
 //! `error`, `algo::tuner`'s name list) and nothing that imports it back.
 
+use crate::algo::tuner::Decision;
 use crate::error::Result;
 use crate::op::Op;
 use std::any::Any;
@@ -83,13 +85,13 @@ pub trait Comms {
     unsafe fn run_host(&self, items: &[Item]) -> Result<()>;
     /// Runs `f` inside the observer's span of `ops` on communicator `c`
     /// (one operation, or a group when `group`), recording the backend's
-    /// decision `algo`.
+    /// decision (`Decision::Device`: the kernel it planned).
     fn observed(
         &self,
         c: usize,
         ops: &[Op],
         group: bool,
-        algo: &'static str,
+        decision: Decision,
         f: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()>;
 }

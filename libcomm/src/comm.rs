@@ -1,16 +1,29 @@
-//! The public communicator.
+//! The public communicator and the one entry point of operations.
 //!
-//! A `Communicator` is one rank's handle. Its lifecycle is the state machine
-//! of [`CommState`]; its live resources ([`CommCore`]) sit behind one mutex, so
-//! calls from several threads are serialized; abort and the status queries
-//! never take that mutex, so they work while a collective is blocked.
+//! Names, from the outside in:
+//! - [`Communicator`]: one rank's handle (the public type);
+//! - [`CommShared`]: its lifecycle record, shared with the init thread and
+//!   the observer's abort handle: identity, [`CommState`], the failure cause,
+//!   the device backend's [`DeviceSlot`], and the [`Resources`];
+//! - [`Resources`] (`core.rs`): the live resources of a Ready communicator
+//!   (peers, channels, shared memory, failure domain), behind one mutex, so
+//!   calls from several threads are serialized; abort and the status
+//!   queries never take that mutex, so they work while a collective is
+//!   blocked. Its immutable facts (ids, rank, peers, config) are `core::Ctx`.
+//!
+//! Every operation is an [`Op`] and enters through [`Communicator::submit`]
+//! (a group through [`Group::execute`]): validated once here, then run on
+//! host memory by the host algorithms ([`run_op`], with the tuner's
+//! [`Decision`]) or handed to the device backend ([`run_device`]; see
+//! `backend.rs`). This module is the only one of the core that names `cuda/`
+//! (in `device_backend`), and `cuda/` never imports it.
 
 use crate::algo;
 use crate::algo::tuner::{self, Decision};
 use crate::backend::{Backend, Comms, DeviceSlot, Item};
 use crate::bootstrap::{PeerInfo, client, root};
 use crate::config::Config;
-use crate::core::{CommCore, Ctx, job_label};
+use crate::core::{Ctx, Resources, job_label};
 use crate::error::{Error, ErrorKind, Result};
 use crate::fault::Fault;
 use crate::group::Group;
@@ -27,13 +40,14 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-pub(crate) struct Shared {
+/// A communicator's lifecycle record (see the module docs).
+pub(crate) struct CommShared {
     pub label: String,
     pub rank: usize,
     pub nranks: usize,
     pub cfg: Config,
     pub state: StateCell,
-    core: Mutex<Option<CommCore>>,
+    resources: Mutex<Option<Resources>>,
     fault: OnceLock<Arc<Fault>>,
     async_err: Mutex<Option<Error>>,
     /// Set by abort/destroy to stop a bootstrap in progress.
@@ -43,14 +57,14 @@ pub(crate) struct Shared {
     /// Sequence numbers of operations, for the observer (`observe.rs`).
     pub(crate) obs_seq: crate::observe::Seq,
     /// A weak pointer to this record, for the observer's abort handle.
-    me: OnceLock<std::sync::Weak<Shared>>,
+    me: OnceLock<std::sync::Weak<CommShared>>,
     /// The device side (CUDA), set up by the first operation on device memory.
     pub(crate) dev: Mutex<DeviceSlot>,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
 pub struct Communicator {
-    pub(crate) s: Arc<Shared>,
+    pub(crate) s: Arc<CommShared>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -73,15 +87,15 @@ fn since_epoch(t: SystemTime) -> String {
     format!("unix time {}.{:03}", d.as_secs(), d.subsec_millis())
 }
 
-impl Shared {
-    fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<Shared> {
-        let s = Arc::new(Shared {
+impl CommShared {
+    fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<CommShared> {
+        let s = Arc::new(CommShared {
             label,
             rank,
             nranks,
             cfg,
             state: StateCell::new(CommState::Initializing),
-            core: Mutex::new(None),
+            resources: Mutex::new(None),
             fault: OnceLock::new(),
             async_err: Mutex::new(None),
             cancel: AtomicBool::new(false),
@@ -125,8 +139,8 @@ impl Shared {
     }
 
     /// Installs the result of a bootstrap (init or split).
-    fn finish_init(&self, r: Result<CommCore>) {
-        let mut g = lock(&self.core);
+    fn finish_init(&self, r: Result<Resources>) {
+        let mut g = lock(&self.resources);
         match r {
             Ok(core) => {
                 let fault = core.fault.clone();
@@ -185,7 +199,7 @@ impl Shared {
     fn run_or_spawn(
         self: &Arc<Self>,
         blocking: bool,
-        work: impl FnOnce(&Arc<Shared>) -> Result<CommCore> + Send + 'static,
+        work: impl FnOnce(&Arc<CommShared>) -> Result<Resources> + Send + 'static,
     ) -> Result<()> {
         if blocking {
             let r = work(self);
@@ -249,7 +263,7 @@ impl Communicator {
     ) -> Result<Communicator> {
         check_rank_args(nranks, rank)?;
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id.nonce[..4]));
-        let s = Shared::new(label, rank, nranks, cfg.clone());
+        let s = CommShared::new(label, rank, nranks, cfg.clone());
         let id = id.clone();
         let blocking = cfg.blocking;
         s.run_or_spawn(blocking, move |s| bootstrap(s, &id))?;
@@ -420,16 +434,16 @@ impl Communicator {
     }
 
     /// Runs `f` on the live core, serialized with every other call on this communicator.
-    pub(crate) fn with_core<R>(
+    pub(crate) fn with_resources<R>(
         &self,
         what: &'static str,
-        f: impl FnOnce(&mut CommCore) -> Result<R>,
+        f: impl FnOnce(&mut Resources) -> Result<R>,
     ) -> Result<R> {
         let st = self.s.state.get();
         if st != CommState::Ready {
             return Err(self.s.state_error(st, what));
         }
-        let mut g = lock(&self.s.core);
+        let mut g = lock(&self.s.resources);
         let st = self.s.state.get();
         let core = match g.as_mut() {
             Some(c) if st == CommState::Ready => c,
@@ -458,7 +472,7 @@ impl Communicator {
         key: i32,
         cfg: Config,
     ) -> Result<Option<Communicator>> {
-        let plan = self.with_core("split", |core| {
+        let plan = self.with_resources("split", |core| {
             let n = core.ctx.nranks;
             let seq = core.split_seq();
             let mut mine = [0u8; 16];
@@ -503,7 +517,7 @@ impl Communicator {
         };
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id[..4]));
         let nranks = peers.len();
-        let s = Shared::new(label.clone(), rank, nranks, cfg.clone());
+        let s = CommShared::new(label.clone(), rank, nranks, cfg.clone());
         let blocking = cfg.blocking;
         s.run_or_spawn(blocking, move |s| {
             let ctx = Arc::new(Ctx {
@@ -516,7 +530,7 @@ impl Communicator {
                 cfg: s.cfg.clone(),
                 job: job_label(),
             });
-            CommCore::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
+            Resources::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
         })?;
         let c = Communicator { s };
         if blocking {
@@ -546,7 +560,7 @@ impl Communicator {
             self.s.cancel.store(true, Ordering::Release);
             self.s.join_worker();
         }
-        let core = lock(&self.s.core).take();
+        let core = lock(&self.s.resources).take();
         if !self.s.state.transition_from(
             &[
                 CommState::Initializing,
@@ -606,7 +620,7 @@ impl Drop for Communicator {
 }
 
 /// Abort with a reason (the observer's handle gives the sidecar's reason).
-pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
+pub(crate) fn abort_shared(s: &CommShared, reason: &str) -> Result<()> {
     let from = s.state.get();
     match from {
         CommState::Destroyed => return Err(s.state_error(from, "abort")),
@@ -633,7 +647,7 @@ pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
         f.raise(FAIL_ABORT, reason);
     }
     s.join_worker();
-    let core = lock(&s.core).take();
+    let core = lock(&s.resources).take();
     drop(core);
     crate::observe::comm(|| crate::observe::CommEvent::Aborted {
         comm_id: s.label.clone(),
@@ -643,7 +657,7 @@ pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
 }
 
 /// Raises a failure with a reason (the observer's handle: lost host, dead rank).
-pub(crate) fn fail_shared(s: &Shared, reason: &str) {
+pub(crate) fn fail_shared(s: &CommShared, reason: &str) {
     match s.fault.get() {
         Some(f) => f.raise(crate::transport::shm::FAIL_ERROR, reason),
         None => {
@@ -653,7 +667,7 @@ pub(crate) fn fail_shared(s: &Shared, reason: &str) {
 }
 
 /// Bootstrap of a new communicator from a unique id.
-fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
+fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
     let deadline = Instant::now() + s.cfg.init_timeout;
     if id.rank0_serves && s.rank == 0 {
         root::serve_at(id, s.nranks)?;
@@ -683,7 +697,7 @@ fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
         cfg: s.cfg.clone(),
         job: job_label(),
     });
-    CommCore::build(ctx, ep, deadline)
+    Resources::build(ctx, ep, deadline)
 }
 
 /// The one entry point of operations (the typed methods below, groups and
@@ -716,7 +730,7 @@ impl Communicator {
         }
         let d = tuner::decide(&op, self.s.nranks, &self.s.cfg.algo);
         let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
-        let r = self.with_core(op.name(), |c| unsafe { run_op(c, &op, d) });
+        let r = self.with_resources(op.name(), |c| unsafe { run_op(c, &op, d) });
         crate::observe::finish(obs, &r);
         r
     }
@@ -724,7 +738,7 @@ impl Communicator {
 
 /// Runs a validated host-memory operation on the live resources, with the
 /// tuner's decision for it.
-pub(crate) unsafe fn run_op(c: &mut CommCore, op: &Op, d: Decision) -> Result<()> {
+pub(crate) unsafe fn run_op(c: &mut Resources, op: &Op, d: Decision) -> Result<()> {
     use crate::exec::Xfer;
     c.coll_seq += 1;
     let (send, recv, count, dtype, root, a) =
@@ -824,10 +838,10 @@ impl Comms for Lent<'_> {
         c: usize,
         ops: &[Op],
         group: bool,
-        algo: &'static str,
+        decision: Decision,
         f: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
-        let obs = crate::observe::start(&self.comms[c].s.who(), ops, group, algo);
+        let obs = crate::observe::start(&self.comms[c].s.who(), ops, group, decision.name());
         let r = f();
         crate::observe::finish(obs, &r);
         r

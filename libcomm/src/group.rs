@@ -191,7 +191,7 @@ impl<'a> Group<'a> {
 fn run_batch(b: Batch<'_>) -> Result<()> {
     let Batch(comm, ops) = b;
     let obs = crate::observe::start(&comm.s.who(), &ops, true, "group");
-    let r = comm.with_core("group", |c| {
+    let r = comm.with_resources("group", |c| {
         let mut xs: Vec<Xfer> = ops
             .iter()
             .filter(|op| op.is_send_recv())

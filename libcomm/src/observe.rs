@@ -89,7 +89,7 @@ pub(crate) fn observer() -> Option<&'static Arc<dyn Observer>> {
 /// Aborts a communicator from outside its owner's code (weak: it never keeps
 /// a destroyed communicator alive).
 #[derive(Clone)]
-pub struct AbortHandle(pub(crate) Weak<crate::comm::Shared>);
+pub struct AbortHandle(pub(crate) Weak<crate::comm::CommShared>);
 
 impl std::fmt::Debug for AbortHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -54,7 +54,7 @@ pub fn register(
 /// completes, like NCCL's end-of-init bootstrap barrier: afterwards every rank
 /// has finished connecting, so an immediate `ncclCommDestroy` on one rank can
 /// no longer remove shared memory that a slower peer is still about to map
-/// (libcomm's `CommCore::build` returns before its peers have mapped its
+/// (libcomm's `Resources::build` returns before its peers have mapped its
 /// segment, and destroy unlinks it; see the capi report).
 pub fn barrier(comms: &[Arc<CommEntry>]) -> CResult<()> {
     if comms.is_empty() {

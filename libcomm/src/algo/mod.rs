@@ -11,7 +11,7 @@
 
 pub mod tuner;
 
-use crate::core::CommCore;
+use crate::core::Resources;
 use crate::error::Result;
 use crate::exec::Xfer;
 use crate::reduce;
@@ -67,7 +67,7 @@ fn copy(dst: *mut u8, src: *const u8, bytes: usize) {
 }
 
 pub(crate) fn all_reduce(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     count: usize,
@@ -99,7 +99,7 @@ pub(crate) fn all_reduce(
 /// all n buffers in rank order (so every rank computes bit-identical results).
 /// One round of wake-ups instead of log2(n): the latency path for tiny buffers.
 fn all_reduce_direct(
-    c: &mut CommCore,
+    c: &mut Resources,
     src: *const u8,
     recv: *mut u8,
     count: usize,
@@ -130,7 +130,7 @@ fn all_reduce_direct(
 /// buffer): after n-1 steps rank r holds the full reduction of chunk
 /// `(r + k) mod n` in `work`. Returns that chunk's index.
 fn ring_reduce_scatter(
-    c: &mut CommCore,
+    c: &mut Resources,
     src: *const u8,
     work: *mut u8,
     count: usize,
@@ -163,7 +163,7 @@ fn ring_reduce_scatter(
 /// Ring all-gather of the chunks of a `count`-element buffer where rank r
 /// starts with chunk `(r + k) mod n` in place.
 fn ring_all_gather_chunks(
-    c: &mut CommCore,
+    c: &mut Resources,
     buf: *mut u8,
     count: usize,
     dt: DataType,
@@ -188,7 +188,7 @@ fn ring_all_gather_chunks(
 /// power of two into their neighbours first. Every combine is commutative, so
 /// every rank ends with bit-identical results.
 fn all_reduce_rd(
-    c: &mut CommCore,
+    c: &mut Resources,
     src: *const u8,
     recv: *mut u8,
     count: usize,
@@ -239,7 +239,7 @@ fn all_reduce_rd(
 }
 
 pub(crate) fn broadcast(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
@@ -294,7 +294,7 @@ pub(crate) fn broadcast(
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     count: usize,
@@ -376,7 +376,7 @@ pub(crate) fn reduce(
 
 /// `recv` holds n blocks of `bytes`; rank r's block comes from `send`.
 pub(crate) fn all_gather(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
@@ -405,7 +405,7 @@ pub(crate) fn all_gather(
 
 /// `send` holds n blocks of `count` elements; rank r receives the reduction of block r.
 pub(crate) fn reduce_scatter(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     count: usize,
@@ -461,7 +461,7 @@ pub(crate) fn reduce_scatter(
 
 /// Block p of `send` goes to rank p; block p of `recv` comes from rank p.
 pub(crate) fn all_to_all(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
@@ -505,7 +505,7 @@ pub(crate) fn all_to_all(
 
 /// Root gathers n blocks of `bytes` (NCCL's ncclGather).
 pub(crate) fn gather(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
@@ -526,7 +526,7 @@ pub(crate) fn gather(
 
 /// Root scatters n blocks of `bytes` (NCCL's ncclScatter).
 pub(crate) fn scatter(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,

@@ -19,6 +19,7 @@
 
 use super::devcomm::{DESCRIPTOR_BYTES, DevComm, P2p, is_p2p, p2p_pieces};
 use super::{ContextGuard, Staging};
+use crate::algo::tuner::Decision;
 use crate::backend::{Backend, Comms, DeviceSide, DeviceSlot, Item};
 use crate::error::{Error, Result};
 use crate::op::{Memory, Op};
@@ -254,7 +255,7 @@ impl Backend for CudaBackend {
                         o.comm,
                         std::slice::from_ref(&o.op),
                         false,
-                        plan.algorithm(),
+                        Decision::Device(plan.algorithm()),
                         &mut || {
                             unsafe { dc.launch(&plan, o.op.stream) }
                                 .map_err(|e| cuda_err(o.op.name(), comms, o.comm, e))
@@ -284,10 +285,16 @@ impl Backend for CudaBackend {
                 .iter()
                 .flat_map(|o| p2p_pieces(o, rank, n).unwrap_or_default())
                 .collect();
-            let r = comms.observed(b.comm, &b.ops, true, "p2p-kernel", &mut || {
-                unsafe { dc.launch_p2p(&pieces, stream) }
-                    .map_err(|e| cuda_err("send/recv", comms, b.comm, e))
-            });
+            let r = comms.observed(
+                b.comm,
+                &b.ops,
+                true,
+                Decision::Device("p2p-kernel"),
+                &mut || {
+                    unsafe { dc.launch_p2p(&pieces, stream) }
+                        .map_err(|e| cuda_err("send/recv", comms, b.comm, e))
+                },
+            );
             if let Err(e) = r {
                 first.get_or_insert(e);
             }
