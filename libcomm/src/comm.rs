@@ -174,7 +174,7 @@ impl CommShared {
             comm_id: self.label.clone(),
             rank: self.rank,
             nranks: self.nranks,
-            handle: crate::observe::AbortHandle(self.me.get().cloned().unwrap_or_default()),
+            handle: crate::observe::AbortHandle(self.me.get().cloned().unwrap_or_default() as _),
         });
     }
 
@@ -654,6 +654,16 @@ pub(crate) fn abort_shared(s: &CommShared, reason: &str) -> Result<()> {
         rank: s.rank,
     });
     Ok(())
+}
+
+/// The observer's abort handle pulls these.
+impl crate::observe::Lever for CommShared {
+    fn abort(&self, reason: &str) {
+        let _ = abort_shared(self, reason);
+    }
+    fn fail(&self, reason: &str) {
+        fail_shared(self, reason)
+    }
 }
 
 /// Raises a failure with a reason (the observer's handle: lost host, dead rank).

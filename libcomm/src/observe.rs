@@ -86,10 +86,17 @@ pub(crate) fn observer() -> Option<&'static Arc<dyn Observer>> {
     OBSERVER.get()
 }
 
+/// What an [`AbortHandle`] pulls: implemented by the communicator's
+/// lifecycle record (`comm.rs`), so this module never imports the communicator.
+pub(crate) trait Lever: Send + Sync {
+    fn abort(&self, reason: &str);
+    fn fail(&self, reason: &str);
+}
+
 /// Aborts a communicator from outside its owner's code (weak: it never keeps
 /// a destroyed communicator alive).
 #[derive(Clone)]
-pub struct AbortHandle(pub(crate) Weak<crate::comm::CommShared>);
+pub struct AbortHandle(pub(crate) Weak<dyn Lever>);
 
 impl std::fmt::Debug for AbortHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,7 +110,7 @@ impl AbortHandle {
     pub fn abort(&self, reason: &str) -> bool {
         match self.0.upgrade() {
             Some(s) => {
-                let _ = crate::comm::abort_shared(&s, reason);
+                s.abort(reason);
                 true
             }
             None => false,
@@ -119,7 +126,7 @@ impl AbortHandle {
     pub fn fail(&self, reason: &str) -> bool {
         match self.0.upgrade() {
             Some(s) => {
-                crate::comm::fail_shared(&s, reason);
+                s.fail(reason);
                 true
             }
             None => false,
