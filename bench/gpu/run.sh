@@ -3,7 +3,7 @@
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 check checkg
-#           check9 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
+#           check9 share1 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
 #           perfp2p lat mpilat tune chaintune linestune save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
@@ -287,6 +287,14 @@ chaintune)
       pv $t "$e"
     done
   done ;;
+share1)
+  # One GPU shared by SHARE_NP ranks (default 2 3; Weft allows it, NCCL refuses):
+  # one process per rank through mpirun, every rank on GPU 0
+  # (NCCL_TESTS_DEVICE=0), every collective, type and op checked.
+  for np in ${SHARE_NP:-2 3}; do for t in ${CHECK_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter}; do
+    log share1 check ours $t np=$np
+    LD_LIBRARY_PATH=$OURS_LD NCCL_TESTS_DEVICE=0 timeout 120 mpirun --allow-run-as-root --oversubscribe -np $np --bind-to none -x NCCL_NVLS_ENABLE -x WEFT_KERNEL_CACHE -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE $TM/${t}_perf -g 1 -b 8 -e 4M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/share-check.txt | CHK
+  done; done ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).
   (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;

@@ -122,7 +122,7 @@ fn devices_or_skip(name: &str, min: i32) -> Option<i32> {
 
 fn skip_reason() -> Option<String> {
     if let Err(e) = cuda::driver() {
-        return Some(e);
+        return Some(e.to_string());
     }
     if cuda::device_count() == 0 {
         return Some("the CUDA driver sees no device".into());

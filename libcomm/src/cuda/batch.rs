@@ -17,8 +17,12 @@
 //! The core hands this backend validated operations of ready communicators
 //! and lends it only [`Comms`] (see `backend.rs`).
 
-use super::devcomm::{DESCRIPTOR_BYTES, DevComm, P2p, is_p2p, p2p_pieces};
-use super::{ContextGuard, Staging};
+use super::devcomm::DevComm;
+use super::driver::{ContextGuard, stream_capturing};
+use super::error::CudaError;
+use super::mapping::DESCRIPTOR_BYTES;
+use super::p2p::{P2p, is_p2p, p2p_pieces};
+use super::staging::Staging;
 use crate::algo::tuner::Decision;
 use crate::backend::{Backend, Comms, DeviceSide, DeviceSlot, Item};
 use crate::error::{Error, Result};
@@ -41,7 +45,7 @@ impl DeviceSide for DevComm {
         DevComm::abort(self)
     }
     fn finalize(self: Box<Self>) -> std::result::Result<(), String> {
-        DevComm::finalize(*self)
+        DevComm::finalize(*self).map_err(|e| e.to_string())
     }
     fn as_any_mut(&mut self) -> &mut dyn Any {
         self
@@ -77,7 +81,7 @@ fn log(warn: bool, line: &str) {
     }
 }
 
-fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: String) -> Error {
+fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: CudaError) -> Error {
     Error::Cuda(format!("{what} on {}: {e}", comms.describe(c)))
 }
 
@@ -211,7 +215,7 @@ impl Backend for CudaBackend {
     /// operations may be part of it (a group mixing both).
     unsafe fn run(&self, comms: &dyn Comms, items: &[Item]) -> Result<()> {
         for o in items {
-            if o.op.memory != Memory::Host && super::stream_capturing(o.op.stream) {
+            if o.op.memory != Memory::Host && stream_capturing(o.op.stream) {
                 return Err(Error::Unsupported(format!(
                     "{} on {}: the stream is being captured into a CUDA graph, which Weft does not support yet: its kernels take per-call sequence numbers and flags as arguments, so a replayed graph would reuse them and read stale data; run the operation outside capture (nccl-tests: without -G)",
                     o.op.name(),

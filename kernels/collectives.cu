@@ -28,7 +28,7 @@ typedef long long i64;
 #define WEFT_MAX_RANKS 8
 #define WEFT_MAX_BLOCKS 128
 
-// Collective kinds (keep in sync with cuda/mod.rs).
+// Collective kinds (keep in sync with cuda/abi.rs).
 #define K_ALLREDUCE 0
 #define K_ALLREDUCE_2SHOT 1
 #define K_REDUCE 2
@@ -64,13 +64,13 @@ struct Args {
     u64 ll_need;                  // LL one-shot: their WEFT_LL_COUNT once they are
 };
 
-// Args.chain (keep in sync with cuda/devcomm.rs): 0 none, else the chain's
+// Args.chain (keep in sync with cuda/abi.rs): 0 none, else the chain's
 // protocol: FIFO slots with a fence and a flag per step (chain_fifo), or
 // lines that carry their own flags (lines_chain).
 #define WEFT_CHAIN_FIFO 1
 #define WEFT_CHAIN_LINES 2
 
-// Direct broadcast algorithms (keep in sync with cuda/devcomm.rs).
+// Direct broadcast algorithms (keep in sync with cuda/abi.rs).
 #define WEFT_BCAST_RING 0
 #define WEFT_BCAST_SCATTER 1
 
@@ -103,7 +103,7 @@ struct Status {
 #define WEFT_CHAIN_CRED_OFF (52 << 10)
 // Lines chain (see lines_chain): one u64 credit per warp, at most
 // WEFT_LINES_MAX_WARPS (written by the successor): 64 - 80 KiB of the
-// 128 KiB area (FLAG_AREA in cuda/devcomm.rs).
+// 128 KiB area (FLAG_AREA in cuda/abi.rs).
 #define WEFT_LINES_CRED_OFF (64 << 10)
 #define WEFT_LINES_MAX_WARPS 2048
 // Point-to-point (see weft_p2p): on the receiver, ready[sender] = sequence

@@ -1,0 +1,258 @@
+//! The peer-visible area of each rank and its mapping by the others.
+//!
+//! Phase 1 ([`DevComm::create`]) allocates this rank's area (flags, two
+//! scratch halves, lines, LL) and the host-mapped status word, and describes
+//! it in a descriptor of [`DESCRIPTOR_BYTES`] for the peers. The caller
+//! all-gathers the descriptors; phase 2 ([`DevComm::connect`]) maps every
+//! peer's area: CUDA P2P for ranks in this process, CUDA IPC for ranks in
+//! other processes of the host. [`DevComm::finalize`] releases it all.
+//!
+//! Descriptor layout (little-endian): 0..8 process token, 8..12 device
+//! ordinal, 16..24 area base, 24..32 scratch bytes per parity, 32 IPC handle
+//! valid, 40..52 PCI domain/bus/device, 64..128 the IPC handle.
+
+use super::abi::{FLAG_AREA, LINES_AREA, LL_AREA, MAX_RANKS, Status};
+use super::devcomm::DevComm;
+use super::driver::{compute_capability, device_at, nvlink_class, pci_location, use_device};
+use super::error::{CudaError, CudaResult, check};
+use super::ll::LlHistory;
+use super::tuning::Tuning;
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+/// Bytes of one rank's descriptor in the init exchange.
+pub const DESCRIPTOR_BYTES: usize = 128;
+
+/// A random token naming this process (pids repeat across containers).
+fn process_token() -> u64 {
+    static T: OnceLock<u64> = OnceLock::new();
+    *T.get_or_init(|| {
+        let mut b = [0u8; 8];
+        let _ = getrandom::fill(&mut b);
+        u64::from_le_bytes(b) ^ std::process::id() as u64
+    })
+}
+
+impl DevComm {
+    /// Phase 1: allocates this rank's area on `dev` and describes it for the
+    /// peers (`DESCRIPTOR_BYTES`).
+    pub fn create(rank: usize, nranks: usize, dev: i32) -> CudaResult<(DevComm, Vec<u8>)> {
+        let ctx = use_device(dev)?;
+        let _ = ctx;
+        let cc = compute_capability(dev)?;
+        let tuning = Tuning::from_env();
+        let parity_bytes = tuning.parity_bytes;
+        let total = FLAG_AREA + 2 * parity_bytes + LINES_AREA + LL_AREA;
+        let mut base: sys::CUdeviceptr = 0;
+        let mut status: *mut c_void = std::ptr::null_mut();
+        unsafe {
+            check(
+                sys::cuMemHostAlloc(
+                    &mut status,
+                    std::mem::size_of::<Status>(),
+                    sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                ),
+                "cuMemHostAlloc (the communicator's abort word)",
+            )?;
+            std::ptr::write_bytes(status.cast::<u8>(), 0, std::mem::size_of::<Status>());
+            if let Err(e) = check(sys::cuMemAlloc_v2(&mut base, total), "cuMemAlloc") {
+                let _ = sys::cuMemFreeHost(status);
+                return Err(e.context(format!(
+                    "{} MiB of scratch on GPU {dev}; WEFT_CUDA_SCRATCH_MB sets it",
+                    total >> 20
+                )));
+            }
+            check(sys::cuMemsetD8_v2(base, 0, FLAG_AREA), "cuMemsetD8")?;
+            // No line may carry a valid flag before a lines chain wrote it.
+            let lines = base + (FLAG_AREA + 2 * parity_bytes) as u64;
+            check(sys::cuMemsetD8_v2(lines, 0, LINES_AREA), "cuMemsetD8")?;
+            // Nor an LL line before an LL operation wrote it (flags start at 1).
+            let ll = lines + LINES_AREA as u64;
+            check(sys::cuMemsetD8_v2(ll, 0, LL_AREA), "cuMemsetD8")?;
+            check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
+        }
+        let mut d = vec![0u8; DESCRIPTOR_BYTES];
+        d[0..8].copy_from_slice(&process_token().to_le_bytes());
+        d[8..12].copy_from_slice(&dev.to_le_bytes());
+        d[16..24].copy_from_slice(&base.to_le_bytes());
+        d[24..32].copy_from_slice(&(parity_bytes as u64).to_le_bytes());
+        let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        let ipc_ok = unsafe { sys::cuIpcGetMemHandle(&mut h, base) } == sys::CUresult::CUDA_SUCCESS;
+        d[32] = ipc_ok as u8;
+        for (i, v) in pci_location(dev)?.iter().enumerate() {
+            d[40 + 4 * i..44 + 4 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        for (i, c) in h.reserved.iter().enumerate() {
+            d[64 + i] = *c as u8;
+        }
+        Ok((
+            DevComm {
+                rank,
+                nranks,
+                dev,
+                cc,
+                base,
+                parity_bytes,
+                peers: vec![0; nranks],
+                seq: 0,
+                usable: false,
+                direct: false,
+                lines_capable: false,
+                lines: false,
+                status: status.cast(),
+                tuning,
+                ll: LlHistory::default(),
+                send_seq: vec![0; nranks],
+                recv_seq: vec![0; nranks],
+                recv_blocks: vec![0; nranks],
+                imported: Vec::new(),
+            },
+            d,
+        ))
+    }
+
+    /// Phase 2: maps every peer's area from the gathered descriptors
+    /// (`nranks * DESCRIPTOR_BYTES`). Ok(false): some peer cannot be mapped
+    /// (the reason is returned for the log); the kernel path must then be off
+    /// on every rank, which the caller agrees on with the peers.
+    pub fn connect(&mut self, all: &[u8]) -> CudaResult<()> {
+        if self.nranks > MAX_RANKS {
+            return Err(CudaError::Unsupported(format!(
+                "{} ranks: the kernel path supports at most {MAX_RANKS}",
+                self.nranks
+            )));
+        }
+        let ctx = use_device(self.dev)?;
+        let _ = ctx;
+        let me = process_token();
+        self.direct = self.tuning.allow_direct
+            && (0..self.nranks)
+                .all(|r| all[r * DESCRIPTOR_BYTES..r * DESCRIPTOR_BYTES + 8] == me.to_le_bytes());
+        for r in 0..self.nranks {
+            let d = &all[r * DESCRIPTOR_BYTES..(r + 1) * DESCRIPTOR_BYTES];
+            let token = u64::from_le_bytes(d[0..8].try_into().unwrap());
+            let dev = i32::from_le_bytes(d[8..12].try_into().unwrap());
+            let base = u64::from_le_bytes(d[16..24].try_into().unwrap());
+            let pb = u64::from_le_bytes(d[24..32].try_into().unwrap()) as usize;
+            if pb != self.parity_bytes {
+                return Err(CudaError::InvalidUsage(format!(
+                    "rank {r} has {pb} bytes of scratch per parity, this rank {} (set WEFT_CUDA_SCRATCH_MB alike everywhere)",
+                    self.parity_bytes
+                )));
+            }
+            if r == self.rank {
+                self.peers[r] = self.base;
+                continue;
+            }
+            if token == me {
+                if dev != self.dev {
+                    let peer_ctx = use_device(dev)?;
+                    use_device(self.dev)?;
+                    let (mut a, mut pd) = (0i32, 0);
+                    unsafe {
+                        let mut md = 0;
+                        check(sys::cuDeviceGet(&mut md, self.dev), "cuDeviceGet")?;
+                        check(sys::cuDeviceGet(&mut pd, dev), "cuDeviceGet")?;
+                        check(
+                            sys::cuDeviceCanAccessPeer(&mut a, md, pd),
+                            "cuDeviceCanAccessPeer",
+                        )?;
+                        if a == 0 {
+                            return Err(CudaError::Unsupported(format!(
+                                "GPU {} cannot access GPU {dev} directly (no P2P)",
+                                self.dev
+                            )));
+                        }
+                        let r = sys::cuCtxEnablePeerAccess(peer_ctx, 0);
+                        if r != sys::CUresult::CUDA_SUCCESS
+                            && r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+                        {
+                            check(r, "cuCtxEnablePeerAccess")?;
+                        }
+                    }
+                }
+                self.peers[r] = base;
+            } else {
+                if d[32] == 0 {
+                    return Err(CudaError::Unsupported(format!(
+                        "rank {r} could not export its scratch (cuIpcGetMemHandle)"
+                    )));
+                }
+                let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+                for i in 0..64 {
+                    h.reserved[i] = d[64 + i] as _;
+                }
+                let mut p: sys::CUdeviceptr = 0;
+                unsafe {
+                    check(
+                        sys::cuIpcOpenMemHandle_v2(&mut p, h, 1),
+                        "cuIpcOpenMemHandle (CUDA IPC to a rank in another process)",
+                    )?
+                };
+                self.peers[r] = p;
+                self.imported.push(p);
+            }
+        }
+        self.lines_capable = self.cc.0 >= 8
+            && (0..self.nranks).filter(|&r| r != self.rank).all(|r| {
+                let d = &all[r * DESCRIPTOR_BYTES..(r + 1) * DESCRIPTOR_BYTES];
+                let word = |i: usize| i32::from_le_bytes(d[i..i + 4].try_into().unwrap());
+                let peer = if d[0..8] == me.to_le_bytes() {
+                    Some(word(8))
+                } else {
+                    device_at([word(40), word(44), word(48)])
+                };
+                peer.is_some_and(|p| nvlink_class(self.dev, p))
+            });
+        Ok(())
+    }
+
+    /// Releases the device side after the communicator's last operation:
+    /// waits for this rank's device, closes the peers' IPC mappings and frees
+    /// this rank's area. Ranks in other processes are past the exit barrier of
+    /// every kernel that touched it once this device is idle; ranks of this
+    /// process read each other's areas without one, so their areas are freed
+    /// together when the last of them finalizes. Not after an abort (a kernel
+    /// of a peer may still be spinning on our flags): that memory is left to
+    /// the process's end.
+    pub fn finalize(self) -> CudaResult<()> {
+        use_device(self.dev)?;
+        unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize")? };
+        for p in &self.imported {
+            unsafe { check(sys::cuIpcCloseMemHandle(*p), "cuIpcCloseMemHandle")? };
+        }
+        if !self.direct {
+            unsafe {
+                check(sys::cuMemFree_v2(self.base), "cuMemFree")?;
+                check(sys::cuMemFreeHost(self.status.cast()), "cuMemFreeHost")?;
+            }
+            return Ok(());
+        }
+        // Same process: free when every rank of the group has finalized.
+        type Retired = HashMap<u64, Vec<(i32, u64, usize)>>;
+        static RETIRED: Mutex<Option<Retired>> = Mutex::new(None);
+        let done = {
+            let mut g = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
+            let m = g.get_or_insert_with(HashMap::new);
+            let key = self.peers[0];
+            let v = m.entry(key).or_default();
+            v.push((self.dev, self.base, self.status as usize));
+            if v.len() == self.nranks {
+                m.remove(&key)
+            } else {
+                None
+            }
+        };
+        for (dev, base, status) in done.unwrap_or_default() {
+            use_device(dev)?;
+            unsafe {
+                check(sys::cuCtxSynchronize(), "cuCtxSynchronize")?;
+                check(sys::cuMemFree_v2(base), "cuMemFree")?;
+                check(sys::cuMemFreeHost(status as *mut c_void), "cuMemFreeHost")?;
+            }
+        }
+        Ok(())
+    }
+}
