@@ -719,6 +719,17 @@ impl Communicator {
         op.validate(self.s.rank, self.s.nranks)
     }
 
+    /// What every operation passes before a backend sees it: valid
+    /// arguments, then a Ready communicator.
+    fn admit(&self, op: &Op) -> Result<()> {
+        self.validate(op)?;
+        let st = self.s.state.get();
+        if st != CommState::Ready {
+            return Err(self.s.state_error(st, op.name()));
+        }
+        Ok(())
+    }
+
     /// Validates, then runs one operation: host memory on the host
     /// algorithms (blocking), device memory on the device backend (enqueued
     /// on the operation's stream, like NCCL).
@@ -730,11 +741,7 @@ impl Communicator {
         if op.memory != Memory::Host {
             return unsafe { run_device(&[(self, op)]) };
         }
-        self.validate(&op)?;
-        let st = self.s.state.get();
-        if st != CommState::Ready {
-            return Err(self.s.state_error(st, op.name()));
-        }
+        self.admit(&op)?;
         if op.is_empty() {
             return Ok(());
         }
@@ -783,11 +790,7 @@ fn device_backend() -> &'static dyn Backend {
 /// As [`Backend::run`].
 pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
     for (c, op) in ops {
-        c.validate(op)?;
-        let st = c.state();
-        if st != CommState::Ready {
-            return Err(c.s.state_error(st, op.name()));
-        }
+        c.admit(op)?;
         if let DeviceSlot::On(dc) = &*lock(&c.s.dev)
             && let Some(e) = dc.kernel_error()
         {

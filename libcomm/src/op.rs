@@ -336,6 +336,14 @@ impl Op {
             }
             Ok(())
         };
+        let reduces = matches!(
+            self.kind,
+            OpKind::AllReduce | OpKind::Reduce | OpKind::ReduceScatter
+        );
+        if reduces && self.redop.is_none() {
+            // Only a hand-built descriptor lacks it (the constructors set it).
+            return Err(Error::arg(format!("{what}: no reduction operator")));
+        }
         let times_n = count.saturating_mul(n);
         let same = std::ptr::eq(send, recv);
         match self.kind {
