@@ -1,21 +1,37 @@
-//! The public communicator.
+//! The public communicator and the one entry point of operations.
 //!
-//! A `Communicator` is one rank's handle. Its lifecycle is the state machine
-//! of [`CommState`]; its live resources ([`CommCore`]) sit behind one mutex, so
-//! calls from several threads are serialized; abort and the status queries
-//! never take that mutex, so they work while a collective is blocked.
+//! Names, from the outside in:
+//! - [`Communicator`]: one rank's handle (the public type);
+//! - [`CommShared`]: its lifecycle record, shared with the init thread and
+//!   the observer's abort handle: identity, [`CommState`], the failure cause,
+//!   the device backend's [`DeviceSlot`], and the [`Resources`];
+//! - [`Resources`] (`core.rs`): the live resources of a Ready communicator
+//!   (peers, channels, shared memory, failure domain), behind one mutex, so
+//!   calls from several threads are serialized; abort and the status
+//!   queries never take that mutex, so they work while a collective is
+//!   blocked. Its immutable facts (ids, rank, peers, config) are `core::Ctx`.
+//!
+//! Every operation is an [`Op`] and enters through [`Communicator::submit`]
+//! (a group through [`Group::execute`]): validated once here, then run on
+//! host memory by the host algorithms ([`run_op`], with the tuner's
+//! [`Decision`]) or handed to the device backend ([`run_device`]; see
+//! `backend.rs`). This module is the only one of the core that names `cuda/`
+//! (in `device_backend`), and `cuda/` never imports it.
 
 use crate::algo;
+use crate::algo::tuner::{self, Decision};
+use crate::backend::{Backend, Comms, DeviceSlot, Item};
 use crate::bootstrap::{PeerInfo, client, root};
 use crate::config::Config;
-use crate::core::{CommCore, Ctx, job_label};
+use crate::core::{Ctx, Resources, job_label};
 use crate::error::{Error, ErrorKind, Result};
 use crate::fault::Fault;
-use crate::group::GroupOp;
+use crate::group::Group;
+use crate::op::{Memory, Op, OpKind};
 use crate::state::{CommState, StateCell};
 use crate::transport::shm::FAIL_ABORT;
 use crate::transport::tcp;
-use crate::types::{DataType, Element, ReduceOp};
+use crate::types::{Element, ReduceOp};
 use crate::unique_id::{UniqueId, hex};
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -24,13 +40,14 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
-pub(crate) struct Shared {
+/// A communicator's lifecycle record (see the module docs).
+pub(crate) struct CommShared {
     pub label: String,
     pub rank: usize,
     pub nranks: usize,
     pub cfg: Config,
     pub state: StateCell,
-    core: Mutex<Option<CommCore>>,
+    resources: Mutex<Option<Resources>>,
     fault: OnceLock<Arc<Fault>>,
     async_err: Mutex<Option<Error>>,
     /// Set by abort/destroy to stop a bootstrap in progress.
@@ -40,14 +57,14 @@ pub(crate) struct Shared {
     /// Sequence numbers of operations, for the observer (`observe.rs`).
     pub(crate) obs_seq: crate::observe::Seq,
     /// A weak pointer to this record, for the observer's abort handle.
-    me: OnceLock<std::sync::Weak<Shared>>,
+    me: OnceLock<std::sync::Weak<CommShared>>,
     /// The device side (CUDA), set up by the first operation on device memory.
-    pub(crate) dev: Mutex<crate::cuda::batch::DevSlot>,
+    pub(crate) dev: Mutex<DeviceSlot>,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
 pub struct Communicator {
-    pub(crate) s: Arc<Shared>,
+    pub(crate) s: Arc<CommShared>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -70,15 +87,15 @@ fn since_epoch(t: SystemTime) -> String {
     format!("unix time {}.{:03}", d.as_secs(), d.subsec_millis())
 }
 
-impl Shared {
-    fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<Shared> {
-        let s = Arc::new(Shared {
+impl CommShared {
+    fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<CommShared> {
+        let s = Arc::new(CommShared {
             label,
             rank,
             nranks,
             cfg,
             state: StateCell::new(CommState::Initializing),
-            core: Mutex::new(None),
+            resources: Mutex::new(None),
             fault: OnceLock::new(),
             async_err: Mutex::new(None),
             cancel: AtomicBool::new(false),
@@ -122,8 +139,8 @@ impl Shared {
     }
 
     /// Installs the result of a bootstrap (init or split).
-    fn finish_init(&self, r: Result<CommCore>) {
-        let mut g = lock(&self.core);
+    fn finish_init(&self, r: Result<Resources>) {
+        let mut g = lock(&self.resources);
         match r {
             Ok(core) => {
                 let fault = core.fault.clone();
@@ -157,7 +174,7 @@ impl Shared {
             comm_id: self.label.clone(),
             rank: self.rank,
             nranks: self.nranks,
-            handle: crate::observe::AbortHandle(self.me.get().cloned().unwrap_or_default()),
+            handle: crate::observe::AbortHandle(self.me.get().cloned().unwrap_or_default() as _),
         });
     }
 
@@ -167,7 +184,6 @@ impl Shared {
             comm_id: &self.label,
             rank: self.rank,
             nranks: self.nranks,
-            cfg: &self.cfg,
             seq: &self.obs_seq,
         }
     }
@@ -183,7 +199,7 @@ impl Shared {
     fn run_or_spawn(
         self: &Arc<Self>,
         blocking: bool,
-        work: impl FnOnce(&Arc<Shared>) -> Result<CommCore> + Send + 'static,
+        work: impl FnOnce(&Arc<CommShared>) -> Result<Resources> + Send + 'static,
     ) -> Result<()> {
         if blocking {
             let r = work(self);
@@ -230,47 +246,6 @@ fn check_rank_args(nranks: usize, rank: usize) -> Result<()> {
     Ok(())
 }
 
-fn bytes_of(count: usize, dt: DataType, what: &str) -> Result<usize> {
-    count
-        .checked_mul(dt.size())
-        .filter(|b| *b <= isize::MAX as usize)
-        .ok_or_else(|| {
-            Error::arg(format!(
-                "{what}: {count} elements of {dt} overflow the address space"
-            ))
-        })
-}
-
-fn check_ptr(p: *const u8, bytes: usize, what: &str) -> Result<()> {
-    if bytes > 0 && p.is_null() {
-        return Err(Error::arg(format!(
-            "{what} is NULL but {bytes} bytes were requested"
-        )));
-    }
-    Ok(())
-}
-
-/// Refuses buffers that overlap other than in the exact in-place layout.
-fn check_overlap(
-    a: *const u8,
-    alen: usize,
-    b: *const u8,
-    blen: usize,
-    inplace_ok: bool,
-    what: &str,
-) -> Result<()> {
-    if alen == 0 || blen == 0 {
-        return Ok(());
-    }
-    let (a0, a1, b0, b1) = (a as usize, a as usize + alen, b as usize, b as usize + blen);
-    if a0 < b1 && b0 < a1 && !inplace_ok {
-        return Err(Error::arg(format!(
-            "{what}: send and receive buffers overlap but are not the in-place layout"
-        )));
-    }
-    Ok(())
-}
-
 impl Communicator {
     /// Blocking init with configuration from the environment (NCCL's `ncclCommInitRank`).
     pub fn init(id: &UniqueId, nranks: usize, rank: usize) -> Result<Communicator> {
@@ -288,7 +263,7 @@ impl Communicator {
     ) -> Result<Communicator> {
         check_rank_args(nranks, rank)?;
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id.nonce[..4]));
-        let s = Shared::new(label, rank, nranks, cfg.clone());
+        let s = CommShared::new(label, rank, nranks, cfg.clone());
         let id = id.clone();
         let blocking = cfg.blocking;
         s.run_or_spawn(blocking, move |s| bootstrap(s, &id))?;
@@ -395,7 +370,7 @@ impl Communicator {
         match self.s.state.get() {
             CommState::Initializing => Err(Error::InProgress),
             CommState::Ready => {
-                if let crate::cuda::batch::DevSlot::On(dc) = &*lock(&self.s.dev)
+                if let DeviceSlot::On(dc) = &*lock(&self.s.dev)
                     && let Some(e) = dc.kernel_error()
                 {
                     return Err(Error::InvalidUsage(format!(
@@ -459,16 +434,16 @@ impl Communicator {
     }
 
     /// Runs `f` on the live core, serialized with every other call on this communicator.
-    pub(crate) fn with_core<R>(
+    pub(crate) fn with_resources<R>(
         &self,
         what: &'static str,
-        f: impl FnOnce(&mut CommCore) -> Result<R>,
+        f: impl FnOnce(&mut Resources) -> Result<R>,
     ) -> Result<R> {
         let st = self.s.state.get();
         if st != CommState::Ready {
             return Err(self.s.state_error(st, what));
         }
-        let mut g = lock(&self.s.core);
+        let mut g = lock(&self.s.resources);
         let st = self.s.state.get();
         let core = match g.as_mut() {
             Some(c) if st == CommState::Ready => c,
@@ -497,14 +472,15 @@ impl Communicator {
         key: i32,
         cfg: Config,
     ) -> Result<Option<Communicator>> {
-        let plan = self.with_core("split", |core| {
+        let plan = self.with_resources("split", |core| {
             let n = core.ctx.nranks;
             let seq = core.split_seq();
             let mut mine = [0u8; 16];
             mine[..8].copy_from_slice(&color.map(|c| c as i64).unwrap_or(-1).to_le_bytes());
             mine[8..12].copy_from_slice(&key.to_le_bytes());
             let mut all = vec![0u8; 16 * n];
-            algo::all_gather(core, mine.as_ptr(), all.as_mut_ptr(), 16)?;
+            let a = tuner::choose(tuner::Coll::AllGather, 16 * n, n, &core.ctx.cfg.algo);
+            algo::all_gather(core, mine.as_ptr(), all.as_mut_ptr(), 16, a)?;
             let Some(color) = color else { return Ok(None) };
             let mut members: Vec<(i32, usize)> = (0..n)
                 .filter_map(|r| {
@@ -541,7 +517,7 @@ impl Communicator {
         };
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id[..4]));
         let nranks = peers.len();
-        let s = Shared::new(label.clone(), rank, nranks, cfg.clone());
+        let s = CommShared::new(label.clone(), rank, nranks, cfg.clone());
         let blocking = cfg.blocking;
         s.run_or_spawn(blocking, move |s| {
             let ctx = Arc::new(Ctx {
@@ -554,7 +530,7 @@ impl Communicator {
                 cfg: s.cfg.clone(),
                 job: job_label(),
             });
-            CommCore::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
+            Resources::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
         })?;
         let c = Communicator { s };
         if blocking {
@@ -584,7 +560,7 @@ impl Communicator {
             self.s.cancel.store(true, Ordering::Release);
             self.s.join_worker();
         }
-        let core = lock(&self.s.core).take();
+        let core = lock(&self.s.resources).take();
         if !self.s.state.transition_from(
             &[
                 CommState::Initializing,
@@ -605,14 +581,12 @@ impl Communicator {
         // one stays (a peer's kernel may still touch it).
         let dev = std::mem::take(&mut *lock(&self.s.dev));
         let dev_result = match dev {
-            crate::cuda::batch::DevSlot::On(dc) if from != CommState::Aborted => {
-                dc.finalize().map_err(|e| {
-                    Error::Cuda(format!(
-                        "releasing the device side of communicator {} (rank {}): {e}",
-                        self.s.label, self.s.rank
-                    ))
-                })
-            }
+            DeviceSlot::On(dc) if from != CommState::Aborted => dc.finalize().map_err(|e| {
+                Error::Cuda(format!(
+                    "releasing the device side of communicator {} (rank {}): {e}",
+                    self.s.label, self.s.rank
+                ))
+            }),
             _ => Ok(()),
         };
         crate::observe::comm(|| crate::observe::CommEvent::Destroyed {
@@ -633,19 +607,7 @@ impl Communicator {
     /// The CUDA device of this rank's device side (set up by its first
     /// operation on device memory), if any.
     pub fn cuda_device(&self) -> Option<i32> {
-        match &*lock(&self.s.dev) {
-            crate::cuda::batch::DevSlot::On(dc) => Some(dc.device()),
-            crate::cuda::batch::DevSlot::Off(d) => Some(*d),
-            crate::cuda::batch::DevSlot::Unset => None,
-        }
-    }
-
-    pub(crate) fn dev_slot(&self) -> MutexGuard<'_, crate::cuda::batch::DevSlot> {
-        lock(&self.s.dev)
-    }
-
-    pub(crate) fn state_error(&self, state: CommState, what: &'static str) -> Error {
-        self.s.state_error(state, what)
+        lock(&self.s.dev).device()
     }
 }
 
@@ -658,7 +620,7 @@ impl Drop for Communicator {
 }
 
 /// Abort with a reason (the observer's handle gives the sidecar's reason).
-pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
+pub(crate) fn abort_shared(s: &CommShared, reason: &str) -> Result<()> {
     let from = s.state.get();
     match from {
         CommState::Destroyed => return Err(s.state_error(from, "abort")),
@@ -677,7 +639,7 @@ pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
     }
     *lock(&s.ended_at) = Some(SystemTime::now());
     // Kernels of ours spinning on peers return (their stream completes).
-    if let crate::cuda::batch::DevSlot::On(dc) = &*lock(&s.dev) {
+    if let DeviceSlot::On(dc) = &*lock(&s.dev) {
         dc.abort();
     }
     // Lock-free: wake everyone, including a collective of ours blocked in another thread.
@@ -685,7 +647,7 @@ pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
         f.raise(FAIL_ABORT, reason);
     }
     s.join_worker();
-    let core = lock(&s.core).take();
+    let core = lock(&s.resources).take();
     drop(core);
     crate::observe::comm(|| crate::observe::CommEvent::Aborted {
         comm_id: s.label.clone(),
@@ -694,8 +656,18 @@ pub(crate) fn abort_shared(s: &Shared, reason: &str) -> Result<()> {
     Ok(())
 }
 
+/// The observer's abort handle pulls these.
+impl crate::observe::Lever for CommShared {
+    fn abort(&self, reason: &str) {
+        let _ = abort_shared(self, reason);
+    }
+    fn fail(&self, reason: &str) {
+        fail_shared(self, reason)
+    }
+}
+
 /// Raises a failure with a reason (the observer's handle: lost host, dead rank).
-pub(crate) fn fail_shared(s: &Shared, reason: &str) {
+pub(crate) fn fail_shared(s: &CommShared, reason: &str) {
     match s.fault.get() {
         Some(f) => f.raise(crate::transport::shm::FAIL_ERROR, reason),
         None => {
@@ -705,7 +677,7 @@ pub(crate) fn fail_shared(s: &Shared, reason: &str) {
 }
 
 /// Bootstrap of a new communicator from a unique id.
-fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
+fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
     let deadline = Instant::now() + s.cfg.init_timeout;
     if id.rank0_serves && s.rank == 0 {
         root::serve_at(id, s.nranks)?;
@@ -735,467 +707,157 @@ fn bootstrap(s: &Arc<Shared>, id: &UniqueId) -> Result<CommCore> {
         cfg: s.cfg.clone(),
         job: job_label(),
     });
-    CommCore::build(ctx, ep, deadline)
+    Resources::build(ctx, ep, deadline)
 }
 
-/// Raw operations (used by groups and the C ABI): pointers are host memory;
-/// in-place layouts are NCCL's.
+/// The one entry point of operations (the typed methods below, groups and
+/// the C ABI all come here): validate, check the state, pick the backend by
+/// the operation's memory kind.
 impl Communicator {
     /// Checks an operation's arguments against this communicator, without running it.
-    pub(crate) fn validate(&self, op: &GroupOp) -> Result<()> {
-        let (n, me, what) = (self.s.nranks, self.s.rank, op.name());
-        let root_ok = |root: usize| -> Result<()> {
-            if root >= n {
-                return Err(Error::arg(format!(
-                    "{what}: root {root} is out of range for {n} ranks"
-                )));
-            }
-            Ok(())
-        };
-        let times_n = |count: usize| count.saturating_mul(n);
-        match *op {
-            GroupOp::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                ..
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                check_ptr(send, b, "all_reduce: send buffer")?;
-                check_ptr(recv, b, "all_reduce: receive buffer")?;
-                check_overlap(send, b, recv, b, std::ptr::eq(send, recv), what)
-            }
-            GroupOp::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                root_ok(root)?;
-                if me == root {
-                    check_ptr(send, b, "broadcast: send buffer (root)")?;
-                    check_overlap(send, b, recv, b, std::ptr::eq(send, recv), what)?;
-                }
-                check_ptr(recv, b, "broadcast: receive buffer")
-            }
-            GroupOp::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-                ..
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                root_ok(root)?;
-                check_ptr(send, b, "reduce: send buffer")?;
-                if me == root {
-                    check_ptr(recv, b, "reduce: receive buffer (root)")?;
-                    check_overlap(send, b, recv, b, std::ptr::eq(send, recv), what)?;
-                }
-                Ok(())
-            }
-            GroupOp::AllGather {
-                send,
-                recv,
-                count,
-                dtype,
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                let total = bytes_of(times_n(count), dtype, what)?;
-                check_ptr(send, b, "all_gather: send buffer")?;
-                check_ptr(recv, total, "all_gather: receive buffer")?;
-                let inplace = std::ptr::eq(send, recv.wrapping_add(me * b));
-                check_overlap(send, b, recv, total, inplace, what)
-            }
-            GroupOp::ReduceScatter {
-                send,
-                recv,
-                count,
-                dtype,
-                ..
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                let total = bytes_of(times_n(count), dtype, what)?;
-                check_ptr(send, total, "reduce_scatter: send buffer")?;
-                check_ptr(recv, b, "reduce_scatter: receive buffer")?;
-                let inplace = std::ptr::eq(recv, send.wrapping_add(me * b));
-                check_overlap(send, total, recv, b, inplace, what)
-            }
-            GroupOp::AllToAll {
-                send,
-                recv,
-                count,
-                dtype,
-            } => {
-                let total = bytes_of(times_n(count), dtype, what)?;
-                check_ptr(send, total, "all_to_all: send buffer")?;
-                check_ptr(recv, total, "all_to_all: receive buffer")?;
-                check_overlap(send, total, recv, total, std::ptr::eq(send, recv), what)
-            }
-            GroupOp::Gather {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                root_ok(root)?;
-                check_ptr(send, b, "gather: send buffer")?;
-                if me == root {
-                    check_ptr(
-                        recv,
-                        bytes_of(times_n(count), dtype, what)?,
-                        "gather: receive buffer (root)",
-                    )?;
-                }
-                Ok(())
-            }
-            GroupOp::Scatter {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => {
-                let b = bytes_of(count, dtype, what)?;
-                root_ok(root)?;
-                check_ptr(recv, b, "scatter: receive buffer")?;
-                if me == root {
-                    check_ptr(
-                        send,
-                        bytes_of(times_n(count), dtype, what)?,
-                        "scatter: send buffer (root)",
-                    )?;
-                }
-                Ok(())
-            }
-            GroupOp::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => {
-                if peer >= n {
-                    return Err(Error::arg(format!(
-                        "send: peer {peer} is out of range for {n} ranks"
-                    )));
-                }
-                check_ptr(buf, bytes_of(count, dtype, what)?, "send: buffer")
-            }
-            GroupOp::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-            } => {
-                if peer >= n {
-                    return Err(Error::arg(format!(
-                        "recv: peer {peer} is out of range for {n} ranks"
-                    )));
-                }
-                check_ptr(buf, bytes_of(count, dtype, what)?, "recv: buffer")
-            }
-        }
+    pub(crate) fn validate(&self, op: &Op) -> Result<()> {
+        op.validate(self.s.rank, self.s.nranks)
     }
 
-    /// Validates, then runs one operation.
-    ///
-    /// # Safety
-    /// The operation's pointers must be valid for the sizes it names.
-    pub unsafe fn submit(&self, op: GroupOp) -> Result<()> {
-        self.validate(&op)?;
+    /// What every operation passes before a backend sees it: valid
+    /// arguments, then a Ready communicator.
+    fn admit(&self, op: &Op) -> Result<()> {
+        self.validate(op)?;
         let st = self.s.state.get();
         if st != CommState::Ready {
             return Err(self.s.state_error(st, op.name()));
         }
+        Ok(())
+    }
+
+    /// Validates, then runs one operation: host memory on the host
+    /// algorithms (blocking), device memory on the device backend (enqueued
+    /// on the operation's stream, like NCCL).
+    ///
+    /// # Safety
+    /// The operation's pointers must be valid for the sizes it names (until
+    /// its stream reaches it, for device memory).
+    pub unsafe fn submit(&self, op: Op) -> Result<()> {
+        if op.memory != Memory::Host {
+            return unsafe { run_device(&[(self, op)]) };
+        }
+        self.admit(&op)?;
         if op.is_empty() {
             return Ok(());
         }
-        let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false);
-        let r = self.with_core(op.name(), |c| unsafe { run_op(c, &op) });
+        let d = tuner::decide(&op, self.s.nranks, &self.s.cfg.algo);
+        let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
+        let r = self.with_resources(op.name(), |c| unsafe { run_op(c, &op, d) });
         crate::observe::finish(obs, &r);
         r
     }
+}
 
-    /// # Safety
-    /// `send`/`recv` must be valid for `count` elements of `dtype` (they may be equal).
-    pub unsafe fn all_reduce_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            })
-        }
-    }
-    /// # Safety
-    /// `recv` valid for `count` elements everywhere; `send` at the root.
-    pub unsafe fn broadcast_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            })
-        }
-    }
-    /// # Safety
-    /// `send` valid for `count` elements; `recv` at the root.
-    pub unsafe fn reduce_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            })
-        }
-    }
-    /// `recv` holds `count * nranks` elements; in place: `send == recv + rank * count`.
-    ///
-    /// # Safety
-    /// Buffers valid for those sizes.
-    pub unsafe fn all_gather_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::AllGather {
-                send,
-                recv,
-                count,
-                dtype,
-            })
-        }
-    }
-    /// `send` holds `count * nranks` elements; in place: `recv == send + rank * count`.
-    ///
-    /// # Safety
-    /// Buffers valid for those sizes.
-    pub unsafe fn reduce_scatter_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::ReduceScatter {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            })
-        }
-    }
-    /// `count` elements to and from every rank (`count * nranks` in each buffer).
-    ///
-    /// # Safety
-    /// Buffers valid for those sizes (they may be equal).
-    pub unsafe fn all_to_all_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::AllToAll {
-                send,
-                recv,
-                count,
-                dtype,
-            })
-        }
-    }
-    /// # Safety
-    /// Root's `recv` holds `count * nranks` elements; `send` holds `count`.
-    pub unsafe fn gather_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::Gather {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            })
-        }
-    }
-    /// # Safety
-    /// Root's `send` holds `count * nranks` elements; `recv` holds `count`.
-    pub unsafe fn scatter_raw(
-        &self,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::Scatter {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            })
-        }
-    }
-    /// # Safety
-    /// `buf` valid for `count` elements.
-    pub unsafe fn send_raw(
-        &self,
-        buf: *const u8,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::Send {
-                buf,
-                count,
-                dtype,
-                peer,
-            })
-        }
-    }
-    /// # Safety
-    /// `buf` valid for `count` elements.
-    pub unsafe fn recv_raw(
-        &self,
-        buf: *mut u8,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-    ) -> Result<()> {
-        unsafe {
-            self.submit(GroupOp::Recv {
-                buf,
-                count,
-                dtype,
-                peer,
-            })
-        }
+/// Runs a validated host-memory operation on the live resources, with the
+/// tuner's decision for it.
+pub(crate) unsafe fn run_op(c: &mut Resources, op: &Op, d: Decision) -> Result<()> {
+    use crate::exec::Xfer;
+    c.coll_seq += 1;
+    let (send, recv, count, dtype, root, a) =
+        (op.send, op.recv, op.count, op.dtype, op.root, d.algo());
+    let bytes = op.bytes();
+    let redop = || op.redop.expect("a reduction carries its operator");
+    match op.kind {
+        OpKind::AllReduce => algo::all_reduce(c, send, recv, count, dtype, redop(), a),
+        OpKind::Broadcast => algo::broadcast(c, send, recv, bytes, root, a),
+        OpKind::Reduce => algo::reduce(c, send, recv, count, dtype, redop(), root, a),
+        OpKind::AllGather => algo::all_gather(c, send, recv, bytes, a),
+        OpKind::ReduceScatter => algo::reduce_scatter(c, send, recv, count, dtype, redop(), a),
+        OpKind::AllToAll => algo::all_to_all(c, send, recv, bytes, a),
+        OpKind::Gather => algo::gather(c, send, recv, bytes, root),
+        OpKind::Scatter => algo::scatter(c, send, recv, bytes, root),
+        OpKind::Send => c.exec(&mut [Xfer::send(root, send, bytes)]),
+        OpKind::Recv => c.exec(&mut [Xfer::recv(root, recv, bytes)]),
     }
 }
 
-/// Runs a validated operation on the core.
-pub(crate) unsafe fn run_op(c: &mut CommCore, op: &GroupOp) -> Result<()> {
-    use crate::exec::Xfer;
-    c.coll_seq += 1;
-    match *op {
-        GroupOp::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        } => algo::all_reduce(c, send, recv, count, dtype, op),
-        GroupOp::Broadcast {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => algo::broadcast(c, send, recv, count * dtype.size(), root),
-        GroupOp::Reduce {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-            root,
-        } => algo::reduce(c, send, recv, count, dtype, op, root),
-        GroupOp::AllGather {
-            send,
-            recv,
-            count,
-            dtype,
-        } => algo::all_gather(c, send, recv, count * dtype.size()),
-        GroupOp::ReduceScatter {
-            send,
-            recv,
-            count,
-            dtype,
-            op,
-        } => algo::reduce_scatter(c, send, recv, count, dtype, op),
-        GroupOp::AllToAll {
-            send,
-            recv,
-            count,
-            dtype,
-        } => algo::all_to_all(c, send, recv, count * dtype.size()),
-        GroupOp::Gather {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => algo::gather(c, send, recv, count * dtype.size(), root),
-        GroupOp::Scatter {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => algo::scatter(c, send, recv, count * dtype.size(), root),
-        GroupOp::Send {
-            buf,
-            count,
-            dtype,
-            peer,
-        } => c.exec(&mut [Xfer::send(peer, buf, count * dtype.size())]),
-        GroupOp::Recv {
-            buf,
-            count,
-            dtype,
-            peer,
-        } => c.exec(&mut [Xfer::recv(peer, buf, count * dtype.size())]),
+/// The backend for device memory: the one place the core names `cuda/`
+/// (which never imports this module back).
+fn device_backend() -> &'static dyn Backend {
+    &crate::cuda::CudaBackend
+}
+
+/// Runs a batch holding device-memory operations (one call, or a group's
+/// operations, host memory included) on the device backend, after the
+/// checks of every operation.
+///
+/// # Safety
+/// As [`Backend::run`].
+pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
+    for (c, op) in ops {
+        c.admit(op)?;
+        if let DeviceSlot::On(dc) = &*lock(&c.s.dev)
+            && let Some(e) = dc.kernel_error()
+        {
+            return Err(Error::InvalidUsage(format!(
+                "{}: an earlier operation failed on the GPU: {e}",
+                c.describe()
+            )));
+        }
+    }
+    let mut lent = Lent { comms: Vec::new() };
+    let mut items = Vec::with_capacity(ops.len());
+    for (c, op) in ops {
+        let i = match lent.comms.iter().position(|x| std::ptr::eq(*x, *c)) {
+            Some(i) => i,
+            None => {
+                lent.comms.push(c);
+                lent.comms.len() - 1
+            }
+        };
+        items.push(Item { comm: i, op: *op });
+    }
+    unsafe { device_backend().run(&lent, &items) }
+}
+
+/// The communicators of one batch, as a backend sees them ([`Comms`]).
+struct Lent<'a> {
+    comms: Vec<&'a Communicator>,
+}
+
+impl Comms for Lent<'_> {
+    fn rank(&self, c: usize) -> usize {
+        self.comms[c].s.rank
+    }
+
+    fn nranks(&self, c: usize) -> usize {
+        self.comms[c].s.nranks
+    }
+
+    fn describe(&self, c: usize) -> String {
+        self.comms[c].describe()
+    }
+
+    fn device_slot(&self, c: usize) -> MutexGuard<'_, DeviceSlot> {
+        lock(&self.comms[c].s.dev)
+    }
+
+    unsafe fn run_host(&self, items: &[Item]) -> Result<()> {
+        let mut g = Group::new();
+        for it in items {
+            debug_assert_eq!(it.op.memory, Memory::Host);
+            unsafe { g.push(self.comms[it.comm], it.op) }?;
+        }
+        g.execute()
+    }
+
+    fn observed(
+        &self,
+        c: usize,
+        ops: &[Op],
+        group: bool,
+        decision: Decision,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let obs = crate::observe::start(&self.comms[c].s.who(), ops, group, decision.name());
+        let r = f();
+        crate::observe::finish(obs, &r);
+        r
     }
 }
 
@@ -1213,19 +875,19 @@ impl Communicator {
             ));
         }
         unsafe {
-            self.all_reduce_raw(
+            self.submit(Op::all_reduce(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 send.len(),
                 T::DTYPE,
                 op,
-            )
+            ))
         }
     }
 
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.all_reduce_raw(p, p, buf.len(), T::DTYPE, op) }
+        unsafe { self.submit(Op::all_reduce(p, p, buf.len(), T::DTYPE, op)) }
     }
 
     /// `send` is read on the root only (others may pass an empty slice).
@@ -1241,19 +903,19 @@ impl Communicator {
             ));
         }
         unsafe {
-            self.broadcast_raw(
+            self.submit(Op::broadcast(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 recv.len(),
                 T::DTYPE,
                 root,
-            )
+            ))
         }
     }
 
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.broadcast_raw(p, p, buf.len(), T::DTYPE, root) }
+        unsafe { self.submit(Op::broadcast(p, p, buf.len(), T::DTYPE, root)) }
     }
 
     /// `recv` is written on the root only (others may pass an empty slice).
@@ -1275,14 +937,14 @@ impl Communicator {
             ));
         }
         unsafe {
-            self.reduce_raw(
+            self.submit(Op::reduce(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 send.len(),
                 T::DTYPE,
                 op,
                 root,
-            )
+            ))
         }
     }
 
@@ -1293,7 +955,7 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.reduce_raw(p, p, buf.len(), T::DTYPE, op, root) }
+        unsafe { self.submit(Op::reduce(p, p, buf.len(), T::DTYPE, op, root)) }
     }
 
     /// `recv.len() == send.len() * count()`.
@@ -1310,12 +972,12 @@ impl Communicator {
             ));
         }
         unsafe {
-            self.all_gather_raw(
+            self.submit(Op::all_gather(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 send.len(),
                 T::DTYPE,
-            )
+            ))
         }
     }
 
@@ -1333,7 +995,14 @@ impl Communicator {
         }
         let n = buf.len() / self.s.nranks;
         let p = buf.as_mut_ptr();
-        unsafe { self.all_gather_raw(p.add(self.s.rank * n).cast(), p.cast(), n, T::DTYPE) }
+        unsafe {
+            self.submit(Op::all_gather(
+                p.add(self.s.rank * n).cast(),
+                p.cast(),
+                n,
+                T::DTYPE,
+            ))
+        }
     }
 
     /// `send.len() == recv.len() * count()`.
@@ -1355,13 +1024,13 @@ impl Communicator {
             ));
         }
         unsafe {
-            self.reduce_scatter_raw(
+            self.submit(Op::reduce_scatter(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 recv.len(),
                 T::DTYPE,
                 op,
-            )
+            ))
         }
     }
 
@@ -1379,7 +1048,15 @@ impl Communicator {
         }
         let n = buf.len() / self.s.nranks;
         let p = buf.as_mut_ptr();
-        unsafe { self.reduce_scatter_raw(p.cast(), p.add(self.s.rank * n).cast(), n, T::DTYPE, op) }
+        unsafe {
+            self.submit(Op::reduce_scatter(
+                p.cast(),
+                p.add(self.s.rank * n).cast(),
+                n,
+                T::DTYPE,
+                op,
+            ))
+        }
     }
 
     /// Block p (of `len / count()` elements) of `send` goes to rank p.
@@ -1396,12 +1073,12 @@ impl Communicator {
             ));
         }
         unsafe {
-            self.all_to_all_raw(
+            self.submit(Op::all_to_all(
                 send.as_ptr().cast(),
                 recv.as_mut_ptr().cast(),
                 send.len() / self.s.nranks,
                 T::DTYPE,
-            )
+            ))
         }
     }
 
@@ -1417,14 +1094,14 @@ impl Communicator {
             ));
         }
         let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.all_to_all_raw(p, p, buf.len() / self.s.nranks, T::DTYPE) }
+        unsafe { self.submit(Op::all_to_all(p, p, buf.len() / self.s.nranks, T::DTYPE)) }
     }
 
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        unsafe { self.send_raw(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer) }
+        unsafe { self.submit(Op::send(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer)) }
     }
 
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        unsafe { self.recv_raw(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer) }
+        unsafe { self.submit(Op::recv(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer)) }
     }
 }

@@ -1,8 +1,10 @@
-//! The live resources of a Ready communicator: its table of peers, the
-//! shared-memory segments of its local ranks, its channels and the failure
-//! domain. Owned by the communicator behind one mutex, so every operation on a
+//! [`Resources`]: the live resources of a Ready communicator: its table of
+//! peers, the shared-memory segments of its local ranks, its channels and the
+//! failure domain. Owned by the communicator's lifecycle record
+//! (`comm::CommShared`) behind one mutex, so every operation on a
 //! communicator is serialized; everything lock-free (abort, status) goes
-//! through [`Fault`] instead.
+//! through [`Fault`] instead. [`Ctx`] holds the immutable facts it was built
+//! from.
 
 use crate::bootstrap::PeerInfo;
 use crate::config::{Config, TransportPref};
@@ -39,7 +41,8 @@ pub(crate) enum PeerKind {
     Proxy,
 }
 
-pub(crate) struct CommCore {
+/// The live resources of a Ready communicator (see the module docs).
+pub(crate) struct Resources {
     // Field order matters for Drop: channels (raw ring pointers) go before the mappings.
     pub chans: Vec<Option<Chan>>,
     /// The sidecar proxy link (rings) behind the `Proxy` channels.
@@ -76,8 +79,8 @@ fn segment_name(job: &str, id: &CommId, rank: usize) -> String {
     format!("/weft-{job}-{}-{rank}", hex(&id[..8]))
 }
 
-impl CommCore {
-    pub fn build(ctx: Arc<Ctx>, endpoint: Arc<Endpoint>, deadline: Instant) -> Result<CommCore> {
+impl Resources {
+    pub fn build(ctx: Arc<Ctx>, endpoint: Arc<Endpoint>, deadline: Instant) -> Result<Resources> {
         let (me, n) = (ctx.rank, ctx.nranks);
         let my_host = ctx.peers[me].host_id;
         let kinds: Vec<PeerKind> = (0..n)
@@ -221,7 +224,7 @@ impl CommCore {
             cap / 1024,
             remotes.len()
         );
-        Ok(CommCore {
+        Ok(Resources {
             chans,
             proxy,
             seqs: (0..n).map(|_| Seqs::default()).collect(),
@@ -327,7 +330,7 @@ impl CommCore {
     }
 }
 
-impl Drop for CommCore {
+impl Drop for Resources {
     fn drop(&mut self) {
         // Tell local peers we are gone (they stop waiting for us), release the
         // endpoint registration; the mappings unmap as they drop.

@@ -13,7 +13,7 @@
 //! local ranks than cores the spin phase is skipped, so oversubscribed jobs
 //! (64 ranks on 2 cores) make progress instead of burning their time slices.
 
-use crate::core::{CommCore, PeerKind};
+use crate::core::{PeerKind, Resources};
 use crate::error::{Error, Result};
 use crate::transport::shm::{FAIL_ERROR, ST_DESTROYED};
 use crate::transport::{Progress, Reduce, futex};
@@ -65,7 +65,7 @@ impl Xfer {
 
 const SLICE: Duration = Duration::from_millis(100);
 
-impl CommCore {
+impl Resources {
     /// Runs `xs` to completion, or fails the communicator and returns why.
     pub(crate) fn exec(&mut self, xs: &mut [Xfer]) -> Result<()> {
         match self.exec_inner(xs) {

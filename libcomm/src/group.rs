@@ -7,130 +7,28 @@
 //! communicators run concurrently, one thread per communicator: that is what
 //! lets one thread drive several ranks (several communicators of one job, as
 //! `nccl-tests -g 4` does).
+//!
+//! A group holds operation descriptors ([`Op`]); one holding device memory
+//! goes whole to the device backend (see `backend.rs`), which runs its
+//! host-memory operations back through here.
 
-use crate::comm::{Communicator, run_op};
+use crate::algo::tuner;
+use crate::comm::{Communicator, run_device, run_op};
 use crate::error::{Error, Result};
 use crate::exec::Xfer;
-use crate::types::{DataType, Element, ReduceOp};
+use crate::op::{Memory, Op};
+use crate::types::{Element, ReduceOp};
 use std::marker::PhantomData;
-
-/// One operation, as raw pointers (host memory).
-#[derive(Debug, Clone, Copy)]
-pub enum GroupOp {
-    AllReduce {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    },
-    Broadcast {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    },
-    Reduce {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    },
-    AllGather {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-    },
-    ReduceScatter {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    },
-    AllToAll {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-    },
-    Gather {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    },
-    Scatter {
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    },
-    Send {
-        buf: *const u8,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-    },
-    Recv {
-        buf: *mut u8,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-    },
-}
-
-impl GroupOp {
-    pub fn name(&self) -> &'static str {
-        match self {
-            GroupOp::AllReduce { .. } => "all_reduce",
-            GroupOp::Broadcast { .. } => "broadcast",
-            GroupOp::Reduce { .. } => "reduce",
-            GroupOp::AllGather { .. } => "all_gather",
-            GroupOp::ReduceScatter { .. } => "reduce_scatter",
-            GroupOp::AllToAll { .. } => "all_to_all",
-            GroupOp::Gather { .. } => "gather",
-            GroupOp::Scatter { .. } => "scatter",
-            GroupOp::Send { .. } => "send",
-            GroupOp::Recv { .. } => "recv",
-        }
-    }
-
-    /// Zero-count collectives are no-ops (sends/receives of 0 bytes still match up).
-    pub fn is_empty(&self) -> bool {
-        match *self {
-            GroupOp::Send { .. } | GroupOp::Recv { .. } => false,
-            GroupOp::AllReduce { count, .. }
-            | GroupOp::Broadcast { count, .. }
-            | GroupOp::Reduce { count, .. }
-            | GroupOp::AllGather { count, .. }
-            | GroupOp::ReduceScatter { count, .. }
-            | GroupOp::AllToAll { count, .. }
-            | GroupOp::Gather { count, .. }
-            | GroupOp::Scatter { count, .. } => count == 0,
-        }
-    }
-
-    fn is_p2p(&self) -> bool {
-        matches!(self, GroupOp::Send { .. } | GroupOp::Recv { .. })
-    }
-}
 
 /// A batch of operations, possibly on several communicators.
 #[derive(Default)]
 pub struct Group<'a> {
-    ops: Vec<(&'a Communicator, GroupOp)>,
+    ops: Vec<(&'a Communicator, Op)>,
     _borrows: PhantomData<&'a mut ()>,
 }
 
 /// Lets a batch for one communicator move to its worker thread.
-struct Batch<'a>(&'a Communicator, Vec<GroupOp>);
+struct Batch<'a>(&'a Communicator, Vec<Op>);
 unsafe impl Send for Batch<'_> {}
 
 impl<'a> Group<'a> {
@@ -146,11 +44,12 @@ impl<'a> Group<'a> {
         self.ops.is_empty()
     }
 
-    /// Adds a raw operation after validating its arguments.
+    /// Adds an operation after validating its arguments.
     ///
     /// # Safety
-    /// Its pointers must stay valid, and not be used elsewhere, until `execute` returns.
-    pub unsafe fn push_raw(&mut self, comm: &'a Communicator, op: GroupOp) -> Result<&mut Self> {
+    /// Its pointers must stay valid, and not be used elsewhere, until `execute`
+    /// returns (for device memory: until its stream reaches it).
+    pub unsafe fn push(&mut self, comm: &'a Communicator, op: Op) -> Result<&mut Self> {
         comm.validate(&op)?;
         self.ops.push((comm, op));
         Ok(self)
@@ -162,13 +61,8 @@ impl<'a> Group<'a> {
         buf: &'a [T],
         peer: usize,
     ) -> Result<&mut Self> {
-        let op = GroupOp::Send {
-            buf: buf.as_ptr().cast(),
-            count: buf.len(),
-            dtype: T::DTYPE,
-            peer,
-        };
-        unsafe { self.push_raw(comm, op) }
+        let op = Op::send(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer);
+        unsafe { self.push(comm, op) }
     }
 
     pub fn recv<T: Element>(
@@ -177,13 +71,8 @@ impl<'a> Group<'a> {
         buf: &'a mut [T],
         peer: usize,
     ) -> Result<&mut Self> {
-        let op = GroupOp::Recv {
-            buf: buf.as_mut_ptr().cast(),
-            count: buf.len(),
-            dtype: T::DTYPE,
-            peer,
-        };
-        unsafe { self.push_raw(comm, op) }
+        let op = Op::recv(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer);
+        unsafe { self.push(comm, op) }
     }
 
     pub fn all_reduce<T: Element>(
@@ -200,14 +89,14 @@ impl<'a> Group<'a> {
                 recv.len()
             )));
         }
-        let g = GroupOp::AllReduce {
-            send: send.as_ptr().cast(),
-            recv: recv.as_mut_ptr().cast(),
-            count: send.len(),
-            dtype: T::DTYPE,
+        let g = Op::all_reduce(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            send.len(),
+            T::DTYPE,
             op,
-        };
-        unsafe { self.push_raw(comm, g) }
+        );
+        unsafe { self.push(comm, g) }
     }
 
     pub fn all_reduce_in_place<T: Element>(
@@ -217,14 +106,8 @@ impl<'a> Group<'a> {
         op: ReduceOp,
     ) -> Result<&mut Self> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        let g = GroupOp::AllReduce {
-            send: p,
-            recv: p,
-            count: buf.len(),
-            dtype: T::DTYPE,
-            op,
-        };
-        unsafe { self.push_raw(comm, g) }
+        let g = Op::all_reduce(p, p, buf.len(), T::DTYPE, op);
+        unsafe { self.push(comm, g) }
     }
 
     pub fn broadcast_in_place<T: Element>(
@@ -234,14 +117,8 @@ impl<'a> Group<'a> {
         root: usize,
     ) -> Result<&mut Self> {
         let p = buf.as_mut_ptr().cast::<u8>();
-        let g = GroupOp::Broadcast {
-            send: p,
-            recv: p,
-            count: buf.len(),
-            dtype: T::DTYPE,
-            root,
-        };
-        unsafe { self.push_raw(comm, g) }
+        let g = Op::broadcast(p, p, buf.len(), T::DTYPE, root);
+        unsafe { self.push(comm, g) }
     }
 
     pub fn all_gather<T: Element>(
@@ -257,17 +134,23 @@ impl<'a> Group<'a> {
                 comm.count()
             )));
         }
-        let g = GroupOp::AllGather {
-            send: send.as_ptr().cast(),
-            recv: recv.as_mut_ptr().cast(),
-            count: send.len(),
-            dtype: T::DTYPE,
-        };
-        unsafe { self.push_raw(comm, g) }
+        let g = Op::all_gather(
+            send.as_ptr().cast(),
+            recv.as_mut_ptr().cast(),
+            send.len(),
+            T::DTYPE,
+        );
+        unsafe { self.push(comm, g) }
     }
 
     /// Runs everything; returns the first error (after every communicator's batch ended).
+    /// A group holding device memory runs on the device backend (enqueued on
+    /// the operations' streams).
     pub fn execute(self) -> Result<()> {
+        if self.ops.iter().any(|(_, op)| op.memory != Memory::Host) {
+            // SAFETY: `push`'s contract.
+            return unsafe { run_device(&self.ops) };
+        }
         let mut batches: Vec<Batch<'a>> = Vec::new();
         for (comm, op) in self.ops {
             match batches.iter_mut().find(|b| std::ptr::eq(b.0, comm)) {
@@ -307,32 +190,23 @@ impl<'a> Group<'a> {
 
 fn run_batch(b: Batch<'_>) -> Result<()> {
     let Batch(comm, ops) = b;
-    let p2p: Vec<GroupOp> = ops.iter().copied().filter(GroupOp::is_p2p).collect();
-    let obs = crate::observe::start(&comm.s.who(), &ops, true);
-    let r = comm.with_core("group", |c| {
-        if !p2p.is_empty() {
-            let mut xs: Vec<Xfer> = p2p
-                .iter()
-                .map(|op| match *op {
-                    GroupOp::Send {
-                        buf,
-                        count,
-                        dtype,
-                        peer,
-                    } => Xfer::send(peer, buf, count * dtype.size()),
-                    GroupOp::Recv {
-                        buf,
-                        count,
-                        dtype,
-                        peer,
-                    } => Xfer::recv(peer, buf, count * dtype.size()),
-                    _ => unreachable!("filtered to p2p"),
-                })
-                .collect();
+    let obs = crate::observe::start(&comm.s.who(), &ops, true, "group");
+    let r = comm.with_resources("group", |c| {
+        let mut xs: Vec<Xfer> = ops
+            .iter()
+            .filter(|op| op.is_send_recv())
+            .map(|op| match op.kind {
+                crate::op::OpKind::Send => Xfer::send(op.peer(), op.send, op.bytes()),
+                _ => Xfer::recv(op.peer(), op.recv, op.bytes()),
+            })
+            .collect();
+        if !xs.is_empty() {
             c.exec(&mut xs)?;
         }
-        for op in ops.iter().filter(|o| !o.is_p2p() && !o.is_empty()) {
-            unsafe { run_op(c, op)? };
+        let n = c.ctx.nranks;
+        for op in ops.iter().filter(|o| !o.is_send_recv() && !o.is_empty()) {
+            let d = tuner::decide(op, n, &c.ctx.cfg.algo);
+            unsafe { run_op(c, op, d)? };
         }
         Ok(())
     });

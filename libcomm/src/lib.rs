@@ -18,6 +18,7 @@
 //! ```
 
 pub mod algo;
+mod backend;
 mod bootstrap;
 mod comm;
 mod config;
@@ -30,6 +31,7 @@ mod group;
 pub mod handshake;
 pub(crate) mod log;
 pub mod observe;
+mod op;
 mod reduce;
 pub mod sidecar_link;
 pub mod sockets;
@@ -39,12 +41,12 @@ mod transport;
 mod types;
 mod unique_id;
 
-pub use algo::tuner::{Algo, AlgoOverride, Coll};
+pub use algo::tuner::{Algo, AlgoOverride, Coll, Decision};
 pub use comm::Communicator;
 pub use config::{Config, TransportPref};
-pub use cuda::batch::DeviceOp;
 pub use error::{Error, ErrorKind, Result};
-pub use group::{Group, GroupOp};
+pub use group::Group;
+pub use op::{Buf, Memory, Op, OpKind};
 pub use state::CommState;
 pub use types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 pub use unique_id::{UNIQUE_ID_BYTES, UniqueId};

@@ -9,9 +9,7 @@
 //! events to `weft sidecar` (or to the same engine in-process). Without an
 //! observer the cost is one atomic load per operation.
 
-use crate::algo::tuner::{self, Coll};
-use crate::config::Config;
-use crate::group::GroupOp;
+use crate::op::Op;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::SystemTime;
@@ -88,10 +86,17 @@ pub(crate) fn observer() -> Option<&'static Arc<dyn Observer>> {
     OBSERVER.get()
 }
 
+/// What an [`AbortHandle`] pulls: implemented by the communicator's
+/// lifecycle record (`comm.rs`), so this module never imports the communicator.
+pub(crate) trait Lever: Send + Sync {
+    fn abort(&self, reason: &str);
+    fn fail(&self, reason: &str);
+}
+
 /// Aborts a communicator from outside its owner's code (weak: it never keeps
 /// a destroyed communicator alive).
 #[derive(Clone)]
-pub struct AbortHandle(pub(crate) Weak<crate::comm::Shared>);
+pub struct AbortHandle(pub(crate) Weak<dyn Lever>);
 
 impl std::fmt::Debug for AbortHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,7 +110,7 @@ impl AbortHandle {
     pub fn abort(&self, reason: &str) -> bool {
         match self.0.upgrade() {
             Some(s) => {
-                let _ = crate::comm::abort_shared(&s, reason);
+                s.abort(reason);
                 true
             }
             None => false,
@@ -121,7 +126,7 @@ impl AbortHandle {
     pub fn fail(&self, reason: &str) -> bool {
         match self.0.upgrade() {
             Some(s) => {
-                crate::comm::fail_shared(&s, reason);
+                s.fail(reason);
                 true
             }
             None => false,
@@ -133,36 +138,6 @@ impl AbortHandle {
 #[derive(Debug, Default)]
 pub(crate) struct Seq(AtomicU64);
 
-fn coll_of(op: &GroupOp) -> Option<(Coll, usize)> {
-    use GroupOp::*;
-    Some(match *op {
-        AllReduce { count, dtype, .. } => (Coll::AllReduce, count * dtype.size()),
-        Broadcast { count, dtype, .. } => (Coll::Broadcast, count * dtype.size()),
-        Reduce { count, dtype, .. } => (Coll::Reduce, count * dtype.size()),
-        AllGather { count, dtype, .. } => (Coll::AllGather, count * dtype.size()),
-        ReduceScatter { count, dtype, .. } => (Coll::ReduceScatter, count * dtype.size()),
-        AllToAll { count, dtype, .. } => (Coll::AllToAll, count * dtype.size()),
-        _ => return None,
-    })
-}
-
-fn dtype_and_bytes(op: &GroupOp) -> (&'static str, u64) {
-    use GroupOp::*;
-    let (c, d) = match *op {
-        AllReduce { count, dtype, .. }
-        | Broadcast { count, dtype, .. }
-        | Reduce { count, dtype, .. }
-        | AllGather { count, dtype, .. }
-        | ReduceScatter { count, dtype, .. }
-        | AllToAll { count, dtype, .. }
-        | Gather { count, dtype, .. }
-        | Scatter { count, dtype, .. }
-        | Send { count, dtype, .. }
-        | Recv { count, dtype, .. } => (count, dtype),
-    };
-    (d.name(), (c * d.size()) as u64)
-}
-
 /// The context of one running operation; `None` everywhere when no observer is set.
 pub(crate) struct Started {
     ev: OpEvent,
@@ -172,38 +147,22 @@ pub(crate) struct Who<'a> {
     pub comm_id: &'a str,
     pub rank: usize,
     pub nranks: usize,
-    pub cfg: &'a Config,
     pub seq: &'a Seq,
 }
 
-/// Reports the start of `ops` (one op, or a group when `group`).
-pub(crate) fn start(who: &Who<'_>, ops: &[GroupOp], group: bool) -> Option<Started> {
-    start_with(who, ops, group, None)
-}
-
-/// As [`start`], naming the algorithm (the CUDA kernel path's own choice)
-/// instead of the host tuner's.
-pub(crate) fn start_with(
-    who: &Who<'_>,
-    ops: &[GroupOp],
-    group: bool,
-    algo_name: Option<&'static str>,
-) -> Option<Started> {
+/// Reports the start of `ops` (one op, or a group when `group`), labelled
+/// with the decision that runs it (the tuner's, the device backend's, or
+/// `group`): recorded as made, never decided again here.
+pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) -> Option<Started> {
     let o = observer()?;
-    let (op, dtype, bytes, algo) = if group || ops.len() != 1 {
-        let bytes = ops.iter().map(|op| dtype_and_bytes(op).1).sum();
-        let d0 = ops.first().map(|op| dtype_and_bytes(op).0).unwrap_or("");
-        let same = ops.iter().all(|op| dtype_and_bytes(op).0 == d0);
-        ("group", if same { d0 } else { "" }, bytes, "group")
+    let (op, dtype, bytes) = if group || ops.len() != 1 {
+        let bytes = ops.iter().map(|op| op.bytes() as u64).sum();
+        let d0 = ops.first().map(|op| op.dtype.name()).unwrap_or("");
+        let same = ops.iter().all(|op| op.dtype.name() == d0);
+        ("group", if same { d0 } else { "" }, bytes)
     } else {
-        let (dtype, bytes) = dtype_and_bytes(&ops[0]);
-        let algo = match coll_of(&ops[0]) {
-            Some((c, b)) => tuner::choose(c, b, who.nranks, &who.cfg.algo).name(),
-            None => "p2p",
-        };
-        (ops[0].name(), dtype, bytes, algo)
+        (ops[0].name(), ops[0].dtype.name(), ops[0].bytes() as u64)
     };
-    let algo = algo_name.unwrap_or(algo);
     let ev = OpEvent {
         job: crate::core::job_label(),
         comm_id: who.comm_id.to_string(),

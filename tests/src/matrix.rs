@@ -5,7 +5,7 @@
 //! beforehand.
 
 use crate::data::{Val, decode, encode, input_seed, matches, premul_scalar, reduce_ref, value};
-use libcomm::{Communicator, DataType, Group, GroupOp, ReduceOp};
+use libcomm::{Communicator, DataType, Group, Op, ReduceOp};
 use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,101 +176,82 @@ impl Runner<'_> {
         let t_call = Instant::now();
         let res = unsafe {
             match (c.coll, c.inplace) {
-                (Coll::AllReduce, false) => self.comm.all_reduce_raw(ip, op_ptr, cnt, dt, op),
+                (Coll::AllReduce, false) => {
+                    self.comm.submit(Op::all_reduce(ip, op_ptr, cnt, dt, op))
+                }
                 (Coll::AllReduce, true) => {
                     out[..input.len()].copy_from_slice(&input);
-                    self.comm.all_reduce_raw(op_ptr, op_ptr, cnt, dt, op)
+                    self.comm
+                        .submit(Op::all_reduce(op_ptr, op_ptr, cnt, dt, op))
                 }
-                (Coll::Reduce, false) => self.comm.reduce_raw(ip, op_ptr, cnt, dt, op, root),
+                (Coll::Reduce, false) => {
+                    self.comm.submit(Op::reduce(ip, op_ptr, cnt, dt, op, root))
+                }
                 (Coll::Reduce, true) => {
                     out[..input.len()].copy_from_slice(&input);
-                    self.comm.reduce_raw(op_ptr, op_ptr, cnt, dt, op, root)
+                    self.comm
+                        .submit(Op::reduce(op_ptr, op_ptr, cnt, dt, op, root))
                 }
-                (Coll::ReduceScatter, false) => {
-                    self.comm.reduce_scatter_raw(ip, op_ptr, cnt, dt, op)
-                }
+                (Coll::ReduceScatter, false) => self
+                    .comm
+                    .submit(Op::reduce_scatter(ip, op_ptr, cnt, dt, op)),
                 (Coll::ReduceScatter, true) => {
                     out[..input.len()].copy_from_slice(&input);
-                    self.comm
-                        .reduce_scatter_raw(op_ptr, op_ptr.add(me * cnt * es), cnt, dt, op)
+                    self.comm.submit(Op::reduce_scatter(
+                        op_ptr,
+                        op_ptr.add(me * cnt * es),
+                        cnt,
+                        dt,
+                        op,
+                    ))
                 }
-                (Coll::AllGather, false) => self.comm.all_gather_raw(ip, op_ptr, cnt, dt),
+                (Coll::AllGather, false) => self.comm.submit(Op::all_gather(ip, op_ptr, cnt, dt)),
                 (Coll::AllGather, true) => {
                     out[me * cnt * es..(me + 1) * cnt * es].copy_from_slice(&input);
                     self.comm
-                        .all_gather_raw(op_ptr.add(me * cnt * es), op_ptr, cnt, dt)
+                        .submit(Op::all_gather(op_ptr.add(me * cnt * es), op_ptr, cnt, dt))
                 }
-                (Coll::Broadcast, false) => self.comm.broadcast_raw(ip, op_ptr, cnt, dt, root),
+                (Coll::Broadcast, false) => {
+                    self.comm.submit(Op::broadcast(ip, op_ptr, cnt, dt, root))
+                }
                 (Coll::Broadcast, true) => {
                     if me == root {
                         out[..input.len()].copy_from_slice(&input);
                     }
-                    self.comm.broadcast_raw(op_ptr, op_ptr, cnt, dt, root)
+                    self.comm
+                        .submit(Op::broadcast(op_ptr, op_ptr, cnt, dt, root))
                 }
-                (Coll::AllToAll, false) => self.comm.all_to_all_raw(ip, op_ptr, cnt, dt),
+                (Coll::AllToAll, false) => self.comm.submit(Op::all_to_all(ip, op_ptr, cnt, dt)),
                 (Coll::AllToAll, true) => {
                     out[..input.len()].copy_from_slice(&input);
-                    self.comm.all_to_all_raw(op_ptr, op_ptr, cnt, dt)
+                    self.comm.submit(Op::all_to_all(op_ptr, op_ptr, cnt, dt))
                 }
                 (Coll::SendRecv, false) => {
                     // Ring exchange as two grouped calls posted send-first.
                     let mut g = Group::new();
-                    g.push_raw(
-                        self.comm,
-                        GroupOp::Send {
-                            buf: ip,
-                            count: cnt,
-                            dtype: dt,
-                            peer: (me + 1) % n,
-                        },
-                    )
-                    .and_then(|g| {
-                        g.push_raw(
-                            self.comm,
-                            GroupOp::Recv {
-                                buf: op_ptr,
-                                count: cnt,
-                                dtype: dt,
-                                peer: (me + n - 1) % n,
-                            },
-                        )
-                    })
-                    .map_err(err)?;
+                    g.push(self.comm, Op::send(ip, cnt, dt, (me + 1) % n))
+                        .and_then(|g| {
+                            g.push(self.comm, Op::recv(op_ptr, cnt, dt, (me + n - 1) % n))
+                        })
+                        .map_err(err)?;
                     g.execute()
                 }
                 (Coll::SendRecv, true) => {
                     // Receive posted before the send: a group must not care.
                     let mut g = Group::new();
-                    g.push_raw(
-                        self.comm,
-                        GroupOp::Recv {
-                            buf: op_ptr,
-                            count: cnt,
-                            dtype: dt,
-                            peer: (me + n - 1) % n,
-                        },
-                    )
-                    .and_then(|g| {
-                        g.push_raw(
-                            self.comm,
-                            GroupOp::Send {
-                                buf: ip,
-                                count: cnt,
-                                dtype: dt,
-                                peer: (me + 1) % n,
-                            },
-                        )
-                    })
-                    .map_err(err)?;
+                    g.push(self.comm, Op::recv(op_ptr, cnt, dt, (me + n - 1) % n))
+                        .and_then(|g| g.push(self.comm, Op::send(ip, cnt, dt, (me + 1) % n)))
+                        .map_err(err)?;
                     g.execute()
                 }
-                (Coll::Gather, false) => self.comm.gather_raw(ip, op_ptr, cnt, dt, root),
+                (Coll::Gather, false) => self.comm.submit(Op::gather(ip, op_ptr, cnt, dt, root)),
                 (Coll::Gather, true) => {
                     let at = if me == root { me * cnt * es } else { 0 };
                     out[at..at + input.len()].copy_from_slice(&input);
-                    self.comm.gather_raw(op_ptr.add(at), op_ptr, cnt, dt, root)
+                    self.comm
+                        .submit(Op::gather(op_ptr.add(at), op_ptr, cnt, dt, root))
                 }
-                (Coll::Scatter, false) => self.comm.scatter_raw(ip, op_ptr, cnt, dt, root),
+                (Coll::Scatter, false) => self.comm.submit(Op::scatter(ip, op_ptr, cnt, dt, root)),
                 (Coll::Scatter, true) => {
                     out[..input.len()].copy_from_slice(&input);
                     let recv = if me == root {
@@ -278,7 +259,7 @@ impl Runner<'_> {
                     } else {
                         op_ptr
                     };
-                    self.comm.scatter_raw(op_ptr, recv, cnt, dt, root)
+                    self.comm.submit(Op::scatter(op_ptr, recv, cnt, dt, root))
                 }
             }
         };

@@ -20,12 +20,14 @@ use crate::errors::{
 };
 use crate::group;
 use crate::handles::{self, CommEntry, Ended};
-use crate::redop::RedOps;
-use libcomm::{CommState, Communicator, Config, DataType, GroupOp, UniqueId};
+use crate::lifecycle::{
+    barrier, do_split, finalized_error, log_ready, register, settle, state_code,
+};
+use libcomm::{CommState, Communicator, DataType, Memory, Op, UniqueId};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// `ncclComm_t`: a checked handle (see `handles`), passed as a pointer-sized value.
 pub type ncclComm_t = *mut c_void;
@@ -92,87 +94,6 @@ fn rank_arg(v: c_int, what: &str, n: usize) -> CResult<usize> {
         )));
     }
     Ok(v as usize)
-}
-
-pub(crate) fn log_ready(e: &CommEntry) {
-    errors::log(
-        Level::Info,
-        &format!(
-            "{} is ready ({} rank(s), host mode)",
-            e.describe(),
-            e.comm.count()
-        ),
-    );
-}
-
-fn register(comm: Communicator, blocking: bool, cfg: Config) -> CResult<(usize, Arc<CommEntry>)> {
-    let entry = CommEntry {
-        serial: handles::next_serial(),
-        comm,
-        blocking,
-        cfg,
-        finalized: AtomicBool::new(false),
-        redops: RedOps::default(),
-        registrations: Mutex::new(Vec::new()),
-    };
-    let hd = handles::insert(entry)?;
-    let e = handles::get(hd, "register")?;
-    errors::log(
-        Level::Info,
-        &format!(
-            "{} created ({}, handle {hd:#x})",
-            e.describe(),
-            if blocking { "blocking" } else { "non-blocking" }
-        ),
-    );
-    Ok((hd, e))
-}
-
-/// A one-byte all-reduce on each of `comms` (concurrently, so one thread can
-/// hold several ranks of one communicator). Run when a blocking init or split
-/// completes, like NCCL's end-of-init bootstrap barrier: afterwards every rank
-/// has finished connecting, so an immediate `ncclCommDestroy` on one rank can
-/// no longer remove shared memory that a slower peer is still about to map
-/// (libcomm's `CommCore::build` returns before its peers have mapped its
-/// segment, and destroy unlinks it; see the capi report).
-pub(crate) fn barrier(comms: &[Arc<CommEntry>]) -> CResult<()> {
-    if comms.is_empty() {
-        return Ok(());
-    }
-    let mut bufs = vec![0u8; comms.len()];
-    let mut g = libcomm::Group::new();
-    for (e, b) in comms.iter().zip(bufs.iter_mut()) {
-        let p = b as *mut u8;
-        let op = GroupOp::AllReduce {
-            send: p,
-            recv: p,
-            count: 1,
-            dtype: DataType::U8,
-            op: libcomm::ReduceOp::Max,
-        };
-        unsafe { g.push_raw(&e.comm, op) }.map_err(|err| Fail::from(err).context(e.describe()))?;
-    }
-    g.execute()
-        .map_err(|err| Fail::from(err).context("end-of-init barrier"))
-}
-
-/// The barrier for one new blocking communicator; when it fails, the
-/// communicator is released (the caller never gets its handle).
-fn settle(hd: usize, e: &Arc<CommEntry>) -> CResult<()> {
-    barrier(std::slice::from_ref(e)).inspect_err(|_| {
-        if let Ok(e) = handles::remove(hd, Ended::Destroyed, "the end-of-init barrier") {
-            let _ = e.comm.abort();
-            let _ = e.comm.destroy();
-        }
-    })
-}
-
-fn state_code(c: &Communicator) -> NcclResult {
-    if c.state() == CommState::Initializing {
-        IN_PROGRESS
-    } else {
-        SUCCESS
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -350,38 +271,6 @@ nccl_api! {
     }
 }
 
-/// Splits now (outside a group, or at ncclGroupEnd): returns the child's
-/// handle (0 for NCCL_SPLIT_NOCOLOR) and SUCCESS / IN_PROGRESS.
-pub(crate) fn do_split(
-    parent: &Arc<CommEntry>,
-    color: Option<u32>,
-    key: i32,
-    cfg: Config,
-    blocking: bool,
-    what: &str,
-) -> CResult<(usize, NcclResult)> {
-    if parent.finalized.load(Ordering::Acquire) {
-        return Err(finalized_error(parent, what));
-    }
-    let child = parent
-        .comm
-        .split_with_config(color, key, cfg.clone())
-        .map_err(|e| Fail::from(e).context(parent.describe()))?;
-    let Some(c) = child else {
-        return Ok((0, SUCCESS));
-    };
-    let code = state_code(&c);
-    let (hd, e) = register(c, blocking, cfg)?;
-    if blocking {
-        settle(hd, &e)?;
-    }
-    errors::log(
-        Level::Info,
-        &format!("{what}: {} split from {}", e.describe(), parent.describe()),
-    );
-    Ok((hd, code))
-}
-
 unsafe fn split_impl(
     comm: ncclComm_t,
     color: Option<u32>,
@@ -475,13 +364,6 @@ nccl_api! {
 
 // ---------------------------------------------------------------------------
 // Communicator lifecycle and queries
-
-fn finalized_error(e: &CommEntry, what: &str) -> Fail {
-    Fail::usage(format!(
-        "{} was finalized (ncclCommFinalize); {what} is not allowed after finalize, only ncclCommDestroy",
-        e.describe()
-    ))
-}
 
 nccl_api! {
     /// Host mode runs every operation to completion before returning, so
@@ -727,7 +609,7 @@ unsafe fn enqueue(
     what: &'static str,
     comm: ncclComm_t,
     buffers: &[(*const c_void, &str)],
-    build: impl FnOnce(&CommEntry) -> CResult<GroupOp>,
+    build: impl FnOnce(&CommEntry) -> CResult<Op>,
 ) -> CResult<NcclResult> {
     let r = (|| -> CResult<NcclResult> {
         let e = handles::get(h(comm), what)?;
@@ -741,22 +623,24 @@ unsafe fn enqueue(
             if op.is_empty() {
                 return Ok(SUCCESS);
             }
-            // Device memory goes to the CUDA backend (kernels on `stream`,
-            // or staging through host memory); host memory stays on the host path.
+            // Device memory makes it a device operation: libcomm's core hands
+            // it to the CUDA backend (kernels on `stream`, or staging through
+            // host memory); host memory stays on the host path.
             let ptrs: Vec<*const c_void> = buffers.iter().map(|b| b.0).collect();
             let device = crate::device::device_of(&ptrs);
+            let op = match device {
+                Some(d) => op.on(Memory::Device(d), stream),
+                None => op,
+            };
             if group::in_group() {
-                group::add_op(e.clone(), op, what, stream as usize, device)?;
+                group::add_op(e.clone(), op, what)?;
                 return Ok(SUCCESS);
             }
             if device.is_some() {
-                crate::device::run(vec![crate::device::DevOp {
-                    entry: e.clone(),
-                    op,
-                    stream: stream as usize,
-                    device,
-                    what,
-                }])?;
+                crate::device::route_logs();
+                e.comm
+                    .submit(op)
+                    .map_err(|err| Fail::from(err).context(what))?;
                 return Ok(SUCCESS);
             }
             e.comm.submit(op).map_err(Fail::from)?;
@@ -774,7 +658,7 @@ nccl_api! {
     fn ncclAllReduce / pncclAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclAllReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
-            Ok(GroupOp::AllReduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype, stream as usize)? })
+            Ok(Op::all_reduce(sendbuff.cast(), recvbuff.cast(), count, dtype, e.redops.resolve(op, dtype, stream as usize)?))
         })
     }
 }
@@ -782,7 +666,7 @@ nccl_api! {
 nccl_api! {
     fn ncclBroadcast / pncclBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclBroadcast", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
-            Ok(GroupOp::Broadcast { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
+            Ok(Op::broadcast(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, rank_arg(root, "root", e.comm.count())?))
         })
     }
 }
@@ -791,7 +675,7 @@ nccl_api! {
     /// In-place broadcast (deprecated in NCCL, still exported).
     fn ncclBcast / pncclBcast(buff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclBcast", comm, &[(buff, "buff")], |e| {
-            Ok(GroupOp::Broadcast { send: buff.cast_const().cast(), recv: buff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
+            Ok(Op::broadcast(buff.cast_const().cast(), buff.cast(), count, dtype(datatype)?, rank_arg(root, "root", e.comm.count())?))
         })
     }
 }
@@ -800,7 +684,7 @@ nccl_api! {
     fn ncclReduce / pncclReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, op: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclReduce", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
-            Ok(GroupOp::Reduce { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype, op: e.redops.resolve(op, dtype, stream as usize)?, root: rank_arg(root, "root", e.comm.count())? })
+            Ok(Op::reduce(sendbuff.cast(), recvbuff.cast(), count, dtype, e.redops.resolve(op, dtype, stream as usize)?, rank_arg(root, "root", e.comm.count())?))
         })
     }
 }
@@ -808,7 +692,7 @@ nccl_api! {
 nccl_api! {
     fn ncclAllGather / pncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclAllGather", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |_| {
-            Ok(GroupOp::AllGather { send: sendbuff.cast(), recv: recvbuff.cast(), count: sendcount, dtype: dtype(datatype)? })
+            Ok(Op::all_gather(sendbuff.cast(), recvbuff.cast(), sendcount, dtype(datatype)?))
         })
     }
 }
@@ -817,7 +701,7 @@ nccl_api! {
     fn ncclReduceScatter / pncclReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: c_int, op: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclReduceScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
             let dtype = dtype(datatype)?;
-            Ok(GroupOp::ReduceScatter { send: sendbuff.cast(), recv: recvbuff.cast(), count: recvcount, dtype, op: e.redops.resolve(op, dtype, stream as usize)? })
+            Ok(Op::reduce_scatter(sendbuff.cast(), recvbuff.cast(), recvcount, dtype, e.redops.resolve(op, dtype, stream as usize)?))
         })
     }
 }
@@ -825,7 +709,7 @@ nccl_api! {
 nccl_api! {
     fn ncclAlltoAll / pncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclAlltoAll", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |_| {
-            Ok(GroupOp::AllToAll { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)? })
+            Ok(Op::all_to_all(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?))
         })
     }
 }
@@ -833,7 +717,7 @@ nccl_api! {
 nccl_api! {
     fn ncclGather / pncclGather(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclGather", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
-            Ok(GroupOp::Gather { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
+            Ok(Op::gather(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, rank_arg(root, "root", e.comm.count())?))
         })
     }
 }
@@ -841,7 +725,7 @@ nccl_api! {
 nccl_api! {
     fn ncclScatter / pncclScatter(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: c_int, root: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclScatter", comm, &[(sendbuff, "sendbuff"), (recvbuff, "recvbuff")], |e| {
-            Ok(GroupOp::Scatter { send: sendbuff.cast(), recv: recvbuff.cast(), count, dtype: dtype(datatype)?, root: rank_arg(root, "root", e.comm.count())? })
+            Ok(Op::scatter(sendbuff.cast(), recvbuff.cast(), count, dtype(datatype)?, rank_arg(root, "root", e.comm.count())?))
         })
     }
 }
@@ -849,7 +733,7 @@ nccl_api! {
 nccl_api! {
     fn ncclSend / pncclSend(sendbuff: *const c_void, count: usize, datatype: c_int, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclSend", comm, &[(sendbuff, "sendbuff")], |e| {
-            Ok(GroupOp::Send { buf: sendbuff.cast(), count, dtype: dtype(datatype)?, peer: rank_arg(peer, "peer", e.comm.count())? })
+            Ok(Op::send(sendbuff.cast(), count, dtype(datatype)?, rank_arg(peer, "peer", e.comm.count())?))
         })
     }
 }
@@ -857,7 +741,7 @@ nccl_api! {
 nccl_api! {
     fn ncclRecv / pncclRecv(recvbuff: *mut c_void, count: usize, datatype: c_int, peer: c_int, comm: ncclComm_t, stream: cudaStream_t) {
         enqueue(stream, "ncclRecv", comm, &[(recvbuff, "recvbuff")], |e| {
-            Ok(GroupOp::Recv { buf: recvbuff.cast(), count, dtype: dtype(datatype)?, peer: rank_arg(peer, "peer", e.comm.count())? })
+            Ok(Op::recv(recvbuff.cast(), count, dtype(datatype)?, rank_arg(peer, "peer", e.comm.count())?))
         })
     }
 }

@@ -12,14 +12,15 @@
 //!   refused then, and also makes `ncclGroupEnd` fail and discard the group, as
 //!   in NCCL), recorded, and run at `ncclGroupEnd` through libcomm's `Group`:
 //!   operations on different communicators run concurrently, sends and
-//!   receives within a communicator are fused, so matched pairs never deadlock.
+//!   receives within a communicator are fused, so matched pairs never deadlock;
+//!   a group holding device memory goes whole to libcomm's device backend.
 //!
 //! Deferred work is completed only here, at the outermost `ncclGroupEnd` of the
 //! thread that recorded it: no other thread ever completes another's group job.
 
 use crate::errors::{CResult, Fail, IN_PROGRESS, NcclResult, SUCCESS};
 use crate::handles::CommEntry;
-use libcomm::{CommState, Config, Group, GroupOp};
+use libcomm::{CommState, Config, Group, Memory, Op, OpKind};
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -36,12 +37,9 @@ pub struct PendingSplit {
 
 struct PendingOp {
     entry: Arc<CommEntry>,
-    op: GroupOp,
+    /// Its memory kind and stream included.
+    op: Op,
     what: &'static str,
-    /// `cudaStream_t` as an address.
-    stream: usize,
-    /// The CUDA device of its buffers (None: host memory).
-    device: Option<i32>,
 }
 
 #[derive(Default)]
@@ -94,26 +92,10 @@ pub fn add_split(s: PendingSplit) {
 ///
 /// # Safety
 /// The op's buffers must stay valid until the group ends.
-pub unsafe fn add_op(
-    entry: Arc<CommEntry>,
-    op: GroupOp,
-    what: &'static str,
-    stream: usize,
-    device: Option<i32>,
-) -> CResult<()> {
-    {
-        let mut check = Group::new();
-        unsafe { check.push_raw(&entry.comm, op) }.map_err(Fail::from)?;
-    }
-    G.with(|g| {
-        g.borrow_mut().ops.push(PendingOp {
-            entry,
-            op,
-            what,
-            stream,
-            device,
-        })
-    });
+pub unsafe fn add_op(entry: Arc<CommEntry>, op: Op, what: &'static str) -> CResult<()> {
+    op.validate(entry.comm.rank(), entry.comm.count())
+        .map_err(Fail::from)?;
+    G.with(|g| g.borrow_mut().ops.push(PendingOp { entry, op, what }));
     Ok(())
 }
 
@@ -183,8 +165,8 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
         }
     }
     if first.is_none() {
-        match crate::api::barrier(&ready) {
-            Ok(()) => ready.iter().for_each(|e| crate::api::log_ready(e)),
+        match crate::lifecycle::barrier(&ready) {
+            Ok(()) => ready.iter().for_each(|e| crate::lifecycle::log_ready(e)),
             Err(e) => {
                 first.get_or_insert(e);
             }
@@ -198,28 +180,28 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
             .iter()
             .map(|p| estimate_us(p.entry.comm.count(), &p.op))
             .sum();
-    } else if !ops.is_empty() && first.is_none() && ops.iter().any(|p| p.device.is_some()) {
-        // Device memory in the group: the CUDA backend runs the whole batch
-        // (kernels for what it can, host staging + host ops for the rest).
-        let batch = ops
-            .into_iter()
-            .map(|p| crate::device::DevOp {
-                entry: p.entry,
-                op: p.op,
-                stream: p.stream,
-                device: p.device,
-                what: p.what,
-            })
-            .collect();
-        if let Err(e) = crate::device::run(batch) {
-            first.get_or_insert(e);
-        }
     } else if !ops.is_empty() && first.is_none() {
+        // One group, whatever the memory: libcomm runs a group holding device
+        // memory on its device backend (kernels for what it can, host staging
+        // + host ops for the rest), a host-only group on the host path.
+        let device = ops.iter().any(|p| p.op.memory != Memory::Host);
+        if device {
+            crate::device::route_logs();
+        }
+        let whats = || {
+            let mut what: Vec<&str> = ops.iter().map(|p| p.what).collect();
+            what.dedup();
+            what.join(", ")
+        };
         let mut g = Group::new();
         let mut bad = None;
         for p in &ops {
-            if let Err(e) = unsafe { g.push_raw(&p.entry.comm, p.op) } {
-                bad = Some(Fail::from(e).context(format!("{} on {}", p.what, p.entry.describe())));
+            if let Err(e) = unsafe { g.push(&p.entry.comm, p.op) } {
+                bad = Some(if device {
+                    Fail::from(e).context(whats())
+                } else {
+                    Fail::from(e).context(format!("{} on {}", p.what, p.entry.describe()))
+                });
                 break;
             }
         }
@@ -229,14 +211,19 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
             }
             None => {
                 if let Err(e) = g.execute() {
-                    let comms: Vec<String> = ops.iter().map(|p| p.entry.describe()).collect();
-                    let mut comms_u = comms.clone();
-                    comms_u.dedup();
-                    first.get_or_insert(Fail::from(e).context(format!(
-                        "group of {} operation(s) on {}",
-                        ops.len(),
-                        comms_u.join(", ")
-                    )));
+                    let f = if device {
+                        Fail::from(e).context(whats())
+                    } else {
+                        let comms: Vec<String> = ops.iter().map(|p| p.entry.describe()).collect();
+                        let mut comms_u = comms.clone();
+                        comms_u.dedup();
+                        Fail::from(e).context(format!(
+                            "group of {} operation(s) on {}",
+                            ops.len(),
+                            comms_u.join(", ")
+                        ))
+                    };
+                    first.get_or_insert(f);
                 }
             }
         }
@@ -250,22 +237,17 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
 
 /// A documented cost model for `ncclGroupSimulateEnd` in host mode: each
 /// operation costs 10 µs plus its bytes moved per rank at 5 GB/s.
-fn estimate_us(nranks: usize, op: &GroupOp) -> f32 {
-    let (count, dt, factor) = match *op {
-        GroupOp::AllReduce { count, dtype, .. } => (count, dtype, 2.0),
-        GroupOp::Broadcast { count, dtype, .. } | GroupOp::Reduce { count, dtype, .. } => {
-            (count, dtype, 1.0)
-        }
-        GroupOp::AllGather { count, dtype, .. }
-        | GroupOp::ReduceScatter { count, dtype, .. }
-        | GroupOp::AllToAll { count, dtype, .. }
-        | GroupOp::Gather { count, dtype, .. }
-        | GroupOp::Scatter { count, dtype, .. } => (count, dtype, nranks as f64),
-        GroupOp::Send { count, dtype, .. } | GroupOp::Recv { count, dtype, .. } => {
-            (count, dtype, 1.0)
-        }
+fn estimate_us(nranks: usize, op: &Op) -> f32 {
+    let factor = match op.kind {
+        OpKind::AllReduce => 2.0,
+        OpKind::Broadcast | OpKind::Reduce | OpKind::Send | OpKind::Recv => 1.0,
+        OpKind::AllGather
+        | OpKind::ReduceScatter
+        | OpKind::AllToAll
+        | OpKind::Gather
+        | OpKind::Scatter => nranks as f64,
     };
-    let bytes = count as f64 * dt.size() as f64 * factor;
+    let bytes = op.count as f64 * op.dtype.size() as f64 * factor;
     (10.0 + bytes / 5e9 * 1e6) as f32
 }
 
@@ -293,7 +275,7 @@ fn run_splits(splits: Vec<PendingSplit>) -> CResult<bool> {
                     let mut first = None;
                     for s in v {
                         let out = SendPtr(s.out);
-                        match crate::api::do_split(
+                        match crate::lifecycle::do_split(
                             &s.parent, s.color, s.key, s.cfg, s.blocking, s.what,
                         ) {
                             Ok((h, code)) => {

@@ -7,9 +7,13 @@
 //! - [`config`]: `ncclConfig_t` (v22800) and `ncclSimInfo_t`, older sizes accepted;
 //! - [`errors`]: result codes, error strings, last error, NCCL_DEBUG logging;
 //! - [`group`]: `ncclGroupStart`/`ncclGroupEnd` per thread;
+//! - [`lifecycle`]: registering handles, the end-of-init barrier, splits
+//!   (shared by `api` and `group`, which do not import each other);
 //! - [`redop`]: `ncclRedOpCreatePreMulSum` operators;
 //! - [`ptrkind`]: host/device pointer classification (host mode);
-//! - [`device`]: hands operations on device memory to libcomm's CUDA backend;
+//! - [`device`]: finds an operation's CUDA device and routes the CUDA
+//!   backend's log lines (every operation, host or device, is a libcomm
+//!   `Op` submitted through `Communicator::submit` or a `Group`);
 //! - [`attach`]: registers the process with the pod's sidecar.
 
 pub mod api;
@@ -19,5 +23,6 @@ pub mod device;
 pub mod errors;
 pub mod group;
 pub mod handles;
+pub mod lifecycle;
 pub mod ptrkind;
 pub mod redop;

@@ -6,16 +6,18 @@
 //! sizes are in elements of `dt` unless named `bytes`. Every rank computes the
 //! same chunk boundaries, so no sizes are exchanged; the transports' message
 //! headers still check them, turning a mismatch between ranks into an error.
+//! The algorithm of each collective is the tuner's [`tuner::Decision`], made
+//! once by the caller and passed in.
 
 pub mod tuner;
 
-use crate::core::CommCore;
+use crate::core::Resources;
 use crate::error::Result;
 use crate::exec::Xfer;
 use crate::reduce;
 use crate::transport::Reduce;
 use crate::types::{Combine, DataType, ReduceOp};
-use tuner::{Algo, Coll};
+use tuner::Algo;
 
 /// Balanced split of `count` elements into `n` chunks: chunk `c` is
 /// `[bound(c), bound(c+1))`.
@@ -65,12 +67,13 @@ fn copy(dst: *mut u8, src: *const u8, bytes: usize) {
 }
 
 pub(crate) fn all_reduce(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     count: usize,
     dt: DataType,
     op: ReduceOp,
+    algo: Algo,
 ) -> Result<()> {
     let n = c.ctx.nranks;
     let mut hold = Vec::new();
@@ -80,7 +83,7 @@ pub(crate) fn all_reduce(
         finish_avg(op, dt, recv, count, n);
         return Ok(());
     }
-    match tuner::choose(Coll::AllReduce, count * dt.size(), n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
         Algo::Direct => all_reduce_direct(c, src, recv, count, dt, op),
         _ => {
@@ -96,7 +99,7 @@ pub(crate) fn all_reduce(
 /// all n buffers in rank order (so every rank computes bit-identical results).
 /// One round of wake-ups instead of log2(n): the latency path for tiny buffers.
 fn all_reduce_direct(
-    c: &mut CommCore,
+    c: &mut Resources,
     src: *const u8,
     recv: *mut u8,
     count: usize,
@@ -127,7 +130,7 @@ fn all_reduce_direct(
 /// buffer): after n-1 steps rank r holds the full reduction of chunk
 /// `(r + k) mod n` in `work`. Returns that chunk's index.
 fn ring_reduce_scatter(
-    c: &mut CommCore,
+    c: &mut Resources,
     src: *const u8,
     work: *mut u8,
     count: usize,
@@ -160,7 +163,7 @@ fn ring_reduce_scatter(
 /// Ring all-gather of the chunks of a `count`-element buffer where rank r
 /// starts with chunk `(r + k) mod n` in place.
 fn ring_all_gather_chunks(
-    c: &mut CommCore,
+    c: &mut Resources,
     buf: *mut u8,
     count: usize,
     dt: DataType,
@@ -185,7 +188,7 @@ fn ring_all_gather_chunks(
 /// power of two into their neighbours first. Every combine is commutative, so
 /// every rank ends with bit-identical results.
 fn all_reduce_rd(
-    c: &mut CommCore,
+    c: &mut Resources,
     src: *const u8,
     recv: *mut u8,
     count: usize,
@@ -236,11 +239,12 @@ fn all_reduce_rd(
 }
 
 pub(crate) fn broadcast(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
     root: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
@@ -251,7 +255,7 @@ pub(crate) fn broadcast(
     }
     let vr = (r + n - root) % n;
     let real = |v: usize| (v + root) % n;
-    match tuner::choose(Coll::Broadcast, bytes, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Tree => {
             let mut mask = 1;
             while mask < n {
@@ -288,14 +292,16 @@ pub(crate) fn broadcast(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     count: usize,
     dt: DataType,
     op: ReduceOp,
     root: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
@@ -309,7 +315,7 @@ pub(crate) fn reduce(
     }
     // Non-roots accumulate in scratch: their receive buffer is not theirs to use.
     let mut own_scratch = Vec::new();
-    match tuner::choose(Coll::Reduce, bytes, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Tree => {
             let acc = if r == root {
                 recv
@@ -370,17 +376,18 @@ pub(crate) fn reduce(
 
 /// `recv` holds n blocks of `bytes`; rank r's block comes from `send`.
 pub(crate) fn all_gather(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     copy(unsafe { recv.add(r * bytes) }, send, bytes);
     if n == 1 {
         return Ok(());
     }
-    match tuner::choose(Coll::AllGather, bytes * n, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Direct => {
             let mut xs = Vec::with_capacity(2 * n);
             for p in (0..n).filter(|&p| p != r) {
@@ -398,12 +405,13 @@ pub(crate) fn all_gather(
 
 /// `send` holds n blocks of `count` elements; rank r receives the reduction of block r.
 pub(crate) fn reduce_scatter(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     count: usize,
     dt: DataType,
     op: ReduceOp,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
@@ -415,7 +423,7 @@ pub(crate) fn reduce_scatter(
         finish_avg(op, dt, recv, count, n);
         return Ok(());
     }
-    match tuner::choose(Coll::ReduceScatter, bytes * n, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Direct => {
             // Receive every peer's block, then combine in rank order so the
             // result does not depend on arrival order.
@@ -453,10 +461,11 @@ pub(crate) fn reduce_scatter(
 
 /// Block p of `send` goes to rank p; block p of `recv` comes from rank p.
 pub(crate) fn all_to_all(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
+    algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     // In place, blocks would be overwritten before they are sent: send from a copy.
@@ -472,7 +481,7 @@ pub(crate) fn all_to_all(
         unsafe { src.add(r * bytes) },
         bytes,
     );
-    match tuner::choose(Coll::AllToAll, bytes * n, n, &c.ctx.cfg.algo) {
+    match algo {
         Algo::Direct => {
             let mut xs = Vec::with_capacity(2 * n);
             for p in (0..n).filter(|&p| p != r) {
@@ -496,7 +505,7 @@ pub(crate) fn all_to_all(
 
 /// Root gathers n blocks of `bytes` (NCCL's ncclGather).
 pub(crate) fn gather(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,
@@ -517,7 +526,7 @@ pub(crate) fn gather(
 
 /// Root scatters n blocks of `bytes` (NCCL's ncclScatter).
 pub(crate) fn scatter(
-    c: &mut CommCore,
+    c: &mut Resources,
     send: *const u8,
     recv: *mut u8,
     bytes: usize,

@@ -2,8 +2,72 @@
 //! count, overridable with `WEFT_ALGO` (like `NCCL_ALGO`): a single name for
 //! every collective that supports it (`WEFT_ALGO=ring`), or per collective
 //! (`WEFT_ALGO=allreduce:rd,broadcast:tree`).
+//!
+//! The tuner decides once per operation ([`decide`]); the [`Decision`]
+//! travels with the operation to the host algorithm that runs it and to the
+//! observer that labels its span.
 
 use crate::error::{Error, Result};
+use crate::op::{Op, OpKind};
+
+/// Algorithm names only the device (CUDA) backend knows: `WEFT_ALGO` /
+/// `WEFT_CUDA_ALGO` may give them; host memory keeps choosing by size.
+pub const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
+
+/// Whether `name` names a device algorithm (the host tuner leaves those it
+/// does not know itself to the device backend).
+pub fn is_device_algo(name: &str) -> bool {
+    let name = name.trim().to_ascii_lowercase();
+    DEVICE_ALGOS.contains(&name.as_str())
+}
+
+/// How one operation runs, decided once: what the host algorithms execute
+/// and what the observer records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// A host collective with this algorithm.
+    Host(Algo),
+    /// Gather, scatter, send or receive: point-to-point transfers.
+    P2p,
+    /// The device backend's own algorithm (kernel name, `p2p-kernel`).
+    Device(&'static str),
+}
+
+impl Decision {
+    /// The label the observer records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Decision::Host(a) => a.name(),
+            Decision::P2p => "p2p",
+            Decision::Device(n) => n,
+        }
+    }
+
+    /// The host algorithm (Ring where none was decided).
+    pub fn algo(self) -> Algo {
+        match self {
+            Decision::Host(a) => a,
+            _ => Algo::Ring,
+        }
+    }
+}
+
+/// The host decision for `op` on `n` ranks: the collective and the bytes the
+/// size rules see (the all-reduce buffer, the broadcast/reduce buffer, the
+/// gathered result, one rank's whole all-to-all send buffer).
+pub fn decide(op: &Op, n: usize, o: &AlgoOverride) -> Decision {
+    let b = op.bytes();
+    let (coll, bytes) = match op.kind {
+        OpKind::AllReduce => (Coll::AllReduce, b),
+        OpKind::Broadcast => (Coll::Broadcast, b),
+        OpKind::Reduce => (Coll::Reduce, b),
+        OpKind::AllGather => (Coll::AllGather, b * n),
+        OpKind::ReduceScatter => (Coll::ReduceScatter, b * n),
+        OpKind::AllToAll => (Coll::AllToAll, b * n),
+        OpKind::Gather | OpKind::Scatter | OpKind::Send | OpKind::Recv => return Decision::P2p,
+    };
+    Decision::Host(choose(coll, bytes, n, o))
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Coll {
@@ -105,7 +169,7 @@ impl std::str::FromStr for AlgoOverride {
                     Ok(a) => o.global = Some(a),
                     // Names only the CUDA kernel path knows steer device
                     // memory; host memory keeps choosing by size.
-                    Err(_) if crate::cuda::is_device_algo(part) => {}
+                    Err(_) if is_device_algo(part) => {}
                     Err(e) => return Err(e),
                 },
                 Some((c, a)) => {

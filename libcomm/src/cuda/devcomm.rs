@@ -1,9 +1,10 @@
 //! [`DevComm`]: one rank's device side of a communicator, the state the
 //! kernel path keeps between calls.
 //!
-//! Not to be confused with `batch::DevSlot`, the communicator's slot that
-//! holds it: a `DevSlot` says whether the device side was set up yet and
-//! whether the kernel path is on (`Unset`, `Off(device)`, `On(DevComm)`);
+//! Not to be confused with `crate::backend::DeviceSlot`, the communicator's
+//! slot that holds it: a `DeviceSlot` says whether the device side was set
+//! up yet and whether the kernel path is on (`Unset`, `Off(device)`,
+//! `On(DevComm)`, held as a `DeviceSide`);
 //! a `DevComm` exists only where it was set up, and owns the mapped peer
 //! areas, the sequence numbers and the tuning. Its methods live with their
 //! concern: setup and release in `mapping.rs`, planning in `plan.rs`, launch

@@ -22,7 +22,7 @@
 //!
 //! | file | its one job |
 //! |---|---|
-//! | `batch.rs` | the entry point ([`run`], [`submit`]): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging; [`batch::DevSlot`] |
+//! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
 //! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors |
 //! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC), release |
 //! | `plan.rs` | which kernel and algorithm a collective runs ([`Plan`]) |
@@ -32,15 +32,22 @@
 //! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
 //! | `abi.rs` | the Rust mirror of the kernels' argument structs, codes and area layout |
 //! | `kernels.rs` | the embedded CUDA sources: kernel names, NVRTC compile cache, module loading |
-//! | `staging.rs` | the host-memory fallback and the buffers an operation touches |
+//! | `staging.rs` | the host-memory fallback, and which device an operation's buffers are on |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
 //! | `error.rs` | [`CudaError`], this backend's error type |
 //!
-//! `DevSlot` and `DevComm` differ as a slot and what it holds: the
-//! communicator owns a `DevSlot` (`Unset` until its first operation on device
-//! memory, then `Off(device)` when some rank could not map its peers, or
-//! `On(DevComm)`), and the `DevComm` inside is the kernel path's state.
+//! `DeviceSlot` and `DevComm` differ as a slot and what it holds: the
+//! communicator's lifecycle record owns a `crate::backend::DeviceSlot`
+//! (`Unset` until its first operation on device memory, then `Off(device)`
+//! when some rank could not map its peers, or `On(DevComm)` behind the
+//! `DeviceSide` trait), and the `DevComm` inside is the kernel path's state.
+//!
+//! This backend sees the communicator core only through `crate::backend`
+//! (`Comms`: rank, size, the slot, a host exchange, the observer) and reads
+//! operations as `crate::op::Op` descriptors; it imports `op`, `backend`,
+//! `types`, `error` and the tuner's device algorithm names, none of which
+//! import `cuda/` back.
 
 mod abi;
 pub mod batch;
@@ -58,7 +65,7 @@ mod staging;
 mod tuning;
 
 pub use abi::MAX_RANKS;
-pub use batch::{DeviceOp, run, set_logger, submit};
+pub use batch::{CudaBackend, set_logger};
 pub use devcomm::DevComm;
 pub use driver::{
     ContextGuard, alloc_current, compute_capability, current_device, device_at, device_count,
@@ -70,5 +77,4 @@ pub use kernels::compile_single;
 pub use mapping::DESCRIPTOR_BYTES;
 pub use p2p::{P2p, p2p_pieces};
 pub use plan::Plan;
-pub use staging::{Buf, Staging, buffers, map_ptrs, op_device};
-pub use tuning::is_device_algo;
+pub use staging::{Staging, op_device};

@@ -7,7 +7,7 @@
 
 use super::abi::{MAX_P2P, P2P_FIFO_MAXB};
 use super::error::{CudaError, CudaResult};
-use crate::group::GroupOp;
+use crate::op::{Op, OpKind};
 use std::collections::HashMap;
 
 /// How point-to-point streams through a receiver's scratch across processes
@@ -50,62 +50,35 @@ pub enum P2p {
 }
 
 /// Send, receive, gather and scatter: what [`p2p_pieces`] takes apart.
-pub fn is_p2p(op: &GroupOp) -> bool {
+pub fn is_p2p(op: &Op) -> bool {
     matches!(
-        op,
-        GroupOp::Send { .. }
-            | GroupOp::Recv { .. }
-            | GroupOp::Gather { .. }
-            | GroupOp::Scatter { .. }
+        op.kind,
+        OpKind::Send | OpKind::Recv | OpKind::Gather | OpKind::Scatter
     )
 }
 
 /// The point-to-point pieces of `op` on rank `rank` of `n` (send/recv,
 /// gather and scatter, as NCCL builds them), or None for other operations.
-/// A send to or receive from oneself is returned as is: `DevComm::launch_p2p`
+/// A send to or receive from oneself is returned as is: [`DevComm::launch_p2p`]
 /// pairs them into copies.
-pub fn p2p_pieces(op: &GroupOp, rank: usize, n: usize) -> Option<Vec<P2p>> {
+pub fn p2p_pieces(op: &Op, rank: usize, n: usize) -> Option<Vec<P2p>> {
     let mut v = Vec::new();
-    match *op {
-        GroupOp::Send {
-            buf,
-            count,
-            dtype,
-            peer,
-        } => v.push(P2p::Send {
-            peer,
-            ptr: buf as u64,
-            bytes: count * dtype.size(),
+    let (send, recv, bytes, root) = (op.send as u64, op.recv as u64, op.bytes(), op.root);
+    match op.kind {
+        OpKind::Send => v.push(P2p::Send {
+            peer: root,
+            ptr: send,
+            bytes,
         }),
-        GroupOp::Recv {
-            buf,
-            count,
-            dtype,
-            peer,
-        } => v.push(P2p::Recv {
-            peer,
-            ptr: buf as u64,
-            bytes: count * dtype.size(),
+        OpKind::Recv => v.push(P2p::Recv {
+            peer: root,
+            ptr: recv,
+            bytes,
         }),
-        GroupOp::Gather {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        }
-        | GroupOp::Scatter {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => {
+        OpKind::Gather | OpKind::Scatter => {
             // The root moves one block per rank (its own by a copy); every
             // other rank one block to or from the root.
-            let gather = matches!(op, GroupOp::Gather { .. });
-            let (send, recv) = (send as u64, recv as u64);
-            let bytes = count * dtype.size();
+            let gather = op.kind == OpKind::Gather;
             if rank != root {
                 v.push(if gather {
                     P2p::Send {
@@ -324,13 +297,7 @@ mod tests {
     /// Gather and scatter become NCCL's pieces.
     #[test]
     fn gather_and_scatter_pieces() {
-        let g = GroupOp::Gather {
-            send: 100 as *const u8,
-            recv: 1000 as *mut u8,
-            count: 2,
-            dtype: DataType::F32,
-            root: 1,
-        };
+        let g = Op::gather(100 as *const u8, 1000 as *mut u8, 2, DataType::F32, 1);
         assert_eq!(
             p2p_pieces(&g, 1, 3).unwrap(),
             vec![
@@ -344,13 +311,7 @@ mod tests {
             ]
         );
         assert_eq!(p2p_pieces(&g, 0, 3).unwrap(), vec![send(1, 100)]);
-        let sc = GroupOp::Scatter {
-            send: 100 as *const u8,
-            recv: 1000 as *mut u8,
-            count: 2,
-            dtype: DataType::F32,
-            root: 0,
-        };
+        let sc = Op::scatter(100 as *const u8, 1000 as *mut u8, 2, DataType::F32, 0);
         assert_eq!(p2p_pieces(&sc, 2, 3).unwrap(), vec![recv(0, 1000)]);
         assert_eq!(p2p_pieces(&sc, 0, 3).unwrap()[2], send(2, 116));
     }

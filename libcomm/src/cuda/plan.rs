@@ -9,7 +9,7 @@ use super::abi::{
 };
 use super::devcomm::DevComm;
 use super::kernels::{func_name, nvrtc_available};
-use crate::group::GroupOp;
+use crate::op::{Op, OpKind};
 use crate::types::DataType;
 
 /// How one operation runs on the kernel path.
@@ -45,7 +45,7 @@ impl Plan {
 
 impl DevComm {
     /// How `op` runs on the kernel path, or None (staging).
-    pub fn plan(&self, op: &GroupOp) -> Option<Plan> {
+    pub fn plan(&self, op: &Op) -> Option<Plan> {
         if !self.usable || !nvrtc_available() {
             return None;
         }
@@ -54,14 +54,9 @@ impl DevComm {
             return None;
         }
         let n = self.nranks;
-        let (kind, send, recv, count, dtype, rop, root, parts) = match *op {
-            GroupOp::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => {
+        let (send, recv, count, dtype, rop) = (op.send, op.recv, op.count, op.dtype, op.redop);
+        let (kind, root, parts) = match op.kind {
+            OpKind::AllReduce => {
                 let bytes = count * dtype.size();
                 let one = match algo {
                     Some("oneshot") => true,
@@ -69,42 +64,13 @@ impl DevComm {
                     _ => bytes <= self.tuning.oneshot_max || n <= 2,
                 };
                 let k = if one { K_ALLREDUCE } else { K_ALLREDUCE_2SHOT };
-                (k, send, recv, count, dtype, Some(op), 0, 1)
+                (k, 0, 1)
             }
-            GroupOp::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            } => (K_REDUCE, send, recv, count, dtype, Some(op), root, 1),
-            GroupOp::ReduceScatter {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            } => (K_REDUCESCATTER, send, recv, count, dtype, Some(op), 0, n),
-            GroupOp::AllGather {
-                send,
-                recv,
-                count,
-                dtype,
-            } => (K_ALLGATHER, send, recv, count, dtype, None, 0, 1),
-            GroupOp::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            } => (K_BROADCAST, send, recv, count, dtype, None, root, 1),
-            GroupOp::AllToAll {
-                send,
-                recv,
-                count,
-                dtype,
-            } => (K_ALLTOALL, send, recv, count, dtype, None, 0, n),
+            OpKind::Reduce => (K_REDUCE, op.root, 1),
+            OpKind::ReduceScatter => (K_REDUCESCATTER, 0, n),
+            OpKind::AllGather => (K_ALLGATHER, 0, 1),
+            OpKind::Broadcast => (K_BROADCAST, op.root, 1),
+            OpKind::AllToAll => (K_ALLTOALL, 0, n),
             _ => return None,
         };
         if matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2) && self.cc < (8, 9) {

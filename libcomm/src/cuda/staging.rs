@@ -2,158 +2,18 @@
 //! kernel path does not run (gather, scatter, send/recv across streams,
 //! PreMulSum, peers that cannot map each other, no NVRTC): wait for the
 //! stream, copy the operation's device buffers to host memory, let the host
-//! algorithm run on the copies, copy the written ones back. Also what an
-//! operation touches ([`buffers`]), which the device lookup uses.
+//! algorithm run on the copies, copy the written ones back. What an
+//! operation touches is the descriptor's (`Op::buffers`).
 
 use super::driver::{pointer_device, use_device};
 use super::error::{CudaResult, check};
-use crate::group::GroupOp;
-use crate::types::DataType;
+use crate::op::{Buf, Memory, Op};
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
-/// One buffer of an operation on this rank: pointer, bytes, written or read.
-#[derive(Clone, Copy, Debug)]
-pub struct Buf {
-    pub ptr: u64,
-    pub bytes: usize,
-    pub write: bool,
-}
-
-/// The buffers `op` reads and writes on rank `rank` of `nranks` (NCCL's rules:
-/// a root-only buffer is not touched elsewhere).
-pub fn buffers(op: &GroupOp, rank: usize, nranks: usize) -> Vec<Buf> {
-    let b = |p: *const u8, n: usize, dt: DataType, write: bool| Buf {
-        ptr: p as u64,
-        bytes: n * dt.size(),
-        write,
-    };
-    let mut v = Vec::new();
-    match *op {
-        GroupOp::AllReduce {
-            send,
-            recv,
-            count,
-            dtype,
-            ..
-        } => {
-            v.push(b(send, count, dtype, false));
-            v.push(b(recv, count, dtype, true));
-        }
-        GroupOp::Broadcast {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => {
-            if rank == root {
-                v.push(b(send, count, dtype, false));
-            }
-            v.push(b(recv, count, dtype, true));
-        }
-        GroupOp::Reduce {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-            ..
-        } => {
-            v.push(b(send, count, dtype, false));
-            if rank == root {
-                v.push(b(recv, count, dtype, true));
-            }
-        }
-        GroupOp::AllGather {
-            send,
-            recv,
-            count,
-            dtype,
-        } => {
-            v.push(b(send, count, dtype, false));
-            v.push(b(recv, count * nranks, dtype, true));
-        }
-        GroupOp::ReduceScatter {
-            send,
-            recv,
-            count,
-            dtype,
-            ..
-        } => {
-            v.push(b(send, count * nranks, dtype, false));
-            v.push(b(recv, count, dtype, true));
-        }
-        GroupOp::AllToAll {
-            send,
-            recv,
-            count,
-            dtype,
-        } => {
-            v.push(b(send, count * nranks, dtype, false));
-            v.push(b(recv, count * nranks, dtype, true));
-        }
-        GroupOp::Gather {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => {
-            v.push(b(send, count, dtype, false));
-            if rank == root {
-                v.push(b(recv, count * nranks, dtype, true));
-            }
-        }
-        GroupOp::Scatter {
-            send,
-            recv,
-            count,
-            dtype,
-            root,
-        } => {
-            if rank == root {
-                v.push(b(send, count * nranks, dtype, false));
-            }
-            v.push(b(recv, count, dtype, true));
-        }
-        GroupOp::Send {
-            buf, count, dtype, ..
-        } => v.push(b(buf, count, dtype, false)),
-        GroupOp::Recv {
-            buf, count, dtype, ..
-        } => v.push(b(buf.cast_const(), count, dtype, true)),
-    }
-    v.retain(|b| b.bytes > 0 && b.ptr != 0);
-    v
-}
-
-/// Rewrites every buffer pointer of `op` through `f`.
-pub fn map_ptrs(op: &GroupOp, f: impl Fn(u64) -> u64) -> GroupOp {
-    let m = |p: *const u8| f(p as u64) as *const u8;
-    let mm = |p: *mut u8| f(p as u64) as *mut u8;
-    let mut o = *op;
-    match &mut o {
-        GroupOp::AllReduce { send, recv, .. }
-        | GroupOp::Broadcast { send, recv, .. }
-        | GroupOp::Reduce { send, recv, .. }
-        | GroupOp::AllGather { send, recv, .. }
-        | GroupOp::ReduceScatter { send, recv, .. }
-        | GroupOp::AllToAll { send, recv, .. }
-        | GroupOp::Gather { send, recv, .. }
-        | GroupOp::Scatter { send, recv, .. } => {
-            *send = m(*send);
-            *recv = mm(*recv);
-        }
-        GroupOp::Send { buf, .. } => *buf = m(*buf),
-        GroupOp::Recv { buf, .. } => *buf = mm(*buf),
-    }
-    o
-}
-
 /// The device of the first device buffer of `op` (None: all host memory).
-pub fn op_device(op: &GroupOp, rank: usize, nranks: usize) -> Option<i32> {
-    buffers(op, rank, nranks)
+pub fn op_device(op: &Op, rank: usize, nranks: usize) -> Option<i32> {
+    op.buffers(rank, nranks)
         .iter()
         .find_map(|b| pointer_device(b.ptr as *const c_void))
 }
@@ -171,28 +31,27 @@ pub struct Staging {
     regions: Vec<Region>,
     stream: sys::CUstream,
     device: i32,
-    /// The operation with host pointers in place of device ones.
-    pub op: GroupOp,
+    /// The operation with host pointers in place of device ones (host memory).
+    pub op: Op,
 }
 
 unsafe impl Send for Staging {}
 
 impl Staging {
-    /// Waits for the stream, copies the op's device buffers to host memory
+    /// Waits for the op's stream, copies its device buffers to host memory
     /// (overlapping buffers, as in place, share one host region).
     ///
     /// # Safety
-    /// `stream` must be a valid stream (or NULL) of the buffers' device.
-    pub unsafe fn begin(
-        op: &GroupOp,
-        rank: usize,
-        nranks: usize,
-        stream: *mut c_void,
-        device: i32,
-    ) -> CudaResult<Staging> {
+    /// The op's stream must be a valid stream (or NULL) of its buffers' device.
+    pub unsafe fn begin(op: &Op, rank: usize, nranks: usize) -> CudaResult<Staging> {
+        let device = match op.memory {
+            Memory::Device(d) => d,
+            Memory::Host => 0,
+        };
         use_device(device)?;
-        let stream = stream as sys::CUstream;
-        let mut bufs: Vec<Buf> = buffers(op, rank, nranks)
+        let stream = op.stream as sys::CUstream;
+        let mut bufs: Vec<Buf> = op
+            .buffers(rank, nranks)
             .into_iter()
             .filter(|b| pointer_device(b.ptr as *const c_void).is_some())
             .collect();
@@ -228,14 +87,16 @@ impl Staging {
             .iter()
             .map(|r| (r.dev, r.bytes, r.host.as_ptr() as u64))
             .collect();
-        let op = map_ptrs(op, |p| {
-            for &(d, n, h) in &map {
-                if p >= d && p < d + n as u64 {
-                    return h + (p - d);
+        let op = op
+            .map_ptrs(|p| {
+                for &(d, n, h) in &map {
+                    if p >= d && p < d + n as u64 {
+                        return h + (p - d);
+                    }
                 }
-            }
-            p
-        });
+                p
+            })
+            .on(Memory::Host, std::ptr::null_mut());
         Ok(Staging {
             regions,
             stream,

@@ -7,6 +7,8 @@
 //! (as NCCL reads its variables at init). The rules are pure functions of it,
 //! so every rank that sees the same environment decides the same.
 
+use crate::algo::tuner::DEVICE_ALGOS;
+
 use super::abi::{
     BCAST_RING, BCAST_SCATTER, K_ALLGATHER, K_ALLTOALL, K_BROADCAST, K_REDUCE, LINES_AREA,
     LINES_ITER_BYTES, LINES_ITER_DATA, LINES_MAX_WARPS, LINES_MAX_WINDOW, LL_MAX_BYTES, MAX_BLOCKS,
@@ -303,16 +305,6 @@ impl Tuning {
         let share = bytes.div_ceil(blocks.max(1) * nranks.saturating_sub(1).max(1));
         (share.div_ceil(16) * 16).clamp(512, self.reduce_chunk)
     }
-}
-
-/// Device algorithm names `WEFT_ALGO` / `WEFT_CUDA_ALGO` may give.
-const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
-
-/// Whether `name` names a device algorithm (the host tuner leaves those it
-/// does not know itself to the kernel path).
-pub fn is_device_algo(name: &str) -> bool {
-    let name = name.trim().to_ascii_lowercase();
-    DEVICE_ALGOS.contains(&name.as_str())
 }
 
 /// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it

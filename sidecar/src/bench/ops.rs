@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 
-use libcomm::{Communicator, DataType, Group, GroupOp, ReduceOp};
+use libcomm::{Communicator, DataType, Group, Op, ReduceOp};
 
 use super::check::Data;
 
@@ -145,65 +145,20 @@ impl BenchOp {
         dtype: DataType,
         op: ReduceOp,
         root: usize,
-    ) -> Vec<GroupOp> {
+    ) -> Vec<Op> {
         let count = l.count;
         match self {
-            BenchOp::AllReduce => vec![GroupOp::AllReduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-            }],
-            BenchOp::AllGather => vec![GroupOp::AllGather {
-                send,
-                recv,
-                count,
-                dtype,
-            }],
+            BenchOp::AllReduce => vec![Op::all_reduce(send, recv, count, dtype, op)],
+            BenchOp::AllGather => vec![Op::all_gather(send, recv, count, dtype)],
             BenchOp::ReduceScatter => {
-                vec![GroupOp::ReduceScatter {
-                    send,
-                    recv,
-                    count,
-                    dtype,
-                    op,
-                }]
+                vec![Op::reduce_scatter(send, recv, count, dtype, op)]
             }
-            BenchOp::Broadcast => vec![GroupOp::Broadcast {
-                send,
-                recv,
-                count,
-                dtype,
-                root,
-            }],
-            BenchOp::Reduce => vec![GroupOp::Reduce {
-                send,
-                recv,
-                count,
-                dtype,
-                op,
-                root,
-            }],
-            BenchOp::AllToAll => vec![GroupOp::AllToAll {
-                send,
-                recv,
-                count,
-                dtype,
-            }],
+            BenchOp::Broadcast => vec![Op::broadcast(send, recv, count, dtype, root)],
+            BenchOp::Reduce => vec![Op::reduce(send, recv, count, dtype, op, root)],
+            BenchOp::AllToAll => vec![Op::all_to_all(send, recv, count, dtype)],
             BenchOp::SendRecv => vec![
-                GroupOp::Send {
-                    buf: send,
-                    count,
-                    dtype,
-                    peer: (rank + 1) % n,
-                },
-                GroupOp::Recv {
-                    buf: recv,
-                    count,
-                    dtype,
-                    peer: (rank + n - 1) % n,
-                },
+                Op::send(send, count, dtype, (rank + 1) % n),
+                Op::recv(recv, count, dtype, (rank + n - 1) % n),
             ],
         }
     }
@@ -225,16 +180,7 @@ impl BenchOp {
         root: usize,
     ) -> libcomm::Result<()> {
         let ops = self.group_ops(comm.rank(), comm.count(), send, recv, l, dtype, op, root);
-        unsafe {
-            if let [one] = ops[..] {
-                return comm.submit(one);
-            }
-            let mut g = Group::new();
-            for o in ops {
-                g.push_raw(comm, o)?;
-            }
-            g.execute()
-        }
+        unsafe { submit_ops(comm, ops) }
     }
 
     /// Inputs for `--check`: data for this op (`op` only matters for reductions).
@@ -318,6 +264,24 @@ impl FromStr for BenchOp {
 impl std::fmt::Display for BenchOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Submits one operation, or several as one group (device memory included:
+/// their descriptors say where they live).
+///
+/// # Safety
+/// Every operation's buffers must be valid for the sizes it names.
+pub unsafe fn submit_ops(comm: &Communicator, ops: Vec<Op>) -> libcomm::Result<()> {
+    unsafe {
+        if let [one] = ops[..] {
+            return comm.submit(one);
+        }
+        let mut g = Group::new();
+        for o in ops {
+            g.push(comm, o)?;
+        }
+        g.execute()
     }
 }
 

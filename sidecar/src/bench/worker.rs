@@ -185,17 +185,13 @@ impl Bench<'_> {
                 a.redop,
                 a.root as usize,
             );
-            let batch: Vec<cuda::DeviceOp<'_>> = ops
+            let ops = ops
                 .into_iter()
-                .map(|op| cuda::DeviceOp {
-                    comm: self.comm,
-                    op,
-                    stream: std::ptr::null_mut(),
-                    device: Some(g.dev),
-                })
+                .map(|op| op.on(libcomm::Memory::Device(g.dev), std::ptr::null_mut()))
                 .collect();
             // SAFETY: device buffers sized for the largest layout, as on the host.
-            return unsafe { cuda::run(&batch) }.map_err(|e| err(a.coll.name(), e));
+            return unsafe { super::ops::submit_ops(self.comm, ops) }
+                .map_err(|e| err(a.coll.name(), e));
         }
         // SAFETY: both buffers hold `buffer_elems` of the largest layout; the
         // in-place offsets are those the collective documents.

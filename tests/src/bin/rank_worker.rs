@@ -3,7 +3,7 @@
 //! Prints `@ key=value` facts for the test to check and exits non-zero on any
 //! unexpected result.
 
-use libcomm::{CommState, Communicator, Config, DataType, Error, Group, ReduceOp, UniqueId};
+use libcomm::{CommState, Communicator, Config, DataType, Error, Group, Op, ReduceOp, UniqueId};
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 use weft_tests::matrix::{self, COLLS, Coll};
@@ -403,49 +403,49 @@ fn mode_badinput() {
     );
     unsafe {
         expect_err(
-            w.all_reduce_raw(
+            w.submit(Op::all_reduce(
                 std::ptr::null(),
                 b.as_mut_ptr().cast(),
                 5,
                 DataType::F32,
                 ReduceOp::Sum,
-            ),
+            )),
             InvalidArgument,
             "NULL",
             "null send",
         );
         expect_err(
-            w.all_reduce_raw(
+            w.submit(Op::all_reduce(
                 a.as_ptr().cast(),
                 std::ptr::null_mut(),
                 5,
                 DataType::F32,
                 ReduceOp::Sum,
-            ),
+            )),
             InvalidArgument,
             "NULL",
             "null recv",
         );
         expect_err(
-            w.all_reduce_raw(
+            w.submit(Op::all_reduce(
                 a.as_ptr().cast(),
                 b.as_mut_ptr().cast(),
                 usize::MAX / 2,
                 DataType::F64,
                 ReduceOp::Sum,
-            ),
+            )),
             InvalidArgument,
             "overflow",
             "overflowing count",
         );
         expect_err(
-            w.all_reduce_raw(
+            w.submit(Op::all_reduce(
                 a.as_ptr().cast(),
                 (a.as_ptr() as *mut u8).add(4),
                 5,
                 DataType::F32,
                 ReduceOp::Sum,
-            ),
+            )),
             InvalidArgument,
             "overlap",
             "partial overlap",
