@@ -74,27 +74,29 @@ smoke)
   NCCL_DEBUG=INFO TMO=60 run_ours $T/all_reduce_perf -g $NG -b 8 -e 8M -f 8 -c 1 -n 5 -w 2 2>&1 | tail -40 ;;
 rtest)
   # RTEST_ENV: settings for this run ("VAR=value ...", e.g. WEFT_ALGO=ll).
+  # The GPU tests are #[ignore]d (CI has no GPU): --include-ignored runs them.
+  # RTEST_SKIP: e.g. "--skip communicators_sharing_gpus" on a one-GPU machine.
   log rust GPU test $RTEST_ENV
-  env $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+  env $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --include-ignored $RTEST_SKIP --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
 rtestv)
   # The Rust GPU test with each broadcast algorithm forced and many small
   # pipeline steps / reduce chunks.
   for v in "WEFT_CUDA_BCAST=ring WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_REDUCE_CHUNK=4096" \
            "WEFT_CUDA_BCAST=scatter WEFT_CUDA_BCAST_STEP=4096 WEFT_CUDA_BLOCKS=128"; do
     log rust GPU test $v
-    LD_LIBRARY_PATH=$OURS_LD timeout 240 env $v $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -6; echo "rc=$?"
+    LD_LIBRARY_PATH=$OURS_LD timeout 240 env $v $D/weft/cuda-test --include-ignored $RTEST_SKIP --nocapture --test-threads 1 2>&1 | tail -6; echo "rc=$?"
   done ;;
 rtestc)
   # The Rust GPU test with every broadcast and reduce as a chain, in 4 KiB
   # steps through two slots (so senders wait for credits).
   log rust GPU test chain forced $CHAIN_ENV
-  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_STEP_KB=4 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_LINES=0 WEFT_CUDA_CHAIN_MIN_KB=0 WEFT_CUDA_CHAIN_STEP_KB=4 WEFT_CUDA_CHAIN_SLOTS=2 $CHAIN_ENV $D/weft/cuda-test --include-ignored $RTEST_SKIP --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
 rtestl)
   # The Rust GPU test with every broadcast and reduce as a lines chain of
   # one block whose warps have two iterations in flight (senders wait for
   # credits all the time).
   log rust GPU test lines, one block, window 2
-  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_LINES_MIN_KB=0 WEFT_CUDA_LINES_BLOCKS=1 WEFT_CUDA_LINES_WINDOW=2 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
+  LD_LIBRARY_PATH=$OURS_LD timeout 240 env WEFT_CUDA_LINES_MIN_KB=0 WEFT_CUDA_LINES_BLOCKS=1 WEFT_CUDA_LINES_WINDOW=2 $D/weft/cuda-test --include-ignored $RTEST_SKIP --nocapture --test-threads 1 2>&1 | tail -8; echo "rc=$?" ;;
 chainquick)
   # Quick chain checks of one shape ($CHAIN_ENV): broadcast and reduce,
   # every type and op to 16 MB, one process.
@@ -103,7 +105,7 @@ chainquick)
   done ;;
 rtest0)
   log rust GPU test WEFT_CUDA_DIRECT=0 $RTEST_ENV
-  env WEFT_CUDA_DIRECT=0 $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+  env WEFT_CUDA_DIRECT=0 $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --include-ignored $RTEST_SKIP --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
 check)
   # Every collective on 1, 2 and all GPUs, every type and op; unaligned odd sizes.
   for g in 1 2 $NG; do [ $g -le $NG ] || continue
