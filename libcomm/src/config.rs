@@ -1,20 +1,16 @@
 //! Communicator configuration: defaults, environment variables, builder.
 //!
-//! Environment variables (read once per `Config::from_env`):
-//! - `WEFT_TIMEOUT_MS`: give up on a collective that makes no progress for this
-//!   long (default 0 = never, like NCCL: slow peers are legitimate).
-//! - `WEFT_PEER_TIMEOUT_MS`: how long a dead or unreachable peer may take to be
-//!   noticed (default 10000). A local peer's death is noticed within ~200 ms.
-//! - `WEFT_INIT_TIMEOUT_MS`: bootstrap deadline (default 120000).
-//! - `WEFT_ALGO`: algorithm override, e.g. `ring`, `rd`, or `allreduce:ring,broadcast:tree`.
-//! - `WEFT_TRANSPORT`: `auto` (shm within a host, TCP across), `shm`, or `tcp`.
-//! - `WEFT_SHM_RING_BYTES`: capacity of each shared-memory ring (power of two).
-//! - `WEFT_HOSTNAME`: host identity override (to place ranks on distinct "hosts").
-//! - `WEFT_NET_IF` / `WEFT_LISTEN_ADDR`: where the peer listener binds.
+//! The variables are declared (type, default, help) in the parameter
+//! registry, `weft_contract::params`, and read through it (once per
+//! `Config::from_env`): `WEFT_TIMEOUT_MS`, `WEFT_PEER_TIMEOUT_MS`,
+//! `WEFT_INIT_TIMEOUT_MS`, `WEFT_ALGO`, `WEFT_TRANSPORT`,
+//! `WEFT_SHM_RING_BYTES`, `WEFT_HOSTNAME`, `WEFT_LISTEN_ADDR`,
+//! `NCCL_COMM_BLOCKING`. README.md's configuration table lists them.
 
 use crate::algo::tuner::AlgoOverride;
 use crate::error::{Error, Result};
 use std::time::Duration;
+use weft_contract::params::{self, Param};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TransportPref {
@@ -56,38 +52,34 @@ impl Default for Config {
     }
 }
 
-fn env_ms(name: &str) -> Result<Option<Duration>> {
-    match std::env::var(name) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse::<u64>()
-            .map(|ms| Some(Duration::from_millis(ms)))
-            .map_err(|_| Error::arg(format!("{name}={v}: expected milliseconds"))),
-        _ => Ok(None),
-    }
+fn env_ms(p: Param<u64>) -> Result<Option<Duration>> {
+    p.try_get()
+        .map(|ms| ms.map(Duration::from_millis))
+        .map_err(|e| Error::arg(e.to_string()))
 }
 
-fn env_str(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+/// Set and not blank (the value as set).
+fn env_str(p: Param<String>) -> Option<String> {
+    p.raw().filter(|v| !v.trim().is_empty())
 }
 
 impl Config {
     /// Defaults overridden by the `WEFT_*` environment variables.
     pub fn from_env() -> Result<Config> {
         let mut c = Config::default();
-        if let Some(t) = env_ms("WEFT_TIMEOUT_MS")? {
+        if let Some(t) = env_ms(params::WEFT_TIMEOUT_MS)? {
             c.timeout = (!t.is_zero()).then_some(t);
         }
-        if let Some(t) = env_ms("WEFT_PEER_TIMEOUT_MS")? {
+        if let Some(t) = env_ms(params::WEFT_PEER_TIMEOUT_MS)? {
             c.peer_timeout = t.max(Duration::from_millis(100));
         }
-        if let Some(t) = env_ms("WEFT_INIT_TIMEOUT_MS")? {
+        if let Some(t) = env_ms(params::WEFT_INIT_TIMEOUT_MS)? {
             c.init_timeout = t.max(Duration::from_millis(100));
         }
-        if let Some(a) = env_str("WEFT_ALGO") {
+        if let Some(a) = env_str(params::WEFT_ALGO) {
             c.algo = a.parse()?;
         }
-        if let Some(t) = env_str("WEFT_TRANSPORT") {
+        if let Some(t) = env_str(params::WEFT_TRANSPORT) {
             c.transport = match t.to_ascii_lowercase().as_str() {
                 "auto" => TransportPref::Auto,
                 "shm" => TransportPref::Shm,
@@ -99,7 +91,10 @@ impl Config {
                 }
             };
         }
-        if let Some(v) = env_str("WEFT_SHM_RING_BYTES") {
+        if let Some(v) = params::WEFT_SHM_RING_BYTES
+            .raw()
+            .filter(|v| !v.trim().is_empty())
+        {
             let n: usize = v
                 .parse()
                 .map_err(|_| Error::arg(format!("WEFT_SHM_RING_BYTES={v}: expected bytes")))?;
@@ -110,9 +105,12 @@ impl Config {
             }
             c.shm_ring_bytes = Some(n);
         }
-        c.hostname = env_str("WEFT_HOSTNAME");
-        c.listen_addr = env_str("WEFT_LISTEN_ADDR");
-        if let Some(b) = env_str("NCCL_COMM_BLOCKING") {
+        c.hostname = env_str(params::WEFT_HOSTNAME);
+        c.listen_addr = env_str(params::WEFT_LISTEN_ADDR);
+        if let Some(b) = params::NCCL_COMM_BLOCKING
+            .raw()
+            .filter(|v| !v.trim().is_empty())
+        {
             c.blocking = b != "0";
         }
         Ok(c)

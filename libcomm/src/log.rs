@@ -15,8 +15,12 @@ pub enum Level {
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let v = std::env::var("WEFT_DEBUG")
-            .or_else(|_| std::env::var("NCCL_DEBUG"))
+        use weft_contract::params::{NCCL_DEBUG, WEFT_DEBUG};
+        // Set at all (even empty), WEFT_DEBUG wins; unknown levels are off
+        // (NCCL_DEBUG=VERSION is NCCL's, not an error).
+        let v = WEFT_DEBUG
+            .raw()
+            .or_else(|| NCCL_DEBUG.raw())
             .unwrap_or_default();
         match v.to_ascii_uppercase().as_str() {
             "WARN" => Level::Warn,

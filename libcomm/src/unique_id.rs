@@ -15,6 +15,8 @@ use crate::error::{Error, Result};
 use sha2::{Digest, Sha256};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::{Duration, Instant};
+use weft_contract::env::{BootstrapEnv, SecretSource};
+use weft_contract::params;
 
 pub const UNIQUE_ID_BYTES: usize = 128;
 const MAGIC: &[u8; 4] = b"WEFT";
@@ -56,8 +58,8 @@ impl UniqueId {
     /// A fresh id whose bootstrap root is served by a thread of this process
     /// (NCCL's `ncclGetUniqueId`). The root serves one rendezvous, then exits.
     pub fn new() -> Result<UniqueId> {
-        let bind = std::env::var("WEFT_LISTEN_ADDR")
-            .ok()
+        let bind = params::WEFT_LISTEN_ADDR
+            .raw()
             .map(|a| format!("{a}:0"))
             .unwrap_or_else(|| "0.0.0.0:0".into());
         let listener = TcpListener::bind(&bind)
@@ -82,15 +84,11 @@ impl UniqueId {
     /// serves the root, and the job secret (`WEFT_JOB_SECRET`, or the file named
     /// by `WEFT_JOB_SECRET_FILE`) authenticates it.
     pub fn from_env() -> Result<UniqueId> {
-        let set = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let addr = set("WEFT_BOOTSTRAP")
-            .or_else(|| set("NCCL_COMM_ID"))
-            .ok_or_else(|| {
-                Error::arg("neither WEFT_BOOTSTRAP nor NCCL_COMM_ID is set (start ranks with `weft run`, or set WEFT_BOOTSTRAP=host:port)")
-            })?;
-        let job = std::env::var("WEFT_JOB").unwrap_or_default();
-        let epoch = std::env::var("WEFT_RESTART_EPOCH").unwrap_or_default();
-        let secret_text = job_secret()?;
+        let env = BootstrapEnv::from_env().map_err(|_| {
+            Error::arg("neither WEFT_BOOTSTRAP nor NCCL_COMM_ID is set (start ranks with `weft run`, or set WEFT_BOOTSTRAP=host:port)")
+        })?;
+        let secret_text = read_secret(env.secret.as_ref())?;
+        let (addr, job, epoch) = (env.addr, env.job, env.restart_epoch);
         Self::from_parts(
             &addr,
             &job,
@@ -198,31 +196,23 @@ impl UniqueId {
 }
 
 /// The job secret from `WEFT_JOB_SECRET`, or the file `WEFT_JOB_SECRET_FILE` names.
-pub(crate) fn job_secret() -> Result<Option<String>> {
-    if let Ok(s) = std::env::var("WEFT_JOB_SECRET")
-        && !s.is_empty()
-    {
-        return Ok(Some(s));
-    }
-    if let Ok(path) = std::env::var("WEFT_JOB_SECRET_FILE") {
-        let s = std::fs::read_to_string(&path).map_err(|e| {
+fn read_secret(src: Option<&SecretSource>) -> Result<Option<String>> {
+    match src {
+        None => Ok(None),
+        Some(SecretSource::Inline(s)) => Ok(Some(s.clone())),
+        Some(f @ SecretSource::File(path)) => f.read().map(Some).map_err(|e| {
             Error::sys(
                 format!("reading job secret from WEFT_JOB_SECRET_FILE={path}"),
                 e,
             )
-        })?;
-        return Ok(Some(s.trim().to_string()));
+        }),
     }
-    Ok(None)
 }
 
 /// The address other hosts should use for us: `WEFT_LISTEN_ADDR`, else the
 /// source address of a route towards a public range (no packet is sent), else loopback.
 pub(crate) fn advertised_ip() -> IpAddr {
-    if let Some(ip) = std::env::var("WEFT_LISTEN_ADDR")
-        .ok()
-        .and_then(|a| a.parse().ok())
-    {
+    if let Some(ip) = params::WEFT_LISTEN_ADDR.raw().and_then(|a| a.parse().ok()) {
         return ip;
     }
     std::net::UdpSocket::bind("0.0.0.0:0")

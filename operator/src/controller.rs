@@ -70,7 +70,7 @@ impl Context {
     pub fn new(client: Client, config: OperatorConfig, metrics: Arc<Metrics>) -> Self {
         let reporter = Reporter {
             controller: "weft-operator".into(),
-            instance: std::env::var("POD_NAME").ok(),
+            instance: weft_contract::params::POD_NAME.raw(),
         };
         Self {
             recorder: Recorder::new(client.clone(), reporter),

@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, ListParams};
 use tracing::{error, info};
+use weft_contract::params;
 use weft_operator::controller::{self, Context};
 use weft_operator::crd::CollectiveJob;
 use weft_operator::leader::{self, LeaseConfig};
@@ -46,8 +47,8 @@ enum Command {
         /// Sidecar image for jobs that do not name one.
         #[arg(
             long,
-            env = "WEFT_SIDECAR_IMAGE",
-            default_value = "ghcr.io/weft-dev/weft:latest"
+            env = params::WEFT_SIDECAR_IMAGE.name(),
+            default_value = params::WEFT_SIDECAR_IMAGE.fixed_default()
         )]
         sidecar_image: String,
     },
@@ -56,35 +57,35 @@ enum Command {
 #[derive(clap::Args)]
 struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, env = "WEFT_OPERATOR_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = params::WEFT_OPERATOR_HTTP_ADDR.name(), default_value = params::WEFT_OPERATOR_HTTP_ADDR.fixed_default())]
     http_addr: SocketAddr,
     /// Sidecar image for jobs that do not name one.
     #[arg(
         long,
-        env = "WEFT_SIDECAR_IMAGE",
-        default_value = "ghcr.io/weft-dev/weft:latest"
+        env = params::WEFT_SIDECAR_IMAGE.name(),
+        default_value = params::WEFT_SIDECAR_IMAGE.fixed_default()
     )]
     sidecar_image: String,
     /// OTLP endpoint for jobs that do not name one.
-    #[arg(long, env = "WEFT_OTLP_ENDPOINT")]
+    #[arg(long, env = params::WEFT_OTLP_ENDPOINT.name())]
     otlp_endpoint: Option<String>,
     /// Elect a leader through a Lease (required with more than one replica).
-    #[arg(long, env = "WEFT_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = params::WEFT_LEADER_ELECT.name(), default_value = params::WEFT_LEADER_ELECT.fixed_default(), action = clap::ArgAction::Set)]
     leader_elect: bool,
     /// Namespace of the leader Lease (the operator's own namespace).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "weft-system")]
+    #[arg(long, env = params::POD_NAMESPACE.name(), default_value = params::POD_NAMESPACE.fixed_default())]
     lease_namespace: String,
     /// Identity in the Lease (the pod name).
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long, env = params::POD_NAME.name())]
     identity: Option<String>,
     /// Watch the job Secrets (needs list/watch on Secrets; see the chart's rbac.watchSecrets).
-    #[arg(long, env = "WEFT_WATCH_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, env = params::WEFT_WATCH_SECRETS.name(), default_value = params::WEFT_WATCH_SECRETS.fixed_default(), action = clap::ArgAction::Set)]
     watch_secrets: bool,
     /// Log filter (RUST_LOG syntax).
-    #[arg(long, env = "WEFT_LOG", default_value = "info")]
+    #[arg(long, env = params::WEFT_LOG.name(), default_value = params::WEFT_LOG.fixed_default())]
     log_level: String,
     /// Log as JSON lines.
-    #[arg(long, env = "WEFT_LOG_JSON", default_value_t = false, action = clap::ArgAction::Set)]
+    #[arg(long, env = params::WEFT_LOG_JSON.name(), default_value = params::WEFT_LOG_JSON.fixed_default(), action = clap::ArgAction::Set)]
     log_json: bool,
 }
 

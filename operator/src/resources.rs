@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
+use weft_contract::env::{PodEnv, TorchRunEnv, names};
 
 use crate::crd::{CollectiveJob, TORCH_MASTER_PORT, Transport};
 
@@ -51,7 +52,9 @@ pub struct OperatorConfig {
 impl Default for OperatorConfig {
     fn default() -> Self {
         Self {
-            sidecar_image: "ghcr.io/weft-dev/weft:latest".into(),
+            sidecar_image: weft_contract::params::WEFT_SIDECAR_IMAGE
+                .fixed_default()
+                .into(),
             otlp_endpoint: None,
         }
     }
@@ -181,50 +184,56 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
-/// The operator -> pod environment contract (DESIGN.md), for pod `index` in `epoch`.
+/// A count from the spec (the schema keeps them non-negative).
+fn count(n: i32) -> u32 {
+    n.max(0) as u32
+}
+
+/// The operator -> pod environment contract (`weft_contract::env::PodEnv`),
+/// for pod `index` in `epoch`.
+pub fn pod_env(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorConfig) -> PodEnv {
+    let s = &job.spec;
+    PodEnv {
+        job: job.name_any(),
+        namespace: namespace(job),
+        world_size: count(world_size(job)),
+        rank_offset: count(index * s.ranks_per_replica),
+        local_ranks: count(s.ranks_per_replica),
+        nnodes: count(s.replicas),
+        node_rank: count(index),
+        bootstrap: bootstrap_endpoint(job),
+        sidecar_socket: SOCKET_PATH.into(),
+        secret_file: format!("{SECRET_DIR}/{SECRET_KEY}"),
+        restart_epoch: count(epoch),
+        transport: s.network.transport.as_str().into(),
+        net_if: s.network.interface.clone(),
+        otlp_endpoint: s
+            .telemetry
+            .as_ref()
+            .map(|t| t.otlp_endpoint.clone())
+            .or_else(|| cfg.otlp_endpoint.clone()),
+        torch: TorchRunEnv {
+            nnodes: count(s.replicas),
+            node_rank: count(index),
+            nproc_per_node: count(s.ranks_per_replica),
+            master_addr: pod_dns(job, 0),
+            master_port: TORCH_MASTER_PORT as u16,
+        },
+    }
+}
+
+/// [`pod_env`] as container variables.
 pub fn contract_env(
     job: &CollectiveJob,
     index: i32,
     epoch: i32,
     cfg: &OperatorConfig,
 ) -> Vec<EnvVar> {
-    let s = &job.spec;
-    let mut v = vec![
-        env("WEFT_JOB", job.name_any()),
-        env("WEFT_JOB_NAMESPACE", namespace(job)),
-        env("WEFT_WORLD_SIZE", world_size(job).to_string()),
-        env(
-            "WEFT_RANK_OFFSET",
-            (index * s.ranks_per_replica).to_string(),
-        ),
-        env("WEFT_LOCAL_RANKS", s.ranks_per_replica.to_string()),
-        env("WEFT_NNODES", s.replicas.to_string()),
-        env("WEFT_NODE_RANK", index.to_string()),
-        env("WEFT_BOOTSTRAP", bootstrap_endpoint(job)),
-        env("WEFT_SIDECAR_SOCKET", SOCKET_PATH),
-        env("WEFT_JOB_SECRET_FILE", format!("{SECRET_DIR}/{SECRET_KEY}")),
-        env("WEFT_RESTART_EPOCH", epoch.to_string()),
-        env("WEFT_TRANSPORT", s.network.transport.as_str()),
-    ];
-    if let Some(iface) = &s.network.interface {
-        v.push(env("WEFT_NET_IF", iface.clone()));
-    }
-    let otlp = s
-        .telemetry
-        .as_ref()
-        .map(|t| t.otlp_endpoint.clone())
-        .or_else(|| cfg.otlp_endpoint.clone());
-    if let Some(ep) = otlp {
-        v.push(env("OTEL_EXPORTER_OTLP_ENDPOINT", ep));
-    }
-    v.extend([
-        env("PET_NNODES", s.replicas.to_string()),
-        env("PET_NODE_RANK", index.to_string()),
-        env("PET_NPROC_PER_NODE", s.ranks_per_replica.to_string()),
-        env("PET_MASTER_ADDR", pod_dns(job, 0)),
-        env("PET_MASTER_PORT", TORCH_MASTER_PORT.to_string()),
-    ]);
-    v
+    pod_env(job, index, epoch, cfg)
+        .to_vars()
+        .into_iter()
+        .map(|(k, v)| env(k, v))
+        .collect()
 }
 
 /// Replaces the template's variables of the same name: the contract wins,
@@ -351,7 +360,7 @@ fn sidecar_container(
 ) -> Container {
     let sc = &job.spec.sidecar;
     let mut env = env;
-    env.push(self::env("WEFT_LOG", sc.log_level.as_str()));
+    env.push(self::env(names::WEFT_LOG, sc.log_level.as_str()));
     let resources = sc
         .resources
         .clone()

@@ -64,8 +64,8 @@ pub(crate) fn rendezvous(
     // Peers reach our endpoint on the interface that reaches the root,
     // unless the endpoint is bound to one address (WEFT_LISTEN_ADDR): then
     // that one (the source address the kernel picks may be another).
-    let bound = std::env::var("WEFT_LISTEN_ADDR")
-        .ok()
+    let bound = weft_contract::params::WEFT_LISTEN_ADDR
+        .raw()
         .and_then(|a| a.parse::<std::net::IpAddr>().ok())
         .filter(|ip| !ip.is_unspecified());
     match (bound, s.local_addr()) {

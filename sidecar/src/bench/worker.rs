@@ -19,16 +19,17 @@ use super::args::{BenchArgs, Device};
 use super::ops::{BenchOp, Layout};
 use super::report::{self, Header, Measure, Row};
 use super::sizes;
+use weft_contract::params;
 
 /// Where rank 0 reports the total of wrong elements to `weft bench`.
-pub const RESULT_ENV: &str = "WEFT_BENCH_RESULT";
+pub const RESULT_ENV: &str = params::WEFT_BENCH_RESULT.name();
 
 /// Runs one rank; returns its exit code.
 pub fn main(args: &BenchArgs) -> i32 {
     match run(args) {
         Ok(()) => 0,
         Err(e) => {
-            let rank = std::env::var("WEFT_RANK").unwrap_or_else(|_| "?".into());
+            let rank = params::WEFT_RANK.raw().unwrap_or_else(|| "?".into());
             let _ = writeln!(std::io::stderr(), "weft bench: rank {rank}: {e}");
             1
         }
@@ -69,10 +70,7 @@ impl Gpu {
         if ngpu == 0 {
             return Err("--device cuda: the CUDA driver sees no GPU".into());
         }
-        let local = std::env::var("WEFT_LOCAL_RANK")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .unwrap_or(rank);
+        let local = params::WEFT_LOCAL_RANK.get().unwrap_or(rank);
         let dev = (local % ngpu as usize) as i32;
         let bytes = bytes.max(16);
         let send = mem::alloc(dev, bytes).map_err(|e| format!("--device cuda: GPU {dev}: {e}"))?;
@@ -274,7 +272,10 @@ impl Bench<'_> {
 fn run(args: &BenchArgs) -> Result<(), String> {
     // Under `weft run --sidecar` (or in a pod) report to the sidecar; the
     // embedded engine is not worth its thread for a benchmark.
-    if std::env::var_os("WEFT_SIDECAR_SOCKET").is_some_and(|s| !s.is_empty()) {
+    if params::WEFT_SIDECAR_SOCKET
+        .raw_os()
+        .is_some_and(|s| !s.is_empty())
+    {
         crate::agent::install_from_env()?;
     }
     let comm = Communicator::from_env().map_err(|e| err("joining the communicator", e))?;
@@ -390,7 +391,7 @@ fn run(args: &BenchArgs) -> Result<(), String> {
         };
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
-        if let Some(path) = std::env::var_os(RESULT_ENV) {
+        if let Some(path) = params::WEFT_BENCH_RESULT.raw_os() {
             std::fs::write(&path, format!("wrong={}\n", report::total_wrong(&rows)))
                 .map_err(|e| format!("writing {}: {e}", path.to_string_lossy()))?;
         }

@@ -6,6 +6,7 @@ use crate::launch::LaunchSpec;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use weft_contract::params;
 
 pub struct LocalSidecar {
     child: Child,
@@ -18,8 +19,8 @@ pub fn local(spec: &mut LaunchSpec) -> Result<LocalSidecar, String> {
         .clone()
         .unwrap_or_else(|| format!("local-{}", std::process::id()));
     spec.job = Some(job.clone());
-    let secret = std::env::var("WEFT_JOB_SECRET")
-        .ok()
+    let secret = params::WEFT_JOB_SECRET
+        .raw()
         .filter(|s| !s.is_empty())
         .map(Ok)
         .unwrap_or_else(crate::launch::env::fresh_secret)
@@ -38,7 +39,7 @@ pub fn local(spec: &mut LaunchSpec) -> Result<LocalSidecar, String> {
             "--socket",
         ])
         .arg(&socket)
-        .env("WEFT_JOB_SECRET", &secret)
+        .env(params::WEFT_JOB_SECRET.name(), &secret)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()

@@ -103,13 +103,7 @@ const REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
 /// (`WEFT_RAS_STUCK_MS`, default 10 s): the hang shows in RAS.
 fn stuck_after_ns() -> u64 {
     static V: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *V.get_or_init(|| {
-        std::env::var("WEFT_RAS_STUCK_MS")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(10_000)
-            * 1_000_000
-    })
+    *V.get_or_init(|| weft_contract::params::WEFT_RAS_STUCK_MS.value() * 1_000_000)
 }
 
 impl State {

@@ -68,9 +68,15 @@ pub fn job_parent(job: &str) -> SpanContext {
 
 /// Whether the standard variables ask for trace export.
 pub fn enabled() -> bool {
-    let set = |k: &str| std::env::var(k).is_ok_and(|v| !v.is_empty());
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
-    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    use weft_contract::params::{
+        OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_SDK_DISABLED, Param,
+    };
+    let set = |p: Param<String>| p.raw().is_some_and(|v| !v.is_empty());
+    // OTel's rule: only "true" (any case) disables.
+    let disabled = OTEL_SDK_DISABLED
+        .raw()
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    !disabled && (set(OTEL_EXPORTER_OTLP_ENDPOINT) || set(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT))
 }
 
 impl Telemetry {

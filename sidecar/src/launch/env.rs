@@ -1,12 +1,11 @@
-//! The environment contract between a launcher and each rank process.
-//!
-//! The names are a contract with the data plane (libcomm reads the `WEFT_*`
-//! ones), with PyTorch (`RANK`, `MASTER_ADDR`, ...) and torchrun (`PET_*`):
-//! they must match what the operator gives pods, so a program behaves the
-//! same under `weft run` and in a cluster.
+//! `weft run`'s side of the environment contract between a launcher and each
+//! rank process: the job-wide values of one local launch, turned into each
+//! rank's [`RankEnv`] (the names and their meaning live in
+//! `weft_contract::env`, shared with the operator and libcomm).
 
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
+use weft_contract::env::RankEnv;
 
 /// Loopback address every local rank uses for rendezvous.
 pub const LOCALHOST: &str = "127.0.0.1";
@@ -29,38 +28,31 @@ pub struct JobEnv {
 }
 
 impl JobEnv {
+    /// The contract for rank `rank` (all ranks on this node).
+    pub fn rank_env(&self, rank: usize) -> RankEnv {
+        RankEnv {
+            rank,
+            local_rank: rank,
+            world_size: self.world_size,
+            local_ranks: self.world_size,
+            rank_offset: 0,
+            nnodes: 1,
+            node_rank: 0,
+            bootstrap: self.bootstrap.clone(),
+            job: self.job.clone(),
+            master_addr: LOCALHOST.into(),
+            master_port: self.master_port,
+            secret: self.secret.clone(),
+        }
+    }
+
     /// The variables for rank `rank`, to be set on top of the inherited environment.
     pub fn rank_vars(&self, rank: usize) -> Vec<(String, String)> {
-        let n = self.world_size.to_string();
-        let r = rank.to_string();
-        let port = self.master_port.to_string();
-        let mut vars: Vec<(&str, String)> = vec![
-            ("WEFT_RANK", r.clone()),
-            ("WEFT_LOCAL_RANK", r.clone()),
-            ("WEFT_WORLD_SIZE", n.clone()),
-            ("WEFT_LOCAL_RANKS", n.clone()),
-            ("WEFT_RANK_OFFSET", "0".into()),
-            ("WEFT_NNODES", "1".into()),
-            ("WEFT_NODE_RANK", "0".into()),
-            ("WEFT_BOOTSTRAP", self.bootstrap.clone()),
-            ("NCCL_COMM_ID", self.bootstrap.clone()),
-            ("WEFT_JOB", self.job.clone()),
-            ("RANK", r.clone()),
-            ("LOCAL_RANK", r),
-            ("WORLD_SIZE", n.clone()),
-            ("LOCAL_WORLD_SIZE", n.clone()),
-            ("MASTER_ADDR", LOCALHOST.into()),
-            ("MASTER_PORT", port.clone()),
-            ("PET_NNODES", "1".into()),
-            ("PET_NODE_RANK", "0".into()),
-            ("PET_NPROC_PER_NODE", n),
-            ("PET_MASTER_ADDR", LOCALHOST.into()),
-            ("PET_MASTER_PORT", port),
-        ];
-        if let Some(secret) = &self.secret {
-            vars.push(("WEFT_JOB_SECRET", secret.clone()));
-        }
-        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+        self.rank_env(rank)
+            .to_vars()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
     }
 }
 
@@ -125,6 +117,52 @@ pub fn fresh_secret() -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rank_vars_are_the_contract() {
+        let job = JobEnv {
+            job: "j".into(),
+            world_size: 3,
+            bootstrap: "127.0.0.1:7000".into(),
+            master_port: 7001,
+            secret: Some("s".into()),
+        };
+        let got = job.rank_vars(1);
+        let want = [
+            ("WEFT_RANK", "1"),
+            ("WEFT_LOCAL_RANK", "1"),
+            ("WEFT_WORLD_SIZE", "3"),
+            ("WEFT_LOCAL_RANKS", "3"),
+            ("WEFT_RANK_OFFSET", "0"),
+            ("WEFT_NNODES", "1"),
+            ("WEFT_NODE_RANK", "0"),
+            ("WEFT_BOOTSTRAP", "127.0.0.1:7000"),
+            ("NCCL_COMM_ID", "127.0.0.1:7000"),
+            ("WEFT_JOB", "j"),
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "3"),
+            ("LOCAL_WORLD_SIZE", "3"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "7001"),
+            ("PET_NNODES", "1"),
+            ("PET_NODE_RANK", "0"),
+            ("PET_NPROC_PER_NODE", "3"),
+            ("PET_MASTER_ADDR", "127.0.0.1"),
+            ("PET_MASTER_PORT", "7001"),
+            ("WEFT_JOB_SECRET", "s"),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        let inherited = JobEnv {
+            secret: None,
+            ..job
+        };
+        assert_eq!(inherited.rank_vars(0).len(), want.len() - 1);
+    }
 
     #[test]
     fn bootstrap_parsing() {

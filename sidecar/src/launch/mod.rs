@@ -235,7 +235,7 @@ fn job_env(spec: &LaunchSpec) -> Result<env::JobEnv, LaunchError> {
         Some(b) => b.clone(),
         None => format!("{}:{}", env::LOCALHOST, ports[1]),
     };
-    let secret = match std::env::var_os("WEFT_JOB_SECRET") {
+    let secret = match weft_contract::params::WEFT_JOB_SECRET.raw_os() {
         Some(_) => None,
         None => Some(env::fresh_secret().map_err(setup("generating the job secret"))?),
     };

@@ -1,0 +1,16 @@
+//! Weft's configuration, in one place.
+//!
+//! - [`params`]: every environment variable any part of Weft reads (libcomm,
+//!   the C ABI, the CUDA path, the sidecar, `weft run`/`weft bench`, the
+//!   operator), declared once with its type, default, help and readers (NCCL's
+//!   `NCCL_PARAM` idea), with typed accessors. It is the only code that reads
+//!   the process environment; README.md's configuration table is generated
+//!   from it ([`params::readme_table`]); [`params::warn_unknown_once`] names
+//!   the closest known variable for a misspelt `WEFT_*` one.
+//! - [`env`]: the environment contract between the operator, a launcher
+//!   (`weft run`, the pod) and each rank process, as typed structs.
+//!
+//! The crate has no dependencies: everything that runs Weft links it.
+
+pub mod env;
+pub mod params;

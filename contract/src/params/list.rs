@@ -1,0 +1,232 @@
+//! The declarations: one entry per variable, in README order within each
+//! group. The defaults are those of the code that reads each variable.
+
+use super::DefaultValue::{Computed, Unset, Value};
+use super::Kind::*;
+use super::{Group, Param, ParamSpec, Part};
+
+macro_rules! params {
+    ($(
+        $(#[$attr:meta])*
+        $name:ident: $ty:ty = $kind:expr, $default:expr, $group:ident, [$($part:ident),*],
+            $help:expr;
+    )*) => {
+        $(
+            $(#[$attr])*
+            #[doc = concat!("\n\n", $help)]
+            pub const $name: Param<$ty> = Param {
+                spec: &ParamSpec {
+                    name: stringify!($name),
+                    kind: $kind,
+                    default: $default,
+                    group: Group::$group,
+                    parts: &[$(Part::$part),*],
+                    help: $help,
+                },
+                _t: std::marker::PhantomData,
+            };
+        )*
+        /// Every declared variable, in declaration order.
+        pub static PARAMS: &[&ParamSpec] = &[$($name.spec()),*];
+    };
+}
+
+/// The words `WEFT_CUDA_ALGO` (and a device algorithm named by `WEFT_ALGO`) accept.
+pub const CUDA_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
+
+params! {
+    // ---------------------------------------------------------------- Comm
+    WEFT_ALGO: String = Str, Computed("tuner"), Comm, [Libcomm, Cuda],
+        "algorithm override: `ring`, `rd`, `tree`, `direct`, `pairwise`, or per collective `allreduce:ring,broadcast:tree`; a device algorithm name (see `WEFT_CUDA_ALGO`) steers GPU memory";
+    WEFT_TRANSPORT: String = Choice(&["auto", "shm", "tcp"]), Value("auto"), Comm, [Libcomm],
+        "`auto` (shared memory within a host, TCP across), `shm`, `tcp` (also `socket`)";
+    WEFT_PEER_TIMEOUT_MS: u64 = Ms, Value("10000"), Comm, [Libcomm],
+        "how long a dead or unreachable peer may take to be noticed (100 at least)";
+    WEFT_TIMEOUT_MS: u64 = Ms, Value("0"), Comm, [Libcomm],
+        "fail a collective that makes no progress for this long (0 = never, like NCCL)";
+    WEFT_INIT_TIMEOUT_MS: u64 = Ms, Value("120000"), Comm, [Libcomm],
+        "bootstrap deadline (100 at least)";
+    NCCL_COMM_BLOCKING: bool = OnUnless0, Value("1"), Comm, [Libcomm],
+        "`0`: communicators initialise without blocking (NCCL's `blocking = 0`)";
+    WEFT_SHM_RING_BYTES: usize = Bytes, Computed("1 MiB (less with many local ranks)"), Comm, [Libcomm],
+        "capacity of each shared-memory ring (a power of two, 4096 - 1 GiB)";
+    WEFT_HOSTNAME: String = Str, Computed("hostname + boot id + netns"), Comm, [Libcomm, Agent, Sidecar],
+        "host identity override (places ranks on simulated hosts)";
+    WEFT_LISTEN_ADDR: String = Str, Computed("all interfaces"), Comm, [Libcomm],
+        "IP address the peer endpoint and the bootstrap root bind and advertise";
+    WEFT_NET_IF: String = Str, Unset(""), Comm, [Operator],
+        "network interface named by the job (`spec.network.interface`); set by the operator, not read yet (bind with `WEFT_LISTEN_ADDR`)";
+    WEFT_SPIN_ITERS: u32 = Int, Computed("4000; 0 when ranks outnumber cores"), Comm, [Libcomm],
+        "idle iterations a waiting rank spins before it yields";
+    WEFT_YIELD_ITERS: u32 = Int, Computed("8; 32 when ranks outnumber cores"), Comm, [Libcomm],
+        "idle iterations a waiting rank yields before it sleeps";
+    WEFT_PROXY: String = Choice(&["0", "1", "off", "on", "false", "true", "no", "yes"]),
+        Computed("used when the proxy socket exists"), Comm, [Libcomm],
+        "the sidecar's network proxy for traffic to other hosts: `0`/`off` never, `1`/`on` required";
+    WEFT_PROXY_SOCKET: String = Path, Computed("`$WEFT_SIDECAR_SOCKET.proxy`"), Comm, [Libcomm],
+        "the sidecar's network proxy socket";
+    WEFT_PROXY_RING_BYTES: usize = Bytes, Computed("8 MiB per rank shared by its remote peers, 64 KiB - 2 MiB per ring"), Comm, [Libcomm],
+        "capacity of each proxy ring (a power of two, 4 KiB - 16 MiB)";
+
+    // ---------------------------------------------------------------- Cuda
+    WEFT_CUDA_ALGO: String = Choice(CUDA_ALGOS),
+        Computed("by size (one-shot up to 256 KiB; LL up to 256 KiB per part across processes)"), Cuda, [Cuda],
+        "device algorithm: `oneshot`, `twoshot` (all-reduce), `ll` (every collective as an LL one-shot where its parts fit 256 KiB); `staged` turns the kernel path off";
+    WEFT_CUDA_LL_MAX_KB: usize = Kib, Computed("256 across processes, off in one process"), Cuda, [Cuda],
+        "collectives whose parts are at most this many KiB run as an LL one-shot (256 at most; `0` off)";
+    WEFT_CUDA_ONESHOT_MAX: usize = Bytes, Value("262144"), Cuda, [Cuda],
+        "the one-shot all-reduce's largest size";
+    WEFT_CUDA_THREADS: usize = Int, Value("512"), Cuda, [Cuda],
+        "threads per block of the collective kernels (32 - 512)";
+    WEFT_CUDA_BLOCKS: usize = Int, Value("0"), Cuda, [Cuda],
+        "blocks per kernel at most (`0`: by collective; 128 at most)";
+    WEFT_CUDA_P2P_BLOCKS: usize = Int, Value("32"), Cuda, [Cuda],
+        "blocks per receive of a point-to-point kernel (1 - 128)";
+    WEFT_CUDA_PUSH: bool = OnIf1, Computed("all-gather writes, the others read"), Cuda, [Cuda],
+        "whether direct copies write into the peers (`1`) or read from them (`0`)";
+    WEFT_CUDA_BCAST: String = Choice(&["scatter", "ring"]), Computed("by size"), Cuda, [Cuda],
+        "device broadcast algorithm (see docs/ARCHITECTURE.md)";
+    WEFT_CUDA_BCAST_RING_MB: usize = Mib, Value("256"), Cuda, [Cuda],
+        "direct broadcasts from this size use the ring";
+    WEFT_CUDA_BCAST_STEP: usize = Bytes, Value("0"), Cuda, [Cuda],
+        "the device broadcast's pipeline step (`0`: by size)";
+    WEFT_CUDA_REDUCE_CHUNK: usize = Bytes, Value("262144"), Cuda, [Cuda],
+        "bytes per chunk of a direct reduce, at most (at least 512)";
+    WEFT_CUDA_CHAIN_MIN_KB: usize = Kib,
+        Computed("one process: broadcast from 64 MiB, reduce from 256 MiB; one process per GPU: from 8 MiB"), Cuda, [Cuda],
+        "broadcast and reduce from this many KiB run as a chain through FIFO slots in scratch, where the lines chain is not taken (`0`: always)";
+    WEFT_CUDA_CHAIN_STEP_KB: usize = Kib, Value("128"), Cuda, [Cuda],
+        "largest chain slot";
+    WEFT_CUDA_CHAIN_DEPTH: usize = Int, Value("8"), Cuda, [Cuda],
+        "chain steps per block the slot size aims for";
+    WEFT_CUDA_CHAIN_SLOTS: usize = Int, Value("8"), Cuda, [Cuda],
+        "chain slots per block, at most (at least 2)";
+    WEFT_CUDA_CHAIN_BLOCKS: usize = Int, Value("128"), Cuda, [Cuda],
+        "blocks of a chain kernel (1 - 128)";
+    WEFT_CUDA_LINES: bool = OnUnless0, Computed("on where every link is NVLink-class"), Cuda, [Cuda],
+        "broadcast and reduce as a lines chain (data with its own flags, NVLink only); `0` turns it off";
+    WEFT_CUDA_LINES_MIN_KB: usize = Kib, Computed("0"), Cuda, [Cuda],
+        "smallest size the lines chain covers";
+    WEFT_CUDA_LINES_MAX_KB: usize = Kib, Computed("256 MiB"), Cuda, [Cuda],
+        "sizes the lines chain covers are below this";
+    WEFT_CUDA_LINES_BLOCKS: usize = Int, Value("128"), Cuda, [Cuda],
+        "blocks of a lines kernel at most (1 - 128)";
+    WEFT_CUDA_LINES_WINDOW: usize = Int, Value("16"), Cuda, [Cuda],
+        "lines iterations in flight per warp at most (2 - 16; 4 with 128 blocks)";
+    WEFT_CUDA_SCRATCH_MB: usize = Mib, Value("32"), Cuda, [Cuda],
+        "device scratch per communicator and parity (same on every rank)";
+    WEFT_CUDA_DIRECT: bool = OnUnless0, Computed("on when every rank is in this process"), Cuda, [Cuda],
+        "`0`: ranks in one process map each other's memory as if they were in separate processes";
+    WEFT_KERNEL_CACHE: String = Path, Computed("`$XDG_CACHE_HOME/weft/kernels`, else `~/.cache/weft/kernels`"), Cuda, [Cuda],
+        "where kernels compiled by NVRTC are cached (set empty: no cache)";
+
+    // ------------------------------------------------------------- Observe
+    WEFT_SIDECAR_SOCKET: String = Path, Unset("embedded engine"), Observe,
+        [Libcomm, Capi, Agent, Sidecar, Bench, Operator],
+        "the pod's sidecar (Unix socket); set by the operator and `weft run --sidecar`";
+    WEFT_DEBUG: String = Choice(&["WARN", "INFO", "TRACE"]), Unset("off"), Observe, [Libcomm, Cuda, Capi],
+        "`WARN`, `INFO`, `TRACE` logging to stderr";
+    NCCL_DEBUG: String = Choice(&["WARN", "INFO", "TRACE"]), Unset("off"), Observe, [Libcomm, Capi],
+        "as `WEFT_DEBUG`, which wins when both are set";
+    WEFT_RAS_STUCK_MS: u64 = Ms, Value("10000"), Observe, [Sidecar],
+        "a rank whose collective is in flight this long shows as `stuck` in RAS";
+    OTEL_EXPORTER_OTLP_ENDPOINT: String = Str, Unset("no export"), Observe, [Sidecar, Operator],
+        "where spans go (standard OTel variables apply); set by the operator from `spec.telemetry`";
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: String = Str, Unset("no export"), Observe, [Sidecar],
+        "where spans go, traces only (OTel)";
+    OTEL_SDK_DISABLED: bool = Bool, Value("false"), Observe, [Sidecar],
+        "`true` turns trace export off (OTel)";
+
+    // -------------------------------------------------------------- Launch
+    WEFT_JOB: String = Str, Computed("`anon`; `weft run`: `local-<pid>`"), Launch,
+        [Libcomm, Capi, Agent, Sidecar, Run, Operator],
+        "the job's name: shared-memory names, the bootstrap id, the sidecar's job";
+    WEFT_JOB_NAMESPACE: String = Str, Unset(""), Launch, [Operator],
+        "the job's namespace";
+    WEFT_RANK: usize = Int, Unset(""), Launch, [Libcomm, Bench, Run],
+        "this process's rank";
+    WEFT_LOCAL_RANK: usize = Int, Unset(""), Launch, [Bench, Run],
+        "this process's rank on its node (picks its GPU)";
+    WEFT_WORLD_SIZE: usize = Int, Unset(""), Launch, [Libcomm, Run, Operator],
+        "ranks in the job";
+    WEFT_LOCAL_RANKS: usize = Int, Unset(""), Launch, [Run, Operator],
+        "ranks on this node (pod)";
+    WEFT_RANK_OFFSET: usize = Int, Unset(""), Launch, [Run, Operator],
+        "the rank of this node's (pod's) first rank";
+    WEFT_NNODES: usize = Int, Unset(""), Launch, [Run, Operator],
+        "nodes (pods) in the job";
+    WEFT_NODE_RANK: usize = Int, Unset(""), Launch, [Run, Operator],
+        "this node's (pod's) index";
+    RANK: usize = Int, Unset(""), Launch, [Libcomm, Run],
+        "PyTorch's name, read when `WEFT_RANK` is unset";
+    WORLD_SIZE: usize = Int, Unset(""), Launch, [Libcomm, Run],
+        "PyTorch's name, read when `WEFT_WORLD_SIZE` is unset";
+    WEFT_BOOTSTRAP: String = Addr, Unset(""), Launch, [Libcomm, Capi, Run, Operator],
+        "`host:port` where rank 0 serves the rendezvous";
+    NCCL_COMM_ID: String = Addr, Unset(""), Launch, [Libcomm, Capi, Run],
+        "NCCL's name for `WEFT_BOOTSTRAP`, read when that is unset";
+    WEFT_JOB_SECRET: String = Str, Unset("unauthenticated (a warning)"), Launch, [Libcomm, Agent, Sidecar, Run],
+        "the job secret that authenticates bootstrap, peers and sidecar attach; `weft run` makes one";
+    WEFT_JOB_SECRET_FILE: String = Path, Unset(""), Launch, [Libcomm, Agent, Sidecar, Operator],
+        "a file holding the job secret (read when `WEFT_JOB_SECRET` is unset); the operator mounts one";
+    WEFT_RESTART_EPOCH: String = Str, Unset(""), Launch, [Libcomm, Operator],
+        "the job's restart epoch (a fresh bootstrap id per restart)";
+
+    // ------------------------------------------------------------ Operator
+    WEFT_SIDECAR_IMAGE: String = Str, Value("ghcr.io/weft-dev/weft:latest"), Operator, [Operator],
+        "sidecar image for jobs that do not name one";
+    WEFT_OPERATOR_HTTP_ADDR: String = Addr, Value("0.0.0.0:8080"), Operator, [Operator],
+        "address of /metrics, /healthz and /readyz";
+    WEFT_OTLP_ENDPOINT: String = Str, Unset("none"), Operator, [Operator],
+        "OTLP endpoint for jobs that do not name one";
+    WEFT_LEADER_ELECT: bool = Bool, Value("true"), Operator, [Operator],
+        "elect a leader through a Lease (required with more than one replica)";
+    WEFT_WATCH_SECRETS: bool = Bool, Value("true"), Operator, [Operator],
+        "watch the job Secrets (needs list/watch on Secrets)";
+    WEFT_LOG: String = Str, Value("info"), Operator, [Operator],
+        "the operator's log filter (`RUST_LOG` syntax); each sidecar gets its job's `spec.sidecar.logLevel`";
+    WEFT_LOG_JSON: bool = Bool, Value("false"), Operator, [Operator],
+        "log as JSON lines";
+    POD_NAMESPACE: String = Str, Value("weft-system"), Operator, [Operator],
+        "namespace of the leader Lease (the Downward API gives the operator's own)";
+    POD_NAME: String = Str, Unset(""), Operator, [Operator],
+        "identity in the Lease and in events (the Downward API gives the pod name)";
+
+    // -------------------------------------------------------------- System
+    CUDA_VISIBLE_DEVICES: String = List, Unset(""), System, [Agent],
+        "the GPUs a rank reports to its sidecar";
+    XDG_CACHE_HOME: String = Path, Unset(""), System, [Cuda],
+        "base of the kernel cache";
+    HOME: String = Path, Unset(""), System, [Cuda],
+        "base of the kernel cache without `XDG_CACHE_HOME`";
+
+    // ------------------------------------------------------------ Internal
+    WEFT_BENCH_RESULT: String = Path, Unset(""), Internal, [Bench],
+        "set by `weft bench` for its ranks: where rank 0 writes the count of wrong elements";
+
+    // ---------------------------------------------------------------- Test
+    WEFT_BLESS: bool = OnIf1, Unset(""), Test, [Tests],
+        "`1`: the README test rewrites README.md's configuration table";
+    WEFT_REQUIRE_NVRTC: bool = OnIf1, Unset(""), Test, [Tests],
+        "`1`: the NVRTC test fails instead of skipping when libnvrtc is missing (CI)";
+    WEFT_NVRTC_ALL_ARCHS: bool = OnIf1, Unset(""), Test, [Tests],
+        "`1`: the NVRTC test also compiles for sm_80";
+    WEFT_NVRTC_DIR: String = Path, Unset(""), Test, [Tests],
+        "where libcomm/kernels/ci-nvrtc.sh installs NVRTC";
+    WEFT_TEST_SEED: u64 = Int, Unset(""), Test, [Tests],
+        "seed of the randomised multi-process tests";
+    WEFT_TEST_NETNS: String = Str, Unset(""), Test, [Tests],
+        "network namespace the test sidecar helper enters";
+    WEFT_TEST_VICTIM: String = Str, Unset(""), Test, [Tests],
+        "the rank a failure test kills";
+    WEFT_TEST_RELEASE: String = Str, Unset(""), Test, [Tests],
+        "a failure test's release signal";
+    WEFT_TEST_INHERITED: String = Str, Unset(""), Test, [Tests],
+        "checks that `weft run` passes its environment on";
+    WEFT_E2E_REQUIRED: bool = OnIf1, Unset(""), Test, [Tests],
+        "`1`: e2e/run.sh fails when a tool is missing (CI)";
+    WEFT_BIN: String = Path, Unset(""), Test, [Tests],
+        "a prebuilt `weft` for the bench scripts";
+    WEFT_DEFAULTS: String = Str, Unset(""), Test, [Tests],
+        "marks the defaults row of bench/gpu/run.sh (read by nothing)";
+}
