@@ -292,10 +292,12 @@ chaintune)
 share1)
   # One GPU shared by SHARE_NP ranks (default 2 3; Weft allows it, NCCL refuses):
   # one process per rank through mpirun, every rank on GPU 0
-  # (NCCL_TESTS_DEVICE=0), every collective, type and op checked.
+  # (NCCL_TESTS_DEVICE=0), every collective, type and op checked
+  # (SHARE_ARGS replaces the sizes/types: ranks sharing a GPU take ~2.4 ms a
+  # call today, so the full matrix takes minutes per collective).
   for np in ${SHARE_NP:-2 3}; do for t in ${CHECK_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter}; do
     log share1 check ours $t np=$np
-    LD_LIBRARY_PATH=$OURS_LD NCCL_TESTS_DEVICE=0 timeout 120 mpirun --allow-run-as-root --oversubscribe -np $np --bind-to none -x NCCL_NVLS_ENABLE -x WEFT_KERNEL_CACHE -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE $TM/${t}_perf -g 1 -b 8 -e 4M -f 8 -c 1 -n 2 -w 1 -d all -o all 2>&1 | tee -a $OUT/share-check.txt | CHK
+    LD_LIBRARY_PATH=$OURS_LD NCCL_TESTS_DEVICE=0 timeout 120 mpirun --allow-run-as-root --oversubscribe -np $np --bind-to none -x NCCL_NVLS_ENABLE -x WEFT_KERNEL_CACHE -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE $TM/${t}_perf -g 1 -c 1 -n 2 -w 1 ${SHARE_ARGS:--b 8 -e 4M -f 8 -d all -o all} 2>&1 | tee -a $OUT/share-check.txt | CHK
   done; done ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).
