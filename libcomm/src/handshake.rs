@@ -71,9 +71,20 @@ pub enum HandshakeError {
 
 /// A fresh random challenge.
 pub fn challenge() -> Result<Challenge, HandshakeError> {
-    let mut b = [0u8; CHALLENGE];
+    random_bytes()
+}
+
+/// `N` bytes from the system's randomness: challenges, nonces, ids and secrets
+/// all come from here.
+pub fn random_bytes<const N: usize>() -> Result<[u8; N], HandshakeError> {
+    let mut b = [0u8; N];
     getrandom::fill(&mut b).map_err(|e| HandshakeError::NoRandomness(e.to_string()))?;
     Ok(b)
+}
+
+/// [`random_bytes`] as a libcomm error, for nonces and ids.
+pub(crate) fn random<const N: usize>() -> crate::error::Result<[u8; N]> {
+    random_bytes().map_err(|e| crate::error::Error::Internal(e.to_string()))
 }
 
 fn hmac(secret: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {

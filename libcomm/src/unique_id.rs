@@ -13,7 +13,7 @@
 
 use crate::error::{Error, Result};
 use sha2::{Digest, Sha256};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 use weft_contract::env::{BootstrapEnv, SecretSource};
 use weft_contract::params;
@@ -48,37 +48,7 @@ pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-pub(crate) fn random<const N: usize>() -> Result<[u8; N]> {
-    let mut b = [0u8; N];
-    getrandom::fill(&mut b).map_err(|e| Error::Internal(format!("no system randomness: {e}")))?;
-    Ok(b)
-}
-
 impl UniqueId {
-    /// A fresh id whose bootstrap root is served by a thread of this process
-    /// (NCCL's `ncclGetUniqueId`). The root serves one rendezvous, then exits.
-    pub fn new() -> Result<UniqueId> {
-        let bind = params::WEFT_LISTEN_ADDR
-            .raw()
-            .map(|a| format!("{a}:0"))
-            .unwrap_or_else(|| "0.0.0.0:0".into());
-        let listener = TcpListener::bind(&bind)
-            .map_err(|e| Error::sys(format!("bootstrap root: bind {bind}"), e))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| Error::sys("getsockname", e))?
-            .port();
-        let ip = advertised_ip();
-        let id = UniqueId {
-            root: SocketAddr::new(ip, port),
-            nonce: random()?,
-            secret: random()?,
-            rank0_serves: false,
-        };
-        crate::bootstrap::root::spawn(listener, id.clone())?;
-        Ok(id)
-    }
-
     /// The id every rank of a launched job computes identically from its
     /// environment: `WEFT_BOOTSTRAP` (or `NCCL_COMM_ID`) names where rank 0
     /// serves the root, and the job secret (`WEFT_JOB_SECRET`, or the file named

@@ -4,7 +4,8 @@
 use super::wire::{self, Kind};
 use super::{Hello, PeerInfo, decode_table};
 use crate::error::{Error, Result};
-use crate::unique_id::{UniqueId, random};
+use crate::handshake::random;
+use crate::unique_id::UniqueId;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 

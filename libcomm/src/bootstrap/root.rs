@@ -7,10 +7,39 @@ use super::server::{self, Accepted, Handler};
 use super::wire::{self, Kind};
 use super::{Hello, PeerInfo, encode_table};
 use crate::error::{Error, Result};
+use crate::handshake::random;
 use crate::log::{info_log, warn_log};
-use crate::unique_id::UniqueId;
-use std::net::{TcpListener, TcpStream};
+use crate::unique_id::{UniqueId, advertised_ip};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+use weft_contract::params;
+
+// `UniqueId::new` lives beside the root it starts, so `unique_id` (the 128-byte
+// token and its encoding) needs nothing from the bootstrap.
+impl UniqueId {
+    /// A fresh id whose bootstrap root is served by a thread of this process
+    /// (NCCL's `ncclGetUniqueId`). The root serves one rendezvous, then exits.
+    pub fn new() -> Result<UniqueId> {
+        let bind = params::WEFT_LISTEN_ADDR
+            .raw()
+            .map(|a| format!("{a}:0"))
+            .unwrap_or_else(|| "0.0.0.0:0".into());
+        let listener = TcpListener::bind(&bind)
+            .map_err(|e| Error::sys(format!("bootstrap root: bind {bind}"), e))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| Error::sys("getsockname", e))?
+            .port();
+        let id = UniqueId {
+            root: SocketAddr::new(advertised_ip(), port),
+            nonce: random()?,
+            secret: random()?,
+            rank0_serves: false,
+        };
+        spawn(listener, id.clone())?;
+        Ok(id)
+    }
+}
 
 /// How long a single connection may take to send its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,7 +70,7 @@ impl Root {
             .iter()
             .map(|r| r.as_ref().expect("all arrived").info.clone())
             .collect();
-        let comm_id: [u8; 16] = crate::unique_id::random().unwrap_or(self.id.nonce);
+        let comm_id: [u8; 16] = random().unwrap_or(self.id.nonce);
         let payload = encode_table(&comm_id, &table);
         let deadline = Instant::now() + Duration::from_secs(10);
         for (rank, r) in self.ranks.iter_mut().enumerate() {

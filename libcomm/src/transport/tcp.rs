@@ -264,7 +264,7 @@ pub(crate) fn connect(
             "{addr} is not a Weft peer endpoint"
         )));
     }
-    let client_nonce: [u8; 16] = crate::unique_id::random()?;
+    let client_nonce: [u8; 16] = crate::handshake::random()?;
     let msg = ConnectMsg {
         comm,
         src,
