@@ -439,41 +439,47 @@ pub mod typed {
     use crate::error::{Error, Result};
     use crate::types::{Element, ReduceOp};
 
-    fn len_err(what: &str, detail: String) -> Error {
-        Error::arg(format!("{what}: {detail}"))
+    /// `what`'s length error unless `ok`; `detail` says what was wrong.
+    fn lengths(ok: bool, what: &str, detail: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            return Ok(());
+        }
+        Err(Error::arg(format!("{what}: {}", detail())))
     }
 
-    /// `buf.len()` split into `nranks` equal blocks: the block's length.
+    /// The slices as a descriptor's `send` and `recv`.
+    fn ptrs<T>(send: &[T], recv: &mut [T]) -> (*const u8, *mut u8) {
+        (send.as_ptr().cast(), recv.as_mut_ptr().cast())
+    }
+
+    /// In place: `buf` as both `send` and `recv`.
+    fn same<T>(buf: &mut [T]) -> (*const u8, *mut u8) {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        (p, p)
+    }
+
+    /// `buf` split into `nranks` equal blocks: the block's length.
     fn block<T>(what: &str, buf: &[T], nranks: usize) -> Result<usize> {
-        if !buf.len().is_multiple_of(nranks) {
-            return Err(len_err(
-                what,
-                format!("{} elements do not divide into {nranks} ranks", buf.len()),
-            ));
-        }
-        Ok(buf.len() / nranks)
+        let len = buf.len();
+        lengths(len.is_multiple_of(nranks), what, || {
+            format!("{len} elements do not divide into {nranks} ranks")
+        })?;
+        Ok(len / nranks)
     }
 
     /// `send` and `recv` of equal length.
     pub fn all_reduce<T: Element>(send: &[T], recv: &mut [T], op: ReduceOp) -> Result<Op> {
-        if send.len() != recv.len() {
-            return Err(len_err(
-                "all_reduce",
-                format!("send has {} elements, receive {}", send.len(), recv.len()),
-            ));
-        }
-        Ok(Op::all_reduce(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len(),
-            T::DTYPE,
-            op,
-        ))
+        let (n, m) = (send.len(), recv.len());
+        lengths(n == m, "all_reduce", || {
+            format!("send has {n} elements, receive {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::all_reduce(s, r, n, T::DTYPE, op))
     }
 
     pub fn all_reduce_in_place<T: Element>(buf: &mut [T], op: ReduceOp) -> Result<Op> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        Ok(Op::all_reduce(p, p, buf.len(), T::DTYPE, op))
+        let (s, r) = same(buf);
+        Ok(Op::all_reduce(s, r, buf.len(), T::DTYPE, op))
     }
 
     /// `send` is read on the root only (others may pass an empty slice).
@@ -483,28 +489,17 @@ pub mod typed {
         root: usize,
         rank: usize,
     ) -> Result<Op> {
-        if rank == root && send.len() != recv.len() {
-            return Err(len_err(
-                "broadcast",
-                format!(
-                    "root's send has {} elements, receive {}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
-        Ok(Op::broadcast(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            recv.len(),
-            T::DTYPE,
-            root,
-        ))
+        let (n, m) = (send.len(), recv.len());
+        lengths(rank != root || n == m, "broadcast", || {
+            format!("root's send has {n} elements, receive {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::broadcast(s, r, m, T::DTYPE, root))
     }
 
     pub fn broadcast_in_place<T: Element>(buf: &mut [T], root: usize) -> Result<Op> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        Ok(Op::broadcast(p, p, buf.len(), T::DTYPE, root))
+        let (s, r) = same(buf);
+        Ok(Op::broadcast(s, r, buf.len(), T::DTYPE, root))
     }
 
     /// `recv` is written on the root only (others may pass an empty slice).
@@ -515,49 +510,27 @@ pub mod typed {
         root: usize,
         rank: usize,
     ) -> Result<Op> {
-        if rank == root && send.len() != recv.len() {
-            return Err(len_err(
-                "reduce",
-                format!(
-                    "send has {} elements, root's receive {}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
-        Ok(Op::reduce(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len(),
-            T::DTYPE,
-            op,
-            root,
-        ))
+        let (n, m) = (send.len(), recv.len());
+        lengths(rank != root || n == m, "reduce", || {
+            format!("send has {n} elements, root's receive {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::reduce(s, r, n, T::DTYPE, op, root))
     }
 
     pub fn reduce_in_place<T: Element>(buf: &mut [T], op: ReduceOp, root: usize) -> Result<Op> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        Ok(Op::reduce(p, p, buf.len(), T::DTYPE, op, root))
+        let (s, r) = same(buf);
+        Ok(Op::reduce(s, r, buf.len(), T::DTYPE, op, root))
     }
 
     /// `recv.len() == send.len() * nranks`.
     pub fn all_gather<T: Element>(send: &[T], recv: &mut [T], nranks: usize) -> Result<Op> {
-        if Some(recv.len()) != send.len().checked_mul(nranks) {
-            return Err(len_err(
-                "all_gather",
-                format!(
-                    "receive must hold {} x {nranks} ranks elements, has {}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
-        Ok(Op::all_gather(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len(),
-            T::DTYPE,
-        ))
+        let (n, m) = (send.len(), recv.len());
+        lengths(Some(m) == n.checked_mul(nranks), "all_gather", || {
+            format!("receive must hold {n} x {nranks} ranks elements, has {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::all_gather(s, r, n, T::DTYPE))
     }
 
     /// This rank's block is at `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / nranks`.
@@ -567,10 +540,10 @@ pub mod typed {
         nranks: usize,
     ) -> Result<Op> {
         let n = block("all_gather_in_place", buf, nranks)?;
-        let p = buf.as_mut_ptr();
+        let (s, r) = same(buf);
         Ok(Op::all_gather(
-            p.wrapping_add(rank * n).cast(),
-            p.cast(),
+            s.wrapping_add(rank * n * size_of::<T>()),
+            r,
             n,
             T::DTYPE,
         ))
@@ -583,23 +556,12 @@ pub mod typed {
         op: ReduceOp,
         nranks: usize,
     ) -> Result<Op> {
-        if Some(send.len()) != recv.len().checked_mul(nranks) {
-            return Err(len_err(
-                "reduce_scatter",
-                format!(
-                    "send must hold {} x {nranks} ranks elements, has {}",
-                    recv.len(),
-                    send.len()
-                ),
-            ));
-        }
-        Ok(Op::reduce_scatter(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            recv.len(),
-            T::DTYPE,
-            op,
-        ))
+        let (n, m) = (send.len(), recv.len());
+        lengths(Some(n) == m.checked_mul(nranks), "reduce_scatter", || {
+            format!("send must hold {m} x {nranks} ranks elements, has {n}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::reduce_scatter(s, r, m, T::DTYPE, op))
     }
 
     /// The result lands in `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / nranks`.
@@ -610,40 +572,25 @@ pub mod typed {
         nranks: usize,
     ) -> Result<Op> {
         let n = block("reduce_scatter_in_place", buf, nranks)?;
-        let p = buf.as_mut_ptr();
-        Ok(Op::reduce_scatter(
-            p.cast(),
-            p.wrapping_add(rank * n).cast(),
-            n,
-            T::DTYPE,
-            op,
-        ))
+        let (s, r) = same(buf);
+        let r = r.wrapping_add(rank * n * size_of::<T>());
+        Ok(Op::reduce_scatter(s, r, n, T::DTYPE, op))
     }
 
     /// Block p (of `len / nranks` elements) of `send` goes to rank p.
     pub fn all_to_all<T: Element>(send: &[T], recv: &mut [T], nranks: usize) -> Result<Op> {
-        if send.len() != recv.len() || !send.len().is_multiple_of(nranks) {
-            return Err(len_err(
-                "all_to_all",
-                format!(
-                    "send ({}) and receive ({}) must be equal and divisible by {nranks} ranks",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
-        Ok(Op::all_to_all(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len() / nranks,
-            T::DTYPE,
-        ))
+        let (n, m) = (send.len(), recv.len());
+        lengths(n == m && n.is_multiple_of(nranks), "all_to_all", || {
+            format!("send ({n}) and receive ({m}) must be equal and divisible by {nranks} ranks")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::all_to_all(s, r, n / nranks, T::DTYPE))
     }
 
     pub fn all_to_all_in_place<T: Element>(buf: &mut [T], nranks: usize) -> Result<Op> {
         let n = block("all_to_all_in_place", buf, nranks)?;
-        let p = buf.as_mut_ptr().cast::<u8>();
-        Ok(Op::all_to_all(p, p, n, T::DTYPE))
+        let (s, r) = same(buf);
+        Ok(Op::all_to_all(s, r, n, T::DTYPE))
     }
 
     pub fn send<T: Element>(buf: &[T], peer: usize) -> Result<Op> {
