@@ -27,7 +27,7 @@ use crate::core::{Ctx, Resources, job_label};
 use crate::error::{Error, ErrorKind, Result};
 use crate::fault::Fault;
 use crate::group::Group;
-use crate::op::{Memory, Op, OpKind};
+use crate::op::{Memory, Op, OpKind, typed};
 use crate::state::{CommState, StateCell};
 use crate::transport::shm::FAIL_ABORT;
 use crate::transport::tcp;
@@ -861,61 +861,32 @@ impl Comms for Lent<'_> {
     }
 }
 
-fn len_err(what: &str, detail: String) -> Error {
-    Error::arg(format!("{what}: {detail}"))
-}
-
-/// Typed, safe collectives on slices.
+/// Typed, safe collectives on slices: the descriptors (and their length
+/// checks) come from [`typed`], shared with [`Group`]'s typed methods.
 impl Communicator {
+    /// Runs a descriptor built by [`typed`] from the caller's slices.
+    fn submit_typed(&self, op: Result<Op>) -> Result<()> {
+        // SAFETY: the descriptor points into slices the caller borrows (the
+        // written ones mutably) for this whole call, and a host-memory
+        // operation has ended when `submit` returns.
+        unsafe { self.submit(op?) }
+    }
+
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(len_err(
-                "all_reduce",
-                format!("send has {} elements, receive {}", send.len(), recv.len()),
-            ));
-        }
-        unsafe {
-            self.submit(Op::all_reduce(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                send.len(),
-                T::DTYPE,
-                op,
-            ))
-        }
+        self.submit_typed(typed::all_reduce(send, recv, op))
     }
 
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.submit(Op::all_reduce(p, p, buf.len(), T::DTYPE, op)) }
+        self.submit_typed(typed::all_reduce_in_place(buf, op))
     }
 
     /// `send` is read on the root only (others may pass an empty slice).
     pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        if self.s.rank == root && send.len() != recv.len() {
-            return Err(len_err(
-                "broadcast",
-                format!(
-                    "root's send has {} elements, receive {}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
-        unsafe {
-            self.submit(Op::broadcast(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                recv.len(),
-                T::DTYPE,
-                root,
-            ))
-        }
+        self.submit_typed(typed::broadcast(send, recv, root, self.s.rank))
     }
 
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.submit(Op::broadcast(p, p, buf.len(), T::DTYPE, root)) }
+        self.submit_typed(typed::broadcast_in_place(buf, root))
     }
 
     /// `recv` is written on the root only (others may pass an empty slice).
@@ -926,26 +897,7 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        if self.s.rank == root && send.len() != recv.len() {
-            return Err(len_err(
-                "reduce",
-                format!(
-                    "send has {} elements, root's receive {}",
-                    send.len(),
-                    recv.len()
-                ),
-            ));
-        }
-        unsafe {
-            self.submit(Op::reduce(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                send.len(),
-                T::DTYPE,
-                op,
-                root,
-            ))
-        }
+        self.submit_typed(typed::reduce(send, recv, op, root, self.s.rank))
     }
 
     pub fn reduce_in_place<T: Element>(
@@ -954,55 +906,17 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.submit(Op::reduce(p, p, buf.len(), T::DTYPE, op, root)) }
+        self.submit_typed(typed::reduce_in_place(buf, op, root))
     }
 
     /// `recv.len() == send.len() * count()`.
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        if Some(recv.len()) != send.len().checked_mul(self.s.nranks) {
-            return Err(len_err(
-                "all_gather",
-                format!(
-                    "receive must hold {} x {} ranks elements, has {}",
-                    send.len(),
-                    self.s.nranks,
-                    recv.len()
-                ),
-            ));
-        }
-        unsafe {
-            self.submit(Op::all_gather(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                send.len(),
-                T::DTYPE,
-            ))
-        }
+        self.submit_typed(typed::all_gather(send, recv, self.s.nranks))
     }
 
     /// This rank's block is at `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        if !buf.len().is_multiple_of(self.s.nranks) {
-            return Err(len_err(
-                "all_gather_in_place",
-                format!(
-                    "{} elements do not divide into {} ranks",
-                    buf.len(),
-                    self.s.nranks
-                ),
-            ));
-        }
-        let n = buf.len() / self.s.nranks;
-        let p = buf.as_mut_ptr();
-        unsafe {
-            self.submit(Op::all_gather(
-                p.add(self.s.rank * n).cast(),
-                p.cast(),
-                n,
-                T::DTYPE,
-            ))
-        }
+        self.submit_typed(typed::all_gather_in_place(buf, self.s.rank, self.s.nranks))
     }
 
     /// `send.len() == recv.len() * count()`.
@@ -1012,96 +926,29 @@ impl Communicator {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        if Some(send.len()) != recv.len().checked_mul(self.s.nranks) {
-            return Err(len_err(
-                "reduce_scatter",
-                format!(
-                    "send must hold {} x {} ranks elements, has {}",
-                    recv.len(),
-                    self.s.nranks,
-                    send.len()
-                ),
-            ));
-        }
-        unsafe {
-            self.submit(Op::reduce_scatter(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                recv.len(),
-                T::DTYPE,
-                op,
-            ))
-        }
+        self.submit_typed(typed::reduce_scatter(send, recv, op, self.s.nranks))
     }
 
     /// The result lands in `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / count()`.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        if !buf.len().is_multiple_of(self.s.nranks) {
-            return Err(len_err(
-                "reduce_scatter_in_place",
-                format!(
-                    "{} elements do not divide into {} ranks",
-                    buf.len(),
-                    self.s.nranks
-                ),
-            ));
-        }
-        let n = buf.len() / self.s.nranks;
-        let p = buf.as_mut_ptr();
-        unsafe {
-            self.submit(Op::reduce_scatter(
-                p.cast(),
-                p.add(self.s.rank * n).cast(),
-                n,
-                T::DTYPE,
-                op,
-            ))
-        }
+        let (rank, n) = (self.s.rank, self.s.nranks);
+        self.submit_typed(typed::reduce_scatter_in_place(buf, op, rank, n))
     }
 
     /// Block p (of `len / count()` elements) of `send` goes to rank p.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        if send.len() != recv.len() || !send.len().is_multiple_of(self.s.nranks) {
-            return Err(len_err(
-                "all_to_all",
-                format!(
-                    "send ({}) and receive ({}) must be equal and divisible by {} ranks",
-                    send.len(),
-                    recv.len(),
-                    self.s.nranks
-                ),
-            ));
-        }
-        unsafe {
-            self.submit(Op::all_to_all(
-                send.as_ptr().cast(),
-                recv.as_mut_ptr().cast(),
-                send.len() / self.s.nranks,
-                T::DTYPE,
-            ))
-        }
+        self.submit_typed(typed::all_to_all(send, recv, self.s.nranks))
     }
 
     pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        if !buf.len().is_multiple_of(self.s.nranks) {
-            return Err(len_err(
-                "all_to_all_in_place",
-                format!(
-                    "{} elements do not divide into {} ranks",
-                    buf.len(),
-                    self.s.nranks
-                ),
-            ));
-        }
-        let p = buf.as_mut_ptr().cast::<u8>();
-        unsafe { self.submit(Op::all_to_all(p, p, buf.len() / self.s.nranks, T::DTYPE)) }
+        self.submit_typed(typed::all_to_all_in_place(buf, self.s.nranks))
     }
 
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        unsafe { self.submit(Op::send(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer)) }
+        self.submit_typed(typed::send(buf, peer))
     }
 
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        unsafe { self.submit(Op::recv(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer)) }
+        self.submit_typed(typed::recv(buf, peer))
     }
 }

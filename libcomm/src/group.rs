@@ -16,7 +16,7 @@ use crate::algo::tuner;
 use crate::comm::{Communicator, run_device, run_op};
 use crate::error::{Error, Result};
 use crate::exec::Xfer;
-use crate::op::{Memory, Op};
+use crate::op::{Memory, Op, typed};
 use crate::types::{Element, ReduceOp};
 use std::marker::PhantomData;
 
@@ -55,14 +55,21 @@ impl<'a> Group<'a> {
         Ok(self)
     }
 
+    /// Adds an operation of the typed API, built by [`typed`] from the
+    /// group's borrowed slices.
+    fn push_typed(&mut self, comm: &'a Communicator, op: Result<Op>) -> Result<&mut Self> {
+        // SAFETY: the descriptor points into slices borrowed (the written
+        // ones mutably) for the group's lifetime `'a`, which `execute` ends.
+        unsafe { self.push(comm, op?) }
+    }
+
     pub fn send<T: Element>(
         &mut self,
         comm: &'a Communicator,
         buf: &'a [T],
         peer: usize,
     ) -> Result<&mut Self> {
-        let op = Op::send(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer);
-        unsafe { self.push(comm, op) }
+        self.push_typed(comm, typed::send(buf, peer))
     }
 
     pub fn recv<T: Element>(
@@ -71,8 +78,7 @@ impl<'a> Group<'a> {
         buf: &'a mut [T],
         peer: usize,
     ) -> Result<&mut Self> {
-        let op = Op::recv(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer);
-        unsafe { self.push(comm, op) }
+        self.push_typed(comm, typed::recv(buf, peer))
     }
 
     pub fn all_reduce<T: Element>(
@@ -82,21 +88,7 @@ impl<'a> Group<'a> {
         recv: &'a mut [T],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        if send.len() != recv.len() {
-            return Err(Error::arg(format!(
-                "all_reduce: send has {} elements, receive {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let g = Op::all_reduce(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len(),
-            T::DTYPE,
-            op,
-        );
-        unsafe { self.push(comm, g) }
+        self.push_typed(comm, typed::all_reduce(send, recv, op))
     }
 
     pub fn all_reduce_in_place<T: Element>(
@@ -105,9 +97,7 @@ impl<'a> Group<'a> {
         buf: &'a mut [T],
         op: ReduceOp,
     ) -> Result<&mut Self> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        let g = Op::all_reduce(p, p, buf.len(), T::DTYPE, op);
-        unsafe { self.push(comm, g) }
+        self.push_typed(comm, typed::all_reduce_in_place(buf, op))
     }
 
     pub fn broadcast_in_place<T: Element>(
@@ -116,31 +106,17 @@ impl<'a> Group<'a> {
         buf: &'a mut [T],
         root: usize,
     ) -> Result<&mut Self> {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        let g = Op::broadcast(p, p, buf.len(), T::DTYPE, root);
-        unsafe { self.push(comm, g) }
+        self.push_typed(comm, typed::broadcast_in_place(buf, root))
     }
 
+    /// `recv.len() == send.len() * comm.count()`.
     pub fn all_gather<T: Element>(
         &mut self,
         comm: &'a Communicator,
         send: &'a [T],
         recv: &'a mut [T],
     ) -> Result<&mut Self> {
-        if Some(recv.len()) != send.len().checked_mul(comm.count()) {
-            return Err(Error::arg(format!(
-                "all_gather: receive must hold {} x {} elements",
-                send.len(),
-                comm.count()
-            )));
-        }
-        let g = Op::all_gather(
-            send.as_ptr().cast(),
-            recv.as_mut_ptr().cast(),
-            send.len(),
-            T::DTYPE,
-        );
-        unsafe { self.push(comm, g) }
+        self.push_typed(comm, typed::all_gather(send, recv, comm.count()))
     }
 
     /// Runs everything; returns the first error (after every communicator's batch ended).

@@ -3,9 +3,10 @@
 //! reduction, root or peer, and where its buffers live (host memory, or a
 //! CUDA device and the stream it is ordered on).
 //!
-//! Every layer takes an [`Op`]: the Rust API's typed methods build one and
-//! call [`Communicator::submit`](crate::Communicator::submit); the C ABI
-//! builds one per call; groups hold them; the host algorithms, the CUDA
+//! Every layer takes an [`Op`]: the Rust API's typed methods build one (in
+//! [`typed`], with the slice-length checks) and call
+//! [`Communicator::submit`](crate::Communicator::submit); the C ABI builds
+//! one per call; groups hold them; the host algorithms, the CUDA
 //! planner, the observer and the benchmark read them. This module alone owns
 //! what an operation means: [`Op::bytes`], [`Op::buffers`] (what it reads and
 //! writes on a rank) and [`Op::validate`] (every argument check).
@@ -320,18 +321,11 @@ impl Op {
         let what = self.name();
         let (send, recv, count, dtype, root) =
             (self.send, self.recv, self.count, self.dtype, self.root);
-        let root_ok = || -> Result<()> {
+        // `role`: "root", or "peer" for send and recv.
+        let in_range = |role: &str| -> Result<()> {
             if root >= n {
                 return Err(Error::arg(format!(
-                    "{what}: root {root} is out of range for {n} ranks"
-                )));
-            }
-            Ok(())
-        };
-        let peer_ok = || -> Result<()> {
-            if root >= n {
-                return Err(Error::arg(format!(
-                    "{what}: peer {root} is out of range for {n} ranks"
+                    "{what}: {role} {root} is out of range for {n} ranks"
                 )));
             }
             Ok(())
@@ -355,7 +349,7 @@ impl Op {
             }
             OpKind::Broadcast => {
                 let b = bytes_of(count, dtype, what)?;
-                root_ok()?;
+                in_range("root")?;
                 if me == root {
                     check_ptr(send, b, "broadcast: send buffer (root)")?;
                     check_overlap(send, b, recv, b, same, what)?;
@@ -364,7 +358,7 @@ impl Op {
             }
             OpKind::Reduce => {
                 let b = bytes_of(count, dtype, what)?;
-                root_ok()?;
+                in_range("root")?;
                 check_ptr(send, b, "reduce: send buffer")?;
                 if me == root {
                     check_ptr(recv, b, "reduce: receive buffer (root)")?;
@@ -396,7 +390,7 @@ impl Op {
             }
             OpKind::Gather => {
                 let b = bytes_of(count, dtype, what)?;
-                root_ok()?;
+                in_range("root")?;
                 check_ptr(send, b, "gather: send buffer")?;
                 if me == root {
                     check_ptr(
@@ -409,7 +403,7 @@ impl Op {
             }
             OpKind::Scatter => {
                 let b = bytes_of(count, dtype, what)?;
-                root_ok()?;
+                in_range("root")?;
                 check_ptr(recv, b, "scatter: receive buffer")?;
                 if me == root {
                     check_ptr(
@@ -421,14 +415,190 @@ impl Op {
                 Ok(())
             }
             OpKind::Send => {
-                peer_ok()?;
+                in_range("peer")?;
                 check_ptr(send, bytes_of(count, dtype, what)?, "send: buffer")
             }
             OpKind::Recv => {
-                peer_ok()?;
+                in_range("peer")?;
                 check_ptr(recv, bytes_of(count, dtype, what)?, "recv: buffer")
             }
         }
+    }
+}
+
+/// The descriptors of the typed, slice-based API: [`Communicator`]'s typed
+/// methods and [`Group`]'s build their operations here, so each slice-length
+/// rule (and its message) is written once. `rank` and `nranks` are the
+/// communicator's. The descriptors hold the slices' pointers and do not
+/// borrow them: the caller keeps the slices alive until the operation ran.
+///
+/// [`Communicator`]: crate::Communicator
+/// [`Group`]: crate::Group
+pub mod typed {
+    use super::Op;
+    use crate::error::{Error, Result};
+    use crate::types::{Element, ReduceOp};
+
+    /// `what`'s length error unless `ok`; `detail` says what was wrong.
+    fn lengths(ok: bool, what: &str, detail: impl FnOnce() -> String) -> Result<()> {
+        if ok {
+            return Ok(());
+        }
+        Err(Error::arg(format!("{what}: {}", detail())))
+    }
+
+    /// The slices as a descriptor's `send` and `recv`.
+    fn ptrs<T>(send: &[T], recv: &mut [T]) -> (*const u8, *mut u8) {
+        (send.as_ptr().cast(), recv.as_mut_ptr().cast())
+    }
+
+    /// In place: `buf` as both `send` and `recv`.
+    fn same<T>(buf: &mut [T]) -> (*const u8, *mut u8) {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        (p, p)
+    }
+
+    /// `buf` split into `nranks` equal blocks: the block's length.
+    fn block<T>(what: &str, buf: &[T], nranks: usize) -> Result<usize> {
+        let len = buf.len();
+        lengths(len.is_multiple_of(nranks), what, || {
+            format!("{len} elements do not divide into {nranks} ranks")
+        })?;
+        Ok(len / nranks)
+    }
+
+    /// `send` and `recv` of equal length.
+    pub fn all_reduce<T: Element>(send: &[T], recv: &mut [T], op: ReduceOp) -> Result<Op> {
+        let (n, m) = (send.len(), recv.len());
+        lengths(n == m, "all_reduce", || {
+            format!("send has {n} elements, receive {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::all_reduce(s, r, n, T::DTYPE, op))
+    }
+
+    pub fn all_reduce_in_place<T: Element>(buf: &mut [T], op: ReduceOp) -> Result<Op> {
+        let (s, r) = same(buf);
+        Ok(Op::all_reduce(s, r, buf.len(), T::DTYPE, op))
+    }
+
+    /// `send` is read on the root only (others may pass an empty slice).
+    pub fn broadcast<T: Element>(
+        send: &[T],
+        recv: &mut [T],
+        root: usize,
+        rank: usize,
+    ) -> Result<Op> {
+        let (n, m) = (send.len(), recv.len());
+        lengths(rank != root || n == m, "broadcast", || {
+            format!("root's send has {n} elements, receive {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::broadcast(s, r, m, T::DTYPE, root))
+    }
+
+    pub fn broadcast_in_place<T: Element>(buf: &mut [T], root: usize) -> Result<Op> {
+        let (s, r) = same(buf);
+        Ok(Op::broadcast(s, r, buf.len(), T::DTYPE, root))
+    }
+
+    /// `recv` is written on the root only (others may pass an empty slice).
+    pub fn reduce<T: Element>(
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+        rank: usize,
+    ) -> Result<Op> {
+        let (n, m) = (send.len(), recv.len());
+        lengths(rank != root || n == m, "reduce", || {
+            format!("send has {n} elements, root's receive {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::reduce(s, r, n, T::DTYPE, op, root))
+    }
+
+    pub fn reduce_in_place<T: Element>(buf: &mut [T], op: ReduceOp, root: usize) -> Result<Op> {
+        let (s, r) = same(buf);
+        Ok(Op::reduce(s, r, buf.len(), T::DTYPE, op, root))
+    }
+
+    /// `recv.len() == send.len() * nranks`.
+    pub fn all_gather<T: Element>(send: &[T], recv: &mut [T], nranks: usize) -> Result<Op> {
+        let (n, m) = (send.len(), recv.len());
+        lengths(Some(m) == n.checked_mul(nranks), "all_gather", || {
+            format!("receive must hold {n} x {nranks} ranks elements, has {m}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::all_gather(s, r, n, T::DTYPE))
+    }
+
+    /// This rank's block is at `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / nranks`.
+    pub fn all_gather_in_place<T: Element>(
+        buf: &mut [T],
+        rank: usize,
+        nranks: usize,
+    ) -> Result<Op> {
+        let n = block("all_gather_in_place", buf, nranks)?;
+        let (s, r) = same(buf);
+        Ok(Op::all_gather(
+            s.wrapping_add(rank * n * size_of::<T>()),
+            r,
+            n,
+            T::DTYPE,
+        ))
+    }
+
+    /// `send.len() == recv.len() * nranks`.
+    pub fn reduce_scatter<T: Element>(
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        nranks: usize,
+    ) -> Result<Op> {
+        let (n, m) = (send.len(), recv.len());
+        lengths(Some(n) == m.checked_mul(nranks), "reduce_scatter", || {
+            format!("send must hold {m} x {nranks} ranks elements, has {n}")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::reduce_scatter(s, r, m, T::DTYPE, op))
+    }
+
+    /// The result lands in `buf[rank * n .. (rank + 1) * n]`, `n = buf.len() / nranks`.
+    pub fn reduce_scatter_in_place<T: Element>(
+        buf: &mut [T],
+        op: ReduceOp,
+        rank: usize,
+        nranks: usize,
+    ) -> Result<Op> {
+        let n = block("reduce_scatter_in_place", buf, nranks)?;
+        let (s, r) = same(buf);
+        let r = r.wrapping_add(rank * n * size_of::<T>());
+        Ok(Op::reduce_scatter(s, r, n, T::DTYPE, op))
+    }
+
+    /// Block p (of `len / nranks` elements) of `send` goes to rank p.
+    pub fn all_to_all<T: Element>(send: &[T], recv: &mut [T], nranks: usize) -> Result<Op> {
+        let (n, m) = (send.len(), recv.len());
+        lengths(n == m && n.is_multiple_of(nranks), "all_to_all", || {
+            format!("send ({n}) and receive ({m}) must be equal and divisible by {nranks} ranks")
+        })?;
+        let (s, r) = ptrs(send, recv);
+        Ok(Op::all_to_all(s, r, n / nranks, T::DTYPE))
+    }
+
+    pub fn all_to_all_in_place<T: Element>(buf: &mut [T], nranks: usize) -> Result<Op> {
+        let n = block("all_to_all_in_place", buf, nranks)?;
+        let (s, r) = same(buf);
+        Ok(Op::all_to_all(s, r, n, T::DTYPE))
+    }
+
+    pub fn send<T: Element>(buf: &[T], peer: usize) -> Result<Op> {
+        Ok(Op::send(buf.as_ptr().cast(), buf.len(), T::DTYPE, peer))
+    }
+
+    pub fn recv<T: Element>(buf: &mut [T], peer: usize) -> Result<Op> {
+        Ok(Op::recv(buf.as_mut_ptr().cast(), buf.len(), T::DTYPE, peer))
     }
 }
 
@@ -509,6 +679,30 @@ mod tests {
             .is_empty()
         );
         assert!(!Op::send(std::ptr::null(), 0, DataType::F32, 0).is_empty());
+    }
+
+    #[test]
+    fn typed_builders_check_lengths_once() {
+        let a = [1.0f32; 2];
+        let mut b = [0.0f32; 5];
+        let e = typed::all_gather(&a, &mut b, 3).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("all_gather: receive must hold 2 x 3 ranks elements, has 5")
+        );
+        let e = typed::all_gather_in_place(&mut b, 0, 2).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("all_gather_in_place: 5 elements do not divide into 2 ranks")
+        );
+        let mut c = [0.0f32; 6];
+        let op = typed::all_gather_in_place(&mut c, 1, 3).unwrap();
+        assert_eq!((op.count, op.send as usize), (2, c.as_ptr() as usize + 8));
+        let op = typed::reduce_scatter_in_place(&mut c, ReduceOp::Sum, 2, 3).unwrap();
+        assert_eq!((op.count, op.recv as usize), (2, c.as_ptr() as usize + 16));
+        // The root's lengths only are checked.
+        assert!(typed::broadcast(&a, &mut b, 0, 1).is_ok());
+        assert!(typed::broadcast(&a, &mut b, 0, 0).is_err());
     }
 
     #[test]

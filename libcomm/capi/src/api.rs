@@ -402,10 +402,7 @@ nccl_api! {
     /// message naming the communicator and when it was destroyed. NULL is
     /// refused too (`ncclInvalidArgument`), stricter than NCCL.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) {
-        let e = handles::remove(h(comm), Ended::Destroyed, "ncclCommDestroy")?;
-        errors::log(Level::Info, &format!("{} destroyed", e.describe()));
-        e.comm.destroy().map_err(|err| Fail::from(err).context(e.describe()))?;
-        Ok(SUCCESS)
+        end_comm(comm, Ended::Destroyed, "ncclCommDestroy")
     }
 }
 
@@ -413,12 +410,25 @@ nccl_api! {
     /// Aborts (every other rank's pending and later operations on it fail
     /// with `ncclRemoteError`) and frees the communicator, like NCCL.
     fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) {
-        let e = handles::remove(h(comm), Ended::Aborted, "ncclCommAbort")?;
-        errors::log(Level::Warn, &format!("{} aborted by the application", e.describe()));
-        e.comm.abort().map_err(|err| Fail::from(err).context(e.describe()))?;
-        e.comm.destroy().map_err(|err| Fail::from(err).context(e.describe()))?;
-        Ok(SUCCESS)
+        end_comm(comm, Ended::Aborted, "ncclCommAbort")
     }
+}
+
+/// Destroy and abort: the handle dies (`how`), the line is logged, the
+/// communicator is aborted (abort only), then freed.
+fn end_comm(comm: ncclComm_t, how: Ended, what: &str) -> CResult<NcclResult> {
+    let e = handles::remove(h(comm), how, what)?;
+    let (level, done) = match how {
+        Ended::Destroyed => (Level::Info, "destroyed"),
+        Ended::Aborted => (Level::Warn, "aborted by the application"),
+    };
+    errors::log(level, &format!("{} {done}", e.describe()));
+    let in_context = |err: libcomm::Error| Fail::from(err).context(e.describe());
+    if how == Ended::Aborted {
+        e.comm.abort().map_err(in_context)?;
+    }
+    e.comm.destroy().map_err(in_context)?;
+    Ok(SUCCESS)
 }
 
 nccl_api! {

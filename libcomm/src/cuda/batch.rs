@@ -85,6 +85,15 @@ fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: CudaError) -> Error {
     Error::Cuda(format!("{what} on {}: {e}", comms.describe(c)))
 }
 
+/// One host operation per communicator of `todo` (`(comm, device)`), the
+/// i-th built by `op(i)`: the setup's exchanges.
+fn per_comm(todo: &[(usize, i32)], mut op: impl FnMut(usize) -> Op) -> Vec<Item> {
+    todo.iter()
+        .enumerate()
+        .map(|(i, &(comm, _))| Item { comm, op: op(i) })
+        .collect()
+}
+
 /// Step 1 for every communicator of the batch that needs it.
 unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     let mut todo: Vec<(usize, i32)> = Vec::new();
@@ -119,19 +128,14 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
         }
         gathered.push(vec![0u8; DESCRIPTOR_BYTES * comms.nranks(c)]);
     }
-    let exchange: Vec<Item> = todo
-        .iter()
-        .enumerate()
-        .map(|(i, &(c, _))| Item {
-            comm: c,
-            op: Op::all_gather(
-                descs[i].as_ptr(),
-                gathered[i].as_mut_ptr(),
-                DESCRIPTOR_BYTES,
-                DataType::U8,
-            ),
-        })
-        .collect();
+    let exchange = per_comm(&todo, |i| {
+        Op::all_gather(
+            descs[i].as_ptr(),
+            gathered[i].as_mut_ptr(),
+            DESCRIPTOR_BYTES,
+            DataType::U8,
+        )
+    });
     unsafe { comms.run_host(&exchange) }?;
     let mut ok = vec![[0u8]; todo.len()];
     let mut agreed = vec![[0u8]; todo.len()];
@@ -155,20 +159,15 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
             }
         }
     }
-    let agree: Vec<Item> = todo
-        .iter()
-        .enumerate()
-        .map(|(i, &(c, _))| Item {
-            comm: c,
-            op: Op::all_reduce(
-                ok[i].as_ptr(),
-                agreed[i].as_mut_ptr(),
-                1,
-                DataType::U8,
-                ReduceOp::Min,
-            ),
-        })
-        .collect();
+    let agree = per_comm(&todo, |i| {
+        Op::all_reduce(
+            ok[i].as_ptr(),
+            agreed[i].as_mut_ptr(),
+            1,
+            DataType::U8,
+            ReduceOp::Min,
+        )
+    });
     unsafe { comms.run_host(&agree) }?;
     for (i, &(c, d)) in todo.iter().enumerate() {
         let usable = agreed[i][0] & 1 == 1;

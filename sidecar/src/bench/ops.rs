@@ -133,7 +133,10 @@ impl BenchOp {
         }
     }
 
-    /// The operations of one call (send/recv is two).
+    /// The operations of one call (send/recv is two), on host memory (see
+    /// [`Op::on`] for device memory); run them with [`submit_ops`]. `send`
+    /// and `recv` must be valid for the layout's element counts (in place:
+    /// both point into one buffer at [`inplace_offsets`](Self::inplace_offsets)).
     #[allow(clippy::too_many_arguments)]
     pub fn group_ops(
         self,
@@ -161,26 +164,6 @@ impl BenchOp {
                 Op::recv(recv, count, dtype, (rank + n - 1) % n),
             ],
         }
-    }
-
-    /// Runs the collective once on host memory.
-    ///
-    /// # Safety
-    /// `send` and `recv` must be valid for the layout's element counts (in
-    /// place: both point into one buffer at [`inplace_offsets`](Self::inplace_offsets)).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn run(
-        self,
-        comm: &Communicator,
-        send: *const u8,
-        recv: *mut u8,
-        l: &Layout,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> libcomm::Result<()> {
-        let ops = self.group_ops(comm.rank(), comm.count(), send, recv, l, dtype, op, root);
-        unsafe { submit_ops(comm, ops) }
     }
 
     /// Inputs for `--check`: data for this op (`op` only matters for reductions).

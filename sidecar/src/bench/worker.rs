@@ -172,32 +172,26 @@ impl Bench<'_> {
     fn call(&mut self, l: &Layout, in_place: bool) -> Result<(), String> {
         let (s, r) = self.ptrs(l, in_place);
         let a = self.args;
+        let mut ops = a.coll.group_ops(
+            self.rank,
+            self.n,
+            s,
+            r,
+            l,
+            a.dtype,
+            a.redop,
+            a.root as usize,
+        );
         if let Some(g) = &self.gpu {
-            let ops = a.coll.group_ops(
-                self.rank,
-                self.n,
-                s,
-                r,
-                l,
-                a.dtype,
-                a.redop,
-                a.root as usize,
-            );
-            let ops = ops
+            ops = ops
                 .into_iter()
                 .map(|op| op.on(libcomm::Memory::Device(g.dev), std::ptr::null_mut()))
                 .collect();
-            // SAFETY: device buffers sized for the largest layout, as on the host.
-            return unsafe { super::ops::submit_ops(self.comm, ops) }
-                .map_err(|e| err(a.coll.name(), e));
         }
-        // SAFETY: both buffers hold `buffer_elems` of the largest layout; the
-        // in-place offsets are those the collective documents.
-        unsafe {
-            a.coll
-                .run(self.comm, s, r, l, a.dtype, a.redop, a.root as usize)
-                .map_err(|e| err(a.coll.name(), e))
-        }
+        // SAFETY: both buffers (host, or device sized alike) hold
+        // `buffer_elems` of the largest layout; the in-place offsets are
+        // those the collective documents.
+        unsafe { super::ops::submit_ops(self.comm, ops) }.map_err(|e| err(a.coll.name(), e))
     }
 
     /// Times one size in one placement; checks it with `--check`.
