@@ -351,8 +351,9 @@ mod tests {
     /// (skipped when the environment sets a knob).
     #[test]
     fn from_env_without_knobs_is_the_defaults() {
-        let knob =
-            |s: &params::ParamSpec| s.name.starts_with("WEFT_CUDA_") || s.name == "WEFT_ALGO";
+        let knob = |s: &params::ParamSpec| {
+            s.group == params::Group::Cuda || s.name == params::WEFT_ALGO.name()
+        };
         if params::all().iter().any(|s| knob(s) && s.raw().is_some()) {
             eprintln!("SKIPPED: a WEFT_CUDA_* or WEFT_ALGO variable is set");
             return;
