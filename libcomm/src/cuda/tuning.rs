@@ -21,7 +21,8 @@ use super::abi::{
 /// there (all-reduce 128 KiB: 10.9 us against 18.6, NCCL 11.4).
 const LL_DEFAULT_MAX: usize = LL_MAX_BYTES;
 
-/// A size given in KiB by `p`, in bytes; None when unset or unparsable.
+/// A size given in KiB by `p`, in bytes; None when unset or unparsable (a
+/// bad value is reported once on stderr).
 fn env_kb(p: Param<usize>) -> Option<usize> {
     p.get().map(|kb| kb << 10)
 }
