@@ -261,6 +261,8 @@ impl Communicator {
         rank: usize,
         cfg: Config,
     ) -> Result<Communicator> {
+        // A misspelt WEFT_* variable is named once per process (C ABI programs too).
+        weft_contract::params::warn_unknown_once();
         check_rank_args(nranks, rank)?;
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id.nonce[..4]));
         let s = CommShared::new(label, rank, nranks, cfg.clone());
@@ -288,21 +290,23 @@ impl Communicator {
     /// rank from `WEFT_RANK`/`RANK`, size from `WEFT_WORLD_SIZE`/`WORLD_SIZE`, id from
     /// `WEFT_BOOTSTRAP`/`NCCL_COMM_ID` and the job secret.
     pub fn from_env() -> Result<Communicator> {
-        let get = |a: &str, b: &str| -> Result<usize> {
-            let v = std::env::var(a)
-                .or_else(|_| std::env::var(b))
-                .map_err(|_| {
-                    Error::arg(format!(
-                        "{a} (or {b}) is not set: start ranks with `weft run -n N -- ...`"
-                    ))
-                })?;
-            v.trim()
-                .parse()
-                .map_err(|_| Error::arg(format!("{a}={v} is not a number")))
-        };
-        let rank = get("WEFT_RANK", "RANK")?;
-        let nranks = get("WEFT_WORLD_SIZE", "WORLD_SIZE")?;
-        Self::init(&UniqueId::from_env()?, nranks, rank)
+        use weft_contract::env::{EnvError, RankId, names};
+        let id = RankId::from_env().map_err(|e| match e {
+            EnvError::Missing { name, or: Some(b) } => Error::arg(format!(
+                "{name} (or {b}) is not set: start ranks with `weft run -n N -- ...`"
+            )),
+            EnvError::Missing { name, or: None } => Error::arg(format!("{name} is not set")),
+            // Named by its WEFT_* variable even when read from RANK/WORLD_SIZE.
+            EnvError::Bad(e) => {
+                let a = match e.name {
+                    names::RANK => names::WEFT_RANK,
+                    names::WORLD_SIZE => names::WEFT_WORLD_SIZE,
+                    a => a,
+                };
+                Error::arg(format!("{a}={} is not a number", e.value))
+            }
+        })?;
+        Self::init(&UniqueId::from_env()?, id.world_size, id.rank)
     }
 
     /// `n` ranks in this process, one communicator each (NCCL's `ncclCommInitAll`).

@@ -65,7 +65,8 @@ pub(crate) struct Resources {
 }
 
 pub(crate) fn job_label() -> String {
-    let j: String = std::env::var("WEFT_JOB")
+    let j: String = weft_contract::params::WEFT_JOB
+        .raw()
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')

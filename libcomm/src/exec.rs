@@ -250,8 +250,8 @@ impl Resources {
         use std::sync::OnceLock;
         static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
         let (s, y) = *KNOBS.get_or_init(|| {
-            let get = |k: &str| std::env::var(k).ok().and_then(|v| v.parse().ok());
-            (get("WEFT_SPIN_ITERS"), get("WEFT_YIELD_ITERS"))
+            use weft_contract::params::{WEFT_SPIN_ITERS, WEFT_YIELD_ITERS};
+            (WEFT_SPIN_ITERS.get(), WEFT_YIELD_ITERS.get())
         });
         let spin = s.unwrap_or(if self.oversubscribed { 0 } else { 4000 });
         // Measured with 4 ranks on 2 cores (docs/PERFORMANCE.md): 32 yields

@@ -56,15 +56,17 @@ pub const KIND_ERR: u8 = 3;
 
 /// The proxy socket to use, if any (see the module docs).
 pub fn socket_path() -> Result<Option<PathBuf>> {
-    let knob = std::env::var("WEFT_PROXY").unwrap_or_default();
+    use weft_contract::params::{WEFT_PROXY, WEFT_PROXY_SOCKET, WEFT_SIDECAR_SOCKET};
+    let knob = WEFT_PROXY.raw().unwrap_or_default();
     let knob = knob.trim().to_ascii_lowercase();
     if matches!(knob.as_str(), "0" | "off" | "false" | "no") {
         return Ok(None);
     }
     let forced = matches!(knob.as_str(), "1" | "on" | "true" | "yes");
-    let path = match std::env::var_os("WEFT_PROXY_SOCKET").filter(|s| !s.is_empty()) {
+    let path = match WEFT_PROXY_SOCKET.raw_os().filter(|s| !s.is_empty()) {
         Some(p) => Some(PathBuf::from(p)),
-        None => std::env::var_os("WEFT_SIDECAR_SOCKET")
+        None => WEFT_SIDECAR_SOCKET
+            .raw_os()
             .filter(|s| !s.is_empty())
             .map(|s| {
                 let mut p = s;

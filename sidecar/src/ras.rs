@@ -10,7 +10,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct RasArgs {
     /// The sidecar's socket.
-    #[arg(long, env = "WEFT_SIDECAR_SOCKET", value_name = "PATH")]
+    #[arg(long, env = weft_contract::params::WEFT_SIDECAR_SOCKET.name(), value_name = "PATH")]
     pub socket: PathBuf,
     /// Print the snapshot as JSON.
     #[arg(long)]

@@ -114,3 +114,21 @@ fn bad_input_gets_clear_errors() {
         assert_eq!(run.facts(r)["badinput"], "ok", "{}", run.dump());
     }
 }
+
+/// A misspelt `WEFT_*` variable is named once per rank process, with the
+/// declared variable it is closest to, when the communicator initialises.
+#[test]
+fn init_warns_once_about_a_misspelt_variable() {
+    let run = job::run(
+        JobSpec::new(common::worker(), 2, &["alltoall", "1", "16"])
+            // Spelt in two parts: the contract's scan takes whole literals
+            // for variables the code reads.
+            .env(concat!("WEFT_", "CUDA_THREAD"), "64")
+            .timeout(Duration::from_secs(60)),
+    );
+    run.assert_success();
+    let want = "weft: unknown variable WEFT_CUDA_THREAD; did you mean WEFT_CUDA_THREADS?";
+    for r in &run.ranks {
+        assert_eq!(r.stderr.matches(want).count(), 1, "{}", run.dump());
+    }
+}

@@ -108,18 +108,13 @@ nccl_api! {
     }
 }
 
-fn env_set(name: &str) -> bool {
-    std::env::var(name)
-        .map(|v| !v.trim().is_empty())
-        .unwrap_or(false)
-}
-
 nccl_api! {
     /// A fresh id, or with `NCCL_COMM_ID`/`WEFT_BOOTSTRAP` set the job's id,
     /// identical on every rank (rank 0 then serves the bootstrap there).
     fn ncclGetUniqueId / pncclGetUniqueId(unique_id: *mut ncclUniqueId) {
         non_null(unique_id, "uniqueId")?;
-        let id = if env_set("WEFT_BOOTSTRAP") || env_set("NCCL_COMM_ID") {
+        use weft_contract::{env::BootstrapEnv, params::process_env};
+        let id = if BootstrapEnv::is_set_in(&process_env) {
             UniqueId::from_env()
         } else {
             UniqueId::new()

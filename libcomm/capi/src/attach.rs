@@ -16,7 +16,10 @@ use std::sync::Once;
 pub fn ensure() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let Some(path) = std::env::var_os("WEFT_SIDECAR_SOCKET").filter(|s| !s.is_empty()) else {
+        let Some(path) = weft_contract::params::WEFT_SIDECAR_SOCKET
+            .raw_os()
+            .filter(|s| !s.is_empty())
+        else {
             return;
         };
         let path = path.to_string_lossy().into_owned();

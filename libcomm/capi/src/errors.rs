@@ -115,8 +115,11 @@ pub enum Level {
 pub fn level() -> Level {
     static L: OnceLock<Level> = OnceLock::new();
     *L.get_or_init(|| {
-        let v = std::env::var("WEFT_DEBUG")
-            .or_else(|_| std::env::var("NCCL_DEBUG"))
+        use weft_contract::params::{NCCL_DEBUG, WEFT_DEBUG};
+        // WEFT_DEBUG wins when set at all (even empty).
+        let v = WEFT_DEBUG
+            .raw()
+            .or_else(|| NCCL_DEBUG.raw())
             .unwrap_or_default();
         match v.to_ascii_uppercase().as_str() {
             "WARN" => Level::Warn,

@@ -57,7 +57,9 @@ impl CommEntry {
 }
 
 pub fn job() -> String {
-    std::env::var("WEFT_JOB").unwrap_or_else(|_| format!("pid-{}", std::process::id()))
+    weft_contract::params::WEFT_JOB
+        .raw()
+        .unwrap_or_else(|| format!("pid-{}", std::process::id()))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

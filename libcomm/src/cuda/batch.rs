@@ -74,7 +74,7 @@ pub fn set_logger(f: Logger) {
 fn log(warn: bool, line: &str) {
     match LOGGER.get() {
         Some(f) => f(warn, line),
-        None if warn && std::env::var_os("WEFT_DEBUG").is_some() => {
+        None if warn && weft_contract::params::WEFT_DEBUG.raw_os().is_some() => {
             eprintln!("weft WARN {line}")
         }
         None => {}

@@ -39,16 +39,17 @@ pub fn source_hash(src: &str) -> String {
 }
 
 fn cache_dir() -> Option<PathBuf> {
-    if let Ok(d) = std::env::var("WEFT_KERNEL_CACHE") {
+    use weft_contract::params::{HOME, WEFT_KERNEL_CACHE, XDG_CACHE_HOME};
+    // Set but empty: no cache.
+    if let Some(d) = WEFT_KERNEL_CACHE.raw() {
         return (!d.is_empty()).then(|| PathBuf::from(d));
     }
-    if let Ok(d) = std::env::var("XDG_CACHE_HOME")
+    if let Some(d) = XDG_CACHE_HOME.raw()
         && !d.is_empty()
     {
         return Some(PathBuf::from(d).join("weft/kernels"));
     }
-    std::env::var("HOME")
-        .ok()
+    HOME.raw()
         .map(|h| PathBuf::from(h).join(".cache/weft/kernels"))
 }
 
@@ -250,7 +251,7 @@ mod tests {
             // CI that provides NVRTC sets WEFT_REQUIRE_NVRTC=1: a missing
             // library is then a failure, never a silent pass.
             assert!(
-                std::env::var("WEFT_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                weft_contract::params::WEFT_REQUIRE_NVRTC.raw().as_deref() != Some("1"),
                 "WEFT_REQUIRE_NVRTC=1 but {why}"
             );
             eprintln!("SKIPPED every_kernel_compiles_with_nvrtc: {why}");
@@ -261,7 +262,7 @@ mod tests {
         // instantiations guarded out (a second NVRTC pass of the same source,
         // as long as the first: off by default to keep CI fast).
         let mut archs = vec![("compute_90", true)];
-        if std::env::var("WEFT_NVRTC_ALL_ARCHS").as_deref() == Ok("1") {
+        if weft_contract::params::WEFT_NVRTC_ALL_ARCHS.raw().as_deref() == Some("1") {
             archs.push(("compute_80", false));
         }
         for (arch, fp8) in archs {

@@ -8,6 +8,7 @@
 //! so every rank that sees the same environment decides the same.
 
 use crate::algo::tuner::DEVICE_ALGOS;
+use weft_contract::params::{self, Param};
 
 use super::abi::{
     BCAST_RING, BCAST_SCATTER, K_ALLGATHER, K_ALLTOALL, K_BROADCAST, K_REDUCE, LINES_AREA,
@@ -20,19 +21,10 @@ use super::abi::{
 /// there (all-reduce 128 KiB: 10.9 us against 18.6, NCCL 11.4).
 const LL_DEFAULT_MAX: usize = LL_MAX_BYTES;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A size given in KiB by `name`, in bytes; None when unset or unparsable.
-fn env_kb(name: &str) -> Option<usize> {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|kb| kb << 10)
+/// A size given in KiB by `p`, in bytes; None when unset or unparsable (a
+/// bad value is reported once on stderr).
+fn env_kb(p: Param<usize>) -> Option<usize> {
+    p.get().map(|kb| kb << 10)
 }
 
 /// Kernel knobs read once per communicator from the environment (as NCCL
@@ -115,38 +107,39 @@ pub(super) struct ChainShape {
 
 impl Tuning {
     pub(super) fn from_env() -> Tuning {
-        let bcast = match std::env::var("WEFT_CUDA_BCAST").as_deref() {
-            Ok("ring") => Some(BCAST_RING),
-            Ok("scatter") => Some(BCAST_SCATTER),
+        // Case-sensitive, as it always was.
+        let bcast = match params::WEFT_CUDA_BCAST.raw().as_deref() {
+            Some("ring") => Some(BCAST_RING),
+            Some("scatter") => Some(BCAST_SCATTER),
             _ => None,
         };
         Tuning {
-            parity_bytes: env_usize("WEFT_CUDA_SCRATCH_MB", 32).max(1) << 20,
-            allow_direct: std::env::var("WEFT_CUDA_DIRECT")
-                .map(|v| v != "0")
-                .unwrap_or(true),
+            parity_bytes: params::WEFT_CUDA_SCRATCH_MB.value().max(1) << 20,
+            allow_direct: params::WEFT_CUDA_DIRECT.get().unwrap_or(true),
             algo: algo_override(),
-            oneshot_max: env_usize("WEFT_CUDA_ONESHOT_MAX", 256 << 10),
-            threads: env_usize("WEFT_CUDA_THREADS", 512).clamp(32, 512),
-            p2p_blocks: env_usize("WEFT_CUDA_P2P_BLOCKS", 32).clamp(1, MAX_BLOCKS),
-            push: std::env::var("WEFT_CUDA_PUSH").ok().map(|v| v == "1"),
+            oneshot_max: params::WEFT_CUDA_ONESHOT_MAX.value(),
+            threads: params::WEFT_CUDA_THREADS.value().clamp(32, 512),
+            p2p_blocks: params::WEFT_CUDA_P2P_BLOCKS.value().clamp(1, MAX_BLOCKS),
+            // Set but empty (or any value but 1): Some(false).
+            push: params::WEFT_CUDA_PUSH.raw().map(|v| v == "1"),
             bcast,
-            ring_from: env_usize("WEFT_CUDA_BCAST_RING_MB", 256) << 20,
-            step: env_usize("WEFT_CUDA_BCAST_STEP", 0),
-            reduce_chunk: env_usize("WEFT_CUDA_REDUCE_CHUNK", 256 << 10).max(512) / 16 * 16,
-            blocks: env_usize("WEFT_CUDA_BLOCKS", 0).min(MAX_BLOCKS),
-            chain_min: env_kb("WEFT_CUDA_CHAIN_MIN_KB"),
-            chain_step: (env_usize("WEFT_CUDA_CHAIN_STEP_KB", 128) << 10).max(16),
-            chain_depth: env_usize("WEFT_CUDA_CHAIN_DEPTH", 8).max(1),
-            chain_slots: env_usize("WEFT_CUDA_CHAIN_SLOTS", 8).max(2),
-            chain_blocks: env_usize("WEFT_CUDA_CHAIN_BLOCKS", 128).clamp(1, MAX_BLOCKS),
-            lines: std::env::var("WEFT_CUDA_LINES").map_or(true, |v| v != "0"),
-            lines_min: env_kb("WEFT_CUDA_LINES_MIN_KB"),
-            lines_max: env_kb("WEFT_CUDA_LINES_MAX_KB"),
-            lines_blocks: env_usize("WEFT_CUDA_LINES_BLOCKS", 128).clamp(1, MAX_BLOCKS),
-            lines_window: env_usize("WEFT_CUDA_LINES_WINDOW", LINES_MAX_WINDOW)
+            ring_from: params::WEFT_CUDA_BCAST_RING_MB.value() << 20,
+            step: params::WEFT_CUDA_BCAST_STEP.value(),
+            reduce_chunk: params::WEFT_CUDA_REDUCE_CHUNK.value().max(512) / 16 * 16,
+            blocks: params::WEFT_CUDA_BLOCKS.value().min(MAX_BLOCKS),
+            chain_min: env_kb(params::WEFT_CUDA_CHAIN_MIN_KB),
+            chain_step: (params::WEFT_CUDA_CHAIN_STEP_KB.value() << 10).max(16),
+            chain_depth: params::WEFT_CUDA_CHAIN_DEPTH.value().max(1),
+            chain_slots: params::WEFT_CUDA_CHAIN_SLOTS.value().max(2),
+            chain_blocks: params::WEFT_CUDA_CHAIN_BLOCKS.value().clamp(1, MAX_BLOCKS),
+            lines: params::WEFT_CUDA_LINES.get().unwrap_or(true),
+            lines_min: env_kb(params::WEFT_CUDA_LINES_MIN_KB),
+            lines_max: env_kb(params::WEFT_CUDA_LINES_MAX_KB),
+            lines_blocks: params::WEFT_CUDA_LINES_BLOCKS.value().clamp(1, MAX_BLOCKS),
+            lines_window: params::WEFT_CUDA_LINES_WINDOW
+                .value()
                 .clamp(2, LINES_MAX_WINDOW),
-            ll_max: env_kb("WEFT_CUDA_LL_MAX_KB"),
+            ll_max: env_kb(params::WEFT_CUDA_LL_MAX_KB),
         }
     }
 
@@ -311,9 +304,9 @@ impl Tuning {
 /// names a device algorithm (oneshot | twoshot | ll | staged; the host algorithm
 /// names of `WEFT_ALGO`, such as ring, only steer host memory).
 fn algo_override() -> Option<&'static str> {
-    ["WEFT_CUDA_ALGO", "WEFT_ALGO"]
+    [params::WEFT_CUDA_ALGO, params::WEFT_ALGO]
         .iter()
-        .filter_map(|v| std::env::var(v).ok())
+        .filter_map(|p| p.raw())
         .find_map(|s| {
             let s = s.trim().to_ascii_lowercase();
             DEVICE_ALGOS.iter().copied().find(|a| *a == s)
@@ -353,6 +346,23 @@ mod tests {
             lines_window: LINES_MAX_WINDOW,
             ll_max: None,
         }
+    }
+
+    /// The registry's declared defaults are the ones `defaults()` spells out
+    /// (skipped when the environment sets a knob).
+    #[test]
+    fn from_env_without_knobs_is_the_defaults() {
+        let knob = |s: &params::ParamSpec| {
+            s.group == params::Group::Cuda || s.name == params::WEFT_ALGO.name()
+        };
+        if params::all().iter().any(|s| knob(s) && s.raw().is_some()) {
+            eprintln!("SKIPPED: a WEFT_CUDA_* or WEFT_ALGO variable is set");
+            return;
+        }
+        assert_eq!(
+            format!("{:?}", Tuning::from_env()),
+            format!("{:?}", defaults())
+        );
     }
 
     #[test]

@@ -31,9 +31,8 @@ pub(crate) struct ProxyLink {
 /// Ring capacity per direction and remote peer: `WEFT_PROXY_RING_BYTES`, else
 /// 8 MiB in all per communicator-rank, 64 KiB..2 MiB per ring.
 fn ring_capacity(nremote: usize) -> usize {
-    if let Some(c) = std::env::var("WEFT_PROXY_RING_BYTES")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
+    if let Some(c) = weft_contract::params::WEFT_PROXY_RING_BYTES
+        .get()
         .filter(|c| c.is_power_of_two())
     {
         return c.clamp(link::MIN_RING, link::MAX_RING);

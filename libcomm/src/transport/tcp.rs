@@ -86,8 +86,8 @@ pub(crate) fn endpoint() -> Result<Arc<Endpoint>> {
 impl Endpoint {
     fn start() -> Result<Arc<Endpoint>> {
         raise_fd_limit();
-        let bind = std::env::var("WEFT_LISTEN_ADDR")
-            .ok()
+        let bind = weft_contract::params::WEFT_LISTEN_ADDR
+            .raw()
             .map(|a| format!("{a}:0"))
             .unwrap_or_else(|| "0.0.0.0:0".into());
         let l = TcpListener::bind(&bind)

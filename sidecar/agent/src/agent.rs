@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use weft_contract::params;
 
 /// Events queued toward the sidecar before new ones are dropped.
 const QUEUE: usize = 1 << 16;
@@ -199,12 +200,13 @@ impl Observer for Agent {
 fn hello(job: &str, pid: u32, dropped: u64) -> rpc::Hello {
     rpc::Hello {
         pid,
-        hostname: std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| crate::host_name()),
+        hostname: params::WEFT_HOSTNAME.raw().unwrap_or_else(crate::host_name),
         job: job.into(),
         auth: auth::job_secret_from_env()
             .map(|s| auth::hello_mac(&s, job, pid))
             .unwrap_or_default(),
-        gpus: std::env::var("CUDA_VISIBLE_DEVICES")
+        gpus: params::CUDA_VISIBLE_DEVICES
+            .raw()
             .map(|v| v.split(',').map(str::to_string).collect())
             .unwrap_or_default(),
         dropped_events: dropped,
@@ -231,7 +233,8 @@ pub fn install_from_env(engine: Option<StartEmbedded>) -> Result<Arc<Agent>, Str
     if let Some(a) = AGENT.get() {
         return Ok(a.clone());
     }
-    let socket = std::env::var_os("WEFT_SIDECAR_SOCKET")
+    let socket = params::WEFT_SIDECAR_SOCKET
+        .raw_os()
         .filter(|s| !s.is_empty())
         .map(PathBuf::from);
     let mode = match (socket, engine) {
@@ -244,8 +247,8 @@ pub fn install_from_env(engine: Option<StartEmbedded>) -> Result<Arc<Agent>, Str
             );
         }
     };
-    let job = std::env::var("WEFT_JOB")
-        .ok()
+    let job = params::WEFT_JOB
+        .raw()
         .filter(|j| !j.is_empty())
         .unwrap_or_else(|| "anon".into());
     let pid = std::process::id();
@@ -417,7 +420,7 @@ async fn attached(
     if !a.closing.load(Ordering::Relaxed) {
         // The pod's sidecar is gone (killed, or the pod is going away): fail
         // rather than run on unobserved and unproxied.
-        let host = std::env::var("WEFT_HOSTNAME").unwrap_or_else(|_| crate::host_name());
+        let host = params::WEFT_HOSTNAME.raw().unwrap_or_else(crate::host_name);
         let reason = format!(
             "lost the sidecar at {} on host {host}: {why}",
             socket.display()

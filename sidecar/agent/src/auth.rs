@@ -4,18 +4,15 @@
 //! refused). The sidecar checks it with the same [`hello_mac`].
 
 use libcomm::handshake;
+use weft_contract::env::SecretSource;
 
-/// The job secret, from `WEFT_JOB_SECRET` or the file `WEFT_JOB_SECRET_FILE` names.
+/// The job secret, from `WEFT_JOB_SECRET` or the file `WEFT_JOB_SECRET_FILE`
+/// names ([`SecretSource`]); an empty secret or a file that cannot be read
+/// is none.
 pub fn job_secret_from_env() -> Option<String> {
-    if let Ok(s) = std::env::var("WEFT_JOB_SECRET")
-        && !s.is_empty()
-    {
-        return Some(s);
-    }
-    let path = std::env::var("WEFT_JOB_SECRET_FILE").ok()?;
-    std::fs::read_to_string(path)
+    SecretSource::from_env()?
+        .read()
         .ok()
-        .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
 }
 

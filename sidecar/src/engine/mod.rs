@@ -97,16 +97,16 @@ impl JobEvents for Engine {
 #[derive(Debug, Clone, clap::Args)]
 pub struct SidecarArgs {
     /// The Unix socket ranks attach to (export it as WEFT_SIDECAR_SOCKET).
-    #[arg(long, env = "WEFT_SIDECAR_SOCKET", value_name = "PATH")]
+    #[arg(long, env = weft_contract::params::WEFT_SIDECAR_SOCKET.name(), value_name = "PATH")]
     pub socket: PathBuf,
     /// HTTP port for /metrics, /healthz, /readyz, /ras (port 0: any free port).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
     pub http: SocketAddr,
     /// Job name (WEFT_JOB).
-    #[arg(long, env = "WEFT_JOB", default_value = "anon")]
+    #[arg(long, env = weft_contract::params::WEFT_JOB.name(), default_value = "anon")]
     pub job: String,
     /// Host name reported in RAS (default: this machine's).
-    #[arg(long, env = "WEFT_HOSTNAME")]
+    #[arg(long, env = weft_contract::params::WEFT_HOSTNAME.name())]
     pub host: Option<String>,
     /// TCP address peer sidecars reach us on (heartbeats, abort); off when unset.
     #[arg(long, value_name = "ADDR")]
