@@ -3,11 +3,11 @@
 //! failure domain. Owned by the communicator's lifecycle record
 //! (`comm::CommShared`) behind one mutex, so every operation on a
 //! communicator is serialized; everything lock-free (abort, status) goes
-//! through [`Fault`] instead. [`Ctx`] holds the immutable facts it was built
+//! through [`Fault`] instead. [`Ctx`] (module `ctx`) holds the immutable facts it was built
 //! from.
 
-use crate::bootstrap::PeerInfo;
 use crate::config::{Config, TransportPref};
+pub(crate) use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::fault::Fault;
 use crate::log::info_log;
@@ -19,18 +19,6 @@ use crate::unique_id::hex;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// Immutable facts about a communicator.
-pub(crate) struct Ctx {
-    pub id: CommId,
-    pub label: String,
-    pub rank: usize,
-    pub nranks: usize,
-    pub secret: [u8; 32],
-    pub peers: Vec<PeerInfo>,
-    pub cfg: Config,
-    pub job: String,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PeerKind {

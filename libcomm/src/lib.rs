@@ -23,6 +23,7 @@ mod bootstrap;
 mod comm;
 mod config;
 mod core;
+mod ctx;
 pub mod cuda;
 mod error;
 mod exec;

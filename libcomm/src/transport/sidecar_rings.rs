@@ -7,7 +7,7 @@
 
 use super::ShmChan;
 use super::shm::{Mapping, RingEnd};
-use crate::core::Ctx;
+use crate::ctx::Ctx;
 use crate::error::{Error, Result};
 use crate::sidecar_link::{self as link, KIND_ERR, KIND_OK, KIND_OPEN, OpenMsg, ProxyPeer};
 use std::os::fd::AsRawFd;
