@@ -47,6 +47,8 @@ pub use comm::Communicator;
 pub use config::{Config, TransportPref};
 pub use error::{Error, ErrorKind, Result};
 pub use group::Group;
+/// The log level `WEFT_DEBUG` / `NCCL_DEBUG` set (read once per process).
+pub use log::{Level as LogLevel, level as log_level};
 pub use op::{Buf, Memory, Op, OpKind};
 pub use state::CommState;
 pub use types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};

@@ -111,22 +111,14 @@ pub enum Level {
     Info,
 }
 
-/// `WEFT_DEBUG` or `NCCL_DEBUG`: WARN, INFO (TRACE counts as INFO here).
+/// `WEFT_DEBUG` or `NCCL_DEBUG`, as libcomm reads them: WARN, INFO (TRACE
+/// counts as INFO here).
 pub fn level() -> Level {
-    static L: OnceLock<Level> = OnceLock::new();
-    *L.get_or_init(|| {
-        use weft_contract::params::{NCCL_DEBUG, WEFT_DEBUG};
-        // WEFT_DEBUG wins when set at all (even empty).
-        let v = WEFT_DEBUG
-            .raw()
-            .or_else(|| NCCL_DEBUG.raw())
-            .unwrap_or_default();
-        match v.to_ascii_uppercase().as_str() {
-            "WARN" => Level::Warn,
-            "INFO" | "TRACE" | "ALL" => Level::Info,
-            _ => Level::Off,
-        }
-    })
+    match libcomm::log_level() {
+        libcomm::LogLevel::Off => Level::Off,
+        libcomm::LogLevel::Warn => Level::Warn,
+        libcomm::LogLevel::Info | libcomm::LogLevel::Trace => Level::Info,
+    }
 }
 
 fn host() -> &'static str {
