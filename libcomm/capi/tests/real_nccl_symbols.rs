@@ -74,6 +74,18 @@ fn real_nccl() -> Option<Real> {
     if r.lib.is_file() && r.header.is_file() {
         return Some(r);
     }
+    // Test processes run in parallel: one downloads, the others wait for it.
+    std::fs::create_dir_all(&cache).unwrap();
+    let lock = std::fs::File::create(cache.join(".lock")).unwrap();
+    use std::os::fd::AsRawFd;
+    assert_eq!(
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) },
+        0,
+        "flock"
+    );
+    if r.lib.is_file() && r.header.is_file() {
+        return Some(r);
+    }
     match download(&cache) {
         Ok(()) => Some(r),
         Err(why) => {
@@ -92,9 +104,10 @@ fn real_nccl() -> Option<Real> {
 }
 
 /// Downloads the wheel into `cache/dl`, extracts `libnccl.so.2` and `nccl.h`
-/// into `cache`, and deletes the wheel.
+/// into `cache`, and deletes the wheel (the caller holds `cache/.lock`).
 fn download(cache: &Path) -> Result<(), String> {
     let dl = cache.join("dl");
+    let _ = std::fs::remove_dir_all(&dl);
     std::fs::create_dir_all(&dl).map_err(|e| format!("mkdir {}: {e}", dl.display()))?;
     let o = Command::new("python3")
         .args([
