@@ -68,8 +68,13 @@ typedef enum {
 /* Magic of ncclConfig_t. */
 #define NCCL_API_MAGIC 0xcafebeef
 
+/* Window registration flags. Weft has no symmetric-memory windows yet:
+ * ncclCommWindowRegister returns a NULL window (see the README). */
 #define NCCL_WIN_DEFAULT 0x00
 #define NCCL_WIN_COLL_SYMMETRIC 0x01
+#define NCCL_WIN_STRICT_ORDERING 0x02
+#define NCCL_WIN_GIN_ONLY 0x04
+#define NCCL_WIN_CFT_COUNTED 0x08
 #define NCCL_WIN_REQUIRED_ALIGNMENT 4096
 
 #define NCCL_CTA_POLICY_DEFAULT 0x00
@@ -79,6 +84,12 @@ typedef enum {
 /* ncclCommShrink flags. */
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
+
+/* ncclCommRevoke flags. */
+#define NCCL_REVOKE_DEFAULT 0x00
+
+/* ncclCommSuspend flags. */
+#define NCCL_SUSPEND_MEM 0x01
 
 /* Communicator configuration (layout of NCCL 2.28, version 22800). Older,
  * smaller versions of this struct are accepted: only `size` bytes are read. */
@@ -178,6 +189,97 @@ typedef enum {
   ncclScalarHostImmediate = 1  /* read before ncclRedOpCreatePreMulSum returns */
 } ncclScalarResidence_t;
 
+/* Per-collective configuration of the nccl<Collective>Config calls (NCCL
+ * 2.32, v23200 layout). Weft ignores the tuning hints (CTA counts and policy,
+ * profiler tag, vendor extensions); an algSelection or a
+ * launchCompletionEvent gives ncclInvalidUsage (not supported yet). */
+typedef struct ncclConfigExt {
+  struct ncclConfigExt* next;
+  struct {
+    int vendorId;
+    int optionId;
+  } key;
+  union {
+    int i;
+    const char* s;
+    void* raw;
+  } val;
+} ncclConfigExt_t;
+
+typedef struct ncclCollConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  ncclConfigExt_t* ext;
+  int minCTAs;
+  int maxCTAs;
+  int nvlsCTAs;
+  int cgaClusterSize;
+  const char* algSelection;
+  int forceAlgSelection;
+  int CTAPolicy;
+  uint64_t userProfilerTag;
+  struct CUevent_st* launchCompletionEvent; /* a cudaEvent_t */
+} ncclCollConfig_t;
+
+#define NCCL_COLLCONFIG_INITIALIZER {                              \
+  sizeof(ncclCollConfig_t), /* size */                             \
+  NCCL_API_MAGIC,           /* magic */                            \
+  23200,                    /* version */                          \
+  NCCL_CONFIG_UNDEF_PTR,    /* ext */                              \
+  NCCL_CONFIG_UNDEF_INT,    /* minCTAs */                          \
+  NCCL_CONFIG_UNDEF_INT,    /* maxCTAs */                          \
+  NCCL_CONFIG_UNDEF_INT,    /* nvlsCTAs */                         \
+  NCCL_CONFIG_UNDEF_INT,    /* cgaClusterSize */                   \
+  NCCL_CONFIG_UNDEF_PTR,    /* algSelection */                     \
+  1,                        /* forceAlgSelection */                \
+  NCCL_CONFIG_UNDEF_INT,    /* CTAPolicy */                        \
+  0,                        /* userProfilerTag */                  \
+  NCCL_CONFIG_UNDEF_PTR,    /* launchCompletionEvent */            \
+}
+
+/* ncclCommMemStats (not supported by Weft yet). */
+typedef enum {
+  ncclStatGpuMemSuspend = 0,
+  ncclStatGpuMemSuspended = 1,
+  ncclStatGpuMemPersist = 2,
+  ncclStatGpuMemTotal = 3
+} ncclCommMemStat_t;
+
+/* ncclWaitSignal (not supported by Weft yet). */
+typedef struct {
+  int opCnt;
+  int peer;
+  int sigIdx;
+  int ctx;
+} ncclWaitSignalDesc_t;
+
+/* ncclSetEncryption (not supported by Weft yet; Weft authenticates its
+ * bootstrap with WEFT_JOB_SECRET). */
+typedef enum {
+  NCCL_ENCRYPTION_MODE_NONE = 0,
+  NCCL_ENCRYPTION_MODE_PSK = 1
+} ncclEncryptionMode_t;
+
+typedef struct ncclEncryptionConfig_v23200 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int mode;
+  const char* psk;
+} ncclEncryptionConfig_t;
+
+#define NCCL_ENCRYPTION_CONFIG_INITIALIZER {                       \
+  sizeof(ncclEncryptionConfig_t), /* size */                       \
+  NCCL_API_MAGIC,                 /* magic */                      \
+  23200,                          /* version */                    \
+  NCCL_ENCRYPTION_MODE_NONE,      /* mode */                       \
+  NCCL_CONFIG_UNDEF_PTR,          /* psk */                        \
+}
+
+/* Parameter access handle (ncclParam*: not supported by Weft yet). */
+typedef struct ncclParamHandle* ncclParamHandle_t;
+
 /* Declares f and its profiling twin pf with the same signature. */
 #define WEFT_NCCL_API(ret, name, args) ret name args; ret p##name args
 
@@ -260,6 +362,79 @@ WEFT_NCCL_API(ncclResult_t, ncclRecv,
 WEFT_NCCL_API(ncclResult_t, ncclGroupStart, (void));
 WEFT_NCCL_API(ncclResult_t, ncclGroupEnd, (void));
 WEFT_NCCL_API(ncclResult_t, ncclGroupSimulateEnd, (ncclSimInfo_t * simInfo));
+
+/* The nccl<Collective>Config variants: the plain collective when config is
+ * NULL or holds only tuning hints. */
+WEFT_NCCL_API(ncclResult_t, ncclAllReduceConfig,
+              (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclBroadcastConfig,
+              (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclReduceConfig,
+              (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+               int root, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclAllGatherConfig,
+              (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
+               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclReduceScatterConfig,
+              (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
+               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclAlltoAllConfig,
+              (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
+               cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclGatherConfig,
+              (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclScatterConfig,
+              (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
+               ncclComm_t comm, cudaStream_t stream, const ncclCollConfig_t* config));
+
+/* Symmetric-memory windows: Weft has none yet. ncclCommWindowRegister sets
+ * *win = NULL and returns ncclSuccess (as NCCL does where symmetric memory is
+ * unavailable), so callers fall back; ncclCommWindowDeregister(comm, NULL)
+ * succeeds. */
+WEFT_NCCL_API(ncclResult_t, ncclCommWindowRegister,
+              (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags));
+WEFT_NCCL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWindow_t win));
+
+/* Exported for compatibility, NOT SUPPORTED by Weft yet: each returns
+ * ncclInvalidUsage, sets ncclGetLastError and writes no output argument. */
+WEFT_NCCL_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
+WEFT_NCCL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags));
+WEFT_NCCL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId * uniqueId));
+WEFT_NCCL_API(ncclResult_t, ncclCommGrow,
+              (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,
+               ncclConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclCommSuspend, (ncclComm_t comm, int flags));
+WEFT_NCCL_API(ncclResult_t, ncclCommResume, (ncclComm_t comm));
+WEFT_NCCL_API(ncclResult_t, ncclCommMemStats, (ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value));
+WEFT_NCCL_API(ncclResult_t, ncclPutSignal,
+              (const void* localbuff, size_t count, ncclDataType_t datatype, int peer, ncclWindow_t peerWin,
+               size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+               cudaStream_t stream));
+WEFT_NCCL_API(ncclResult_t, ncclSignal,
+              (int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm, cudaStream_t stream));
+WEFT_NCCL_API(ncclResult_t, ncclWaitSignal,
+              (int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream));
+WEFT_NCCL_API(ncclResult_t, ncclSetEncryption, (const ncclEncryptionConfig_t* config));
+WEFT_NCCL_API(ncclResult_t, ncclParamBind, (ncclParamHandle_t * out, const char* key));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetI8, (ncclParamHandle_t h, int8_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetI16, (ncclParamHandle_t h, int16_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetI32, (ncclParamHandle_t h, int32_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetI64, (ncclParamHandle_t h, int64_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetU8, (ncclParamHandle_t h, uint8_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetU16, (ncclParamHandle_t h, uint16_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetU32, (ncclParamHandle_t h, uint32_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetU64, (ncclParamHandle_t h, uint64_t* out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetStr, (ncclParamHandle_t h, const char** out));
+WEFT_NCCL_API(ncclResult_t, ncclParamGet, (ncclParamHandle_t h, void* out, int maxLen, int* len));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetParameter, (const char* key, const char** value, int* valueLen));
+WEFT_NCCL_API(ncclResult_t, ncclParamGetAllParameterKeys, (const char*** table, int* tableLen));
+/* Not supported yet: prints nothing, sets ncclGetLastError. */
+WEFT_NCCL_API(void, ncclParamDumpAll, (void));
+/* Deprecated in NCCL; a no-op here (Weft reads NCCL_DEBUG/WEFT_DEBUG once). */
+WEFT_NCCL_API(void, ncclResetDebugInit, (void));
 
 #undef WEFT_NCCL_API
 

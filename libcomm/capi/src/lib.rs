@@ -14,7 +14,10 @@
 //! - [`device`]: finds an operation's CUDA device and routes the CUDA
 //!   backend's log lines (every operation, host or device, is a libcomm
 //!   `Op` submitted through `Communicator::submit` or a `Group`);
-//! - [`attach`]: registers the process with the pod's sidecar.
+//! - [`attach`]: registers the process with the pod's sidecar;
+//! - [`unsupported`]: the rest of NCCL's exported API (up to 2.32): windows
+//!   (NULL), `nccl*Config` collectives, and the functions not implemented yet
+//!   (`ncclInvalidUsage`, last error set).
 
 pub mod api;
 pub mod attach;
@@ -26,3 +29,4 @@ pub mod handles;
 pub mod lifecycle;
 pub mod ptrkind;
 pub mod redop;
+pub mod unsupported;

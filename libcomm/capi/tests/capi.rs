@@ -358,6 +358,19 @@ fn every_collective_with_result_checks_3_ranks_tcp() {
 }
 
 #[test]
+fn unsupported_functions_fail_cleanly_and_windows_come_back_null() {
+    let bin = compile("unsupported", false);
+    let o = run_bounded(&mut Command::new(&bin), Duration::from_secs(60));
+    assert!(
+        o.status.success(),
+        "unsupported failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "unsupported ok\n");
+}
+
+#[test]
 fn misuse_gets_exact_codes_and_informative_last_error() {
     let bin = compile("errors", false);
     let out = run_ranks_full(
