@@ -54,30 +54,8 @@ const FUNCTIONS: &[&str] = &[
     "ncclGroupSimulateEnd",
 ];
 
-fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn include_dir() -> PathBuf {
-    crate_dir().join("../include")
-}
-
-/// The cdylib cargo built with this test: `<target>/<profile>/libnccl.so`
-/// (this executable lives in `<target>/<profile>/deps/`).
-fn built_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut candidates = Vec::new();
-    for dir in exe.ancestors().skip(1).take(3) {
-        candidates.push(dir.join("libnccl.so"));
-        candidates.push(dir.join("deps").join("libnccl.so"));
-    }
-    candidates
-        .iter()
-        .filter(|p| p.is_file())
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .cloned()
-        .unwrap_or_else(|| panic!("libnccl.so not found; looked at {candidates:?}"))
-}
+mod common;
+use common::{built_library, crate_dir, include_dir};
 
 /// A temporary install prefix made by `install.sh`: `lib/libnccl.so.2` (a
 /// copy of the build), `lib/libnccl.so -> libnccl.so.2`, `lib/libweft_nccl.so`

@@ -22,29 +22,8 @@ use std::process::Command;
 const WHEEL: &str = "nvidia-nccl-cu13";
 const VERSION: &str = "2.32.3";
 
-fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn include_dir() -> PathBuf {
-    crate_dir().join("../include")
-}
-
-/// The cdylib cargo built with this test (`<target>/<profile>/libnccl.so`).
-fn built_library() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let mut candidates = Vec::new();
-    for dir in exe.ancestors().skip(1).take(3) {
-        candidates.push(dir.join("libnccl.so"));
-        candidates.push(dir.join("deps").join("libnccl.so"));
-    }
-    candidates
-        .iter()
-        .filter(|p| p.is_file())
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .cloned()
-        .unwrap_or_else(|| panic!("libnccl.so not found; looked at {candidates:?}"))
-}
+mod common;
+use common::{built_library, include_dir};
 
 /// The real NCCL's files, or None (skip) when they cannot be had here.
 struct Real {
