@@ -14,3 +14,13 @@
 
 pub mod env;
 pub mod params;
+
+/// A lookup over a fixed table of variables, for the tests' `*_from(lookup)` calls.
+#[cfg(test)]
+pub(crate) fn test_table(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let m: std::collections::HashMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| m.get(k).cloned()
+}

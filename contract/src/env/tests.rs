@@ -9,13 +9,7 @@ fn lookup_of(vars: &[(&'static str, String)]) -> impl Fn(&str) -> Option<String>
     move |k| m.get(k).cloned()
 }
 
-fn table(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let m: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k| m.get(k).cloned()
-}
+use crate::test_table as table;
 
 fn rank_env(rank: usize, secret: Option<&str>) -> RankEnv {
     RankEnv {

@@ -229,4 +229,6 @@ params! {
         "a prebuilt `weft` for the bench scripts";
     WEFT_DEFAULTS: String = Str, Unset(""), Test, [Tests],
         "marks the defaults row of bench/gpu/run.sh (read by nothing)";
+    WEFT_REAL_NCCL_DIR: String = Path, Unset(""), Test, [Tests],
+        "an unpacked nvidia-nccl-cu13 wheel for the symbol-coverage test (no download)";
 }

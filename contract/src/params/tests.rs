@@ -1,14 +1,7 @@
 use super::*;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-fn table(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-    let m: HashMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k| m.get(k).cloned()
-}
+use crate::test_table as table;
 
 #[test]
 fn names_are_unique_and_well_formed() {
