@@ -57,7 +57,11 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8
+  /* NCCL 2.29+. Weft reports 2.28 and returns ncclRemoteError for a peer
+   * that stops answering within the timeout (the message says "timed out"),
+   * so programs built against 2.28 headers see only codes they know. */
+  ncclTimeout = 8,
+  ncclNumResults = 9
 } ncclResult_t;
 
 #define NCCL_CONFIG_UNDEF_INT INT_MIN

@@ -21,7 +21,9 @@ pub const INVALID_ARGUMENT: NcclResult = 4;
 pub const INVALID_USAGE: NcclResult = 5;
 pub const REMOTE_ERROR: NcclResult = 6;
 pub const IN_PROGRESS: NcclResult = 7;
-pub const NUM_RESULTS: NcclResult = 8;
+/// NCCL 2.29+; never returned (see nccl.h), but it has a string.
+pub const TIMEOUT: NcclResult = 8;
+pub const NUM_RESULTS: NcclResult = 9;
 
 /// A failed call: the code to return and the message for `ncclGetLastError`.
 #[derive(Debug, Clone)]
@@ -84,6 +86,7 @@ pub fn error_string(code: NcclResult) -> *const c_char {
         INVALID_USAGE => b"invalid usage (run with NCCL_DEBUG=WARN for details)\0",
         REMOTE_ERROR => b"remote process exited or there was a network error\0",
         IN_PROGRESS => b"NCCL operation in progress\0",
+        TIMEOUT => b"operation timed out\0",
         _ => b"unknown result code\0",
     };
     s.as_ptr().cast()

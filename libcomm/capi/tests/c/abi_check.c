@@ -12,7 +12,8 @@ SA(sizeof(ncclResult_t) == 4 && sizeof(ncclDataType_t) == 4 && sizeof(ncclRedOp_
 
 SA(ncclSuccess == 0 && ncclUnhandledCudaError == 1 && ncclSystemError == 2 &&
    ncclInternalError == 3 && ncclInvalidArgument == 4 && ncclInvalidUsage == 5 &&
-   ncclRemoteError == 6 && ncclInProgress == 7 && ncclNumResults == 8);
+   ncclRemoteError == 6 && ncclInProgress == 7 && ncclTimeout == 8 &&
+   ncclNumResults == 9);
 
 SA(ncclInt8 == 0 && ncclChar == 0 && ncclUint8 == 1 && ncclInt32 == 2 && ncclInt == 2 &&
    ncclUint32 == 3 && ncclInt64 == 4 && ncclUint64 == 5 && ncclFloat16 == 6 && ncclHalf == 6 &&
