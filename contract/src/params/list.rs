@@ -157,6 +157,8 @@ params! {
         "nodes (pods) in the job";
     WEFT_NODE_RANK: usize = Int, Unset(""), Launch, [Run, Operator],
         "this node's (pod's) index";
+    WEFT_MPS: String = Choice(&["auto", "on", "off"]), Value("auto"), Launch, [Run, Bench],
+        "`auto`: when more local ranks than GPUs, start a private CUDA MPS daemon for the job (kernels of ranks sharing a GPU then run side by side instead of time-slicing); `on`: fail if it cannot start; `off`";
     RANK: usize = Int, Unset(""), Launch, [Libcomm, Run],
         "PyTorch's name, read when `WEFT_RANK` is unset";
     WORLD_SIZE: usize = Int, Unset(""), Launch, [Libcomm, Run],

@@ -14,13 +14,15 @@
 //! assert_eq!(outcome.ranks[2].output.stdout, b"rank 2\n");
 //! ```
 //!
-//! Modules: [`mod@env`] (the rank environment contract), `process` (spawning a
+//! Modules: [`mod@env`] (the rank environment contract), [`mps`] (a private
+//! MPS daemon when ranks share a GPU), `process` (spawning a
 //! rank in its own process group), `output` (prefixing lines), `signals`
 //! (forwarding), [`shm`] (leftover segment cleanup) and `supervise` (the
 //! loop that watches the ranks); this file holds the public types and ties
 //! the pieces together.
 
 pub mod env;
+pub mod mps;
 pub(crate) mod output;
 mod process;
 pub mod shm;
@@ -279,12 +281,22 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     } else {
         None
     };
+    let mps = mps::maybe_start(
+        mps::Mode::from_env(),
+        spec.ranks,
+        &mps::Host::probe(),
+        &job.job,
+        &mut |m| diag(label, m),
+    )
+    .map_err(LaunchError::InvalidSpec)?;
+    let mps_vars = mps.as_ref().map(|d| d.vars()).unwrap_or_default();
     let start = Instant::now();
 
     let mut live: Vec<libc::pid_t> = Vec::with_capacity(spec.ranks);
     let mut pipes = Vec::with_capacity(spec.ranks);
     for rank in 0..spec.ranks {
         let mut vars = job.rank_vars(rank);
+        vars.extend(mps_vars.iter().cloned());
         vars.extend(spec.env_extra.iter().cloned());
         match process::spawn_rank(&spec.program, &spec.args, &vars) {
             Ok(s) => {
@@ -336,6 +348,8 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
         process::set_subreaper(old);
     }
     let outputs = pump.finish();
+    // Every rank is reaped: the daemon has no clients left.
+    drop(mps);
     let shm_removed = shm::remove_job_segments(std::path::Path::new(shm::SHM_DIR), &job.job);
     drop(signals);
     let ranks = live
