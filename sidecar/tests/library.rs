@@ -50,6 +50,33 @@ fn reports_the_first_failure() {
     ));
 }
 
+/// Rank 3 is SIGKILLed; the others notice at once (as libcomm's peers do
+/// within milliseconds) and exit with a code of their own, usually within
+/// the launcher's polling tick. The killed rank is the one to blame, not
+/// the lowest-numbered rank that exited (which it was before).
+#[test]
+fn a_killed_rank_is_blamed_over_peers_that_exit_in_reaction() {
+    let dir = std::env::temp_dir().join(format!("weft-blame-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dead = dir.join("dead");
+    let script = format!(
+        "if [ $WEFT_RANK = 3 ]; then touch {d}; kill -9 $$; fi; \
+         while [ ! -e {d} ]; do :; done; exit 5",
+        d = dead.display()
+    );
+    for round in 0..5 {
+        let _ = std::fs::remove_file(&dead);
+        let o = launch(&sh(4, &script)).unwrap();
+        assert!(
+            matches!(o.stop, Some(StopReason::RankFailed { rank: 3, .. })),
+            "round {round}: {:?}",
+            o.stop
+        );
+        assert_eq!(o.exit_code(), 137, "round {round}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn spawn_errors_are_typed() {
     let err = launch(&LaunchSpec::new(2, "/nonexistent/weft-test")).unwrap_err();

@@ -134,7 +134,13 @@ impl<'a> Supervisor<'a> {
     /// Reaps ranks that ended. Their process group is SIGKILLed first, while
     /// the unreaped zombie still reserves the pgid, so a rank's leftover
     /// children die with it and no unrelated process can be hit.
+    ///
+    /// Blame: when one rank dies, its peers notice within milliseconds and
+    /// exit with an error of their own, often within the same tick. Among
+    /// the failures reaped together, a rank killed by a signal is the cause
+    /// (its peers exit with a code after noticing it), then the lowest rank.
     fn reap_exited(&mut self) {
+        let mut failed: Vec<(usize, ExitStatus)> = Vec::new();
         for rank in 0..self.pids.len() {
             let pid = self.pids[rank];
             if self.statuses[rank].is_some() || !process::has_exited(pid) {
@@ -143,23 +149,43 @@ impl<'a> Supervisor<'a> {
             process::signal_group(pid, libc::SIGKILL);
             let status = process::reap(pid);
             self.statuses[rank] = Some(status);
-            if status.success() || self.stop.is_some() {
-                continue;
+            if !status.success() && self.stop.is_none() {
+                failed.push((rank, status));
             }
-            let others = self.running();
-            let tail = match others {
-                0 => String::new(),
-                n => format!("; stopping the other {}", ranks(n)),
-            };
-            let what = process::describe(&status);
-            diag(self.label, &format!("rank {rank} (pid {pid}) {what}{tail}"));
-            let reason = StopReason::RankFailed {
-                rank,
-                pid: pid as u32,
-                status,
-            };
-            self.begin_stop(reason, libc::SIGTERM);
         }
+        let Some(&(rank, status)) = blame(&failed) else {
+            return;
+        };
+        let pid = self.pids[rank];
+        let others = self.running();
+        let tail = match others {
+            0 => String::new(),
+            n => format!("; stopping the other {}", ranks(n)),
+        };
+        let what = process::describe(&status);
+        let others_failed: Vec<String> = failed
+            .iter()
+            .filter(|f| f.0 != rank)
+            .map(|f| f.0.to_string())
+            .collect();
+        let also = match others_failed.len() {
+            0 => String::new(),
+            1 => format!(" (rank {} ended in the same tick)", others_failed[0]),
+            _ => format!(
+                " (ranks {} ended in the same tick)",
+                others_failed.join(", ")
+            ),
+        };
+        diag(
+            self.label,
+            &format!("rank {rank} (pid {pid}) {what}{also}{tail}"),
+        );
+        let reason = StopReason::RankFailed {
+            rank,
+            pid: pid as u32,
+            status,
+        };
+        self.begin_stop(reason, libc::SIGTERM);
     }
 
     /// The job timeout, then the end of the grace period.
@@ -185,5 +211,37 @@ impl<'a> Supervisor<'a> {
             self.signal_all(libc::SIGKILL);
             self.killed = true;
         }
+    }
+}
+
+/// The rank to blame among failures reaped in one tick: killed by a signal
+/// first, then the lowest rank.
+fn blame(failed: &[(usize, ExitStatus)]) -> Option<&(usize, ExitStatus)> {
+    use std::os::unix::process::ExitStatusExt;
+    failed
+        .iter()
+        .min_by_key(|(rank, st)| (st.signal().is_none(), *rank))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_rank_killed_by_a_signal_is_blamed_over_peers_that_exited_after_it() {
+        // rank 3 SIGKILLed; ranks 0 and 1 exited with code 5 after noticing.
+        let failed = [
+            (0, ExitStatus::from_raw(5 << 8)),
+            (1, ExitStatus::from_raw(5 << 8)),
+            (3, ExitStatus::from_raw(libc::SIGKILL)),
+        ];
+        assert_eq!(blame(&failed).unwrap().0, 3);
+        let codes = [
+            (2, ExitStatus::from_raw(1 << 8)),
+            (4, ExitStatus::from_raw(5 << 8)),
+        ];
+        assert_eq!(blame(&codes).unwrap().0, 2, "else the lowest rank");
+        assert!(blame(&[]).is_none());
     }
 }
