@@ -86,8 +86,9 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
-/// Seconds as an integer or decimal, e.g. `3` or `0.5`.
-fn parse_secs(s: &str) -> Result<Duration, String> {
+/// Seconds as an integer or decimal, e.g. `3` or `0.5` (every command's
+/// `--timeout`).
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
         .map_err(|_| format!("'{s}' is not a number of seconds"))?;

@@ -21,6 +21,10 @@ pub struct RasArgs {
     /// The whole job: merge the peer sidecars' snapshots (via this sidecar).
     #[arg(long)]
     pub job: bool,
+    /// Give up on a query after this long (a sidecar that accepts and never
+    /// answers must not hang the caller).
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = crate::cli::parse_secs)]
+    pub timeout: Duration,
 }
 
 /// The plain-text report (also served at http://.../ras).
@@ -150,7 +154,17 @@ pub fn run(args: RasArgs) -> i32 {
     };
     rt.block_on(async {
         loop {
-            match fetch_with(args.socket.clone(), args.job).await {
+            let query = fetch_with(args.socket.clone(), args.job);
+            let answer = tokio::time::timeout(args.timeout, query)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SidecarError::Unreachable(format!(
+                        "no answer from the sidecar at {} within {:?}",
+                        args.socket.display(),
+                        args.timeout
+                    )))
+                });
+            match answer {
                 Ok(s) if args.json => {
                     println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default())
                 }

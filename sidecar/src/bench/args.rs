@@ -95,7 +95,7 @@ pub struct BenchArgs {
     #[arg(long = "json")]
     pub json: bool,
     /// Stop every rank and exit 124 when the benchmark runs longer than this.
-    #[arg(long = "timeout", value_name = "SECS", value_parser = parse_secs)]
+    #[arg(long = "timeout", value_name = "SECS", value_parser = crate::cli::parse_secs)]
     pub timeout: Option<Duration>,
 }
 
@@ -112,13 +112,6 @@ fn parse_redop(s: &str) -> Result<ReduceOp, String> {
         ReduceOp::PreMulSum(_) => Err("premulsum is not supported by weft bench".into()),
         op => Ok(op),
     }
-}
-
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("'{s}' is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("'{s}' is not a valid duration"))
 }
 
 impl BenchArgs {
