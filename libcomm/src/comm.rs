@@ -383,6 +383,22 @@ impl Communicator {
                     )));
                 }
                 if let Some(f) = self.s.fault.get()
+                    && let Some((rank, pid)) = f.dead_local()
+                {
+                    // Raise it as the host path would: local peers learn
+                    // too, and our kernels waiting on that rank return.
+                    f.raise(
+                        crate::transport::shm::FAIL_ERROR,
+                        &format!(
+                            "rank {rank} (pid {pid}) exited without destroying its communicator"
+                        ),
+                    );
+                    if let DeviceSlot::On(dc) = &*lock(&self.s.dev) {
+                        dc.abort();
+                    }
+                }
+                // A failure raised here names its cause in the reason.
+                if let Some(f) = self.s.fault.get()
                     && let Some(r) = f.check()
                 {
                     let e = if r.abort {
@@ -395,7 +411,11 @@ impl Communicator {
                         Error::Remote {
                             comm: self.s.label.clone(),
                             rank: self.s.rank,
-                            detail: format!("rank {} failed: {}", r.origin, r.reason),
+                            detail: if r.origin == self.s.rank {
+                                r.reason
+                            } else {
+                                format!("rank {} failed: {}", r.origin, r.reason)
+                            },
                         }
                     };
                     self.record_failure(&e);

@@ -8,8 +8,9 @@
 //! This object is shared by the communicator's lock-free paths (abort from
 //! another thread) and the progress engine.
 
-use crate::transport::shm::{FAIL_ABORT, Mapping};
+use crate::transport::shm::{FAIL_ABORT, Mapping, ST_DESTROYED};
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 pub(crate) struct Fault {
@@ -53,6 +54,21 @@ impl Fault {
         for s in self.tcp.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// A local peer whose process is gone without having destroyed its
+    /// communicator: (rank, pid). The host path notices this while it waits;
+    /// device work has no host waiter, so queries (`ncclCommGetAsyncError`)
+    /// and the device watch call this. A peer that destroyed its side and
+    /// then exited is not a failure.
+    pub fn dead_local(&self) -> Option<(usize, u32)> {
+        self.locals.iter().find_map(|(rank, m)| {
+            let c = m.control();
+            let pid = c.pid.load(Ordering::Relaxed);
+            let gone =
+                c.state.load(Ordering::Acquire) != ST_DESTROYED && !crate::topology::pid_alive(pid);
+            gone.then_some((*rank, pid))
+        })
     }
 
     #[inline]
