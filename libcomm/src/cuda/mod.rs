@@ -29,6 +29,7 @@
 //! | `tuning.rs` | every `WEFT_CUDA_*` variable, read once into `Tuning`, and the size rules |
 //! | `ll.rs` | the LL one-shot's reuse of its area (`LlHistory`) and its model test |
 //! | `p2p.rs` | send/recv/gather/scatter as point-to-point pieces and rounds |
+//! | `eager.rs` | sends that do not wait for the peer's receive: staging copy on the caller's stream, the send kernel on a side stream (the design and why it does not race) |
 //! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
 //! | `abi.rs` | the Rust mirror of the kernels' argument structs, codes and area layout |
 //! | `kernels.rs` | the embedded CUDA sources: kernel names, NVRTC compile cache, module loading |
@@ -53,6 +54,7 @@ mod abi;
 pub mod batch;
 mod devcomm;
 mod driver;
+mod eager;
 mod error;
 pub mod kernels;
 mod launch;
