@@ -21,6 +21,7 @@
 
 use super::devcomm::DevComm;
 use super::driver::{ContextGuard, stream_capturing};
+use super::eager::sends_only;
 use super::error::CudaError;
 use super::mapping::DESCRIPTOR_BYTES;
 use super::p2p::{P2p, is_p2p, p2p_pieces};
@@ -293,10 +294,7 @@ impl Backend for CudaBackend {
             // Sends only, to other ranks, outside capture: eager (see
             // `eager.rs`), so the stream's next operation, typically the
             // matching receive of a ring, is not held behind the send.
-            let eager = pieces
-                .iter()
-                .all(|p| matches!(*p, P2p::Send { peer, .. } if peer != rank))
-                && !stream_capturing(stream);
+            let eager = sends_only(&pieces, rank) && !stream_capturing(stream);
             let r = comms.observed(
                 b.comm,
                 &b.ops,

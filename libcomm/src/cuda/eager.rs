@@ -225,6 +225,17 @@ impl Eager {
     }
 }
 
+/// Whether a communicator's point-to-point pieces of one batch may run
+/// eagerly: there are some, and all are sends to other ranks (a send to
+/// oneself pairs with a receive into a copy; a receive must run on the
+/// caller's stream).
+pub(super) fn sends_only(pieces: &[P2p], me: usize) -> bool {
+    !pieces.is_empty()
+        && pieces
+            .iter()
+            .all(|p| matches!(*p, P2p::Send { peer, .. } if peer != me))
+}
+
 impl DevComm {
     /// Enqueues a batch of sends only (see the module docs): the copies into
     /// staging on `stream`, the send kernels on the side stream.
@@ -299,5 +310,43 @@ impl DevComm {
             }
         }
         launched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::Op;
+    use crate::types::DataType;
+
+    /// Unbatched sends, groups of sends and a non-root gather are eager;
+    /// anything with a receive, a copy or a send to oneself is not.
+    #[test]
+    fn only_batches_of_sends_to_others_are_eager() {
+        let send = |peer| P2p::Send {
+            peer,
+            ptr: 64,
+            bytes: 8,
+        };
+        let recv = |peer| P2p::Recv {
+            peer,
+            ptr: 128,
+            bytes: 8,
+        };
+        assert!(sends_only(&[send(1)], 0));
+        assert!(sends_only(&[send(1), send(2), send(1)], 0));
+        assert!(!sends_only(&[], 0));
+        assert!(!sends_only(&[send(1), recv(2)], 0));
+        assert!(!sends_only(&[recv(1)], 0));
+        assert!(!sends_only(&[send(0)], 0));
+        let g = Op::gather(100 as *const u8, 1000 as *mut u8, 2, DataType::F32, 1);
+        let on = |rank| super::super::p2p::p2p_pieces(&g, rank, 3).unwrap();
+        assert!(sends_only(&on(0), 0), "a non-root gather only sends");
+        assert!(!sends_only(&on(1), 1), "the root receives");
+        let sc = Op::scatter(100 as *const u8, 1000 as *mut u8, 2, DataType::F32, 0);
+        assert!(
+            !sends_only(&super::super::p2p::p2p_pieces(&sc, 0, 3).unwrap(), 0),
+            "the root of a scatter copies its own block"
+        );
     }
 }
