@@ -741,9 +741,12 @@ fn unbatched_ring(name: &str, devs: &[i32], count: usize) {
     let what = format!("{name}: {n} ranks on GPUs {devs:?}, {count} floats");
     let watch = what.clone();
     std::thread::spawn(move || {
-        if rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+        if rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .is_err()
+        {
             eprintln!(
-                "FAILED {watch}: not done within 60 s (a send waiting for a receive queued behind it)"
+                "FAILED {watch}: not done within 120 s (a send waiting for a receive queued behind it)"
             );
             std::process::exit(101);
         }

@@ -93,11 +93,18 @@
 //!
 //! Receives that the caller spreads over several streams of one
 //! communicator at once are not ordered by anything (as before this change).
+//! Ranks of one process must each have their own stream: two ranks on one
+//! stream (the legacy NULL stream, say) still serialize one rank's receive
+//! before the other's staging copy, which the send waits for.
 //!
 //! # Lifecycle
 //!
 //! `finalize` synchronizes the context (side stream included) before it
 //! frees anything, then destroys the side stream, its event and the pool.
+//! So destroying a communicator waits for its sends in flight, as it waits
+//! for any kernel of it; a send whose receive never comes is ended by
+//! `ncclCommAbort`, not by destroy (with the rendezvous send the caller's
+//! stream hung there instead).
 //! Abort sets the status word every spin loop polls, so a side-stream send
 //! waiting for a peer returns; abort itself waits for nothing. Graph capture
 //! is refused before this point (`batch.rs`); a capture would also need the
