@@ -84,6 +84,11 @@ fn log(warn: bool, line: &str) {
     }
 }
 
+/// A warning for the log (NCCL_DEBUG=WARN through the C ABI).
+pub(super) fn warn(line: &str) {
+    log(true, line)
+}
+
 fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: CudaError) -> Error {
     Error::Cuda(format!("{what} on {}: {e}", comms.describe(c)))
 }

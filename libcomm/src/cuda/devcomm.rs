@@ -50,6 +50,8 @@ pub struct DevComm {
     pub(super) peer_devs: Vec<i32>,
     /// The side stream and staging pool of eager sends, once used.
     pub(super) eager: Option<Eager>,
+    /// Creating them failed once: sends stay rendezvous.
+    pub(super) eager_off: bool,
 }
 
 unsafe impl Send for DevComm {}

@@ -255,13 +255,25 @@ impl DevComm {
         stream: *mut c_void,
     ) -> CudaResult<()> {
         use_device(self.dev)?;
-        if self.eager.is_none() {
-            self.eager = Some(Eager::create(self.dev, &self.peer_devs)?);
+        if self.eager.is_none() && !self.eager_off {
+            match Eager::create(self.dev, &self.peer_devs) {
+                Ok(e) => self.eager = Some(e),
+                Err(err) => {
+                    // No side stream or pool here (a device without
+                    // stream-ordered memory, say): sends stay rendezvous,
+                    // correct for every program that posts receives first.
+                    self.eager_off = true;
+                    super::batch::warn(&format!(
+                        "eager sends unavailable on GPU {} ({err}): a send waits on its stream for the peer's receive",
+                        self.dev
+                    ));
+                }
+            }
         }
-        let (side, event, pool) = {
-            let e = self.eager.as_ref().expect("created above");
-            (e.stream, e.event, e.pool)
+        let Some(e) = self.eager.as_ref() else {
+            return unsafe { self.launch_p2p(pieces, stream) };
         };
+        let (side, event, pool) = (e.stream, e.event, e.pool);
         let user = stream as sys::CUstream;
         let mut staged: Vec<P2p> = Vec::with_capacity(pieces.len());
         let mut buffers: Vec<u64> = Vec::with_capacity(pieces.len());

@@ -110,6 +110,7 @@ impl DevComm {
                 imported: Vec::new(),
                 peer_devs: Vec::new(),
                 eager: None,
+                eager_off: false,
             },
             d,
         ))
