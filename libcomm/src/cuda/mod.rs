@@ -12,11 +12,14 @@
 //!   one kernel launch on the caller's stream (asynchronous, stream-ordered, no
 //!   host round trip): stage the input into scratch, a flag barrier with the
 //!   peers, read/reduce the peers' scratch (see `kernels/collectives.cu` at
-//!   the repository's top level).
+//!   the repository's top level). Send/recv, gather and scatter are fused
+//!   point-to-point kernels (`p2p.rs`); a batch of sends only is eager: copied
+//!   into staging on the caller's stream and sent from a side stream, so it
+//!   never waits there for the peer's receive (`eager.rs`).
 //! - **Staging** ([`Staging`]): the correct but slow fallback for everything
-//!   else (gather, scatter, send/recv, PreMulSum, peers that cannot map each
-//!   other, no NVRTC): synchronize the stream, copy device buffers to host,
-//!   run the host algorithm, copy back on the stream.
+//!   else (PreMulSum, point-to-point spread over several streams, peers that
+//!   cannot map each other, no NVRTC): synchronize the stream, copy device
+//!   buffers to host, run the host algorithm, copy back on the stream.
 //!
 //! # Where things are
 //!
