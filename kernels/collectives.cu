@@ -1238,6 +1238,11 @@ __device__ void ll_oneshot(const Args& a) {
 // A receive is `nblocks` blocks: wait for ready, read the slot (local), copy
 // a slice; the last block to finish (a local counter) raises done[me] on the
 // sender. Sizes that differ are reported in Status.error and both sides finish.
+// A send first waits for done >= seq - 1 (the previous send to that peer was
+// received): sends to one peer may run in two kernels at once since sends
+// can be eager (a side stream; libcomm/src/cuda/eager.rs has the argument).
+// Across processes the sender already waits for rready >= seq, which the
+// receiver raises only after its previous receive from us drained.
 #define WEFT_MAX_P2P 16
 #define P2P_SEND 0
 #define P2P_RECV 1
@@ -1377,6 +1382,12 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
     }
     if (op.kind == P2P_SEND) {
         if (threadIdx.x == 0) {
+            // Two sends to one peer may run at once (an eager one on the
+            // side stream, see libcomm/src/cuda/eager.rs, and a later one on
+            // the caller's stream): write the slot only once the receiver is
+            // done with the previous send's (done >= seq - 1), so it is never
+            // overwritten while read and ready never skips a send.
+            if (op.seq > 1 && !wait_geq((const u64*)(me + WEFT_P2P_DONE) + op.peer, op.seq - 1, a.status)) return;
             volatile u64* slot = (volatile u64*)(a.flags[op.peer] + WEFT_P2P_PTR) + a.rank * 2;
             slot[0] = op.ptr;
             slot[1] = op.bytes;

@@ -676,3 +676,193 @@ fn premulsum_reads_a_device_scalar_when_called() {
         mem::stream_destroy(d, streams[r]).unwrap();
     }
 }
+
+/// Raw handles moved into a rank's thread (the C API's handles are plain
+/// pointers; each thread uses only its own rank's).
+#[derive(Clone, Copy)]
+struct RankHandles {
+    comm: usize,
+    stream: u64,
+}
+unsafe impl Send for RankHandles {}
+
+/// What one rank's thread enqueues: (rank, its communicator, its stream,
+/// its buffers).
+type RankPhase<'a> = dyn Fn(usize, ncclComm_t, *mut c_void, &[u64]) + Sync + 'a;
+
+/// Random, non-zero f32 values (exact bytes to compare): `count` of them for
+/// `(rank, step)`.
+fn ring_data(rank: usize, step: usize, count: usize) -> Vec<u8> {
+    let mut rng =
+        Rng(0x9e37_79b9_7f4a_7c15 ^ ((rank as u64) << 32) ^ ((step as u64 + 1) * 0x1234_5678));
+    let mut b = vec![0u8; count * 4];
+    for out in b.chunks_exact_mut(4) {
+        out.copy_from_slice(&(((rng.next() % 1_000_000) + 1) as f32).to_le_bytes());
+    }
+    b
+}
+
+/// Ranks as threads of one process, each with its own stream, on `devs[r]`:
+/// the standard ring issued unbatched on one stream per rank, `ncclSend(next)`
+/// then `ncclRecv(prev)`, which a send that waits for its receiver deadlocks
+/// (every rank's send waits for a receive queued behind it). On fresh
+/// communicators, so the ring is the first operation between the ranks; then,
+/// without waiting in between, a grouped exchange and the ring again (an
+/// eager send may still run while the grouped send to the same peer starts);
+/// then two unbatched sends to next before two receives from prev. Every
+/// received buffer equals prev's data.
+fn unbatched_ring(name: &str, devs: &[i32], count: usize) {
+    assert!(
+        cuda::kernels::nvrtc_available(),
+        "{name} needs libnvrtc (the kernel path)"
+    );
+    let n = devs.len();
+    let comms = init_all(devs);
+    // Buffers 0..3: the three steps' sends; 3..6: their receives.
+    let bytes = count * 4;
+    let bufs: Vec<Vec<u64>> = (0..n)
+        .map(|r| {
+            (0..6)
+                .map(|i| {
+                    let p = mem::alloc(devs[r], bytes).unwrap();
+                    let init = if i < 3 {
+                        ring_data(r, i, count)
+                    } else {
+                        vec![0u8; bytes]
+                    };
+                    mem::htod(devs[r], p, &init).unwrap();
+                    p
+                })
+                .collect()
+        })
+        .collect();
+    let streams: Vec<u64> = devs.iter().map(|&d| mem::stream(d).unwrap()).collect();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let what = format!("{name}: {n} ranks on GPUs {devs:?}, {count} floats");
+    let watch = what.clone();
+    std::thread::spawn(move || {
+        if rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .is_err()
+        {
+            eprintln!(
+                "FAILED {watch}: not done within 120 s (a send waiting for a receive queued behind it)"
+            );
+            std::process::exit(101);
+        }
+    });
+    // Each rank's calls from its own thread; each thread waits for its own
+    // stream only (a device-wide wait would wait for the other ranks' work).
+    let run_phase = |phase: &RankPhase<'_>| {
+        std::thread::scope(|s| {
+            for r in 0..n {
+                let h = RankHandles {
+                    comm: comms[r] as usize,
+                    stream: streams[r],
+                };
+                let (dev, b) = (devs[r], &bufs[r]);
+                s.spawn(move || {
+                    let h = h;
+                    cuda::use_device(dev).unwrap();
+                    let (c, st) = (h.comm as ncclComm_t, h.stream as *mut c_void);
+                    phase(r, c, st, b);
+                    let rc = unsafe {
+                        cudarc::driver::sys::cuStreamSynchronize(
+                            st as cudarc::driver::sys::CUstream,
+                        )
+                    };
+                    assert_eq!(rc, cudarc::driver::sys::CUresult::CUDA_SUCCESS, "rank {r}");
+                });
+            }
+        });
+    };
+    let p = |x: u64| x as *mut c_void;
+    let (next, prev) = (
+        |r: usize| ((r + 1) % n) as i32,
+        |r: usize| ((r + n - 1) % n) as i32,
+    );
+    run_phase(&|r, c, st, b| unsafe {
+        assert_eq!(pncclSend(p(b[0]), count, F32, next(r), c, st), 0);
+        assert_eq!(pncclRecv(p(b[3]), count, F32, prev(r), c, st), 0);
+        assert_eq!(pncclGroupStart(), 0);
+        assert_eq!(pncclSend(p(b[1]), count, F32, next(r), c, st), 0);
+        assert_eq!(pncclRecv(p(b[4]), count, F32, prev(r), c, st), 0);
+        assert_eq!(pncclGroupEnd(), 0);
+        assert_eq!(pncclSend(p(b[2]), count, F32, next(r), c, st), 0);
+        assert_eq!(pncclRecv(p(b[5]), count, F32, prev(r), c, st), 0);
+    });
+    let check = |step: &str, recv: usize, from_step: usize| {
+        for r in 0..n {
+            let mut got = vec![0u8; bytes];
+            mem::dtoh(devs[r], &mut got, bufs[r][recv]).unwrap();
+            let want = ring_data((r + n - 1) % n, from_step, count);
+            if let Some(i) = (0..count).find(|&i| got[4 * i..4 * i + 4] != want[4 * i..4 * i + 4]) {
+                panic!(
+                    "{what}, {step}: rank {r} element {i}: got {:?}, want {:?} (prev's data)",
+                    &got[4 * i..4 * i + 4],
+                    &want[4 * i..4 * i + 4]
+                );
+            }
+        }
+    };
+    check("unbatched ring as the first operation", 3, 0);
+    check("grouped exchange after it", 4, 1);
+    check("unbatched ring after the grouped exchange", 5, 2);
+    // Two unbatched sends in flight to one peer before its receives.
+    for r in 0..n {
+        for &b in &bufs[r][3..6] {
+            mem::htod(devs[r], b, &vec![0u8; bytes]).unwrap();
+        }
+    }
+    run_phase(&|r, c, st, b| unsafe {
+        assert_eq!(pncclSend(p(b[0]), count, F32, next(r), c, st), 0);
+        assert_eq!(pncclSend(p(b[1]), count, F32, next(r), c, st), 0);
+        assert_eq!(pncclRecv(p(b[3]), count, F32, prev(r), c, st), 0);
+        assert_eq!(pncclRecv(p(b[4]), count, F32, prev(r), c, st), 0);
+    });
+    check("first of two unbatched sends before the receives", 3, 0);
+    check("second of two unbatched sends before the receives", 4, 1);
+    let _ = tx.send(());
+    eprintln!("{what}: correct");
+    for r in 0..n {
+        unsafe { pncclCommDestroy(comms[r]) };
+        for &b in &bufs[r] {
+            mem::free(devs[r], b).unwrap();
+        }
+        mem::stream_destroy(devs[r], streams[r]).unwrap();
+    }
+}
+
+/// The unbatched ring (see [`unbatched_ring`]) with 2 and 3 ranks sharing
+/// GPU 0, at 333 floats, 1 Mi floats and 16 Mi floats (64 MiB).
+#[test]
+#[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+fn unbatched_send_then_recv_ring_completes_on_one_gpu() {
+    const NAME: &str = "unbatched_send_then_recv_ring_completes_on_one_gpu";
+    let Some(_) = devices_or_skip(NAME, 1) else {
+        return;
+    };
+    for n in [2, 3] {
+        for count in [333, 1 << 20, 16 << 20] {
+            unbatched_ring(NAME, &vec![0; n], count);
+        }
+    }
+}
+
+/// The unbatched ring over two GPUs (rank r on GPU r % 2): the receiver on
+/// the other GPU reads the sender's staging buffer in place, which the
+/// staging pool must grant it.
+#[test]
+#[ignore = "needs 2 CUDA GPUs: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+fn unbatched_send_then_recv_ring_completes_across_gpus() {
+    const NAME: &str = "unbatched_send_then_recv_ring_completes_across_gpus";
+    let Some(_) = devices_or_skip(NAME, 2) else {
+        return;
+    };
+    for n in [2i32, 3] {
+        let devs: Vec<i32> = (0..n).map(|r| r % 2).collect();
+        for count in [333, 1 << 20, 16 << 20] {
+            unbatched_ring(NAME, &devs, count);
+        }
+    }
+}

@@ -7,8 +7,10 @@
 //!    made it, so that all ranks take the same path.
 //! 2. Collectives the kernel path takes are launched on the caller's stream
 //!    (asynchronous, like NCCL); a communicator's send/recv/gather/scatter
-//!    pieces of the batch become fused point-to-point kernels (ranks in one
-//!    process, one stream).
+//!    pieces of the batch become fused point-to-point kernels on the stream
+//!    (one stream per communicator in the batch); a batch of sends only is
+//!    eager: copied into staging on the stream, sent from a side stream, so
+//!    it does not wait for the peer's receive (`eager.rs`).
 //! 3. The rest (PreMulSum, point-to-point across processes or streams, no
 //!    kernel path) is staged through host memory and runs with the batch's
 //!    host operations through the core (`Comms::run_host`, one group):
@@ -19,6 +21,7 @@
 
 use super::devcomm::DevComm;
 use super::driver::{ContextGuard, stream_capturing};
+use super::eager::sends_only;
 use super::error::CudaError;
 use super::mapping::DESCRIPTOR_BYTES;
 use super::p2p::{P2p, is_p2p, p2p_pieces};
@@ -79,6 +82,11 @@ fn log(warn: bool, line: &str) {
         }
         None => {}
     }
+}
+
+/// A warning for the log (NCCL_DEBUG=WARN through the C ABI).
+pub(super) fn warn(line: &str) {
+    log(true, line)
 }
 
 fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: CudaError) -> Error {
@@ -288,14 +296,22 @@ impl Backend for CudaBackend {
                 .iter()
                 .flat_map(|o| p2p_pieces(o, rank, n).unwrap_or_default())
                 .collect();
+            // Sends only, to other ranks, outside capture: eager (see
+            // `eager.rs`), so the stream's next operation, typically the
+            // matching receive of a ring, is not held behind the send.
+            let eager = sends_only(&pieces, rank) && !stream_capturing(stream);
             let r = comms.observed(
                 b.comm,
                 &b.ops,
                 true,
-                Decision::Device("p2p-kernel"),
+                Decision::Device(if eager { "p2p-eager" } else { "p2p-kernel" }),
                 &mut || {
-                    unsafe { dc.launch_p2p(&pieces, stream) }
-                        .map_err(|e| cuda_err("send/recv", comms, b.comm, e))
+                    if eager {
+                        unsafe { dc.launch_p2p_eager(&pieces, stream) }
+                    } else {
+                        unsafe { dc.launch_p2p(&pieces, stream) }
+                    }
+                    .map_err(|e| cuda_err("send/recv", comms, b.comm, e))
                 },
             );
             if let Err(e) = r {

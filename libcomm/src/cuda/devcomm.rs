@@ -12,6 +12,7 @@
 //! (abort, kernel errors).
 
 use super::abi::{ERR_P2P_SIZE, ERR_P2P_SIZE_SEND, Status};
+use super::eager::Eager;
 use super::ll::LlHistory;
 use super::tuning::Tuning;
 
@@ -44,6 +45,13 @@ pub struct DevComm {
     pub(super) recv_blocks: Vec<u64>,
     /// Peer areas opened with CUDA IPC (closed at finalize).
     pub(super) imported: Vec<u64>,
+    /// The devices of this process's other ranks that are not ours (they
+    /// read an eager send's staging in place: see `eager.rs`).
+    pub(super) peer_devs: Vec<i32>,
+    /// The side stream and staging pool of eager sends, once used.
+    pub(super) eager: Option<Eager>,
+    /// Creating them failed once: sends stay rendezvous.
+    pub(super) eager_off: bool,
 }
 
 unsafe impl Send for DevComm {}

@@ -108,6 +108,9 @@ impl DevComm {
                 recv_seq: vec![0; nranks],
                 recv_blocks: vec![0; nranks],
                 imported: Vec::new(),
+                peer_devs: Vec::new(),
+                eager: None,
+                eager_off: false,
             },
             d,
         ))
@@ -173,6 +176,9 @@ impl DevComm {
                         }
                     }
                 }
+                if dev != self.dev && !self.peer_devs.contains(&dev) {
+                    self.peer_devs.push(dev);
+                }
                 self.peers[r] = base;
             } else {
                 if d[32] == 0 {
@@ -217,9 +223,13 @@ impl DevComm {
     /// together when the last of them finalizes. Not after an abort (a kernel
     /// of a peer may still be spinning on our flags): that memory is left to
     /// the process's end.
-    pub fn finalize(self) -> CudaResult<()> {
+    pub fn finalize(mut self) -> CudaResult<()> {
         use_device(self.dev)?;
+        // Every stream of the context, the side stream of eager sends too.
         unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize")? };
+        if let Some(mut e) = self.eager.take() {
+            e.destroy();
+        }
         for p in &self.imported {
             unsafe { check(sys::cuIpcCloseMemHandle(*p), "cuIpcCloseMemHandle")? };
         }

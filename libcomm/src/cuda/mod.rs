@@ -12,11 +12,14 @@
 //!   one kernel launch on the caller's stream (asynchronous, stream-ordered, no
 //!   host round trip): stage the input into scratch, a flag barrier with the
 //!   peers, read/reduce the peers' scratch (see `kernels/collectives.cu` at
-//!   the repository's top level).
+//!   the repository's top level). Send/recv, gather and scatter are fused
+//!   point-to-point kernels (`p2p.rs`); a batch of sends only is eager: copied
+//!   into staging on the caller's stream and sent from a side stream, so it
+//!   never waits there for the peer's receive (`eager.rs`).
 //! - **Staging** ([`Staging`]): the correct but slow fallback for everything
-//!   else (gather, scatter, send/recv, PreMulSum, peers that cannot map each
-//!   other, no NVRTC): synchronize the stream, copy device buffers to host,
-//!   run the host algorithm, copy back on the stream.
+//!   else (PreMulSum, point-to-point spread over several streams, peers that
+//!   cannot map each other, no NVRTC): synchronize the stream, copy device
+//!   buffers to host, run the host algorithm, copy back on the stream.
 //!
 //! # Where things are
 //!
@@ -29,6 +32,7 @@
 //! | `tuning.rs` | every `WEFT_CUDA_*` variable, read once into `Tuning`, and the size rules |
 //! | `ll.rs` | the LL one-shot's reuse of its area (`LlHistory`) and its model test |
 //! | `p2p.rs` | send/recv/gather/scatter as point-to-point pieces and rounds |
+//! | `eager.rs` | sends that do not wait for the peer's receive: staging copy on the caller's stream, the send kernel on a side stream (the design and why it does not race) |
 //! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
 //! | `abi.rs` | the Rust mirror of the kernels' argument structs, codes and area layout |
 //! | `kernels.rs` | the embedded CUDA sources: kernel names, NVRTC compile cache, module loading |
@@ -53,6 +57,7 @@ mod abi;
 pub mod batch;
 mod devcomm;
 mod driver;
+mod eager;
 mod error;
 pub mod kernels;
 mod launch;
