@@ -334,6 +334,9 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     let pids = live.clone();
     let supervisor = supervise::Supervisor::new(label, spec.grace, spec.timeout, start, pids);
     let (statuses, stop) = supervisor.run(signals.as_ref());
+    // Every rank is reaped: the daemon has no clients left. Stop it before
+    // the subreaper's sweep, which would otherwise kill it as an escapee.
+    drop(mps);
 
     if let Some(old) = old_subreaper {
         let n = process::kill_orphans();
@@ -348,8 +351,6 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
         process::set_subreaper(old);
     }
     let outputs = pump.finish();
-    // Every rank is reaped: the daemon has no clients left.
-    drop(mps);
     let shm_removed = shm::remove_job_segments(std::path::Path::new(shm::SHM_DIR), &job.job);
     drop(signals);
     let ranks = live
