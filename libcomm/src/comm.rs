@@ -780,8 +780,11 @@ impl Communicator {
             // Eager: returns once the message is in the peer's ring or
             // copied (eager.rs).
             let x = crate::exec::Xfer::send(op.peer(), op.send, op.bytes());
-            self.with_resources(op.name(), |c| c.send_eager(vec![x]))
-                .map(|pending| self.kick_if(pending))
+            self.with_resources(op.name(), |c| {
+                c.coll_seq += 1;
+                c.send_eager(vec![x])
+            })
+            .map(|pending| self.kick_if(pending))
         } else {
             self.with_resources(op.name(), |c| unsafe { run_op(c, &op, d) })
         };
@@ -999,6 +1002,11 @@ impl Communicator {
         self.submit_typed(typed::all_to_all_in_place(buf, self.s.nranks))
     }
 
+    /// Sends `buf` to `peer`. Eager: it returns once the message is in the
+    /// peer's ring or copied into a buffer of the communicator, without
+    /// waiting for the peer's receive (up to `WEFT_EAGER_MAX_BYTES` held per
+    /// communicator; see [`flush`](Self::flush)), so `send(next);
+    /// recv(prev)` on every rank of a ring completes at any size.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.submit_typed(typed::send(buf, peer))
     }

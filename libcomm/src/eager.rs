@@ -9,7 +9,7 @@
 //! How it works:
 //! - **Eager sends.** A host send submitted alone (or a group whose batch on
 //!   a communicator holds only sends) first progresses without waiting
-//!   ([`Wait::NoWait`]): whatever fits in the peer's ring (shared memory) or
+//!   ([`Wait::NoSleep`]): whatever fits in the peer's ring (shared memory) or
 //!   socket buffer (TCP) goes at once. Whatever is left is copied into a
 //!   buffer owned by the communicator and queued as a [`Pending`] send: the
 //!   transfer keeps its progress (sequence number, stream position), so it
@@ -154,7 +154,7 @@ impl Resources {
             self.exec(&mut xs)?;
             return Ok(!self.eager.is_empty());
         }
-        self.exec_with(&mut xs, Wait::NoWait { until: None })?;
+        self.exec_with(&mut xs, Wait::NoSleep { until: None })?;
         let left: usize = xs
             .iter()
             .filter(|x| !x.p.done)
@@ -345,7 +345,7 @@ fn look(s: &Arc<CommShared>, last_progress: &mut Instant, last_check: &mut Insta
     let r = core
         .exec_with(
             &mut [],
-            Wait::NoWait {
+            Wait::NoSleep {
                 until: Some(Instant::now() + FLUSH_SLICE),
             },
         )

@@ -77,7 +77,7 @@ pub(crate) enum Wait {
     All { timeout: Option<Duration> },
     /// Never sleeps: returns once a pass over the batch and the pending sends
     /// makes no progress, everything is done, or `until` has passed.
-    NoWait { until: Option<Instant> },
+    NoSleep { until: Option<Instant> },
 }
 
 impl Resources {
@@ -186,6 +186,8 @@ impl Resources {
                 busy[x.peer] = 0;
             }
             let npre = pre.len();
+            // One index over both lists (pending sends first).
+            #[allow(clippy::needless_range_loop)]
             for i in 0..npre + xs.len() {
                 let (x, limit) = if i < npre {
                     let x = &mut pre[i].x;
@@ -220,7 +222,7 @@ impl Resources {
             if !pending {
                 return Ok(any);
             }
-            if let Wait::NoWait { until } = wait {
+            if let Wait::NoSleep { until } = wait {
                 if !progress || until.is_some_and(|t| Instant::now() >= t) {
                     return Ok(any);
                 }
