@@ -331,15 +331,21 @@ fn look(s: &Arc<CommShared>, last_progress: &mut Instant, last_check: &mut Insta
     if s.flusher.stopped() || s.state.get() != CommState::Ready {
         return Next::Exit;
     }
+    // The timeout counts only time this thread alone waited on stuck sends
+    // (a caller's operation applies its own).
     let mut g = match s.resources.try_lock() {
         Ok(g) => g,
-        Err(TryLockError::WouldBlock) => return Next::Busy,
+        Err(TryLockError::WouldBlock) => {
+            *last_progress = Instant::now();
+            return Next::Busy;
+        }
         Err(TryLockError::Poisoned(p)) => p.into_inner(),
     };
     let Some(core) = g.as_mut() else {
         return Next::Exit;
     };
     if core.eager.is_empty() {
+        *last_progress = Instant::now();
         return Next::Park;
     }
     let r = core

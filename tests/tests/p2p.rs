@@ -97,3 +97,25 @@ fn destroy_with_a_send_never_received_shm() {
 fn destroy_with_a_send_never_received_tcp() {
     destroy_pending("tcp");
 }
+
+/// `WEFT_EAGER_MAX_BYTES`: below the message size a send waits for its
+/// receive (as every host send did before); by default it returns at once.
+#[test]
+fn eager_bytes_cap_makes_a_send_wait() {
+    for (cap, waits) in [(None, false), (Some("1048576"), true)] {
+        let mut spec = JobSpec::new(common::worker(), 2, &["eager_cap"])
+            .env("WEFT_TEST_SEED", &common::seed().to_string())
+            .timeout(Duration::from_secs(60));
+        if let Some(c) = cap {
+            spec = spec.env("WEFT_EAGER_MAX_BYTES", c);
+        }
+        let run = job::run(spec);
+        run.assert_success();
+        let ms = num(&run.facts(0), "send_ms");
+        if waits {
+            assert!(ms >= 1000, "cap {cap:?}: the send returned after {ms} ms");
+        } else {
+            assert!(ms < 1000, "no cap: the send took {ms} ms");
+        }
+    }
+}

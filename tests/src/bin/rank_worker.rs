@@ -44,6 +44,7 @@ fn main() {
         "eager_ring" => mode_eager_ring(),
         "eager_idle" => mode_eager_idle(),
         "eager_destroy" => mode_eager_destroy(),
+        "eager_cap" => mode_eager_cap(),
         "sc_traced" => sidecar_modes::traced(),
         "sc_storm" => sidecar_modes::storm(),
         "sc_hang" => sidecar_modes::hang(),
@@ -715,4 +716,29 @@ fn mode_eager_destroy() {
         }
         _ => {}
     }
+}
+
+/// Rank 0 sends 64 MiB to rank 1, which posts its receive only after 1.5 s:
+/// the send returns at once (eager), unless WEFT_EAGER_MAX_BYTES is smaller
+/// than the message, when it waits for the receive.
+fn mode_eager_cap() {
+    let count = 16 << 20;
+    let w = world();
+    match w.rank() {
+        0 => {
+            let t = Instant::now();
+            ok(w.send(&eager_data(0, 0, count), 1), "send");
+            println!("@ send_ms={}", t.elapsed().as_millis());
+        }
+        1 => {
+            std::thread::sleep(Duration::from_millis(1500));
+            let mut got = vec![0f32; count];
+            ok(w.recv(&mut got, 0), "recv");
+            if got != eager_data(0, 0, count) {
+                fail("wrong data from rank 0");
+            }
+        }
+        _ => {}
+    }
+    ok(w.destroy(), "destroy");
 }
