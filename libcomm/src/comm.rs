@@ -47,7 +47,9 @@ pub(crate) struct CommShared {
     pub nranks: usize,
     pub cfg: Config,
     pub state: StateCell,
-    resources: Mutex<Option<Resources>>,
+    pub(crate) resources: Mutex<Option<Resources>>,
+    /// Pushes pending eager host sends while the communicator is idle (`eager.rs`).
+    pub(crate) flusher: crate::eager::Flusher,
     fault: OnceLock<Arc<Fault>>,
     async_err: Mutex<Option<Error>>,
     /// Set by abort/destroy to stop a bootstrap in progress.
@@ -96,6 +98,7 @@ impl CommShared {
             cfg,
             state: StateCell::new(CommState::Initializing),
             resources: Mutex::new(None),
+            flusher: Default::default(),
             fault: OnceLock::new(),
             async_err: Mutex::new(None),
             cancel: AtomicBool::new(false),
@@ -185,6 +188,27 @@ impl CommShared {
             rank: self.rank,
             nranks: self.nranks,
             seq: &self.obs_seq,
+        }
+    }
+
+    /// Records a failure of an operation as the async error (and the
+    /// communicator Failed) when it breaks the communicator.
+    pub(crate) fn record_failure(&self, e: &Error) {
+        if matches!(
+            e.kind(),
+            ErrorKind::RemoteError | ErrorKind::Internal | ErrorKind::SystemError
+        ) {
+            lock(&self.async_err).get_or_insert_with(|| e.clone());
+            if self
+                .state
+                .transition_from(&[CommState::Ready], CommState::Failed)
+            {
+                crate::observe::comm(|| crate::observe::CommEvent::Failed {
+                    comm_id: self.label.clone(),
+                    rank: self.rank,
+                    error: e.to_string(),
+                });
+            }
         }
     }
 
@@ -438,23 +462,7 @@ impl Communicator {
     }
 
     fn record_failure(&self, e: &Error) {
-        if matches!(
-            e.kind(),
-            ErrorKind::RemoteError | ErrorKind::Internal | ErrorKind::SystemError
-        ) {
-            lock(&self.s.async_err).get_or_insert_with(|| e.clone());
-            if self
-                .s
-                .state
-                .transition_from(&[CommState::Ready], CommState::Failed)
-            {
-                crate::observe::comm(|| crate::observe::CommEvent::Failed {
-                    comm_id: self.s.label.clone(),
-                    rank: self.s.rank,
-                    error: e.to_string(),
-                });
-            }
-        }
+        self.s.record_failure(e)
     }
 
     /// Runs `f` on the live core, serialized with every other call on this communicator.
@@ -584,6 +592,20 @@ impl Communicator {
             self.s.cancel.store(true, Ordering::Release);
             self.s.join_worker();
         }
+        // Eager host sends still pending are delivered first (bounded: see
+        // eager.rs); the flusher thread ends before the resources go.
+        self.s.flusher.stop();
+        let flushed = match lock(&self.s.resources).as_mut() {
+            Some(c) if from == CommState::Ready && !c.eager.is_empty() => {
+                let bound = Some(c.ctx.cfg.timeout.unwrap_or(c.ctx.cfg.peer_timeout));
+                c.flush_eager(bound).map_err(|e| {
+                    let e = c.eager_error("destroying the communicator", &e);
+                    crate::log::warn_log!("comm {} rank {}: {e}", self.s.label, self.s.rank);
+                    e
+                })
+            }
+            _ => Ok(()),
+        };
         let core = lock(&self.s.resources).take();
         if !self.s.state.transition_from(
             &[
@@ -617,7 +639,7 @@ impl Communicator {
             comm_id: self.s.label.clone(),
             rank: self.s.rank,
         });
-        dev_result
+        flushed.and(dev_result)
     }
 
     /// "communicator <id> (rank r of n)", for messages.
@@ -671,6 +693,9 @@ pub(crate) fn abort_shared(s: &CommShared, reason: &str) -> Result<()> {
         f.raise(FAIL_ABORT, reason);
     }
     s.join_worker();
+    // Pending eager sends are dropped with the resources, after their
+    // flusher thread ended.
+    s.flusher.stop();
     let core = lock(&s.resources).take();
     drop(core);
     crate::observe::comm(|| crate::observe::CommEvent::Aborted {
@@ -771,9 +796,38 @@ impl Communicator {
         }
         let d = tuner::decide(&op, self.s.nranks, &self.s.cfg.algo);
         let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
-        let r = self.with_resources(op.name(), |c| unsafe { run_op(c, &op, d) });
+        let r = if op.kind == OpKind::Send {
+            // Eager: returns once the message is in the peer's ring or
+            // copied (eager.rs).
+            let x = crate::exec::Xfer::send(op.peer(), op.send, op.bytes());
+            self.with_resources(op.name(), |c| {
+                c.coll_seq += 1;
+                c.send_eager(vec![x])
+            })
+            .map(|pending| self.kick_if(pending))
+        } else {
+            self.with_resources(op.name(), |c| unsafe { run_op(c, &op, d) })
+        };
         crate::observe::finish(obs, &r);
         r
+    }
+
+    /// Wakes the eager-send flusher when sends are pending.
+    pub(crate) fn kick_if(&self, pending: bool) {
+        if pending && let Some(me) = self.s.me.get().and_then(|w| w.upgrade()) {
+            self.s.flusher.kick(&me);
+        }
+    }
+
+    /// Waits until every send that returned early (eager host sends, see
+    /// [`send`](Self::send)) is in its peer's ring, bounded by the
+    /// configured timeout like any operation. Destroy does this itself.
+    pub fn flush(&self) -> Result<()> {
+        self.with_resources("flush", |c| {
+            let t = c.ctx.cfg.timeout;
+            c.flush_eager(t)
+                .map_err(|e| c.eager_error("flushing eager sends", &e))
+        })
     }
 }
 
@@ -968,6 +1022,11 @@ impl Communicator {
         self.submit_typed(typed::all_to_all_in_place(buf, self.s.nranks))
     }
 
+    /// Sends `buf` to `peer`. Eager: it returns once the message is in the
+    /// peer's ring or copied into a buffer of the communicator, without
+    /// waiting for the peer's receive (up to `WEFT_EAGER_MAX_BYTES` held per
+    /// communicator; see [`flush`](Self::flush)), so `send(next);
+    /// recv(prev)` on every rank of a ring completes at any size.
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.submit_typed(typed::send(buf, peer))
     }

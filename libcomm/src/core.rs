@@ -46,6 +46,8 @@ pub(crate) struct Resources {
     pub scratch: Vec<u8>,
     /// Reused by the progress engine (one byte per peer).
     pub busy: Vec<u8>,
+    /// Host sends that returned before their peer had everything (`eager.rs`).
+    pub eager: crate::eager::Queue,
     /// Number of collectives issued (for diagnostics).
     pub coll_seq: u64,
     split_count: u64,
@@ -225,6 +227,7 @@ impl Resources {
             ctx,
             scratch: Vec::new(),
             busy: Vec::new(),
+            eager: Default::default(),
             coll_seq: 0,
             split_count: 0,
             own_name,

@@ -14,6 +14,7 @@
 //! (64 ranks on 2 cores) make progress instead of burning their time slices.
 
 use crate::core::{PeerKind, Resources};
+use crate::eager::Pending;
 use crate::error::{Error, Result};
 use crate::transport::shm::{FAIL_ERROR, ST_DESTROYED};
 use crate::transport::{Progress, Reduce, futex};
@@ -65,20 +66,42 @@ impl Xfer {
 
 const SLICE: Duration = Duration::from_millis(100);
 
+/// How long an `exec` waits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Wait {
+    /// Until the batch is done (the communicator's pending eager sends
+    /// progress alongside but need not finish).
+    Batch,
+    /// Until the batch and every pending eager send are done, giving up after
+    /// `timeout` without progress.
+    All { timeout: Option<Duration> },
+    /// Never sleeps: returns once a pass over the batch and the pending sends
+    /// makes no progress, everything is done, or `until` has passed.
+    NoSleep { until: Option<Instant> },
+}
+
 impl Resources {
     /// Runs `xs` to completion, or fails the communicator and returns why.
+    /// The communicator's pending eager sends go first (see `eager.rs`).
     pub(crate) fn exec(&mut self, xs: &mut [Xfer]) -> Result<()> {
-        match self.exec_inner(xs) {
-            Ok(()) => Ok(()),
+        self.exec_with(xs, Wait::Batch).map(|_| ())
+    }
+
+    /// [`exec`](Self::exec) with a choice of how long to wait; returns
+    /// whether anything moved.
+    pub(crate) fn exec_with(&mut self, xs: &mut [Xfer], wait: Wait) -> Result<bool> {
+        match self.exec_inner(xs, wait) {
+            Ok(made) => Ok(made),
             Err(e) => Err(self.fail(e)),
         }
     }
 
-    fn exec_inner(&mut self, xs: &mut [Xfer]) -> Result<()> {
+    fn exec_inner(&mut self, xs: &mut [Xfer], wait: Wait) -> Result<bool> {
         self.check_raised()?;
         self.exec_self(xs)?;
         // Connect before waiting for connections: lower ranks never wait, so
-        // lazy connection setup cannot deadlock.
+        // lazy connection setup cannot deadlock. (Pending eager sends were
+        // connected when they were first issued.)
         for pass_connecting in [true, false] {
             for x in xs.iter() {
                 if !x.p.done && (x.peer > self.ctx.rank) == pass_connecting {
@@ -89,78 +112,121 @@ impl Resources {
         // Per-peer "a transfer in this direction is active" bits, reused.
         let mut busy = std::mem::take(&mut self.busy);
         busy.resize(self.ctx.nranks, 0);
-        let r = self.progress(xs, &mut busy);
+        let mut pre = std::mem::take(&mut self.eager.pending);
+        let r = self.progress(&mut pre, xs, &mut busy, wait);
+        self.eager.put_back(pre);
         self.busy = busy;
         r
     }
 
-    fn progress(&mut self, xs: &mut [Xfer], busy: &mut [u8]) -> Result<()> {
+    /// One step of one transfer; `Some(tcp)` while it is not done.
+    fn step(&mut self, x: &mut Xfer, limit: usize, made: &mut bool) -> Result<Option<bool>> {
+        let peer = x.peer;
+        if !x.started {
+            let s = &mut self.seqs[peer];
+            let c = if x.send { &mut s.send } else { &mut s.recv };
+            x.p.seq = *c;
+            *c = c.wrapping_add(1);
+            x.started = true;
+        }
+        let chan = self.chans[peer]
+            .as_mut()
+            .expect("channel established above");
+        let step = unsafe {
+            if x.send {
+                chan.send_step(x.ptr, x.len, limit, &mut x.p)
+            } else {
+                chan.recv_step(x.ptr, x.len, x.red, &mut x.p)
+            }
+        };
+        match step {
+            Ok(m) => *made |= m,
+            Err(why) => return Err(self.peer_error(peer, &why)),
+        }
+        Ok((!x.p.done).then(|| chan.is_tcp()))
+    }
+
+    /// Drives `pre` (pending eager sends, first) and `xs` (see [`Wait`]).
+    fn progress(
+        &mut self,
+        pre: &mut [Pending],
+        xs: &mut [Xfer],
+        busy: &mut [u8],
+        wait: Wait,
+    ) -> Result<bool> {
         let own = self.fault.own.clone();
         let ctrl = own.control();
         let mut idle: u32 = 0;
         let mut last_progress = Instant::now();
         let mut last_check = Instant::now();
+        let mut any = false;
         // A peer found dead or destroyed may still have left everything we need
         // in our rings (it finished, then left while we slept): the suspicion
         // becomes an error only if one more pass over the transfers makes no
         // progress.
         let mut suspect: Option<Error> = None;
         let (spin, yields) = self.wait_budget();
+        let timeout = match wait {
+            Wait::All { timeout } => timeout,
+            _ => self.ctx.cfg.timeout,
+        };
+        // Whether pending eager sends must finish too.
+        let want_pre = !matches!(wait, Wait::Batch);
         loop {
             let seen = ctrl.doorbell.load(Ordering::SeqCst);
+            self.eager.seen = seen;
             let mut progress = false;
             let mut pending = false;
             let mut tcp_pending = false;
             let mut shm_pending = false;
+            for p in pre.iter() {
+                busy[p.x.peer] = 0;
+            }
             for x in xs.iter() {
                 busy[x.peer] = 0;
             }
-            for i in 0..xs.len() {
-                if xs[i].p.done {
+            let npre = pre.len();
+            // One index over both lists (pending sends first).
+            #[allow(clippy::needless_range_loop)]
+            for i in 0..npre + xs.len() {
+                let (x, limit) = if i < npre {
+                    let x = &mut pre[i].x;
+                    let len = x.len;
+                    (x, len)
+                } else {
+                    let j = i - npre;
+                    let limit = match xs[j].gate {
+                        Some(g) => xs[g].p.payload,
+                        None => xs[j].len,
+                    };
+                    (&mut xs[j], limit)
+                };
+                if x.p.done {
                     continue;
                 }
-                pending = true;
-                let (peer, bit) = (xs[i].peer, if xs[i].send { 1 } else { 2 });
-                if busy[peer] & bit != 0 {
+                if i >= npre || want_pre {
+                    pending = true;
+                }
+                let bit = if x.send { 1 } else { 2 };
+                if busy[x.peer] & bit != 0 {
                     continue;
                 }
-                busy[peer] |= bit;
-                let limit = match xs[i].gate {
-                    Some(g) => xs[g].p.payload,
-                    None => xs[i].len,
-                };
-                let x = &mut xs[i];
-                if !x.started {
-                    let s = &mut self.seqs[peer];
-                    let c = if x.send { &mut s.send } else { &mut s.recv };
-                    x.p.seq = *c;
-                    *c = c.wrapping_add(1);
-                    x.started = true;
-                }
-                let chan = self.chans[peer]
-                    .as_mut()
-                    .expect("channel established above");
-                let step = unsafe {
-                    if x.send {
-                        chan.send_step(x.ptr, x.len, limit, &mut x.p)
-                    } else {
-                        chan.recv_step(x.ptr, x.len, x.red, &mut x.p)
-                    }
-                };
-                match step {
-                    Ok(made) => progress |= made,
-                    Err(why) => return Err(self.peer_error(peer, &why)),
-                }
-                if !x.p.done {
-                    if chan.is_tcp() {
-                        tcp_pending = true;
-                    } else {
-                        shm_pending = true;
-                    }
+                busy[x.peer] |= bit;
+                match self.step(x, limit, &mut progress)? {
+                    None => {}
+                    Some(true) => tcp_pending = true,
+                    Some(false) => shm_pending = true,
                 }
             }
+            any |= progress;
             if !pending {
-                return Ok(());
+                return Ok(any);
+            }
+            if let Wait::NoSleep { until } = wait {
+                if !progress || until.is_some_and(|t| Instant::now() >= t) {
+                    return Ok(any);
+                }
+                continue;
             }
             if progress {
                 idle = 0;
@@ -183,19 +249,23 @@ impl Resources {
             }
             // Block for a while.
             if tcp_pending {
-                let mut fds: Vec<libc::pollfd> =
-                    xs.iter()
-                        .filter(|x| !x.p.done)
-                        .filter_map(|x| {
-                            self.chans[x.peer].as_ref().and_then(|c| c.fd()).map(|fd| {
-                                libc::pollfd {
-                                    fd,
-                                    events: if x.send { libc::POLLOUT } else { libc::POLLIN },
-                                    revents: 0,
-                                }
-                            })
+                let fd_of = |peer: usize, send: bool| {
+                    self.chans[peer]
+                        .as_ref()
+                        .and_then(|c| c.fd())
+                        .map(|fd| libc::pollfd {
+                            fd,
+                            events: if send { libc::POLLOUT } else { libc::POLLIN },
+                            revents: 0,
                         })
-                        .collect();
+                };
+                let mut fds: Vec<libc::pollfd> = pre
+                    .iter()
+                    .map(|p| &p.x)
+                    .chain(xs.iter())
+                    .filter(|x| !x.p.done)
+                    .filter_map(|x| fd_of(x.peer, x.send))
+                    .collect();
                 let ms = if shm_pending {
                     1
                 } else {
@@ -209,14 +279,22 @@ impl Resources {
             }
             if last_check.elapsed() >= SLICE {
                 last_check = Instant::now();
-                if let Err(e) = self.check_peers(xs) {
+                // The peers this call waits for.
+                let waited = pre
+                    .iter()
+                    .map(|p| &p.x)
+                    .filter(|_| want_pre)
+                    .chain(xs.iter())
+                    .filter(|x| !x.p.done)
+                    .map(|x| x.peer);
+                if let Err(e) = self.check_peers(waited) {
                     suspect = Some(e);
                     continue;
                 }
-                if let Some(t) = self.ctx.cfg.timeout
+                if let Some(t) = timeout
                     && last_progress.elapsed() >= t
                 {
-                    let waiting: Vec<String> = xs
+                    let mut waiting: Vec<String> = xs
                         .iter()
                         .filter(|x| !x.p.done)
                         .map(|x| {
@@ -231,6 +309,19 @@ impl Resources {
                             )
                         })
                         .collect();
+                    let earlier: Vec<usize> = pre
+                        .iter()
+                        .filter(|p| !p.x.p.done)
+                        .map(|p| p.x.peer)
+                        .collect();
+                    if !earlier.is_empty() {
+                        let mut peers = earlier;
+                        peers.sort_unstable();
+                        peers.dedup();
+                        waiting.push(format!(
+                            "delivering earlier (eager) sends to rank(s) {peers:?}"
+                        ));
+                    }
                     return Err(Error::Timeout {
                         comm: self.ctx.label.clone(),
                         rank: self.ctx.rank,
@@ -341,12 +432,11 @@ impl Resources {
     }
 
     /// Liveness of the peers we are waiting for.
-    fn check_peers(&self, xs: &[Xfer]) -> Result<()> {
+    pub(crate) fn check_peers(&self, peers: impl Iterator<Item = usize>) -> Result<()> {
         // A raised failure explains a vanished peer better than the vanishing
         // itself (an aborting rank drops its resources right after raising).
         self.check_raised()?;
-        for x in xs.iter().filter(|x| !x.p.done) {
-            let peer = x.peer;
+        for peer in peers {
             if self.kinds[peer] == PeerKind::Proxy {
                 // Lost peer hosts are raised in our control block by the
                 // sidecar; a lost sidecar shows here.

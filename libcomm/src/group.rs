@@ -167,6 +167,18 @@ impl<'a> Group<'a> {
 fn run_batch(b: Batch<'_>) -> Result<()> {
     let Batch(comm, ops) = b;
     let obs = crate::observe::start(&comm.s.who(), &ops, true, "group");
+    // A batch of sends only goes eager, as a lone send does (eager.rs).
+    if ops.iter().all(|op| op.kind == crate::op::OpKind::Send) {
+        let xs: Vec<Xfer> = ops
+            .iter()
+            .map(|op| Xfer::send(op.peer(), op.send, op.bytes()))
+            .collect();
+        let r = comm
+            .with_resources("group", |c| c.send_eager(xs))
+            .map(|pending| comm.kick_if(pending));
+        crate::observe::finish(obs, &r);
+        return r;
+    }
     let r = comm.with_resources("group", |c| {
         let mut xs: Vec<Xfer> = ops
             .iter()

@@ -25,6 +25,7 @@ mod config;
 mod core;
 mod ctx;
 pub mod cuda;
+mod eager;
 mod error;
 mod exec;
 mod fault;

@@ -789,8 +789,8 @@ fn a_stalled_channel_does_not_block_others_on_the_shared_connection() {
     run.assert_success();
     let fact = |r: usize, k: &str| -> u128 { run.facts(r)[k].parse().unwrap() };
     let recv_start = fact(2, "recv_start_ms");
-    // Rank 0's send could complete only once rank 2 received: it was
-    // stalled the whole time ranks 1 and 3 ran.
+    // Rank 0's send (returned at once, eager) could be flushed only once
+    // rank 2 received: it was stalled the whole time ranks 1 and 3 ran.
     let big_sent = fact(0, "big_sent_ms");
     assert!(big_sent >= recv_start, "{big_sent} < {recv_start}");
     for r in [1, 3] {

@@ -56,6 +56,8 @@ params! {
         "IP address the peer endpoint and the bootstrap root bind and advertise";
     WEFT_NET_IF: String = Str, Unset(""), Comm, [Operator],
         "network interface named by the job (`spec.network.interface`); set by the operator, not read yet (bind with `WEFT_LISTEN_ADDR`)";
+    WEFT_EAGER_MAX_BYTES: usize = Bytes, Value("1073741824"), Comm, [Libcomm],
+        "bytes of host sends a communicator may hold after the calls returned, before their peers received them (eager point-to-point); a send past it blocks until its peer has it";
     WEFT_SPIN_ITERS: u32 = Int, Computed("4000; 0 when ranks outnumber cores"), Comm, [Libcomm],
         "idle iterations a waiting rank spins before it yields";
     WEFT_YIELD_ITERS: u32 = Int, Computed("8; 32 when ranks outnumber cores"), Comm, [Libcomm],

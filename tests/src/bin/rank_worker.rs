@@ -41,6 +41,10 @@ fn main() {
         "alltoall" => mode_alltoall(),
         "badinput" => mode_badinput(),
         "mismatch" => mode_mismatch(),
+        "eager_ring" => mode_eager_ring(),
+        "eager_idle" => mode_eager_idle(),
+        "eager_destroy" => mode_eager_destroy(),
+        "eager_cap" => mode_eager_cap(),
         "sc_traced" => sidecar_modes::traced(),
         "sc_storm" => sidecar_modes::storm(),
         "sc_hang" => sidecar_modes::hang(),
@@ -587,4 +591,154 @@ fn mode_mismatch() {
     eprintln!("mismatch error: {e}");
     sum_check(&w, (n * (n + 1) / 2) as i64, "world after the mismatch");
     println!("@ world=ok");
+}
+
+/// Rank `rank`'s message `round` for the eager point-to-point modes: random
+/// (seeded by `WEFT_TEST_SEED`), never zero.
+fn eager_data(round: u64, rank: usize, n: usize) -> Vec<f32> {
+    use weft_tests::data::splitmix;
+    let seed: u64 = std::env::var("WEFT_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    let base = splitmix(seed ^ splitmix(round * 1_000_003 + rank as u64));
+    (0..n)
+        .map(|i| 1.0 + (splitmix(base ^ i as u64) >> 40) as f32 / (1u64 << 24) as f32 * 1000.0)
+        .collect()
+}
+
+/// Unbatched `send(next)` then `recv(prev)`, each call blocking.
+fn eager_ring_step(w: &Communicator, round: u64, count: usize, what: &str) {
+    let (n, r) = (w.count(), w.rank());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mine = eager_data(round, r, count);
+    let mut got = vec![0f32; count];
+    ok(
+        w.send(&mine, next),
+        &format!("{what}: send {count} floats to {next}"),
+    );
+    // The rest of the message was copied: the buffer may go at once.
+    drop(mine);
+    ok(
+        w.recv(&mut got, prev),
+        &format!("{what}: recv {count} floats from {prev}"),
+    );
+    if got != eager_data(round, prev, count) {
+        fail(format!(
+            "{what}: wrong data from rank {prev} ({count} floats)"
+        ));
+    }
+}
+
+/// The ring of unbatched sends as the first operation of the communicator
+/// (argument: its size in floats), then a grouped exchange, then the ring
+/// at 333 floats, 1 Mi floats and 16 Mi floats (64 MiB).
+fn mode_eager_ring() {
+    let first: usize = arg(2, "333").parse().unwrap();
+    let w = world();
+    let (n, r) = (w.count(), w.rank());
+    let t = Instant::now();
+    eager_ring_step(&w, 0, first, "first operation");
+    let a = eager_data(1, r, 4096);
+    let mut b = vec![0f32; 4096];
+    {
+        let mut g = Group::new();
+        ok(g.send(&w, &a, (r + 1) % n).map(|_| ()), "group send");
+        ok(
+            g.recv(&w, &mut b, (r + n - 1) % n).map(|_| ()),
+            "group recv",
+        );
+        ok(g.execute(), "grouped exchange");
+    }
+    if b != eager_data(1, (r + n - 1) % n, 4096) {
+        fail("grouped exchange: wrong data");
+    }
+    for (k, count) in [333usize, 1 << 20, 16 << 20].into_iter().enumerate() {
+        eager_ring_step(&w, 2 + k as u64, count, "after a grouped exchange");
+    }
+    ok(w.destroy(), "destroy");
+    println!("@ ring=ok ring_ms={}", t.elapsed().as_millis());
+}
+
+/// Rank 0 sends 64 MiB to rank 1, then makes no libcomm call for 4 s: its
+/// background flusher must deliver while it sleeps.
+fn mode_eager_idle() {
+    let count = 16 << 20;
+    let w = world();
+    match w.rank() {
+        0 => {
+            ok(w.send(&eager_data(0, 0, count), 1), "send");
+            std::thread::sleep(Duration::from_secs(4));
+        }
+        1 => {
+            let t = Instant::now();
+            let mut got = vec![0f32; count];
+            ok(w.recv(&mut got, 0), "recv");
+            println!("@ recv_ms={}", t.elapsed().as_millis());
+            if got != eager_data(0, 0, count) {
+                fail("wrong data from rank 0");
+            }
+        }
+        _ => {}
+    }
+    ok(w.destroy(), "destroy");
+}
+
+/// Rank 0 sends 64 MiB that rank 1 never receives, then destroys: destroy
+/// must return an error naming rank 1 within the timeout (WEFT_TIMEOUT_MS),
+/// not hang. Rank 1 later finds rank 0 gone.
+fn mode_eager_destroy() {
+    let count = 16 << 20;
+    let w = world();
+    match w.rank() {
+        0 => {
+            ok(w.send(&eager_data(0, 0, count), 1), "send");
+            let t = Instant::now();
+            match w.destroy() {
+                Err(e) if e.to_string().contains("rank 1") => {
+                    eprintln!("destroy: {e}");
+                    println!("@ destroy_ms={} destroy=error", t.elapsed().as_millis());
+                }
+                other => fail(format!("destroy with an undelivered send gave {other:?}")),
+            }
+        }
+        1 => {
+            std::thread::sleep(Duration::from_secs(4));
+            let mut got = vec![0f32; count];
+            match w.recv(&mut got, 0) {
+                Err(e) => {
+                    eprintln!("recv: {e}");
+                    println!("@ late_recv=error");
+                }
+                Ok(()) => fail("a receive from a destroyed peer succeeded"),
+            }
+            let _ = w.destroy();
+        }
+        _ => {}
+    }
+}
+
+/// Rank 0 sends 64 MiB to rank 1, which posts its receive only after 1.5 s:
+/// the send returns at once (eager), unless WEFT_EAGER_MAX_BYTES is smaller
+/// than the message, when it waits for the receive.
+fn mode_eager_cap() {
+    let count = 16 << 20;
+    let w = world();
+    match w.rank() {
+        0 => {
+            let t = Instant::now();
+            ok(w.send(&eager_data(0, 0, count), 1), "send");
+            println!("@ send_ms={}", t.elapsed().as_millis());
+        }
+        1 => {
+            std::thread::sleep(Duration::from_millis(1500));
+            let mut got = vec![0f32; count];
+            ok(w.recv(&mut got, 0), "recv");
+            if got != eager_data(0, 0, count) {
+                fail("wrong data from rank 0");
+            }
+        }
+        _ => {}
+    }
+    ok(w.destroy(), "destroy");
 }

@@ -295,6 +295,9 @@ pub fn head_of_line() {
         0 => {
             let v: Vec<u32> = (0..N as u32).collect();
             ok(pair.send(&v, 1), "send");
+            // Host sends are eager (they return once the rest is copied):
+            // the transfer is complete when the flush returns.
+            ok(pair.flush(), "flush");
             println!("@ big_sent_ms={}", now_ms());
         }
         2 => {
