@@ -47,6 +47,13 @@ _EPS = {
     torch.float16: 9.8e-4,
     torch.bfloat16: 7.9e-3,
 }
+for _n, _e in (("float8_e4m3fn", 0.125), ("float8_e5m2", 0.25)):
+    if hasattr(torch, _n):
+        _EPS[getattr(torch, _n)] = _e
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return "float8" in str(dtype)
 
 
 class Skip(Exception):
@@ -225,6 +232,8 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str, rtol=0.0, ato
         raise AssertionError(f"{what}: dtype {got.dtype} != expected {want.dtype}")
     if got.numel() == 0:
         return
+    if is_fp8(got.dtype):  # compare fp8 as float32 (exact); eq is not defined for fp8 on every device
+        got, want = got.float(), want.float()
     if rtol == 0.0 and atol == 0.0 or not got.dtype.is_floating_point:
         if got.dtype.is_floating_point:
             bad = ~((got == want) | (got.isnan() & want.isnan()))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common import Ctx, Registry, Skip, expect_close, gen
