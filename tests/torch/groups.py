@@ -90,6 +90,10 @@ def check_split_group(ctx: Ctx) -> None:
     if got != members:
         raise AssertionError(f"get_process_group_ranks {got} != {members}")
     _concurrent(ctx, mine, members, "split_group")
+    # Every rank in one split: a second communicator over the whole world.
+    everyone = list(range(ctx.world))
+    g_all = dist.split_group(split_ranks=[everyone])
+    _concurrent(ctx, g_all, everyone, "split_group_all")
 
 
 def register(reg: Registry) -> None:
