@@ -15,7 +15,7 @@
 # Environment (or the defaults):
 #   WEFT_LIB   our libnccl.so.2 (--lib)  (bench/gpu/weft/libnccl.so.2)
 #   WEFT_BIN   the weft binary (--weft)  (bench/gpu/weft/weft)
-#   LOG_DIR    where logs go             (/tmp/weft-torch-logs); one <step>.log each, summary.txt
+#   LOG_DIR    where logs go             (/tmp/weft-torch-logs); one <step>.log each, summary.txt (appended)
 #   NPROC      ranks                     (2); with one GPU they all share GPU 0
 #   PYTHON     python with torch 2.11    (python3)
 #   STEP_TIMEOUT  seconds per step       (540); every run is bounded by `timeout`
@@ -53,7 +53,7 @@ export PYTHONUNBUFFERED=1
 
 mkdir -p "$LOG_DIR"
 SUMMARY=$LOG_DIR/summary.txt
-: >"$SUMMARY"
+echo "--- run.sh $steps (NPROC=$NPROC, $(date -u +%FT%TZ))" >>"$SUMMARY"
 WEFT_LIB=$(realpath "$WEFT_LIB" 2>/dev/null || echo "$WEFT_LIB")
 [ -f "$WEFT_LIB" ] || { echo "run.sh: no library at WEFT_LIB=$WEFT_LIB"; exit 2; }
 
@@ -131,6 +131,6 @@ print('libnccl loaded:', loaded_nccl())
   grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS kill_test|suite: )' "$f" | head -60
   record "$s" $rc "$f"
 done
-log "summary ($SUMMARY)"
-cat "$SUMMARY"
+log "summary (appended to $SUMMARY)"
+sed -n '/^--- run.sh/h; /^--- run.sh/!H; ${x;p}' "$SUMMARY"
 exit $failed
