@@ -114,6 +114,28 @@ def loaded_nccl() -> list[str]:
     return found
 
 
+def nccl_provider(symbol: str = "ncclAllReduce"):
+    """The file that provides `symbol` in this process's global scope (what
+    torch's calls bind to), via dladdr."""
+    import ctypes
+
+    class DlInfo(ctypes.Structure):
+        _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                    ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+    me = ctypes.CDLL(None)
+    try:
+        addr = ctypes.cast(getattr(me, symbol), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+    dladdr = me.dladdr
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(DlInfo)]
+    info = DlInfo()
+    if not dladdr(addr, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(info.dli_fname.decode())
+
+
 def setup(args) -> Ctx:
     """init_process_group from the launcher's environment (torchrun or weft run)."""
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -159,13 +181,20 @@ def setup(args) -> Ctx:
         print("suite: " + ", ".join(info), flush=True)
     if device.type == "cuda":
         libs = loaded_nccl()
-        print(f"suite: rank {ctx.rank} device {device} libnccl mapped: {libs or 'none'}", flush=True)
+        print(
+            f"suite: rank {ctx.rank} device {device} libnccl mapped: {libs or 'none'}; "
+            f"ncclAllReduce from {nccl_provider()}",
+            flush=True,
+        )
         want = getattr(args, "expect_nccl", None)
         if want:
             want = os.path.realpath(want)
-            if want not in libs or len(libs) != 1:
+            # torch's wheel maps its bundled libnccl even when Weft is
+            # preloaded; what matters is which file torch's calls bind to.
+            got = nccl_provider()
+            if got != want:
                 raise SystemExit(
-                    f"rank {ctx.rank}: expected only {want} to be loaded as libnccl, found {libs}"
+                    f"rank {ctx.rank}: ncclAllReduce binds to {got}, not {want} (mapped: {libs})"
                 )
     return ctx
 
