@@ -139,6 +139,14 @@ pub fn run(args: RunArgs) -> i32 {
     } else {
         None
     };
+    match launch::preload::rank_var() {
+        Ok(Some(var)) => spec.env_extra.push(var),
+        Ok(None) => {}
+        Err(e) => {
+            let _ = launch::output::write_all(2, format!("weft run: {e}\n").as_bytes());
+            return 2;
+        }
+    }
     match launch::launch(&spec) {
         Ok(outcome) => outcome.exit_code(),
         Err(e) => {

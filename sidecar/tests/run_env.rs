@@ -139,3 +139,48 @@ fn bad_arguments_are_usage_errors() {
         assert_eq!(run.code, Some(2), "{args:?}: {}", run.err());
     }
 }
+
+/// `WEFT_PRELOAD` puts a library in front of the ranks' loader (PyTorch's
+/// wheels find their own NCCL by RPATH, which only LD_PRELOAD overrides),
+/// keeps the user's LD_PRELOAD after it, and refuses a path that is not there.
+#[test]
+fn weft_preload_reaches_the_ranks_first() {
+    // Any real shared library will do; libc is on every machine.
+    let lib = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/lib64/libc.so.6",
+        "/usr/lib/libc.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect("a libc.so.6 to preload");
+    let lib = std::fs::canonicalize(lib).unwrap();
+    let mut cmd = weft_cmd(&["run", "-n", "2", "--", "env"]);
+    cmd.env("WEFT_PRELOAD", &lib);
+    cmd.env("LD_PRELOAD", "");
+    let run = run_cmd(cmd);
+    assert_eq!(run.code, Some(0), "stderr: {}", run.err());
+    for env in rank_envs(&run, 2) {
+        assert_eq!(env["LD_PRELOAD"], lib.display().to_string());
+    }
+
+    let mut cmd = weft_cmd(&["run", "-n", "1", "--", "env"]);
+    cmd.env("WEFT_PRELOAD", "off");
+    cmd.env("LD_PRELOAD", &lib);
+    let run = run_cmd(cmd);
+    assert_eq!(run.code, Some(0), "stderr: {}", run.err());
+    assert_eq!(
+        rank_envs(&run, 1)[0]["LD_PRELOAD"],
+        lib.display().to_string()
+    );
+
+    let mut cmd = weft_cmd(&["run", "-n", "1", "--", "true"]);
+    cmd.env("WEFT_PRELOAD", "/nonexistent/libnccl.so.2");
+    let run = run_cmd(cmd);
+    assert_eq!(run.code, Some(2), "stderr: {}", run.err());
+    assert!(
+        run.err().contains("/nonexistent/libnccl.so.2"),
+        "{}",
+        run.err()
+    );
+}

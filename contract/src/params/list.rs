@@ -161,6 +161,8 @@ params! {
         "this node's (pod's) index";
     WEFT_MPS: String = Choice(&["auto", "on", "off"]), Value("auto"), Launch, [Run, Bench],
         "`auto`: when more local ranks than GPUs, start a private CUDA MPS daemon for the job (kernels of ranks sharing a GPU then run side by side instead of time-slicing); `on`: fail if it cannot start; `off`";
+    WEFT_PRELOAD: String = Path, Value("auto"), Launch, [Run],
+        "`auto`: `weft run` preloads (`LD_PRELOAD`) the `libnccl.so.2` installed with `weft` (next to it, `../lib`, `../lib/weft`) into the ranks, so programs such as PyTorch that find another NCCL by `RPATH` bind to Weft; `off`; or the library's path";
     RANK: usize = Int, Unset(""), Launch, [Libcomm, Run],
         "PyTorch's name, read when `WEFT_RANK` is unset";
     WORLD_SIZE: usize = Int, Unset(""), Launch, [Libcomm, Run],

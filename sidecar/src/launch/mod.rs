@@ -24,6 +24,7 @@
 pub mod env;
 pub mod mps;
 pub(crate) mod output;
+pub mod preload;
 mod process;
 pub mod shm;
 mod signals;
