@@ -132,3 +132,29 @@ fn init_warns_once_about_a_misspelt_variable() {
         assert_eq!(r.stderr.matches(want).count(), 1, "{}", run.dump());
     }
 }
+
+/// A rank killed while its peers are idle (their work on a GPU has no host
+/// waiter): polling ncclCommGetAsyncError notices it and names the rank.
+#[test]
+fn a_peer_killed_while_idle_shows_in_async_error_shm() {
+    let n = 3;
+    let run = job::run(
+        JobSpec::new(common::worker(), n, &["idle_kill"])
+            .env("WEFT_TRANSPORT", "shm")
+            .timeout(Duration::from_secs(60)),
+    );
+    let victim = n - 1;
+    assert_eq!(
+        run.ranks[victim].signal,
+        Some(libc::SIGKILL),
+        "{}",
+        run.dump()
+    );
+    for r in 0..victim {
+        assert_eq!(run.ranks[r].code, Some(0), "survivor {r}:\n{}", run.dump());
+        let f = run.facts(r);
+        assert_eq!(f["kind"], "RemoteError", "rank {r}: {}", run.dump());
+        assert_eq!(f["names_victim"], "true", "rank {r}: {}", run.dump());
+        assert!(num(&f, "detect_ms") < 3000, "rank {r}: {}", run.dump());
+    }
+}

@@ -29,6 +29,18 @@ from common import (
 R = dist.ReduceOp
 PREMUL_FACTOR = 0.375  # exact in every float dtype
 
+
+def _premul(dtype: torch.dtype, factor):
+    # torch 2.11 hands NCCL a float32 factor for a bfloat16 PREMUL_SUM (and
+    # wants a float32 factor tensor), which NCCL reads as a bfloat16: with
+    # NVIDIA's NCCL 2.28 the result is all zeros (checked on the GPU machine,
+    # one rank, factor 0.75). Weft reads the scalar as NCCL does, so there is
+    # nothing meaningful to compare.
+    if dtype == torch.bfloat16:
+        raise Skip("torch passes a float32 factor for bfloat16 PREMUL_SUM; NCCL itself returns zeros")
+    return dist._make_nccl_premul_sum(factor)
+
+
 # name -> (op maker, valid for integers)
 OPS = {
     "SUM": (lambda dt, dev: R.SUM, True),
@@ -36,10 +48,10 @@ OPS = {
     "MIN": (lambda dt, dev: R.MIN, True),
     "MAX": (lambda dt, dev: R.MAX, True),
     "AVG": (lambda dt, dev: R.AVG, False),
-    "PREMUL_SUM": (lambda dt, dev: dist._make_nccl_premul_sum(PREMUL_FACTOR), False),
+    "PREMUL_SUM": (lambda dt, dev: _premul(dt, PREMUL_FACTOR), False),
     # The factor as a device tensor (NCCL's ncclScalarDevice).
     "PREMUL_SUM_TENSOR": (
-        lambda dt, dev: dist._make_nccl_premul_sum([torch.tensor([PREMUL_FACTOR], dtype=dt, device=dev)]),
+        lambda dt, dev: _premul(dt, torch.tensor([PREMUL_FACTOR], dtype=dt, device=dev)),
         False,
     ),
 }

@@ -4,7 +4,8 @@
 # Usage: tests/torch/run.sh [--lib LIBNCCL] [--weft WEFT] [STEP...]   (from anywhere)
 #   STEPs (default: info weft torchrun kill kill-watchdog):
 #     info            GPUs, torch, which libnccl torch loads with LD_PRELOAD / LD_LIBRARY_PATH
-#     weft            weft run -n $NPROC -- env LD_PRELOAD=$WEFT_LIB python suite.py
+#     weft            weft run -n $NPROC -- python suite.py (weft run preloads the
+#                     libnccl.so.2 beside it, or WEFT_PRELOAD=$WEFT_LIB)
 #     torchrun        LD_PRELOAD=$WEFT_LIB torchrun --nproc-per-node $NPROC suite.py
 #     torchrun-lazy   the same with --lazy-init (no device_id: per-pair p2p communicators,
 #                     one ncclCommInitRank per group instead of ncclCommSplit)
@@ -110,9 +111,9 @@ print('libnccl loaded:', loaded_nccl())
       echo "info: rc=$rc" >>"$SUMMARY"
       continue ;;
     weft)
-      $TO "$WEFT_BIN" run -n "$NPROC" --timeout $((STEP_TIMEOUT - 10)) -- env LD_PRELOAD="$WEFT_LIB" "$PYTHON" $SUITE >"$f" 2>&1 ;;
+      WEFT_PRELOAD="$WEFT_LIB" $TO "$WEFT_BIN" run -n "$NPROC" --timeout $((STEP_TIMEOUT - 10)) -- "$PYTHON" $SUITE >"$f" 2>&1 ;;
     weft-lazy)
-      $TO "$WEFT_BIN" run -n "$NPROC" --timeout $((STEP_TIMEOUT - 10)) -- env LD_PRELOAD="$WEFT_LIB" "$PYTHON" $SUITE --lazy-init >"$f" 2>&1 ;;
+      WEFT_PRELOAD="$WEFT_LIB" $TO "$WEFT_BIN" run -n "$NPROC" --timeout $((STEP_TIMEOUT - 10)) -- "$PYTHON" $SUITE --lazy-init >"$f" 2>&1 ;;
     torchrun)
       LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" $SUITE >"$f" 2>&1 ;;
     torchrun-lazy)

@@ -38,6 +38,7 @@ fn main() {
         "nbsplit" => mode_nbsplit(),
         "abort" => mode_abort(),
         "kill" => mode_kill(),
+        "idle_kill" => mode_idle_kill(),
         "alltoall" => mode_alltoall(),
         "badinput" => mode_badinput(),
         "mismatch" => mode_mismatch(),
@@ -324,6 +325,38 @@ fn mode_kill() {
         || t.elapsed() > Duration::from_secs(1)
     {
         fail("call after failure did not fail at once");
+    }
+}
+
+/// The last rank is SIGKILLed while every rank is idle (no operation in
+/// flight, as when a survivor's work sits in a GPU kernel): the survivors
+/// learn it only by polling `async_error` (ncclCommGetAsyncError, what
+/// PyTorch's watchdog calls), which must name the dead rank.
+fn mode_idle_kill() {
+    let w = world();
+    let victim = w.count() - 1;
+    let mut buf = vec![1.0f32; 1024];
+    ok(w.all_reduce_in_place(&mut buf, ReduceOp::Sum), "all_reduce");
+    if w.rank() == victim {
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+    let t = Instant::now();
+    loop {
+        if let Err(e) = w.async_error() {
+            let msg = e.to_string();
+            println!(
+                "@ detect_ms={} kind={:?} names_victim={}",
+                t.elapsed().as_millis(),
+                e.kind(),
+                msg.contains(&format!("rank {victim} "))
+            );
+            eprintln!("error: {msg}");
+            break;
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            fail("async_error still Ok 15 s after the peer was killed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
