@@ -19,7 +19,50 @@ use crate::algo::tuner::Decision;
 use crate::error::Result;
 use crate::op::Op;
 use std::any::Any;
-use std::sync::MutexGuard;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The word a communicator's kernels poll to stop waiting on peers (a `u32`
+/// in pinned host memory mapped into the device), reachable without the
+/// communicator's device slot: an operation may hold that slot's lock while
+/// the kernels it launched spin on a dead peer, and the abort must still get
+/// through (ncclCommAbort, the device watch in `watch.rs`). The backend
+/// retires it before it frees the memory; firing a retired word does nothing.
+pub struct AbortWord {
+    at: Mutex<usize>,
+}
+
+impl AbortWord {
+    /// `at`: live, writable memory until [`AbortWord::retire`].
+    pub fn new(at: *mut u32) -> Arc<AbortWord> {
+        Arc::new(AbortWord {
+            at: Mutex::new(at as usize),
+        })
+    }
+
+    /// Makes every kernel polling the word return. False once retired.
+    pub fn fire(&self) -> bool {
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        if *g == 0 {
+            return false;
+        }
+        // SAFETY: live until `retire`, which takes the same lock.
+        unsafe { std::ptr::write_volatile(*g as *mut u32, 1) };
+        true
+    }
+
+    /// Whether the word was fired (false once retired).
+    #[cfg(test)]
+    pub fn fired(&self) -> bool {
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: as in `fire`.
+        *g != 0 && unsafe { std::ptr::read_volatile(*g as *const u32) } != 0
+    }
+
+    /// The memory is about to be freed: later `fire`s do nothing.
+    pub fn retire(&self) {
+        *self.at.lock().unwrap_or_else(|e| e.into_inner()) = 0;
+    }
+}
 
 /// A communicator's state inside the device backend (allocated peer areas,
 /// mappings, sequence numbers), owned by the communicator's lifecycle record
@@ -31,6 +74,8 @@ pub trait DeviceSide: Send {
     fn kernel_error(&self) -> Option<String>;
     /// Makes kernels spinning on peers return (abort).
     fn abort(&self);
+    /// The word `abort` sets, for callers that must not take the slot's lock.
+    fn abort_word(&self) -> Arc<AbortWord>;
     /// Releases it (destroy; not after an abort: a peer's kernel may still touch it).
     fn finalize(self: Box<Self>) -> std::result::Result<(), String>;
     /// The backend's own type, for the backend only.
@@ -107,4 +152,24 @@ pub trait Backend: Sync {
     /// its stream reaches it; every rank of each communicator must submit the
     /// matching operations.
     unsafe fn run(&self, comms: &dyn Comms, items: &[Item]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AbortWord;
+
+    #[test]
+    fn a_word_fires_until_retired() {
+        let mut cell = Box::new(0u32);
+        let w = AbortWord::new(&mut *cell);
+        assert!(!w.fired());
+        assert!(w.fire());
+        assert!(w.fired());
+        assert_eq!(*cell, 1);
+        *cell = 0;
+        w.retire();
+        assert!(!w.fire(), "a retired word must not be written");
+        assert_eq!(*cell, 0);
+        assert!(!w.fired());
+    }
 }

@@ -20,7 +20,7 @@
 
 use crate::algo;
 use crate::algo::tuner::{self, Decision};
-use crate::backend::{Backend, Comms, DeviceSlot, Item};
+use crate::backend::{AbortWord, Backend, Comms, DeviceSlot, Item};
 use crate::bootstrap::{PeerInfo, client, root};
 use crate::config::Config;
 use crate::core::{Ctx, Resources, job_label};
@@ -62,6 +62,9 @@ pub(crate) struct CommShared {
     me: OnceLock<std::sync::Weak<CommShared>>,
     /// The device side (CUDA), set up by the first operation on device memory.
     pub(crate) dev: Mutex<DeviceSlot>,
+    /// The device side's abort word, once it exists: fired without `dev`'s
+    /// lock (by abort, and by the device watch on a peer's failure).
+    device_word: OnceLock<Arc<AbortWord>>,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
@@ -107,6 +110,7 @@ impl CommShared {
             obs_seq: Default::default(),
             me: OnceLock::new(),
             dev: Mutex::new(Default::default()),
+            device_word: OnceLock::new(),
         });
         let _ = s.me.set(Arc::downgrade(&s));
         s
@@ -122,16 +126,15 @@ impl CommShared {
                     .map(|t| format!(" at {}", since_epoch(t)))
                     .unwrap_or_default()
             )),
-            CommState::Failed => {
-                let cause = lock(&self.async_err)
-                    .as_ref()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default();
-                Error::InvalidUsage(format!(
-                    "communicator {} (rank {}) has failed{cause}; {what} is not allowed: abort or destroy it",
+            // As NCCL: every later call returns the error that broke the
+            // communicator (ncclRemoteError for a dead peer), not a usage error.
+            CommState::Failed => match lock(&self.async_err).as_ref() {
+                Some(e) => e.clone(),
+                None => Error::InvalidUsage(format!(
+                    "communicator {} (rank {}) has failed; {what} is not allowed: abort or destroy it",
                     self.label, self.rank
-                ))
-            }
+                )),
+            },
             _ => Error::InvalidState {
                 comm: self.label.clone(),
                 rank: self.rank,
@@ -188,6 +191,84 @@ impl CommShared {
             rank: self.rank,
             nranks: self.nranks,
             seq: &self.obs_seq,
+        }
+    }
+
+    /// Looks for a failure no operation of ours is waiting to see: a local
+    /// peer whose process is gone (raised here, as the host path would, so
+    /// the other local peers learn too), or a failure a peer raised. Records
+    /// it (the communicator becomes Failed) and fires the device abort word,
+    /// so kernels waiting on that peer return. Never waits on a lock an
+    /// operation may hold: `ncclCommGetAsyncError` and the device watch call it.
+    pub(crate) fn poll_peers(&self) -> Result<()> {
+        let Some(f) = self.fault.get() else {
+            return Ok(());
+        };
+        if let Some((rank, pid)) = f.dead_local() {
+            f.raise(
+                crate::transport::shm::FAIL_ERROR,
+                &format!(
+                    "rank {rank} (pid {pid}, this host) exited without destroying its communicator"
+                ),
+            );
+        }
+        let Some(r) = f.check() else {
+            return Ok(());
+        };
+        if let Some(w) = self.device_word.get() {
+            w.fire();
+        }
+        // A failure raised here names its cause in the reason.
+        let e = if r.abort {
+            Error::Aborted {
+                comm: self.label.clone(),
+                rank: self.rank,
+                by: Some(r.origin),
+            }
+        } else {
+            Error::Remote {
+                comm: self.label.clone(),
+                rank: self.rank,
+                detail: if r.origin == self.rank {
+                    r.reason
+                } else {
+                    format!("rank {} failed: {}", r.origin, r.reason)
+                },
+            }
+        };
+        self.record_failure(&e);
+        Err(e)
+    }
+
+    /// One look of the device watch (`watch.rs`): false once there is
+    /// nothing left to watch (destroyed, or the word was fired).
+    pub(crate) fn watch_tick(&self) -> bool {
+        let Some(word) = self.device_word.get() else {
+            return false;
+        };
+        match self.state.get() {
+            CommState::Ready => {
+                if self.poll_peers().is_err() {
+                    word.fire();
+                    return false;
+                }
+                true
+            }
+            CommState::Initializing => true,
+            // Failed by an operation that saw the failure on the host:
+            // kernels still waiting on that peer must return too.
+            CommState::Failed | CommState::Aborted => {
+                word.fire();
+                false
+            }
+            CommState::Destroyed => false,
+        }
+    }
+
+    /// Watches the device side once it exists (see `watch.rs`).
+    fn watch_device(self: &Arc<Self>, word: Arc<AbortWord>) {
+        if self.device_word.set(word).is_ok() {
+            crate::watch::register(self);
         }
     }
 
@@ -398,7 +479,10 @@ impl Communicator {
         match self.s.state.get() {
             CommState::Initializing => Err(Error::InProgress),
             CommState::Ready => {
-                if let DeviceSlot::On(dc) = &*lock(&self.s.dev)
+                // try_lock: an operation may hold the slot while its
+                // kernels spin; this query must never wait for them.
+                if let Ok(slot) = self.s.dev.try_lock()
+                    && let DeviceSlot::On(dc) = &*slot
                     && let Some(e) = dc.kernel_error()
                 {
                     return Err(Error::InvalidUsage(format!(
@@ -406,45 +490,7 @@ impl Communicator {
                         self.describe()
                     )));
                 }
-                if let Some(f) = self.s.fault.get()
-                    && let Some((rank, pid)) = f.dead_local()
-                {
-                    // Raise it as the host path would: local peers learn
-                    // too, and our kernels waiting on that rank return.
-                    f.raise(
-                        crate::transport::shm::FAIL_ERROR,
-                        &format!(
-                            "rank {rank} (pid {pid}) exited without destroying its communicator"
-                        ),
-                    );
-                    if let DeviceSlot::On(dc) = &*lock(&self.s.dev) {
-                        dc.abort();
-                    }
-                }
-                // A failure raised here names its cause in the reason.
-                if let Some(f) = self.s.fault.get()
-                    && let Some(r) = f.check()
-                {
-                    let e = if r.abort {
-                        Error::Aborted {
-                            comm: self.s.label.clone(),
-                            rank: self.s.rank,
-                            by: Some(r.origin),
-                        }
-                    } else {
-                        Error::Remote {
-                            comm: self.s.label.clone(),
-                            rank: self.s.rank,
-                            detail: if r.origin == self.s.rank {
-                                r.reason
-                            } else {
-                                format!("rank {} failed: {}", r.origin, r.reason)
-                            },
-                        }
-                    };
-                    self.record_failure(&e);
-                    return Err(e);
-                }
+                self.s.poll_peers()?;
                 Ok(())
             }
             CommState::Failed => Err(lock(&self.s.async_err)
@@ -685,8 +731,16 @@ pub(crate) fn abort_shared(s: &CommShared, reason: &str) -> Result<()> {
     }
     *lock(&s.ended_at) = Some(SystemTime::now());
     // Kernels of ours spinning on peers return (their stream completes).
-    if let DeviceSlot::On(dc) = &*lock(&s.dev) {
-        dc.abort();
+    // Through the word when there is one: an operation may hold `dev`.
+    match s.device_word.get() {
+        Some(w) => {
+            w.fire();
+        }
+        None => {
+            if let DeviceSlot::On(dc) = &*lock(&s.dev) {
+                dc.abort();
+            }
+        }
     }
     // Lock-free: wake everyone, including a collective of ours blocked in another thread.
     if let Some(f) = s.fault.get() {
@@ -890,7 +944,19 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
         };
         items.push(Item { comm: i, op: *op });
     }
-    unsafe { device_backend().run(&lent, &items) }
+    let r = unsafe { device_backend().run(&lent, &items) };
+    for c in &lent.comms {
+        if c.s.device_word.get().is_none() {
+            let word = match &*lock(&c.s.dev) {
+                DeviceSlot::On(dc) => Some(dc.abort_word()),
+                _ => None,
+            };
+            if let Some(w) = word {
+                c.s.watch_device(w);
+            }
+        }
+    }
+    r
 }
 
 /// The communicators of one batch, as a backend sees them ([`Comms`]).

@@ -42,6 +42,7 @@ mod topology;
 mod transport;
 mod types;
 mod unique_id;
+mod watch;
 
 pub use algo::tuner::{Algo, AlgoOverride, Coll, Decision};
 pub use comm::Communicator;

@@ -49,11 +49,50 @@ pub fn pid_alive(pid: u32) -> bool {
         return false;
     }
     let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let exists = rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+    // A killed process stays a zombie until its parent reaps it (a launcher
+    // may poll only every few seconds): it has exited all the same.
+    exists && !is_zombie(pid)
+}
+
+/// Whether `/proc/<pid>/stat` says the process has exited (Z or X) and
+/// only waits to be reaped.
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": comm may hold spaces and parentheses.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|c| c == 'Z' || c == 'X')
 }
 
 pub fn online_cpus() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod liveness_tests {
+    use super::pid_alive;
+
+    /// A child that exited but was not reaped yet counts as gone.
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let t = std::time::Instant::now();
+        while pid_alive(pid) {
+            assert!(
+                t.elapsed().as_secs() < 10,
+                "pid {pid} still alive after 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // Not reaped until now.
+        child.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(pid_alive(std::process::id()));
+    }
 }

@@ -47,6 +47,9 @@ impl DeviceSide for DevComm {
     fn abort(&self) {
         DevComm::abort(self)
     }
+    fn abort_word(&self) -> std::sync::Arc<crate::backend::AbortWord> {
+        self.word.clone()
+    }
     fn finalize(self: Box<Self>) -> std::result::Result<(), String> {
         DevComm::finalize(*self).map_err(|e| e.to_string())
     }

@@ -35,6 +35,9 @@ pub struct DevComm {
     pub(super) lines: bool,
     /// Pinned host memory mapped into the device (abort word, kernel errors).
     pub(super) status: *mut Status,
+    /// `status.abort`, shared with the core (ncclCommAbort, the device watch);
+    /// retired before `status` is freed.
+    pub(super) word: std::sync::Arc<crate::backend::AbortWord>,
     pub(super) tuning: Tuning,
     /// LL operations launched (their flags and parity halves), and what the
     /// next one needs to know to reuse a half (see [`LlHistory`]).
@@ -92,8 +95,7 @@ impl DevComm {
     /// Makes every kernel of this communicator, running or to come, return
     /// (ncclCommAbort): spin loops poll the word.
     pub fn abort(&self) {
-        // SAFETY: `status` is live pinned host memory until finalize.
-        unsafe { std::ptr::write_volatile(&raw mut (*self.status).abort, 1) };
+        self.word.fire();
     }
 
     /// An error a kernel reported (asynchronously), as text.

@@ -102,6 +102,7 @@ impl DevComm {
                 lines_capable: false,
                 lines: false,
                 status: status.cast(),
+                word: crate::backend::AbortWord::new(status.cast()),
                 tuning,
                 ll: LlHistory::default(),
                 send_seq: vec![0; nranks],
@@ -230,6 +231,9 @@ impl DevComm {
         if let Some(mut e) = self.eager.take() {
             e.destroy();
         }
+        // The status word is freed below (or by the last rank of this
+        // process): nothing may write it from now on.
+        self.word.retire();
         for p in &self.imported {
             unsafe { check(sys::cuIpcCloseMemHandle(*p), "cuIpcCloseMemHandle")? };
         }
