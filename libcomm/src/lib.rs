@@ -76,5 +76,14 @@ pub fn transport_stats() -> TransportStats {
     }
 }
 
+/// What this process's listeners (the peer endpoint, bootstrap roots) have
+/// refused, and what they hold now: see docs/ARCHITECTURE.md, "Hostile
+/// networks".
+pub use transport::tcp::ListenerStats;
+
+pub fn listener_stats() -> ListenerStats {
+    transport::tcp::listener_stats()
+}
+
 /// Weft's own version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -62,17 +62,13 @@ pub(crate) fn rendezvous(
     cancelled: &dyn Fn() -> Option<Error>,
 ) -> Result<([u8; 16], Vec<PeerInfo>)> {
     let mut s = connect_retry(id.root, deadline, "the bootstrap root", false, cancelled)?;
-    // Peers reach our endpoint on the interface that reaches the root,
-    // unless the endpoint is bound to one address (WEFT_LISTEN_ADDR): then
-    // that one (the source address the kernel picks may be another).
-    let bound = weft_contract::params::WEFT_LISTEN_ADDR
-        .raw()
-        .and_then(|a| a.parse::<std::net::IpAddr>().ok())
-        .filter(|ip| !ip.is_unspecified());
-    match (bound, s.local_addr()) {
-        (Some(ip), _) => me.addr.set_ip(ip),
-        (None, Ok(local)) => me.addr.set_ip(local.ip()),
-        _ => {}
+    // Peers reach our endpoint at the address it is bound to, or, bound to
+    // every interface, on the interface that reaches the root (the source
+    // address the kernel picks).
+    if me.addr.ip().is_unspecified()
+        && let Ok(local) = s.local_addr()
+    {
+        me.addr.set_ip(local.ip());
     }
     let ch = wire::read_frame(&mut s, 64, deadline)?;
     if ch.kind == Kind::Error {
