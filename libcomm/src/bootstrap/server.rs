@@ -247,23 +247,7 @@ pub(crate) fn serve(
             if let Some(res) = outcome {
                 let p = pending.swap_remove(i);
                 forget_source(&mut per_source, p.peer.ip());
-                match res {
-                    Ok(frame) => {
-                        let _ = p.stream.set_nonblocking(false);
-                        handler.on_frame(Accepted {
-                            stream: p.stream,
-                            challenge: p.challenge,
-                            frame,
-                            peer: p.peer,
-                        })
-                    }
-                    Err(reason) => {
-                        if !reason.starts_with("closed before") {
-                            counters.refused.fetch_add(1, Relaxed);
-                        }
-                        reject(p.stream, p.peer, what, &reason)
-                    }
-                }
+                settle(p, res, what, counters, handler);
             }
         }
         // Accept everything queued; at a cap, the oldest handshake of that
@@ -282,9 +266,17 @@ pub(crate) fn serve(
                             None
                         };
                     if let Some(i) = victim {
-                        evict(&mut pending, &mut per_source, i);
-                        counters.evicted.fetch_add(1, Relaxed);
-                        evicted_since_log += 1;
+                        // Only the silent are dropped: one whose frame has
+                        // arrived meanwhile is handled as usual.
+                        let mut p = pending.swap_remove(i);
+                        forget_source(&mut per_source, p.peer.ip());
+                        match read_some(&mut p, limits.max_payload) {
+                            Some(res) => settle(p, res, what, counters, handler),
+                            None => {
+                                counters.evicted.fetch_add(1, Relaxed);
+                                evicted_since_log += 1;
+                            }
+                        }
                     }
                     let Ok(challenge) = crate::handshake::challenge() else {
                         continue;
@@ -334,6 +326,33 @@ pub(crate) fn serve(
             );
             evicted_since_log = 0;
             last_evict_log = Instant::now();
+        }
+    }
+}
+
+/// Hands a complete first frame to the handler, or refuses the connection.
+fn settle(
+    p: Pending,
+    res: Result<Frame, String>,
+    what: &str,
+    counters: &Counters,
+    handler: &mut dyn Handler,
+) {
+    match res {
+        Ok(frame) => {
+            let _ = p.stream.set_nonblocking(false);
+            handler.on_frame(Accepted {
+                stream: p.stream,
+                challenge: p.challenge,
+                frame,
+                peer: p.peer,
+            })
+        }
+        Err(reason) => {
+            if !reason.starts_with("closed before") {
+                counters.refused.fetch_add(1, Relaxed);
+            }
+            reject(p.stream, p.peer, what, &reason)
         }
     }
 }
