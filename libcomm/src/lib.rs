@@ -29,6 +29,8 @@ mod eager;
 mod error;
 mod exec;
 mod fault;
+#[cfg(test)]
+mod fuzz;
 mod group;
 pub mod handshake;
 pub(crate) mod log;

@@ -229,6 +229,7 @@ fn silent_connections_do_not_delay_splits() {
         "the attacked rank grew from {rss0} to {rss1} bytes"
     );
     assert_splits_in_time(&run);
+    // All but the 128 a source may hold are dropped (after their 50 ms).
     let f = run.facts(RANKS - 1);
     assert!(
         common::num(&f, "evicted") >= 900,

@@ -7,10 +7,11 @@
 //! anything is authenticated, so a few KiB at most), and is handled only once
 //! that frame is complete. Unauthenticated connections are capped per source
 //! address and in all; at a cap the oldest pending handshake (of that source,
-//! else of all) is dropped to make room, so silent clients can delay nobody:
-//! a real peer answers its challenge within a round trip. Nothing on this
-//! thread blocks on a client (challenges and refusals are written
-//! non-blocking, once).
+//! else of all) that has had [`GRACE`] to answer is dropped to make room, so
+//! silent clients delay nobody for long: a real peer answers its challenge
+//! within a round trip (and its client retries if it was dropped anyway).
+//! Nothing on this thread blocks on a client (challenges and refusals are
+//! written non-blocking, once).
 
 use super::wire::{self, Frame, FrameBuf, Kind};
 use crate::log::warn_log;
@@ -99,6 +100,7 @@ struct Pending {
     stream: TcpStream,
     fb: FrameBuf,
     challenge: [u8; 16],
+    since: Instant,
     deadline: Instant,
     peer: SocketAddr,
 }
@@ -160,13 +162,6 @@ pub(crate) fn reject(mut stream: TcpStream, peer: SocketAddr, what: &str, reason
     let _ = stream.write(&msg);
 }
 
-/// Drops pending handshake `i` to make room; returns it closed.
-fn evict(pending: &mut Vec<Pending>, per_source: &mut HashMap<IpAddr, usize>, i: usize) {
-    let p = pending.swap_remove(i);
-    forget_source(per_source, p.peer.ip());
-    // Closed without an answer: a silent client gets nothing to read.
-}
-
 fn forget_source(per_source: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
     if let Some(n) = per_source.get_mut(&ip) {
         *n -= 1;
@@ -176,14 +171,121 @@ fn forget_source(per_source: &mut HashMap<IpAddr, usize>, ip: IpAddr) {
     }
 }
 
-/// The oldest pending handshake (from `ip` when given).
-fn oldest(pending: &[Pending], ip: Option<IpAddr>) -> Option<usize> {
+/// How long a new connection is safe from eviction: a real peer answers
+/// its challenge well within it (and retries if it was dropped anyway).
+pub(crate) const GRACE: Duration = Duration::from_millis(50);
+
+/// The oldest pending handshake (from `ip` when given), if it has had
+/// [`GRACE`] to answer.
+fn evictable(pending: &[Pending], ip: Option<IpAddr>, now: Instant) -> Option<usize> {
     pending
         .iter()
         .enumerate()
         .filter(|(_, p)| ip.is_none_or(|ip| p.peer.ip() == ip))
-        .min_by_key(|(_, p)| p.deadline)
+        .min_by_key(|(_, p)| p.since)
+        .filter(|(_, p)| now.duration_since(p.since) >= GRACE)
         .map(|(i, _)| i)
+}
+
+struct Loop<'a> {
+    what: &'a str,
+    limits: Limits,
+    counters: &'a Counters,
+    pending: Vec<Pending>,
+    per_source: HashMap<IpAddr, usize>,
+    evicted_since_log: u64,
+}
+
+impl Loop<'_> {
+    fn remove(&mut self, i: usize) -> Pending {
+        let p = self.pending.swap_remove(i);
+        forget_source(&mut self.per_source, p.peer.ip());
+        p
+    }
+
+    /// Drops pending handshake `i` to make room, unless its frame has
+    /// arrived meanwhile (then it is handled as usual).
+    fn evict(&mut self, i: usize, handler: &mut dyn Handler) {
+        let mut p = self.remove(i);
+        match read_some(&mut p, self.limits.max_payload) {
+            Some(res) => settle(p, res, self.what, self.counters, handler),
+            None => {
+                // Closed without an answer: a silent client gets nothing to read.
+                self.counters.evicted.fetch_add(1, Relaxed);
+                self.evicted_since_log += 1;
+            }
+        }
+    }
+
+    /// Drops the oldest handshakes (past their grace) of every source
+    /// over its cap, down to the cap.
+    fn trim_sources(&mut self, handler: &mut dyn Handler) {
+        let cap = self.limits.max_per_source;
+        let over: Vec<IpAddr> = self
+            .per_source
+            .iter()
+            .filter(|(_, n)| **n > cap)
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in over {
+            while self.per_source.get(&ip).copied().unwrap_or(0) > cap {
+                match evictable(&self.pending, Some(ip), Instant::now()) {
+                    Some(i) => self.evict(i, handler),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Whether another connection may be accepted now (making room under
+    /// the total cap when an old enough handshake can go).
+    fn room(&mut self, handler: &mut dyn Handler) -> bool {
+        if self.pending.len() < self.limits.max_pending {
+            return true;
+        }
+        match evictable(&self.pending, None, Instant::now()) {
+            Some(i) => {
+                self.evict(i, handler);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn admit(&mut self, stream: TcpStream, peer: SocketAddr, handler: &mut dyn Handler) {
+        self.counters.accepted.fetch_add(1, Relaxed);
+        let ip = peer.ip();
+        // Over the per-source cap, that source's oldest handshake makes room
+        // (if all are within their grace, the cap is exceeded for a moment).
+        if self.per_source.get(&ip).copied().unwrap_or(0) >= self.limits.max_per_source
+            && let Some(i) = evictable(&self.pending, Some(ip), Instant::now())
+        {
+            self.evict(i, handler);
+        }
+        let Ok(challenge) = crate::handshake::challenge() else {
+            return;
+        };
+        let mut s = stream;
+        if s.set_nonblocking(true).is_err() {
+            return;
+        }
+        let _ = s.set_nodelay(true);
+        let hello = wire::encode(Kind::Challenge, &challenge, &[0u8; 32], b"");
+        // A fresh socket's send buffer takes 64 bytes at once.
+        if !matches!(s.write(&hello), Ok(n) if n == hello.len()) {
+            return;
+        }
+        *self.per_source.entry(ip).or_default() += 1;
+        let now = Instant::now();
+        self.pending.push(Pending {
+            stream: s,
+            fb: FrameBuf::default(),
+            challenge,
+            since: now,
+            deadline: now + self.limits.handshake_timeout,
+            peer,
+        });
+    }
 }
 
 pub(crate) fn serve(
@@ -197,28 +299,41 @@ pub(crate) fn serve(
         warn_log!("{what}: cannot make listener non-blocking: {e}");
         return;
     }
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut per_source: HashMap<IpAddr, usize> = HashMap::new();
-    let mut evicted_since_log = 0u64;
+    let mut lp = Loop {
+        what,
+        limits,
+        counters,
+        pending: Vec::new(),
+        per_source: HashMap::new(),
+        evicted_since_log: 0,
+    };
     let mut last_evict_log = Instant::now();
     loop {
         if handler.tick() {
             return;
         }
-        let mut fds = Vec::with_capacity(pending.len() + 1);
+        // At the total cap with every handshake still in its grace, new
+        // connections wait in the backlog until the oldest can go.
+        let full = lp.pending.len() >= limits.max_pending;
+        let mut timeout_ms = 100;
+        if full && let Some(p) = lp.pending.iter().min_by_key(|p| p.since) {
+            let left = GRACE.saturating_sub(p.since.elapsed());
+            timeout_ms = (left.as_millis() as i32).clamp(1, 100);
+        }
+        let mut fds = Vec::with_capacity(lp.pending.len() + 1);
         fds.push(libc::pollfd {
             fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
+            events: if full { 0 } else { libc::POLLIN },
             revents: 0,
         });
-        for p in &pending {
+        for p in &lp.pending {
             fds.push(libc::pollfd {
                 fd: p.stream.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             });
         }
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
         if rc < 0 {
             let e = std::io::Error::last_os_error();
             if e.kind() != std::io::ErrorKind::Interrupted {
@@ -231,13 +346,13 @@ pub(crate) fn serve(
         // polled); walking backwards keeps swap_remove from moving an
         // unvisited entry.
         let now = Instant::now();
-        for i in (0..pending.len()).rev() {
+        for i in (0..lp.pending.len()).rev() {
             let readable = fds[i + 1].revents != 0;
             let mut outcome: Option<Result<Frame, String>> = None;
             if readable {
-                outcome = read_some(&mut pending[i], limits.max_payload);
+                outcome = read_some(&mut lp.pending[i], limits.max_payload);
             }
-            if outcome.is_none() && now >= pending[i].deadline {
+            if outcome.is_none() && now >= lp.pending[i].deadline {
                 counters.timed_out.fetch_add(1, Relaxed);
                 outcome = Some(Err(format!(
                     "handshake timed out ({} ms)",
@@ -245,86 +360,41 @@ pub(crate) fn serve(
                 )));
             }
             if let Some(res) = outcome {
-                let p = pending.swap_remove(i);
-                forget_source(&mut per_source, p.peer.ip());
+                let p = lp.remove(i);
                 settle(p, res, what, counters, handler);
             }
         }
-        // Accept everything queued; at a cap, the oldest handshake of that
-        // source (else of all) makes room.
-        loop {
+        // Sources over their cap lose their oldest handshakes once these
+        // have had their grace.
+        lp.trim_sources(handler);
+        // Accept everything queued, within the caps.
+        while lp.room(handler) {
             match listener.accept() {
-                Ok((stream, peer)) => {
-                    counters.accepted.fetch_add(1, Relaxed);
-                    let ip = peer.ip();
-                    let victim =
-                        if per_source.get(&ip).copied().unwrap_or(0) >= limits.max_per_source {
-                            oldest(&pending, Some(ip))
-                        } else if pending.len() >= limits.max_pending {
-                            oldest(&pending, None)
-                        } else {
-                            None
-                        };
-                    if let Some(i) = victim {
-                        // Only the silent are dropped: one whose frame has
-                        // arrived meanwhile is handled as usual.
-                        let mut p = pending.swap_remove(i);
-                        forget_source(&mut per_source, p.peer.ip());
-                        match read_some(&mut p, limits.max_payload) {
-                            Some(res) => settle(p, res, what, counters, handler),
-                            None => {
-                                counters.evicted.fetch_add(1, Relaxed);
-                                evicted_since_log += 1;
-                            }
-                        }
-                    }
-                    let Ok(challenge) = crate::handshake::challenge() else {
-                        continue;
-                    };
-                    let mut s = stream;
-                    if s.set_nonblocking(true).is_err() {
-                        continue;
-                    }
-                    let _ = s.set_nodelay(true);
-                    let hello = wire::encode(Kind::Challenge, &challenge, &[0u8; 32], b"");
-                    // A fresh socket's send buffer takes 64 bytes at once.
-                    if !matches!(s.write(&hello), Ok(n) if n == hello.len()) {
-                        continue;
-                    }
-                    *per_source.entry(ip).or_default() += 1;
-                    pending.push(Pending {
-                        stream: s,
-                        fb: FrameBuf::default(),
-                        challenge,
-                        deadline: Instant::now() + limits.handshake_timeout,
-                        peer,
-                    });
-                }
+                Ok((stream, peer)) => lp.admit(stream, peer, handler),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     // EMFILE and friends: free a descriptor held by the oldest
                     // unauthenticated client, and back off instead of spinning.
                     warn_log!("{what}: accept failed: {e}");
-                    if let Some(i) = oldest(&pending, None) {
-                        evict(&mut pending, &mut per_source, i);
-                        counters.evicted.fetch_add(1, Relaxed);
-                        evicted_since_log += 1;
+                    if let Some(i) = evictable(&lp.pending, None, Instant::now()) {
+                        lp.evict(i, handler);
                     }
                     std::thread::sleep(Duration::from_millis(20));
                     break;
                 }
             }
         }
-        if evicted_since_log > 0 && last_evict_log.elapsed() >= Duration::from_secs(1) {
+        if lp.evicted_since_log > 0 && last_evict_log.elapsed() >= Duration::from_secs(1) {
             warn_log!(
-                "{what}: dropped {evicted_since_log} silent unauthenticated connection(s) to stay under {} pending ({} per source address); {} pending now from {} address(es)",
+                "{what}: dropped {} silent unauthenticated connection(s) to stay under {} pending ({} per source address); {} pending now from {} address(es)",
+                lp.evicted_since_log,
                 limits.max_pending,
                 limits.max_per_source,
-                pending.len(),
-                per_source.len()
+                lp.pending.len(),
+                lp.per_source.len()
             );
-            evicted_since_log = 0;
+            lp.evicted_since_log = 0;
             last_evict_log = Instant::now();
         }
     }

@@ -81,15 +81,16 @@ pub(crate) struct Endpoint {
     listeners: Mutex<HashMap<IpAddr, u16>>,
 }
 
-struct ConnectMsg {
-    comm: CommId,
-    src: u32,
-    dst: u32,
-    client_nonce: [u8; 16],
+/// What a rank sends an endpoint to open a data connection (MAC'd).
+pub(crate) struct ConnectMsg {
+    pub comm: CommId,
+    pub src: u32,
+    pub dst: u32,
+    pub client_nonce: [u8; 16],
 }
 
 impl ConnectMsg {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
         e.bytes(&self.comm)
             .u32(self.src)
@@ -97,7 +98,7 @@ impl ConnectMsg {
             .bytes(&self.client_nonce);
         e.0
     }
-    fn decode(b: &[u8]) -> Result<ConnectMsg> {
+    pub(crate) fn decode(b: &[u8]) -> Result<ConnectMsg> {
         let mut d = Dec::new(b, "connect");
         let m = ConnectMsg {
             comm: d.array()?,
@@ -398,7 +399,9 @@ pub(crate) fn listener_stats() -> ListenerStats {
     }
 }
 
-/// Connects to `addr` as rank `src` of `comm` and waits for the acceptance.
+/// Connects to `addr` as rank `src` of `comm` and waits for the acceptance
+/// (again, a few times, if the endpoint dropped the connection before it
+/// read our connect: an accept loop at its cap does that).
 pub(crate) fn connect(
     addr: SocketAddr,
     comm: CommId,
@@ -408,57 +411,79 @@ pub(crate) fn connect(
     deadline: Instant,
     cancelled: &dyn Fn() -> Option<Error>,
 ) -> Result<TcpStream> {
-    let mut s = connect_retry(
-        addr,
-        deadline,
-        &format!("rank {dst}'s endpoint"),
-        true,
-        cancelled,
-    )?;
-    let ch = wire::read_frame(&mut s, 64, deadline)?;
-    if ch.kind != Kind::Challenge || ch.payload.len() != 16 {
-        return Err(Error::Bootstrap(format!(
-            "{addr} is not a Weft peer endpoint"
-        )));
-    }
-    let client_nonce: [u8; 16] = crate::handshake::random()?;
-    let msg = ConnectMsg {
-        comm,
-        src,
-        dst,
-        client_nonce,
-    };
-    wire::write_all(
-        &mut s,
-        &wire::encode(Kind::Connect, &msg.encode(), secret, &ch.payload),
-        deadline,
-    )?;
-    loop {
-        if let Some(e) = cancelled() {
-            return Err(e);
-        }
-        if wire::wait_readable(&s, Duration::from_millis(100)) {
-            let f = wire::read_frame(&mut s, 1024, deadline)?;
-            return match f.kind {
-                Kind::Accept => {
-                    f.verify(secret, &client_nonce)?;
-                    Ok(s)
-                }
-                Kind::Error => Err(Error::Bootstrap(format!(
-                    "rank {dst} refused the connection: {}",
-                    String::from_utf8_lossy(&f.payload)
-                ))),
-                k => Err(Error::Bootstrap(format!(
-                    "unexpected {k:?} from rank {dst}"
-                ))),
-            };
-        }
-        if Instant::now() >= deadline {
+    use crate::bootstrap::client::{DROP_WINDOW, HANDSHAKE_RETRIES, dropped};
+    for tries in 0.. {
+        let mut s = connect_retry(
+            addr,
+            deadline,
+            &format!("rank {dst}'s endpoint"),
+            true,
+            cancelled,
+        )?;
+        let ch = wire::read_frame(&mut s, 64, deadline)?;
+        if ch.kind != Kind::Challenge || ch.payload.len() != 16 {
             return Err(Error::Bootstrap(format!(
-                "rank {dst} at {addr} did not accept our connection in time"
+                "{addr} is not a Weft peer endpoint"
             )));
         }
+        let client_nonce: [u8; 16] = crate::handshake::random()?;
+        let msg = ConnectMsg {
+            comm,
+            src,
+            dst,
+            client_nonce,
+        };
+        let sent = Instant::now();
+        let wrote = wire::write_all(
+            &mut s,
+            &wire::encode(Kind::Connect, &msg.encode(), secret, &ch.payload),
+            deadline,
+        );
+        let mut why = wrote.err().map(|e| e.to_string());
+        while why.is_none() {
+            if let Some(e) = cancelled() {
+                return Err(e);
+            }
+            if wire::wait_readable(&s, Duration::from_millis(100)) {
+                if sent.elapsed() < DROP_WINDOW {
+                    why = dropped(&s);
+                    if why.is_some() {
+                        break;
+                    }
+                }
+                let f = wire::read_frame(&mut s, 1024, deadline)?;
+                return match f.kind {
+                    Kind::Accept => {
+                        f.verify(secret, &client_nonce)?;
+                        Ok(s)
+                    }
+                    Kind::Error => Err(Error::Bootstrap(format!(
+                        "rank {dst} refused the connection: {}",
+                        String::from_utf8_lossy(&f.payload)
+                    ))),
+                    k => Err(Error::Bootstrap(format!(
+                        "unexpected {k:?} from rank {dst}"
+                    ))),
+                };
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Bootstrap(format!(
+                    "rank {dst} at {addr} did not accept our connection in time"
+                )));
+            }
+        }
+        let why = why.unwrap_or_default();
+        if tries >= HANDSHAKE_RETRIES {
+            return Err(Error::Bootstrap(format!(
+                "rank {dst}'s endpoint at {addr} dropped our connection before reading it ({why})"
+            )));
+        }
+        info_log!(
+            "rank {dst}'s endpoint at {addr} dropped our connection ({why}); connecting again"
+        );
+        std::thread::sleep(Duration::from_millis(10 << tries));
     }
+    unreachable!()
 }
 
 /// Prepares an established data connection: non-blocking, no Nagle, and
