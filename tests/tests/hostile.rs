@@ -127,6 +127,7 @@ fn frame(kind: u8, declared_len: u32, payload: &[u8], rng: &mut Rng) -> Vec<u8> 
 fn assert_splits_in_time(run: &JobRun) {
     for r in 0..run.ranks.len() {
         let f = run.facts(r);
+        eprintln!("rank {r}: {f:?}");
         let base = common::num(&f, "baseline_ms");
         let hit = common::num(&f, "attacked_ms");
         assert!(
