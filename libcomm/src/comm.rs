@@ -735,7 +735,7 @@ fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
     // Peers of this communicator may connect before it is built here:
     // their MAC is checked against this secret before anything is kept.
     ep.trust(id.secret);
-    let bind_ip = tcp::bind_ip(id.root);
+    let bind_ip = tcp::bind_ip(id.root, id.root_named);
     let port = ep.listen_for(bind_ip)?;
     let hostname = s
         .cfg

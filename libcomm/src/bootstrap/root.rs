@@ -41,6 +41,7 @@ impl UniqueId {
             nonce: random()?,
             secret: random()?,
             rank0_serves: false,
+            root_named: false,
         };
         spawn(listener, id.clone())?;
         Ok(id)
@@ -227,9 +228,11 @@ pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
 }
 
 /// Where rank 0 binds the root of an environment id: `WEFT_LISTEN_ADDR`
-/// when set, else the address the id names (127.0.0.1 stays on loopback)
-/// when it is one of this host's, else every interface (a name that
-/// resolves to an address this host does not hold, such as a Service's).
+/// when set; else, when `WEFT_BOOTSTRAP`/`NCCL_COMM_ID` names an IP
+/// literal (or `localhost`) that is one of this host's, that address
+/// (127.0.0.1 stays on loopback); else every interface (a host name, which
+/// other hosts may resolve differently, or an address this host does not
+/// hold, such as a Service's).
 fn root_bind(id: &UniqueId) -> SocketAddr {
     let port = id.root.port();
     if let Some(ip) = params::WEFT_LISTEN_ADDR
@@ -239,6 +242,10 @@ fn root_bind(id: &UniqueId) -> SocketAddr {
         return SocketAddr::new(ip, port);
     }
     let ip = id.root.ip();
+    if id.root_named {
+        // Other hosts may resolve the name to another address of this one.
+        return SocketAddr::new(unspecified(ip), port);
+    }
     if ip.is_loopback() || ip.is_unspecified() || is_local(ip) {
         SocketAddr::new(ip, port)
     } else {

@@ -129,9 +129,9 @@ pub(crate) fn endpoint() -> Result<Arc<Endpoint>> {
 
 /// The address the peer endpoint binds for a communicator whose bootstrap
 /// root is `root`: `WEFT_LISTEN_ADDR` when set; loopback when the root is
-/// on loopback (every rank reached it there, so every rank is on this
-/// host); every interface otherwise.
-pub(crate) fn bind_ip(root: SocketAddr) -> IpAddr {
+/// a loopback address given as such (every rank reached it there, so every
+/// rank is on this host); every interface otherwise.
+pub(crate) fn bind_ip(root: SocketAddr, root_named: bool) -> IpAddr {
     if let Some(ip) = weft_contract::params::WEFT_LISTEN_ADDR
         .raw()
         .and_then(|a| a.parse::<IpAddr>().ok())
@@ -139,6 +139,9 @@ pub(crate) fn bind_ip(root: SocketAddr) -> IpAddr {
         return ip;
     }
     match root.ip() {
+        // A host name that resolves to loopback here may not elsewhere.
+        IpAddr::V4(_) if root_named => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) if root_named => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
         IpAddr::V4(v4) if v4.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(v6) if v6.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()) => {
