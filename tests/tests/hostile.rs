@@ -61,6 +61,7 @@ fn spec<'a>(ctl: &'a Ctl, ranks: usize, hosts: impl Fn(usize) -> String + 'a) ->
     let dir = ctl.0.display().to_string();
     JobSpec::new(common::worker(), ranks, &["hostile", ROUNDS])
         .env("WEFT_PROXY", "0")
+        .env("WEFT_DEBUG", "WARN")
         .per_rank(move |r| {
             vec![
                 ("WEFT_HOSTNAME".into(), hosts(r)),
@@ -201,6 +202,13 @@ fn forged_connects_are_refused_before_anything_is_kept() {
         "forged connects not counted: {f:?}"
     );
     assert_eq!(common::num(&f, "parked"), 0, "{f:?}");
+    // Logged with their source (rate-limited: a few lines, not 4,200).
+    let err = &run.ranks[RANKS - 1].stderr;
+    let lines = err
+        .lines()
+        .filter(|l| l.contains("peer endpoint: rejected connection from 127.0.0.1:"))
+        .count();
+    assert!((1..=100).contains(&lines), "{lines} refusal lines:\n{err}");
     assert_splits_in_time(&run);
 }
 
@@ -235,6 +243,11 @@ fn silent_connections_do_not_delay_splits() {
     assert!(
         common::num(&f, "evicted") >= 900,
         "silent connections not dropped and counted: {f:?}"
+    );
+    let err = &run.ranks[RANKS - 1].stderr;
+    assert!(
+        err.contains("silent unauthenticated connection(s)"),
+        "evictions not logged:\n{err}"
     );
 }
 
@@ -335,6 +348,13 @@ fn bootstrap_root_reads_little_before_the_mac_and_binds_loopback() {
     assert!(
         common::num(&f, "root_refused") >= 32,
         "oversized hellos not counted: {f:?}"
+    );
+    assert!(
+        run.ranks[0]
+            .stderr
+            .contains("bootstrap root: rejected connection from 127.0.0.1:"),
+        "oversized hellos not logged:\n{}",
+        run.ranks[0].stderr
     );
 }
 

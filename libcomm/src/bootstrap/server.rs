@@ -116,6 +116,26 @@ struct LogGate {
 static GATE: Mutex<Option<LogGate>> = Mutex::new(None);
 const LOG_PER_SECOND: u32 = 10;
 
+/// Says how many refusals were left out of the log, once their second is
+/// over (called by the accept loop, so a flood that stops is summed up too).
+fn flush_refusals(what: &str) {
+    let mut g = GATE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gate) = g.as_mut()
+        && gate.suppressed > 0
+        && gate.window.elapsed() >= Duration::from_secs(1)
+    {
+        warn_log!(
+            "{what}: {} more connections refused in the last second (not logged one by one)",
+            gate.suppressed
+        );
+        *gate = LogGate {
+            window: Instant::now(),
+            logged: 0,
+            suppressed: 0,
+        };
+    }
+}
+
 /// Logs a refusal unless too many were logged this second (then counts it
 /// and says how many were left out, once the second is over).
 pub(crate) fn log_refusal(what: &str, peer: SocketAddr, reason: &str) {
@@ -307,11 +327,12 @@ pub(crate) fn serve(
         per_source: HashMap::new(),
         evicted_since_log: 0,
     };
-    let mut last_evict_log = Instant::now();
+    let mut last_evict_log: Option<Instant> = None;
     loop {
         if handler.tick() {
             return;
         }
+        flush_refusals(what);
         // At the total cap with every handshake still in its grace, new
         // connections wait in the backlog until the oldest can go.
         let full = lp.pending.len() >= limits.max_pending;
@@ -385,7 +406,9 @@ pub(crate) fn serve(
                 }
             }
         }
-        if lp.evicted_since_log > 0 && last_evict_log.elapsed() >= Duration::from_secs(1) {
+        if lp.evicted_since_log > 0
+            && last_evict_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
             warn_log!(
                 "{what}: dropped {} silent unauthenticated connection(s) to stay under {} pending ({} per source address); {} pending now from {} address(es)",
                 lp.evicted_since_log,
@@ -395,7 +418,7 @@ pub(crate) fn serve(
                 lp.per_source.len()
             );
             lp.evicted_since_log = 0;
-            last_evict_log = Instant::now();
+            last_evict_log = Some(Instant::now());
         }
     }
 }
