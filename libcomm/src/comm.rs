@@ -34,7 +34,7 @@ use crate::transport::tcp;
 use crate::types::{Element, ReduceOp};
 use crate::unique_id::{UniqueId, hex};
 use sha2::{Digest, Sha256};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
@@ -786,6 +786,11 @@ fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
         root::serve_at(id, s.nranks)?;
     }
     let ep = tcp::endpoint()?;
+    // Peers of this communicator may connect before it is built here:
+    // their MAC is checked against this secret before anything is kept.
+    ep.trust(id.secret);
+    let bind_ip = tcp::bind_ip(id.root, id.root_named);
+    let port = ep.listen_for(bind_ip)?;
     let hostname = s
         .cfg
         .hostname
@@ -794,7 +799,7 @@ fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
     let me = PeerInfo {
         host_id: crate::topology::host_id(s.cfg.hostname.as_deref()),
         pid: std::process::id(),
-        addr: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), ep.port),
+        addr: SocketAddr::new(bind_ip, port),
         hostname,
         proxied: crate::sidecar_link::would_proxy(&s.cfg),
     };

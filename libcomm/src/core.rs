@@ -51,7 +51,6 @@ pub(crate) struct Resources {
     /// Number of collectives issued (for diagnostics).
     pub coll_seq: u64,
     split_count: u64,
-    own_name: String,
 }
 
 pub(crate) fn job_label() -> String {
@@ -65,7 +64,8 @@ pub(crate) fn job_label() -> String {
     if j.is_empty() { "anon".into() } else { j }
 }
 
-/// /dev/shm names start with `weft-<job>-`, which `weft run` cleans up after a crash.
+/// The name of a rank's segment: its memfd's label and its offer's abstract
+/// socket (nothing of it is in /dev/shm).
 fn segment_name(job: &str, id: &CommId, rank: usize) -> String {
     format!("/weft-{job}-{}-{rank}", hex(&id[..8]))
 }
@@ -143,33 +143,34 @@ impl Resources {
             me,
             proxy_path.is_some(),
         )?);
+        // Our segment has no name anywhere: local peers get its descriptor
+        // from this offer (an abstract socket, gone with the process), so a
+        // kill at any point of init leaves nothing in /dev/shm.
+        let offer = if nlocal > 1 {
+            Some(shm::Offer::start(
+                &own_name,
+                own.clone(),
+                nlocal as u32 - 1,
+                deadline,
+            )?)
+        } else {
+            None
+        };
         let mut local_maps: Vec<Option<Arc<Mapping>>> = vec![None; n];
-        let opened = (|| -> Result<()> {
-            for &r in locals.iter().filter(|&&r| r != me) {
-                let name = segment_name(&ctx.job, &ctx.id, r);
-                let m = Mapping::open(&name, nlocal, cap, deadline, ctx.peers[r].pid)?;
-                // The last local rank to map a segment unlinks its name.
-                if m.control().opened.fetch_add(1, Ordering::AcqRel) + 1 == nlocal as u32 - 1 {
-                    shm::unlink(&name);
-                }
-                local_maps[r] = Some(Arc::new(m));
-            }
-            Ok(())
-        })();
-        if let Err(e) = opened {
-            shm::unlink(&own_name);
-            return Err(e);
+        for &r in locals.iter().filter(|&&r| r != me) {
+            let name = segment_name(&ctx.job, &ctx.id, r);
+            let m = Mapping::open(&name, nlocal, cap, deadline, ctx.peers[r].pid)?;
+            m.control().opened.fetch_add(1, Ordering::AcqRel);
+            local_maps[r] = Some(Arc::new(m));
         }
         // Local barrier: return only once every local peer has mapped our
-        // segment, so that destroying right after init can never unlink it
-        // from under a slower peer (NCCL ends init with a bootstrap barrier
-        // for the same reason).
-        if nlocal > 1
-            && let Err(e) = wait_all_mapped(&own, nlocal, &locals, &ctx, deadline)
-        {
-            shm::unlink(&own_name);
-            return Err(e);
+        // segment (then the offer can go), so that destroying right after
+        // init can never leave a slower peer without it (NCCL ends init
+        // with a bootstrap barrier for the same reason).
+        if nlocal > 1 {
+            wait_all_mapped(&own, nlocal, &locals, &ctx, deadline)?;
         }
+        drop(offer);
         let mut chans: Vec<Option<Chan>> = (0..n).map(|_| None).collect();
         for &r in locals.iter().filter(|&&r| r != me) {
             let peer = local_maps[r].as_ref().unwrap();
@@ -190,10 +191,7 @@ impl Resources {
                     }
                     Some(link)
                 }
-                Err(e) => {
-                    shm::unlink(&own_name);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             },
             None => None,
         };
@@ -230,7 +228,6 @@ impl Resources {
             eager: Default::default(),
             coll_seq: 0,
             split_count: 0,
-            own_name,
         })
     }
 
@@ -335,9 +332,6 @@ impl Drop for Resources {
             m.control().ring();
         }
         self.endpoint.unregister(self.ctx.id);
-        // Normally the last local peer to map it already unlinked it; not if a
-        // peer died during init.
-        shm::unlink(&self.own_name);
         self.chans.clear();
         // Closing the link tells the sidecar (after the rings' users are gone).
         self.proxy = None;

@@ -29,6 +29,8 @@ mod eager;
 mod error;
 mod exec;
 mod fault;
+#[cfg(test)]
+mod fuzz;
 mod group;
 pub mod handshake;
 pub(crate) mod log;
@@ -75,6 +77,15 @@ pub fn transport_stats() -> TransportStats {
         tcp_connections: transport::tcp::CONNECTIONS_OPENED.load(Relaxed),
         proxy_channels: transport::sidecar_rings::CHANNELS_OPENED.load(Relaxed),
     }
+}
+
+/// What this process's listeners (the peer endpoint, bootstrap roots) have
+/// refused, and what they hold now: see docs/ARCHITECTURE.md, "Hostile
+/// networks".
+pub use transport::tcp::ListenerStats;
+
+pub fn listener_stats() -> ListenerStats {
+    transport::tcp::listener_stats()
 }
 
 /// Weft's own version.

@@ -24,6 +24,10 @@ const VERSION: u8 = 1;
 /// Rank 0 of the communicator serves the bootstrap root at the id's address
 /// (ids from `WEFT_BOOTSTRAP` / `NCCL_COMM_ID`), instead of the creator's thread.
 const FLAG_RANK0_SERVES: u8 = 1;
+/// The root's address was given as a host name (not an IP literal or
+/// `localhost`): other hosts may resolve it to another address, so the
+/// listeners keep to every interface (see `tcp::bind_ip`, `root::root_bind`).
+const FLAG_ROOT_NAMED: u8 = 2;
 
 #[derive(Clone, PartialEq, Eq)]
 pub struct UniqueId {
@@ -31,6 +35,7 @@ pub struct UniqueId {
     pub(crate) nonce: [u8; 16],
     pub(crate) secret: [u8; 32],
     pub(crate) rank0_serves: bool,
+    pub(crate) root_named: bool,
 }
 
 impl std::fmt::Debug for UniqueId {
@@ -40,6 +45,7 @@ impl std::fmt::Debug for UniqueId {
             .field("root", &self.root)
             .field("nonce", &hex(&self.nonce[..4]))
             .field("rank0_serves", &self.rank0_serves)
+            .field("root_named", &self.root_named)
             .finish_non_exhaustive()
     }
 }
@@ -96,6 +102,7 @@ impl UniqueId {
             nonce: nonce_full[..16].try_into().unwrap(),
             secret,
             rank0_serves: true,
+            root_named: !names_an_ip(addr),
         })
     }
 
@@ -107,7 +114,7 @@ impl UniqueId {
             FLAG_RANK0_SERVES
         } else {
             0
-        };
+        } | if self.root_named { FLAG_ROOT_NAMED } else { 0 };
         b[6..8].copy_from_slice(&self.root.port().to_be_bytes());
         let v6 = match self.root.ip() {
             IpAddr::V4(v4) => v4.to_ipv6_mapped(),
@@ -157,12 +164,21 @@ impl UniqueId {
             nonce: b[24..40].try_into().unwrap(),
             secret: b[40..72].try_into().unwrap(),
             rank0_serves: b[5] & FLAG_RANK0_SERVES != 0,
+            root_named: b[5] & FLAG_ROOT_NAMED != 0,
         })
     }
 
     pub fn root_addr(&self) -> SocketAddr {
         self.root
     }
+}
+
+/// Whether a `host:port` bootstrap address names its host by an IP literal
+/// (or `localhost`), the same on every host.
+fn names_an_ip(addr: &str) -> bool {
+    let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.parse::<IpAddr>().is_ok() || host.eq_ignore_ascii_case("localhost")
 }
 
 /// The job secret from `WEFT_JOB_SECRET`, or the file `WEFT_JOB_SECRET_FILE` names.
@@ -247,6 +263,20 @@ mod tests {
         assert!(err.contains("not a Weft unique id"), "{err}");
         let err = UniqueId::from_bytes(&[0u8; 12]).unwrap_err().to_string();
         assert!(err.contains("128 bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_named_root_is_remembered_through_the_bytes() {
+        let lit = sample();
+        assert!(!lit.root_named);
+        let named =
+            UniqueId::from_parts("localhost:4242", "job", "0", Some("s"), Duration::ZERO).unwrap();
+        assert!(!named.root_named, "localhost is loopback everywhere");
+        let mut by_name = named.clone();
+        by_name.root_named = true;
+        assert_eq!(UniqueId::from_bytes(&by_name.to_bytes()).unwrap(), by_name);
+        assert!(names_an_ip("[::1]:7") && names_an_ip("10.0.0.1:7"));
+        assert!(!names_an_ip("rank0.svc:7") && !names_an_ip("myhost:7"));
     }
 
     #[test]

@@ -137,6 +137,23 @@ static JOBS: AtomicUsize = AtomicUsize::new(0);
 
 /// Runs the job to completion (or its deadline) and reports every rank.
 pub fn run(spec: JobSpec<'_>) -> JobRun {
+    spawn(spec).wait()
+}
+
+/// A job whose ranks are running: the test may act on them (attack their
+/// ports, stop or kill them) before [`Running::wait`].
+pub struct Running {
+    job: String,
+    /// `WEFT_BOOTSTRAP` of the job (rank 0 serves the root there).
+    pub bootstrap: String,
+    guard: Guard,
+    outs: Vec<(JoinHandle<String>, JoinHandle<String>)>,
+    start: Instant,
+    timeout: Duration,
+}
+
+/// Starts every rank of the job.
+pub fn spawn(spec: JobSpec<'_>) -> Running {
     let ports = free_ports(2, None).expect("free ports");
     let job = format!(
         "t{}x{}",
@@ -181,64 +198,101 @@ pub fn run(spec: JobSpec<'_>) -> JobRun {
         ));
         guard.0.push(child);
     }
-    let deadline = start + spec.timeout;
-    let mut status = vec![None; spec.ranks];
-    let mut timed_out = false;
-    while status.iter().any(Option::is_none) {
-        for (r, c) in guard.0.iter_mut().enumerate() {
-            if status[r].is_none()
-                && let Ok(Some(st)) = c.try_wait()
-            {
-                status[r] = Some(st);
-            }
-        }
-        if Instant::now() >= deadline {
-            timed_out = true;
+    Running {
+        job,
+        bootstrap: env.bootstrap,
+        guard,
+        outs,
+        start,
+        timeout: spec.timeout,
+    }
+}
+
+impl Running {
+    /// The job's name (its /dev/shm files would start with `weft-<job>-`).
+    pub fn job(&self) -> &str {
+        &self.job
+    }
+
+    /// Process id of each rank.
+    pub fn pids(&self) -> Vec<u32> {
+        self.guard.0.iter().map(|c| c.id()).collect()
+    }
+
+    /// Sends `sig` to one rank's process group.
+    pub fn signal(&self, rank: usize, sig: i32) {
+        unsafe { libc::kill(-(self.guard.0[rank].id() as i32), sig) };
+    }
+
+    /// Waits for every rank to exit (or kills the rest at the deadline).
+    pub fn wait(self) -> JobRun {
+        let Running {
+            job,
+            mut guard,
+            outs,
+            start,
+            timeout,
+            ..
+        } = self;
+        let deadline = start + timeout;
+        let mut status = vec![None; guard.0.len()];
+        let mut timed_out = false;
+        while status.iter().any(Option::is_none) {
             for (r, c) in guard.0.iter_mut().enumerate() {
-                if status[r].is_none() {
-                    unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
-                    status[r] = c.wait().ok();
+                if status[r].is_none()
+                    && let Ok(Some(st)) = c.try_wait()
+                {
+                    status[r] = Some(st);
                 }
             }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let elapsed = start.elapsed();
-    let pids: Vec<u32> = guard.0.iter().map(|c| c.id()).collect();
-    drop(guard);
-    let ranks = outs
-        .into_iter()
-        .enumerate()
-        .map(|(r, (o, e))| {
-            let st = status[r];
-            RankRun {
-                rank: r,
-                pid: pids[r],
-                code: st.and_then(|s| s.code()),
-                signal: st.and_then(|s| s.signal()),
-                stdout: o.join().unwrap_or_default(),
-                stderr: e.join().unwrap_or_default(),
+            if Instant::now() >= deadline {
+                timed_out = true;
+                for (r, c) in guard.0.iter_mut().enumerate() {
+                    if status[r].is_none() {
+                        unsafe { libc::kill(-(c.id() as i32), libc::SIGKILL) };
+                        status[r] = c.wait().ok();
+                    }
+                }
+                break;
             }
-        })
-        .collect();
-    let prefix = format!("weft-{job}-");
-    let leaked_shm: Vec<PathBuf> = std::fs::read_dir("/dev/shm")
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
-    for p in &leaked_shm {
-        let _ = std::fs::remove_file(p);
-    }
-    JobRun {
-        job,
-        ranks,
-        timed_out,
-        elapsed,
-        leaked_shm,
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let elapsed = start.elapsed();
+        let pids: Vec<u32> = guard.0.iter().map(|c| c.id()).collect();
+        drop(guard);
+        let ranks = outs
+            .into_iter()
+            .enumerate()
+            .map(|(r, (o, e))| {
+                let st = status[r];
+                RankRun {
+                    rank: r,
+                    pid: pids[r],
+                    code: st.and_then(|s| s.code()),
+                    signal: st.and_then(|s| s.signal()),
+                    stdout: o.join().unwrap_or_default(),
+                    stderr: e.join().unwrap_or_default(),
+                }
+            })
+            .collect();
+        let prefix = format!("weft-{job}-");
+        let leaked_shm: Vec<PathBuf> = std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for p in &leaked_shm {
+            let _ = std::fs::remove_file(p);
+        }
+        JobRun {
+            job,
+            ranks,
+            timed_out,
+            elapsed,
+            leaked_shm,
+        }
     }
 }

@@ -52,8 +52,8 @@ params! {
         "capacity of each shared-memory ring (a power of two, 4096 - 1 GiB)";
     WEFT_HOSTNAME: String = Str, Computed("hostname + boot id + netns"), Comm, [Libcomm, Agent, Sidecar],
         "host identity override (places ranks on simulated hosts)";
-    WEFT_LISTEN_ADDR: String = Str, Computed("all interfaces"), Comm, [Libcomm],
-        "IP address the peer endpoint and the bootstrap root bind and advertise";
+    WEFT_LISTEN_ADDR: String = Str, Computed("loopback when the bootstrap address is loopback (every rank on this host), else the bootstrap address for rank 0's root and all interfaces for peer endpoints"), Comm, [Libcomm],
+        "IP address the peer endpoint and the bootstrap root bind and advertise (`0.0.0.0`: every interface)";
     WEFT_NET_IF: String = Str, Unset(""), Comm, [Operator],
         "network interface named by the job (`spec.network.interface`); set by the operator, not read yet (bind with `WEFT_LISTEN_ADDR`)";
     WEFT_EAGER_MAX_BYTES: usize = Bytes, Value("1073741824"), Comm, [Libcomm],
@@ -229,6 +229,10 @@ params! {
         "a failure test's release signal";
     WEFT_TEST_INHERITED: String = Str, Unset(""), Test, [Tests],
         "checks that `weft run` passes its environment on";
+    WEFT_TEST_CTL: String = Path, Unset(""), Test, [Tests],
+        "directory through which the attack tests and their ranks meet";
+    WEFT_TEST_WAIT_FILE: String = Str, Unset(""), Test, [Tests],
+        "file (in `WEFT_TEST_CTL`) a test rank waits for before its init";
     WEFT_E2E_REQUIRED: bool = OnIf1, Unset(""), Test, [Tests],
         "`1`: e2e/run.sh fails when a tool is missing (CI)";
     WEFT_BIN: String = Path, Unset(""), Test, [Tests],

@@ -52,27 +52,77 @@ pub(crate) fn connect_retry(
     }
 }
 
+/// Whether the other side closed or reset `s` without a word (an accept
+/// loop at its cap drops a handshake that has not completed yet).
+pub(crate) fn dropped(s: &TcpStream) -> Option<String> {
+    let mut b = [0u8; 1];
+    match s.peek(&mut b) {
+        Ok(0) => Some("closed".into()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ) =>
+        {
+            Some(e.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Connections dropped before their handshake completed are retried this
+/// many times, when the drop came this soon after our message.
+pub(crate) const HANDSHAKE_RETRIES: u32 = 3;
+pub(crate) const DROP_WINDOW: Duration = Duration::from_secs(2);
+
+enum Attempt {
+    Done(([u8; 16], Vec<PeerInfo>)),
+    /// Dropped by the root before it read our hello: try again.
+    Dropped(Error),
+}
+
 /// Runs the rendezvous and returns the table of all ranks.
 pub(crate) fn rendezvous(
+    id: &UniqueId,
+    rank: usize,
+    nranks: usize,
+    me: PeerInfo,
+    deadline: Instant,
+    cancelled: &dyn Fn() -> Option<Error>,
+) -> Result<([u8; 16], Vec<PeerInfo>)> {
+    let mut connect_by = deadline;
+    for tries in 0.. {
+        let s = connect_retry(id.root, connect_by, "the bootstrap root", false, cancelled)?;
+        match attempt(s, id, rank, nranks, me.clone(), deadline, cancelled)? {
+            Attempt::Done(t) => return Ok(t),
+            Attempt::Dropped(e) if tries >= HANDSHAKE_RETRIES => return Err(e),
+            Attempt::Dropped(e) => {
+                crate::log::info_log!("bootstrap: {e}; connecting again");
+                std::thread::sleep(Duration::from_millis(10 << tries));
+                // A root that is gone refuses: do not wait long for it.
+                connect_by = deadline.min(Instant::now() + DROP_WINDOW);
+            }
+        }
+    }
+    unreachable!()
+}
+
+fn attempt(
+    mut s: TcpStream,
     id: &UniqueId,
     rank: usize,
     nranks: usize,
     mut me: PeerInfo,
     deadline: Instant,
     cancelled: &dyn Fn() -> Option<Error>,
-) -> Result<([u8; 16], Vec<PeerInfo>)> {
-    let mut s = connect_retry(id.root, deadline, "the bootstrap root", false, cancelled)?;
-    // Peers reach our endpoint on the interface that reaches the root,
-    // unless the endpoint is bound to one address (WEFT_LISTEN_ADDR): then
-    // that one (the source address the kernel picks may be another).
-    let bound = weft_contract::params::WEFT_LISTEN_ADDR
-        .raw()
-        .and_then(|a| a.parse::<std::net::IpAddr>().ok())
-        .filter(|ip| !ip.is_unspecified());
-    match (bound, s.local_addr()) {
-        (Some(ip), _) => me.addr.set_ip(ip),
-        (None, Ok(local)) => me.addr.set_ip(local.ip()),
-        _ => {}
+) -> Result<Attempt> {
+    // Peers reach our endpoint at the address it is bound to, or, bound to
+    // every interface, on the interface that reaches the root (the source
+    // address the kernel picks).
+    if me.addr.ip().is_unspecified()
+        && let Ok(local) = s.local_addr()
+    {
+        me.addr.set_ip(local.ip());
     }
     let ch = wire::read_frame(&mut s, 64, deadline)?;
     if ch.kind == Kind::Error {
@@ -96,7 +146,10 @@ pub(crate) fn rendezvous(
         info: me,
     };
     let msg = wire::encode(Kind::Hello, &hello.encode(), &id.secret, &ch.payload);
-    wire::write_all(&mut s, &msg, deadline)?;
+    let sent = Instant::now();
+    if let Err(e) = wire::write_all(&mut s, &msg, deadline) {
+        return Ok(Attempt::Dropped(e));
+    }
     // The root answers once every rank has arrived: wait in slices so an abort
     // of this (non-blocking) init is noticed.
     let reply = loop {
@@ -104,6 +157,14 @@ pub(crate) fn rendezvous(
             return Err(e);
         }
         if wire::wait_readable(&s, Duration::from_millis(200)) {
+            if sent.elapsed() < DROP_WINDOW
+                && let Some(why) = dropped(&s)
+            {
+                return Ok(Attempt::Dropped(Error::Bootstrap(format!(
+                    "the root at {} dropped our connection before reading the hello ({why})",
+                    id.root
+                ))));
+            }
             break wire::read_frame(&mut s, wire::MAX_PAYLOAD, deadline)?;
         }
         if Instant::now() >= deadline {
@@ -116,7 +177,7 @@ pub(crate) fn rendezvous(
     match reply.kind {
         Kind::Table => {
             reply.verify(&id.secret, &client_nonce)?;
-            decode_table(&reply.payload, nranks)
+            decode_table(&reply.payload, nranks).map(Attempt::Done)
         }
         Kind::Error => Err(Error::Bootstrap(format!(
             "root refused rank {rank}: {}",

@@ -29,6 +29,9 @@ pub struct PeerInfo {
 }
 
 impl PeerInfo {
+    /// The smallest encoding: host id, pid, address, empty name, flags.
+    pub(crate) const MIN_BYTES: usize = 8 + 4 + 18 + 2 + 2;
+
     pub(crate) fn encode(&self, e: &mut Enc) {
         e.u64(self.host_id)
             .u32(self.pid)
@@ -99,7 +102,9 @@ pub(crate) fn decode_table(b: &[u8], expect: usize) -> Result<([u8; 16], Vec<Pee
             "root sent a table of {n} ranks, expected {expect}"
         )));
     }
-    let mut t = Vec::with_capacity(n.min(1 << 16));
+    // Reserve no more than the bytes at hand can hold (a peer is at least
+    // 34 bytes): a claimed count allocates nothing by itself.
+    let mut t = Vec::with_capacity(n.min(b.len() / PeerInfo::MIN_BYTES));
     for _ in 0..n {
         t.push(PeerInfo::decode(&mut d)?);
     }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::handshake::random;
 use crate::log::{info_log, warn_log};
 use crate::unique_id::{UniqueId, advertised_ip};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use weft_contract::params;
 
@@ -20,29 +20,46 @@ impl UniqueId {
     /// A fresh id whose bootstrap root is served by a thread of this process
     /// (NCCL's `ncclGetUniqueId`). The root serves one rendezvous, then exits.
     pub fn new() -> Result<UniqueId> {
-        let bind = params::WEFT_LISTEN_ADDR
-            .raw()
-            .map(|a| format!("{a}:0"))
-            .unwrap_or_else(|| "0.0.0.0:0".into());
-        let listener = TcpListener::bind(&bind)
+        // Bound to the one address the id advertises (WEFT_LISTEN_ADDR, else
+        // the address of the route out), not to every interface.
+        let ip = advertised_ip();
+        let bind = SocketAddr::new(ip, 0);
+        let listener = TcpListener::bind(bind)
+            .or_else(|e| {
+                if params::WEFT_LISTEN_ADDR.raw().is_some() {
+                    return Err(e);
+                }
+                TcpListener::bind(SocketAddr::new(unspecified(ip), 0))
+            })
             .map_err(|e| Error::sys(format!("bootstrap root: bind {bind}"), e))?;
         let port = listener
             .local_addr()
             .map_err(|e| Error::sys("getsockname", e))?
             .port();
         let id = UniqueId {
-            root: SocketAddr::new(advertised_ip(), port),
+            root: SocketAddr::new(ip, port),
             nonce: random()?,
             secret: random()?,
             rank0_serves: false,
+            root_named: false,
         };
         spawn(listener, id.clone())?;
         Ok(id)
     }
 }
 
-/// How long a single connection may take to send its hello.
+/// How long a single connection may take to send its hello, in all.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the bootstrap roots of this process have seen.
+pub(crate) static COUNTERS: server::Counters = server::Counters::new();
+
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
 
 struct Arrived {
     stream: TcpStream,
@@ -97,6 +114,9 @@ impl Handler for Root {
             return self.refuse(a, format!("expected a hello, got {k:?}"));
         }
         if let Err(e) = a.frame.verify(&self.id.secret, &a.challenge) {
+            COUNTERS
+                .unauthenticated
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return self.refuse(a, e.to_string());
         }
         let hello = match Hello::decode(&a.frame.payload) {
@@ -193,11 +213,13 @@ pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
     std::thread::Builder::new()
         .name("weft-bootstrap-root".into())
         .spawn(move || {
+            // A hello is a few hundred bytes: nothing larger is read before
+            // its MAC is checked (the 16 MiB bound is for the table ranks read).
             server::serve(
                 listener,
                 "bootstrap root",
-                wire::MAX_PAYLOAD,
-                HANDSHAKE_TIMEOUT,
+                server::Limits::new(HANDSHAKE_TIMEOUT),
+                &COUNTERS,
                 &mut root,
             )
         })
@@ -205,13 +227,50 @@ pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
         .map_err(|e| Error::sys("spawning the bootstrap root thread", e))
 }
 
+/// Where rank 0 binds the root of an environment id: `WEFT_LISTEN_ADDR`
+/// when set; else, when `WEFT_BOOTSTRAP`/`NCCL_COMM_ID` names an IP
+/// literal (or `localhost`) that is one of this host's, that address
+/// (127.0.0.1 stays on loopback); else every interface (a host name, which
+/// other hosts may resolve differently, or an address this host does not
+/// hold, such as a Service's).
+fn root_bind(id: &UniqueId) -> SocketAddr {
+    let port = id.root.port();
+    if let Some(ip) = params::WEFT_LISTEN_ADDR
+        .raw()
+        .and_then(|a| a.parse::<IpAddr>().ok())
+    {
+        return SocketAddr::new(ip, port);
+    }
+    let ip = id.root.ip();
+    if id.root_named {
+        // Other hosts may resolve the name to another address of this one.
+        return SocketAddr::new(unspecified(ip), port);
+    }
+    if ip.is_loopback() || ip.is_unspecified() || is_local(ip) {
+        SocketAddr::new(ip, port)
+    } else {
+        info_log!(
+            "bootstrap root: {ip} (from WEFT_BOOTSTRAP/NCCL_COMM_ID) is not an address of this host: listening on every interface"
+        );
+        SocketAddr::new(unspecified(ip), port)
+    }
+}
+
+/// Whether `ip` is an address of this host (binding it works).
+fn is_local(ip: IpAddr) -> bool {
+    match TcpListener::bind(SocketAddr::new(ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
+    }
+}
+
 /// Rank 0's side of an environment id: serve the root at the id's port.
 pub(crate) fn serve_at(id: &UniqueId, nranks: usize) -> Result<()> {
-    let bind = format!("0.0.0.0:{}", id.root.port());
+    let bind = root_bind(id);
     let deadline = Instant::now() + Duration::from_secs(5);
     // The previous rendezvous on this port may still be closing: retry briefly.
     let listener = loop {
-        match TcpListener::bind(&bind) {
+        match TcpListener::bind(bind) {
             Ok(l) => break l,
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50))

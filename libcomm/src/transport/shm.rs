@@ -5,8 +5,10 @@
 //! single-consumer ring per local peer *sending to it*. Every local rank maps
 //! every other's segment at init, so a sender writes straight into the
 //! receiver's ring and rings the receiver's doorbell; the receiver frees space
-//! and rings the sender's. Segments are unlinked as soon as every local rank
-//! has mapped them, so a killed job leaves nothing behind in /dev/shm.
+//! and rings the sender's. A segment never has a name in /dev/shm: it is a
+//! memfd, handed to the local peers (SCM_RIGHTS) over an abstract Unix
+//! socket of its owner ([`Offer`]), which vanishes with the process. So a
+//! rank killed at any point, init included, leaves nothing behind.
 //!
 //! Rings carry a byte stream of messages: an 8-byte header (payload length,
 //! per-channel sequence number) and the payload padded to 8 bytes. Positions
@@ -18,7 +20,9 @@
 use super::futex;
 use crate::error::{Error, Result};
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -140,8 +144,8 @@ pub(crate) struct Mapping {
     len: usize,
     nlocal: usize,
     cap: usize,
-    /// The backing file, kept only where another process (the sidecar's
-    /// proxy) must map this segment too.
+    /// The backing file, kept where another process (a local peer, the
+    /// sidecar's proxy) must map this segment too.
     fd: Option<OwnedFd>,
 }
 
@@ -160,16 +164,14 @@ pub(crate) fn layout(nlocal: usize, cap: usize) -> (usize, usize) {
     (data_off, data_off + nlocal * cap)
 }
 
-fn shm_error(what: &str, name: &str) -> Error {
-    Error::last_os(format!("{what} shared memory segment /dev/shm{name}"))
-}
-
 impl Mapping {
-    /// Creates this rank's segment, fully backed (posix_fallocate) so a full
-    /// /dev/shm is a clear error now instead of SIGBUS later.
+    /// Creates this rank's segment, fully backed (posix_fallocate) so a
+    /// memory limit is a clear error now instead of SIGBUS later.
     ///
-    /// With `keep_fd` the backing file stays open (see [`Mapping::fd`]); a
-    /// rank alone on its host then gets a memfd instead of anonymous memory.
+    /// Shared with local peers (`nlocal > 1`), it is a memfd whose
+    /// descriptor is kept (see [`Mapping::fd`], [`Offer`]); alone on its
+    /// host, a rank gets anonymous memory, or a memfd with `keep_fd` (the
+    /// sidecar's proxy maps it too).
     pub fn create(
         name: &str,
         nlocal: usize,
@@ -202,60 +204,12 @@ impl Mapping {
             }
             p.cast::<u8>()
         } else {
-            let cname =
-                CString::new(name).map_err(|_| Error::Internal("NUL in shm name".into()))?;
-            let fd = unsafe {
-                libc::shm_open(
-                    cname.as_ptr(),
-                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                    0o600,
-                )
-            };
-            if fd < 0 {
-                return Err(shm_error("cannot create", name));
-            }
-            let close_unlink = |e: Error| {
-                unsafe {
-                    libc::close(fd);
-                    libc::shm_unlink(cname.as_ptr());
-                }
-                e
-            };
-            if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-                return Err(close_unlink(shm_error("cannot size", name)));
-            }
-            let rc = unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) };
-            if rc != 0 {
-                let free = free_shm_bytes();
-                return Err(close_unlink(Error::sys(
-                    format!(
-                        "cannot reserve {} KiB of /dev/shm for {name} ({} KiB free): mount a larger /dev/shm (Kubernetes: an emptyDir with medium Memory) or lower WEFT_SHM_RING_BYTES",
-                        len / 1024,
-                        free / 1024
-                    ),
-                    std::io::Error::from_raw_os_error(rc),
-                )));
-            }
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            };
-            if keep_fd {
-                kept = Some(unsafe { OwnedFd::from_raw_fd(fd) });
-            } else {
-                unsafe { libc::close(fd) };
-            }
-            if p == libc::MAP_FAILED {
-                unsafe { libc::shm_unlink(cname.as_ptr()) };
-                return Err(shm_error("cannot map", name));
-            }
-            p.cast::<u8>()
+            // Shared with local peers through its descriptor only (see Offer).
+            let (m, fd) = Mapping::create_memfd(name, nlocal, cap)?;
+            kept = Some(fd);
+            let b = m.base;
+            std::mem::forget(m);
+            b
         };
         let m = Mapping {
             base,
@@ -271,7 +225,8 @@ impl Mapping {
         Ok(m)
     }
 
-    /// Maps a local peer's segment, waiting (bounded) for it to be created.
+    /// Maps a local peer's segment, waiting (bounded) for its owner to
+    /// offer it (see [`Offer`]).
     pub fn open(
         name: &str,
         nlocal: usize,
@@ -279,58 +234,34 @@ impl Mapping {
         deadline: Instant,
         peer_pid: u32,
     ) -> Result<Mapping> {
-        let (_, len) = layout(nlocal, cap);
-        let cname = CString::new(name).map_err(|_| Error::Internal("NUL in shm name".into()))?;
+        let addr = abstract_addr(name)?;
         let mut backoff = Duration::from_micros(200);
         loop {
-            let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
-            if fd >= 0 {
-                let mut st: libc::stat = unsafe { std::mem::zeroed() };
-                let ok = unsafe { libc::fstat(fd, &mut st) } == 0 && st.st_size as usize == len;
-                if ok {
-                    let p = unsafe {
-                        libc::mmap(
-                            std::ptr::null_mut(),
-                            len,
-                            libc::PROT_READ | libc::PROT_WRITE,
-                            libc::MAP_SHARED,
-                            fd,
-                            0,
-                        )
-                    };
-                    unsafe { libc::close(fd) };
-                    if p == libc::MAP_FAILED {
-                        return Err(shm_error("cannot map", name));
-                    }
-                    let m = Mapping {
-                        base: p.cast(),
-                        len,
-                        nlocal,
-                        cap,
-                        fd: None,
-                    };
-                    if m.control().magic.load(Ordering::Acquire) == MAGIC_READY {
-                        return Ok(m);
-                    }
-                    drop(m); // still initialising: try again
-                } else {
-                    unsafe { libc::close(fd) };
-                    if st.st_size as usize > len
-                        || (st.st_size != 0
-                            && st.st_size as usize != len
-                            && Instant::now() >= deadline)
-                    {
+            match UnixStream::connect_addr(&addr) {
+                Ok(s) => {
+                    let fd = receive_segment(&s, name, deadline)?;
+                    let m = Mapping::from_fd(&fd, nlocal, cap, &format!("the segment {name}"))
+                        .map_err(|e| match e {
+                            Error::Internal(m) => Error::Internal(format!(
+                                "{m} (ranks disagree about the layout: mixed Weft versions or settings?)"
+                            )),
+                            e => e,
+                        })?;
+                    if m.control().magic.load(Ordering::Acquire) != MAGIC_READY {
                         return Err(Error::Internal(format!(
-                            "shared memory segment {name} has size {} but {len} was expected (ranks disagree about the layout: mixed Weft versions or settings?)",
-                            st.st_size
+                            "the segment {name} was offered before it was initialised"
                         )));
                     }
+                    return Ok(m);
                 }
-            } else {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::ENOENT) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                    ) => {}
+                Err(e) => {
                     return Err(Error::sys(
-                        format!("cannot open shared memory segment /dev/shm{name}"),
+                        format!("cannot reach the shared memory offer {name}"),
                         e,
                     ));
                 }
@@ -358,7 +289,8 @@ impl Mapping {
     /// unlink, so a SIGKILLed process leaks nothing. Fully backed, as `create`.
     pub fn create_memfd(what: &str, nlocal: usize, cap: usize) -> Result<(Mapping, OwnedFd)> {
         let (_, len) = layout(nlocal, cap);
-        let cname = CString::new("weft-proxy").unwrap();
+        let cname = CString::new(what.trim_start_matches('/'))
+            .unwrap_or_else(|_| CString::new("weft").unwrap());
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
         if raw < 0 {
             return Err(Error::last_os(format!("memfd_create for {what}")));
@@ -370,7 +302,10 @@ impl Mapping {
         let rc = unsafe { libc::posix_fallocate(raw, 0, len as libc::off_t) };
         if rc != 0 {
             return Err(Error::sys(
-                format!("cannot reserve {} KiB of memory for {what}", len / 1024),
+                format!(
+                    "cannot reserve {} KiB of memory for {what} (lower WEFT_SHM_RING_BYTES, or raise the memory limit)",
+                    len / 1024
+                ),
                 std::io::Error::from_raw_os_error(rc),
             ));
         }
@@ -469,19 +404,195 @@ impl Mapping {
     }
 }
 
-pub(crate) fn free_shm_bytes() -> u64 {
-    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    let p = CString::new("/dev/shm").unwrap();
-    if unsafe { libc::statvfs(p.as_ptr(), &mut s) } == 0 {
-        s.f_bavail as u64 * s.f_frsize as u64
+/// The abstract Unix socket address of a segment's offer: no file, and it
+/// vanishes with the process that binds it (Linux; scoped to the network
+/// namespace, which local ranks share).
+fn abstract_addr(name: &str) -> Result<std::os::unix::net::SocketAddr> {
+    std::os::unix::net::SocketAddr::from_abstract_name(name.trim_start_matches('/').as_bytes())
+        .map_err(|e| Error::sys(format!("abstract socket name {name}"), e))
+}
+
+/// The user on the other end of a Unix socket.
+fn peer_uid(fd: RawFd) -> Option<u32> {
+    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(c.uid)
+}
+
+fn same_user(fd: RawFd) -> bool {
+    peer_uid(fd) == Some(unsafe { libc::geteuid() })
+}
+
+/// Sends a segment's descriptor (one byte with SCM_RIGHTS).
+fn send_segment(s: &UnixStream, fd: RawFd) -> std::io::Result<()> {
+    let byte = [1u8];
+    let iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut _,
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 4];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &iov as *const _ as *mut _;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    let bytes = std::mem::size_of::<RawFd>() as u32;
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as _;
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    if unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } == 1 {
+        Ok(())
     } else {
-        0
+        Err(std::io::Error::last_os_error())
     }
 }
 
-pub(crate) fn unlink(name: &str) {
-    if let Ok(c) = CString::new(name) {
-        unsafe { libc::shm_unlink(c.as_ptr()) };
+/// Receives the descriptor an [`Offer`] sends, before `deadline`.
+fn receive_segment(s: &UnixStream, name: &str, deadline: Instant) -> Result<OwnedFd> {
+    if !same_user(s.as_raw_fd()) {
+        return Err(Error::InvalidUsage(format!(
+            "the shared memory offer {name} is held by another user's process: refused"
+        )));
+    }
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let _ = s.set_read_timeout(Some(left));
+    let mut byte = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 8];
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &iov as *const _ as *mut _;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
+    let n = loop {
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        break n;
+    };
+    if n < 0 {
+        return Err(Error::last_os(format!(
+            "receiving the shared memory segment {name}"
+        )));
+    }
+    let mut fds = Vec::new();
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if n != 1 || fds.len() != 1 {
+        return Err(Error::Internal(format!(
+            "the offer of the shared memory segment {name} sent no descriptor"
+        )));
+    }
+    Ok(fds.pop().unwrap())
+}
+
+/// A rank's segment offered to its local peers: a thread answers each
+/// connection to the segment's abstract socket (from a process of the same
+/// user) with the segment's descriptor, until `want` peers have mapped it,
+/// the deadline passes or the offer is dropped. Nothing is left in any
+/// file system, whatever kills the process.
+pub(crate) struct Offer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Offer {
+    pub fn start(
+        name: &str,
+        own: std::sync::Arc<Mapping>,
+        want: u32,
+        deadline: Instant,
+    ) -> Result<Offer> {
+        let seg = own
+            .fd()
+            .ok_or_else(|| Error::Internal("a shared segment without its descriptor".into()))?
+            .try_clone()
+            .map_err(|e| Error::sys("dup", e))?;
+        let l = UnixListener::bind_addr(&abstract_addr(name)?).map_err(|e| {
+            Error::sys(
+                format!(
+                    "cannot offer the shared memory segment {name} (another process holds its name: two ranks with one rank number?)"
+                ),
+                e,
+            )
+        })?;
+        l.set_nonblocking(true)
+            .map_err(|e| Error::sys("fcntl", e))?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let what = name.to_string();
+        let thread = std::thread::Builder::new()
+            .name("weft-shm-offer".into())
+            .spawn(move || {
+                while !stop2.load(Ordering::Acquire)
+                    && own.control().opened.load(Ordering::Acquire) < want
+                    && Instant::now() < deadline
+                {
+                    let _ = crate::sockets::wait_readable(
+                        l.as_raw_fd(),
+                        Duration::from_millis(20),
+                    );
+                    while let Ok((s, _)) = l.accept() {
+                        if !same_user(s.as_raw_fd()) {
+                            crate::log::warn_log!(
+                                "shared memory offer {what}: refused a process of another user"
+                            );
+                            continue;
+                        }
+                        let _ = s.set_nonblocking(false);
+                        let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+                        if let Err(e) = send_segment(&s, seg.as_raw_fd()) {
+                            crate::log::info_log!(
+                                "shared memory offer {what}: a local peer left before receiving it: {e}"
+                            );
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::sys("spawning the shared memory offer thread", e))?;
+        Ok(Offer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

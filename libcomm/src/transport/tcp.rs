@@ -1,21 +1,28 @@
 //! TCP between hosts.
 //!
-//! One [`Endpoint`] per process: a listener bound once, served by one thread
-//! with the bounded, backpressured accept loop of `bootstrap::server`.
-//! Connections are made lazily, on a pair's first transfer: the lower rank
-//! connects and proves it holds the communicator's secret (HMAC over the
-//! endpoint's challenge); the higher rank picks the connection up from the
-//! endpoint's registry. A connection that arrives before its communicator
-//! exists in this process (a fast peer after a split) is parked, bounded in
-//! number and age, and verified when the communicator registers.
+//! One [`Endpoint`] per process: a registry served by one listener per bind
+//! address (loopback for communicators whose ranks are all on this host,
+//! every interface otherwise), each with the bounded, backpressured accept
+//! loop of `bootstrap::server`. Connections are made lazily, on a pair's
+//! first transfer: the lower rank connects and proves it holds the
+//! communicator's secret (HMAC over the endpoint's challenge); the higher
+//! rank picks the connection up from the endpoint's registry.
+//!
+//! A connection that arrives before its communicator exists in this process
+//! (a fast peer after a split) is parked, but only once its MAC checks out
+//! against a secret this process holds (the secret of a communicator it has
+//! or is creating): a client without the job's secret is refused, logged
+//! and counted before anything is kept for it, so it can never fill the
+//! parking lot. Parked connections are bounded in number and age.
 
 use crate::bootstrap::client::connect_retry;
-use crate::bootstrap::server::{self, Accepted, Handler};
+use crate::bootstrap::server::{self, Accepted, Counters, Handler, Limits};
 use crate::bootstrap::wire::{self, Dec, Enc, Kind};
 use crate::error::{Error, Result};
 use crate::log::{info_log, warn_log};
 use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -23,8 +30,20 @@ pub(crate) type CommId = [u8; 16];
 /// Data connections this process has opened or accepted (for tests and stats).
 pub(crate) static CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
-const MAX_PARKED: usize = 4096;
-const PARK_TTL: Duration = Duration::from_secs(600);
+/// Authenticated connections waiting for their communicator, at most.
+pub(crate) const MAX_PARKED: usize = 1024;
+/// How long an authenticated connection waits for its communicator (the
+/// other rank registers it right after the split or rendezvous that made it).
+pub(crate) const PARK_TTL: Duration = Duration::from_secs(60);
+/// Total time a client has to answer the endpoint's challenge (a peer
+/// answers within a round trip).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Secrets of communicators this process created or is creating, kept for
+/// authenticating early connections (one per unique id, so a handful).
+const MAX_TRUSTED: usize = 64;
+
+/// What the peer endpoint of this process has seen.
+pub(crate) static COUNTERS: Counters = Counters::new();
 
 struct Parked {
     stream: TcpStream,
@@ -38,25 +57,40 @@ struct Parked {
 #[derive(Default)]
 struct Registry {
     secrets: HashMap<CommId, [u8; 32]>,
+    /// Secrets of communicators being created here (most recent last).
+    trusted: Vec<[u8; 32]>,
     parked: HashMap<(CommId, u32, u32), Parked>,
     ready: HashMap<(CommId, u32, u32), TcpStream>,
 }
 
-pub(crate) struct Endpoint {
-    pub port: u16,
-    reg: Mutex<Registry>,
-    arrived: Condvar,
+impl Registry {
+    /// Whether `f` was made with a secret this process holds.
+    fn authentic(&self, f: &wire::Frame, challenge: &[u8]) -> bool {
+        self.trusted
+            .iter()
+            .rev()
+            .chain(self.secrets.values())
+            .any(|s| f.verify(s, challenge).is_ok())
+    }
 }
 
-struct ConnectMsg {
-    comm: CommId,
-    src: u32,
-    dst: u32,
-    client_nonce: [u8; 16],
+pub(crate) struct Endpoint {
+    reg: Mutex<Registry>,
+    arrived: Condvar,
+    /// Port of the listener for each bind address.
+    listeners: Mutex<HashMap<IpAddr, u16>>,
+}
+
+/// What a rank sends an endpoint to open a data connection (MAC'd).
+pub(crate) struct ConnectMsg {
+    pub comm: CommId,
+    pub src: u32,
+    pub dst: u32,
+    pub client_nonce: [u8; 16],
 }
 
 impl ConnectMsg {
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut e = Enc::default();
         e.bytes(&self.comm)
             .u32(self.src)
@@ -64,7 +98,7 @@ impl ConnectMsg {
             .bytes(&self.client_nonce);
         e.0
     }
-    fn decode(b: &[u8]) -> Result<ConnectMsg> {
+    pub(crate) fn decode(b: &[u8]) -> Result<ConnectMsg> {
         let mut d = Dec::new(b, "connect");
         let m = ConnectMsg {
             comm: d.array()?,
@@ -77,42 +111,99 @@ impl ConnectMsg {
     }
 }
 
-/// The process's endpoint, started on first use.
+/// The process's endpoint registry (listeners start on demand, see
+/// [`Endpoint::listen_for`]).
 pub(crate) fn endpoint() -> Result<Arc<Endpoint>> {
-    static EP: OnceLock<std::result::Result<Arc<Endpoint>, Error>> = OnceLock::new();
-    EP.get_or_init(Endpoint::start).clone()
+    static EP: OnceLock<Arc<Endpoint>> = OnceLock::new();
+    Ok(EP
+        .get_or_init(|| {
+            raise_fd_limit();
+            Arc::new(Endpoint {
+                reg: Mutex::new(Registry::default()),
+                arrived: Condvar::new(),
+                listeners: Mutex::new(HashMap::new()),
+            })
+        })
+        .clone())
+}
+
+/// The address the peer endpoint binds for a communicator whose bootstrap
+/// root is `root`: `WEFT_LISTEN_ADDR` when set; loopback when the root is
+/// a loopback address given as such (every rank reached it there, so every
+/// rank is on this host); every interface otherwise.
+pub(crate) fn bind_ip(root: SocketAddr, root_named: bool) -> IpAddr {
+    if let Some(ip) = weft_contract::params::WEFT_LISTEN_ADDR
+        .raw()
+        .and_then(|a| a.parse::<IpAddr>().ok())
+    {
+        return ip;
+    }
+    match root.ip() {
+        // A host name that resolves to loopback here may not elsewhere.
+        IpAddr::V4(_) if root_named => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) if root_named => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        IpAddr::V4(v4) if v4.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()) => {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        }
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
 }
 
 impl Endpoint {
-    fn start() -> Result<Arc<Endpoint>> {
-        raise_fd_limit();
-        let bind = weft_contract::params::WEFT_LISTEN_ADDR
-            .raw()
-            .map(|a| format!("{a}:0"))
-            .unwrap_or_else(|| "0.0.0.0:0".into());
-        let l = TcpListener::bind(&bind)
+    /// The port of the listener bound to `ip`, started on first use.
+    pub fn listen_for(self: &Arc<Self>, ip: IpAddr) -> Result<u16> {
+        let mut ls = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&port) = ls.get(&ip) {
+            return Ok(port);
+        }
+        let bind = SocketAddr::new(ip, 0);
+        let l = TcpListener::bind(bind)
             .map_err(|e| Error::sys(format!("peer endpoint: bind {bind}"), e))?;
         crate::sockets::set_backlog(&l, 4096);
         let port = l
             .local_addr()
             .map_err(|e| Error::sys("getsockname", e))?
             .port();
-        let ep = Arc::new(Endpoint {
-            port,
-            reg: Mutex::new(Registry::default()),
-            arrived: Condvar::new(),
-        });
-        let mut h = EndpointHandler { ep: ep.clone() };
+        let mut h = EndpointHandler { ep: self.clone() };
         std::thread::Builder::new()
             .name("weft-endpoint".into())
-            .spawn(move || server::serve(l, "peer endpoint", 1024, Duration::from_secs(10), &mut h))
+            .spawn(move || {
+                server::serve(
+                    l,
+                    "peer endpoint",
+                    Limits::new(HANDSHAKE_TIMEOUT),
+                    &COUNTERS,
+                    &mut h,
+                )
+            })
             .map_err(|e| Error::sys("spawning the endpoint thread", e))?;
-        info_log!("peer endpoint listening on port {port}");
-        Ok(ep)
+        info_log!("peer endpoint listening on {ip} port {port}");
+        ls.insert(ip, port);
+        Ok(port)
+    }
+
+    /// Ports this process listens on, by bind address.
+    pub fn ports(&self) -> Vec<(IpAddr, u16)> {
+        let ls = self.listeners.lock().unwrap_or_else(|e| e.into_inner());
+        ls.iter().map(|(ip, p)| (*ip, *p)).collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
         self.reg.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connections made with `secret` may be parked before their
+    /// communicator registers (called before a rendezvous that uses it).
+    pub fn trust(&self, secret: [u8; 32]) {
+        let mut r = self.lock();
+        r.trusted.retain(|s| *s != secret);
+        if r.trusted.len() >= MAX_TRUSTED {
+            r.trusted.remove(0);
+        }
+        r.trusted.push(secret);
     }
 
     /// Makes connections for `comm` acceptable (and verifies any parked ones).
@@ -135,6 +226,11 @@ impl Endpoint {
         r.secrets.remove(&comm);
         r.ready.retain(|k, _| k.0 != comm);
         r.parked.retain(|k, _| k.0 != comm);
+    }
+
+    /// Connections parked now (authenticated, waiting for their communicator).
+    pub fn parked(&self) -> usize {
+        self.lock().parked.len()
     }
 
     /// Waits for rank `src` to connect to us (`dst`) on `comm`.
@@ -163,9 +259,19 @@ impl Endpoint {
     }
 }
 
+fn unauthenticated(p: Parked) {
+    COUNTERS.unauthenticated.fetch_add(1, Relaxed);
+    server::reject(
+        p.stream,
+        p.peer,
+        "peer endpoint",
+        "authentication failed: the peer does not hold this job's secret (wrong job, wrong WEFT_JOB_SECRET, or a stray client)",
+    );
+}
+
 fn accept_verified(p: Parked, secret: &[u8; 32]) -> Option<TcpStream> {
-    if let Err(e) = p.frame.verify(secret, &p.challenge) {
-        server::reject(p.stream, p.peer, "peer endpoint", &e.to_string());
+    if p.frame.verify(secret, &p.challenge).is_err() {
+        unauthenticated(p);
         return None;
     }
     let mut s = p.stream;
@@ -190,6 +296,7 @@ impl Handler for EndpointHandler {
     fn on_frame(&mut self, a: Accepted) {
         if a.frame.kind != Kind::Connect {
             let k = a.frame.kind;
+            COUNTERS.refused.fetch_add(1, Relaxed);
             return server::reject(
                 a.stream,
                 a.peer,
@@ -199,7 +306,10 @@ impl Handler for EndpointHandler {
         }
         let m = match ConnectMsg::decode(&a.frame.payload) {
             Ok(m) => m,
-            Err(e) => return server::reject(a.stream, a.peer, "peer endpoint", &e.to_string()),
+            Err(e) => {
+                COUNTERS.refused.fetch_add(1, Relaxed);
+                return server::reject(a.stream, a.peer, "peer endpoint", &e.to_string());
+            }
         };
         let key = (m.comm, m.src, m.dst);
         let parked = Parked {
@@ -220,13 +330,20 @@ impl Handler for EndpointHandler {
                 }
             }
             None => {
+                // Authenticate before keeping anything: without one of our
+                // secrets a connect for an unknown communicator is refused.
+                if !r.authentic(&parked.frame, &parked.challenge) {
+                    drop(r);
+                    return unauthenticated(parked);
+                }
                 if r.parked.len() >= MAX_PARKED {
                     drop(r);
+                    COUNTERS.refused.fetch_add(1, Relaxed);
                     return server::reject(
                         parked.stream,
                         parked.peer,
                         "peer endpoint",
-                        "too many connections for unknown communicators",
+                        "too many connections for communicators not created here yet",
                     );
                 }
                 r.parked.insert(key, parked);
@@ -236,12 +353,58 @@ impl Handler for EndpointHandler {
 
     fn tick(&mut self) -> bool {
         let mut r = self.ep.lock();
+        let before = r.parked.len();
         r.parked.retain(|_, p| p.since.elapsed() < PARK_TTL);
+        let expired = before - r.parked.len();
+        if expired > 0 {
+            warn_log!(
+                "peer endpoint: {expired} connection(s) for a communicator never created here expired after {} s",
+                PARK_TTL.as_secs()
+            );
+        }
         false
     }
 }
 
-/// Connects to `addr` as rank `src` of `comm` and waits for the acceptance.
+/// What this process's peer endpoint and bootstrap roots have refused so
+/// far, and what the endpoint holds now (for tests, RAS and monitoring).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    /// Peer endpoint ports, by bind address.
+    pub endpoint_ports: Vec<(IpAddr, u16)>,
+    pub endpoint_accepted: u64,
+    /// Refused before authentication (garbage, oversized, timed out).
+    pub endpoint_refused: u64,
+    /// Refused because the MAC matched no secret of this process.
+    pub endpoint_unauthenticated: u64,
+    /// Silent unauthenticated connections dropped to stay under the caps.
+    pub endpoint_evicted: u64,
+    /// Authenticated connections waiting for their communicator now.
+    pub endpoint_parked: usize,
+    pub root_refused: u64,
+    pub root_unauthenticated: u64,
+    pub root_evicted: u64,
+}
+
+pub(crate) fn listener_stats() -> ListenerStats {
+    let ep = endpoint().ok();
+    let root = &crate::bootstrap::root::COUNTERS;
+    ListenerStats {
+        endpoint_ports: ep.as_ref().map(|e| e.ports()).unwrap_or_default(),
+        endpoint_accepted: COUNTERS.accepted.load(Relaxed),
+        endpoint_refused: COUNTERS.refused.load(Relaxed),
+        endpoint_unauthenticated: COUNTERS.unauthenticated.load(Relaxed),
+        endpoint_evicted: COUNTERS.evicted.load(Relaxed),
+        endpoint_parked: ep.map(|e| e.parked()).unwrap_or(0),
+        root_refused: root.refused.load(Relaxed),
+        root_unauthenticated: root.unauthenticated.load(Relaxed),
+        root_evicted: root.evicted.load(Relaxed),
+    }
+}
+
+/// Connects to `addr` as rank `src` of `comm` and waits for the acceptance
+/// (again, a few times, if the endpoint dropped the connection before it
+/// read our connect: an accept loop at its cap does that).
 pub(crate) fn connect(
     addr: SocketAddr,
     comm: CommId,
@@ -251,57 +414,79 @@ pub(crate) fn connect(
     deadline: Instant,
     cancelled: &dyn Fn() -> Option<Error>,
 ) -> Result<TcpStream> {
-    let mut s = connect_retry(
-        addr,
-        deadline,
-        &format!("rank {dst}'s endpoint"),
-        true,
-        cancelled,
-    )?;
-    let ch = wire::read_frame(&mut s, 64, deadline)?;
-    if ch.kind != Kind::Challenge || ch.payload.len() != 16 {
-        return Err(Error::Bootstrap(format!(
-            "{addr} is not a Weft peer endpoint"
-        )));
-    }
-    let client_nonce: [u8; 16] = crate::handshake::random()?;
-    let msg = ConnectMsg {
-        comm,
-        src,
-        dst,
-        client_nonce,
-    };
-    wire::write_all(
-        &mut s,
-        &wire::encode(Kind::Connect, &msg.encode(), secret, &ch.payload),
-        deadline,
-    )?;
-    loop {
-        if let Some(e) = cancelled() {
-            return Err(e);
-        }
-        if wire::wait_readable(&s, Duration::from_millis(100)) {
-            let f = wire::read_frame(&mut s, 1024, deadline)?;
-            return match f.kind {
-                Kind::Accept => {
-                    f.verify(secret, &client_nonce)?;
-                    Ok(s)
-                }
-                Kind::Error => Err(Error::Bootstrap(format!(
-                    "rank {dst} refused the connection: {}",
-                    String::from_utf8_lossy(&f.payload)
-                ))),
-                k => Err(Error::Bootstrap(format!(
-                    "unexpected {k:?} from rank {dst}"
-                ))),
-            };
-        }
-        if Instant::now() >= deadline {
+    use crate::bootstrap::client::{DROP_WINDOW, HANDSHAKE_RETRIES, dropped};
+    for tries in 0.. {
+        let mut s = connect_retry(
+            addr,
+            deadline,
+            &format!("rank {dst}'s endpoint"),
+            true,
+            cancelled,
+        )?;
+        let ch = wire::read_frame(&mut s, 64, deadline)?;
+        if ch.kind != Kind::Challenge || ch.payload.len() != 16 {
             return Err(Error::Bootstrap(format!(
-                "rank {dst} at {addr} did not accept our connection in time"
+                "{addr} is not a Weft peer endpoint"
             )));
         }
+        let client_nonce: [u8; 16] = crate::handshake::random()?;
+        let msg = ConnectMsg {
+            comm,
+            src,
+            dst,
+            client_nonce,
+        };
+        let sent = Instant::now();
+        let wrote = wire::write_all(
+            &mut s,
+            &wire::encode(Kind::Connect, &msg.encode(), secret, &ch.payload),
+            deadline,
+        );
+        let mut why = wrote.err().map(|e| e.to_string());
+        while why.is_none() {
+            if let Some(e) = cancelled() {
+                return Err(e);
+            }
+            if wire::wait_readable(&s, Duration::from_millis(100)) {
+                if sent.elapsed() < DROP_WINDOW {
+                    why = dropped(&s);
+                    if why.is_some() {
+                        break;
+                    }
+                }
+                let f = wire::read_frame(&mut s, 1024, deadline)?;
+                return match f.kind {
+                    Kind::Accept => {
+                        f.verify(secret, &client_nonce)?;
+                        Ok(s)
+                    }
+                    Kind::Error => Err(Error::Bootstrap(format!(
+                        "rank {dst} refused the connection: {}",
+                        String::from_utf8_lossy(&f.payload)
+                    ))),
+                    k => Err(Error::Bootstrap(format!(
+                        "unexpected {k:?} from rank {dst}"
+                    ))),
+                };
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Bootstrap(format!(
+                    "rank {dst} at {addr} did not accept our connection in time"
+                )));
+            }
+        }
+        let why = why.unwrap_or_default();
+        if tries >= HANDSHAKE_RETRIES {
+            return Err(Error::Bootstrap(format!(
+                "rank {dst}'s endpoint at {addr} dropped our connection before reading it ({why})"
+            )));
+        }
+        info_log!(
+            "rank {dst}'s endpoint at {addr} dropped our connection ({why}); connecting again"
+        );
+        std::thread::sleep(Duration::from_millis(10 << tries));
     }
+    unreachable!()
 }
 
 /// Prepares an established data connection: non-blocking, no Nagle, and

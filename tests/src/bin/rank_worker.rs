@@ -46,6 +46,7 @@ fn main() {
         "eager_idle" => mode_eager_idle(),
         "eager_destroy" => mode_eager_destroy(),
         "eager_cap" => mode_eager_cap(),
+        "hostile" => mode_hostile(),
         "sc_traced" => sidecar_modes::traced(),
         "sc_storm" => sidecar_modes::storm(),
         "sc_hang" => sidecar_modes::hang(),
@@ -773,5 +774,79 @@ fn mode_eager_cap() {
         }
         _ => {}
     }
+    ok(w.destroy(), "destroy");
+}
+
+/// Waits (bounded) until the test creates `path`.
+fn wait_file(path: &std::path::Path) {
+    let t = Instant::now();
+    while !path.exists() {
+        if t.elapsed() > Duration::from_secs(90) {
+            fail(format!("{} never appeared", path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Writes `text` to `path` at once (the test polls for it).
+fn publish(path: &std::path::Path, text: &str) {
+    let tmp = std::path::PathBuf::from(format!("{}.tmp", path.display()));
+    std::fs::write(&tmp, text).unwrap_or_else(|e| fail(format!("writing {tmp:?}: {e}")));
+    std::fs::rename(&tmp, path).unwrap_or_else(|e| fail(format!("renaming {tmp:?}: {e}")));
+}
+
+/// `rounds` splits of the world, each used once and destroyed: milliseconds.
+fn timed_splits(w: &Communicator, rounds: usize) -> u128 {
+    let n = w.count();
+    let t = Instant::now();
+    for _ in 0..rounds {
+        let c = ok(w.split(Some(0), 0), "split").unwrap_or_else(|| fail("no child"));
+        sum_check(&c, (n * (n + 1) / 2) as i64, "child all_reduce");
+        ok(c.destroy(), "destroy child");
+    }
+    t.elapsed().as_millis()
+}
+
+/// For the attack tests (tests/tests/hostile.rs): timed splits before and
+/// after the test attacks this job's ports. The test and the ranks meet
+/// through files in `WEFT_TEST_CTL`: a rank with `WEFT_TEST_WAIT_FILE`
+/// starts its init only once that file exists; every rank publishes
+/// `port.<rank>` (its peer endpoint's port and pid) and `ready.<rank>`
+/// after the baseline, then waits for `go`.
+fn mode_hostile() {
+    let rounds: usize = arg(2, "10").parse().unwrap();
+    let dir = std::path::PathBuf::from(
+        std::env::var("WEFT_TEST_CTL").unwrap_or_else(|_| fail("WEFT_TEST_CTL is not set")),
+    );
+    if let Ok(f) = std::env::var("WEFT_TEST_WAIT_FILE") {
+        wait_file(&dir.join(f));
+    }
+    let w = world();
+    let (n, r) = (w.count(), w.rank());
+    sum_check(&w, (n * (n + 1) / 2) as i64, "world all_reduce");
+    let stats = libcomm::listener_stats();
+    let port = stats
+        .endpoint_ports
+        .first()
+        .map(|(_, p)| *p)
+        .unwrap_or_else(|| fail("no peer endpoint"));
+    publish(
+        &dir.join(format!("port.{r}")),
+        &format!("{port} {}", std::process::id()),
+    );
+    let baseline = timed_splits(&w, rounds);
+    publish(&dir.join(format!("ready.{r}")), &baseline.to_string());
+    wait_file(&dir.join("go"));
+    let attacked = timed_splits(&w, rounds);
+    let s = libcomm::listener_stats();
+    println!(
+        "@ baseline_ms={baseline} attacked_ms={attacked} unauthenticated={} evicted={} refused={} parked={} root_refused={} root_unauthenticated={}",
+        s.endpoint_unauthenticated,
+        s.endpoint_evicted,
+        s.endpoint_refused,
+        s.endpoint_parked,
+        s.root_refused,
+        s.root_unauthenticated
+    );
     ok(w.destroy(), "destroy");
 }
