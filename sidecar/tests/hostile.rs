@@ -1,0 +1,433 @@
+//! The sidecar's ports against hostile clients on loopback: slow and
+//! silent connections on HTTP, the ranks' socket and the peer port (gRPC
+//! and the proxy handshake), garbage on HTTP, a silent client on the
+//! ranks' proxy socket. Each test starts its own `weft sidecar` with short
+//! timeouts and stops by itself.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const PROXY_PREFACE: &[u8] = b"WEFT-PROXY/1\r\n\r\n\0\0\0\0\0\0\0\0";
+
+struct Sidecar {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+    http: String,
+    peer: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Sidecar {
+    fn start(name: &str, extra: &[&str]) -> Sidecar {
+        let dir = std::env::temp_dir().join(format!("weft-hostile-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("s.sock");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args([
+                "sidecar",
+                "--http",
+                "127.0.0.1:0",
+                "--peer-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--socket")
+            .arg(&socket)
+            .args(["--job", "hostile"])
+            .args(extra)
+            .env("WEFT_JOB_SECRET", "s3cret")
+            .env_remove("WEFT_SIDECAR_SOCKET")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start weft sidecar");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let l2 = log.clone();
+        std::thread::spawn(move || {
+            let mut b = [0u8; 4096];
+            while let Ok(n) = err.read(&mut b) {
+                if n == 0 {
+                    break;
+                }
+                l2.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&b[..n]));
+            }
+        });
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("the sidecar did not start: {}", log.lock().unwrap())
+            });
+        let field = |k: &str| {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(k))
+                .unwrap_or("")
+                .to_string()
+        };
+        Sidecar {
+            http: field("http="),
+            peer: field("peer="),
+            child,
+            dir,
+            socket,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// GET `path` on a fresh connection: status code, body, time taken.
+    fn get(&self, path: &str) -> (u16, String, Duration) {
+        let t = Instant::now();
+        let mut s = TcpStream::connect(&self.http).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = String::new();
+        let _ = s.read_to_string(&mut r);
+        let code = r
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, r, t.elapsed())
+    }
+
+    /// The value of `weft_rejected_connections_total{port,reason}` (0 when absent).
+    fn rejected(&self, port: &str, reason: &str) -> u64 {
+        let (_, m, _) = self.get("/metrics");
+        let key =
+            format!("weft_rejected_connections_total{{port=\"{port}\",reason=\"{reason}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+
+    fn threads(&self) -> usize {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+/// A client that writes `first`, then one byte of `trickle` every `every`
+/// (cycling), until the server closes the connection; returns how long
+/// after connecting it was closed (`None`: still open at `limit`).
+fn trickle<S: Read + Write>(
+    mut s: S,
+    first: &[u8],
+    trickle: &[u8],
+    every: Duration,
+    limit: Duration,
+) -> Option<Duration> {
+    let t = Instant::now();
+    if s.write_all(first).is_err() {
+        return Some(t.elapsed());
+    }
+    let mut i = 0;
+    while t.elapsed() < limit {
+        std::thread::sleep(every);
+        if !trickle.is_empty() {
+            if s.write_all(&trickle[i % trickle.len()..][..1]).is_err() {
+                return Some(t.elapsed());
+            }
+            i += 1;
+        }
+        // The server closing shows as EOF (or a reset) on a short read.
+        let mut b = [0u8; 256];
+        loop {
+            match s.read(&mut b) {
+                Ok(0) => return Some(t.elapsed()),
+                Ok(_) => continue, // SETTINGS, a 408...: keep reading
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    break;
+                }
+                Err(_) => return Some(t.elapsed()),
+            }
+        }
+    }
+    None
+}
+
+/// N slowloris HTTP connections, N silent HTTP/2 prefaces on the socket and
+/// on the peer port, N proxy handshakes at a byte every 300 ms: /healthz
+/// answers within 1 s throughout, a rank-side client still gets its status,
+/// every attack connection is closed by the handshake timeout (1 s here,
+/// plus scheduling slack), the proxy handshakes hold a bounded number of
+/// threads, and every kind is counted and logged once per source.
+#[test]
+fn a_flood_of_slow_and_silent_connections_is_closed_in_time_and_health_answers() {
+    const N: usize = 40;
+    let sc = Sidecar::start(
+        "flood",
+        &[
+            "--handshake-timeout-ms",
+            "1000",
+            "--idle-timeout-ms",
+            "3000",
+            "--max-connections",
+            "96",
+            "--max-connections-per-source",
+            "24",
+        ],
+    );
+    let threads_before = sc.threads();
+    let limit = Duration::from_secs(8);
+    let every = Duration::from_millis(300);
+    let mut attackers = Vec::new();
+    for i in 0..N {
+        let (http, peer, sock) = (sc.http.clone(), sc.peer.clone(), sc.socket.clone());
+        attackers.push(std::thread::spawn(move || {
+            let s = TcpStream::connect(&http).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            (
+                "http slowloris",
+                trickle(
+                    s,
+                    b"GET /ras HTTP/1.1\r\n",
+                    b"X-Slow: yes\r\n",
+                    every,
+                    limit,
+                ),
+            )
+        }));
+        attackers.push(std::thread::spawn(move || {
+            let s = TcpStream::connect(&peer).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            ("peer h2 preface", trickle(s, H2_PREFACE, b"", every, limit))
+        }));
+        attackers.push(std::thread::spawn(move || {
+            let s = UnixStream::connect(&sock).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+            (
+                "socket h2 preface",
+                trickle(s, H2_PREFACE, b"", every, limit),
+            )
+        }));
+        if i % 2 == 0 {
+            let peer = sc.peer.clone();
+            attackers.push(std::thread::spawn(move || {
+                let s = TcpStream::connect(&peer).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                // A length prefix, one byte at a time.
+                (
+                    "proxy handshake",
+                    trickle(s, PROXY_PREFACE, &[0, 0, 0, 200, 1, 2, 3], every, limit),
+                )
+            }));
+        }
+    }
+    // Meanwhile: health and status answer.
+    let t0 = Instant::now();
+    let mut max_health = Duration::ZERO;
+    let mut max_threads = 0;
+    while t0.elapsed() < Duration::from_millis(2500) {
+        let (code, body, took) = sc.get("/healthz");
+        assert_eq!(code, 200, "{body}");
+        max_health = max_health.max(took);
+        max_threads = max_threads.max(sc.threads());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["ras", "--timeout", "3", "--socket"])
+        .arg(&sc.socket)
+        .output()
+        .unwrap();
+    assert!(
+        ras.status.success(),
+        "weft ras under the flood: {}",
+        String::from_utf8_lossy(&ras.stderr)
+    );
+    eprintln!(
+        "slowest /healthz under the flood: {max_health:?}; sidecar threads {threads_before} -> {max_threads}"
+    );
+    assert!(
+        max_health < Duration::from_secs(1),
+        "/healthz took {max_health:?}"
+    );
+    // Proxy handshakes hold a thread each: at most 8 per source here.
+    assert!(
+        max_threads <= threads_before + 12,
+        "threads {threads_before} -> {max_threads}"
+    );
+    let mut worst = Duration::ZERO;
+    for a in attackers {
+        let (what, closed) = a.join().unwrap();
+        let closed = closed.unwrap_or_else(|| panic!("a {what} connection stayed open {limit:?}"));
+        worst = worst.max(closed);
+    }
+    eprintln!("every attack connection closed, the last after {worst:?}");
+    // 1 s handshake timeout; slack for a loaded machine.
+    assert!(worst < Duration::from_millis(4000), "{worst:?}");
+    let log = sc.log();
+    for (port, reason) in [
+        ("http", "timeout"),
+        ("peer", "timeout"),
+        ("socket", "timeout"),
+        ("proxy", "timeout"),
+    ] {
+        assert!(
+            sc.rejected(port, reason) > 0,
+            "{port}/{reason} counted:\n{log}"
+        );
+    }
+    // More per source than the cap: the oldest were displaced, and counted.
+    assert!(
+        sc.rejected("http", "evicted") + sc.rejected("proxy", "evicted") > 0,
+        "{log}"
+    );
+    // Logged once per source and kind in 10 s, not once per connection.
+    for line in [
+        "no complete request header within 1 s",
+        "sent the HTTP/2 preface but no SETTINGS within 1 s",
+    ] {
+        let n = log.matches(line).count();
+        assert!((1..=3).contains(&n), "{n} lines with {line:?}:\n{log}");
+    }
+    assert!(
+        log.contains("rejected a proxy connection from 127.0.0.1"),
+        "{log}"
+    );
+    assert_eq!(sc.get("/healthz").0, 200);
+}
+
+/// 400 and 431 answers are counted and logged.
+#[test]
+fn http_garbage_and_oversized_headers_are_counted_and_logged() {
+    let sc = Sidecar::start("http400", &[]);
+    let mut s = TcpStream::connect(&sc.http).unwrap();
+    s.write_all(b"\x16\x03\x01 not http at all\r\n\r\n")
+        .unwrap();
+    let mut r = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.read_to_string(&mut r);
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    let mut s = TcpStream::connect(&sc.http).unwrap();
+    let _ = write!(
+        s,
+        "GET /ras HTTP/1.1\r\nX-Big: {}\r\n\r\n",
+        "B".repeat(1 << 20)
+    );
+    let mut r = String::new();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.read_to_string(&mut r);
+    assert!(r.starts_with("HTTP/1.1 431"), "{r:.80}");
+    assert_eq!(sc.rejected("http", "garbage"), 1);
+    assert_eq!(sc.rejected("http", "oversized"), 1);
+    let log = sc.log();
+    assert!(
+        log.contains(
+            "rejected a connection on the HTTP port from 127.0.0.1: not HTTP/1 (answered 400)"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("request header too large (answered 431)"),
+        "{log}"
+    );
+}
+
+/// A client of the ranks' proxy socket that sends nothing is named as such
+/// (it was "Resource temporarily unavailable").
+#[test]
+fn a_silent_client_of_the_proxy_socket_is_logged_as_silent() {
+    let sc = Sidecar::start("silent", &[]);
+    let mut proxy = sc.socket.clone().into_os_string();
+    proxy.push(".proxy");
+    let mut s = UnixStream::connect(&proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut b = Vec::new();
+    let _ = s.read_to_end(&mut b);
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !sc.log().contains("sent nothing within 5 s") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = sc.log();
+    assert!(log.contains("the client sent nothing within 5 s"), "{log}");
+    assert!(!log.contains("temporarily unavailable"), "{log}");
+    assert_eq!(sc.rejected("proxy-socket", "timeout"), 1);
+}
+
+/// A peer request with a wrong secret is logged with its source address
+/// (it was "from ?").
+#[test]
+fn a_wrong_secret_peer_request_is_logged_with_its_address() {
+    use weft::rpc;
+    let sc = Sidecar::start("peerfrom", &[]);
+    let peer = sc.peer.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let code = rt.block_on(async move {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{peer}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut c = rpc::sidecar_client::SidecarClient::new(ch);
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let mut r = tonic::Request::new(rpc::HeartbeatRequest::default());
+        let mac = weft::engine::peers::peer_mac("wrong", "hostile", ts);
+        r.metadata_mut()
+            .insert(weft::engine::peers::AUTH_HEADER, mac.parse().unwrap());
+        r.metadata_mut().insert(
+            weft::engine::peers::TS_HEADER,
+            ts.to_string().parse().unwrap(),
+        );
+        c.heartbeat(r).await.map(|_| ()).map_err(|e| e.code())
+    });
+    assert_eq!(code, Err(tonic::Code::Unauthenticated));
+    let log = sc.log();
+    assert!(
+        log.contains("rejected a peer request from 127.0.0.1:"),
+        "{log}"
+    );
+}
