@@ -431,3 +431,99 @@ fn a_wrong_secret_peer_request_is_logged_with_its_address() {
         "{log}"
     );
 }
+
+/// One HTTP/2 frame.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    f.extend_from_slice(&[kind, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// An HPACK string literal, raw (lengths under 127).
+fn hpack_str(b: &mut Vec<u8>, s: &[u8]) {
+    assert!(s.len() < 127);
+    b.push(s.len() as u8);
+    b.extend_from_slice(s);
+}
+
+/// Reads frames until every stream in `streams` has ended: for each, the
+/// DATA bytes received, or `Err` naming an RST_STREAM or GOAWAY.
+fn h2_responses(s: &mut UnixStream, streams: &[u32]) -> Vec<Result<usize, String>> {
+    let mut out: Vec<Option<Result<usize, String>>> = vec![None; streams.len()];
+    let mut data = vec![0usize; streams.len()];
+    let t = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while out.iter().any(Option::is_none) {
+        assert!(t.elapsed() < Duration::from_secs(10), "no answer: {out:?}");
+        let mut h = [0u8; 9];
+        s.read_exact(&mut h).expect("a frame");
+        let len = u32::from_be_bytes([0, h[0], h[1], h[2]]) as usize;
+        let (kind, flags) = (h[3], h[4]);
+        let id = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+        let mut p = vec![0u8; len];
+        s.read_exact(&mut p).unwrap();
+        let i = streams.iter().position(|&x| x == id);
+        match (kind, i) {
+            (4, _) if flags & 1 == 0 => s.write_all(&h2_frame(4, 1, 0, &[])).unwrap(),
+            (6, _) if flags & 1 == 0 => s.write_all(&h2_frame(6, 1, 0, &p)).unwrap(),
+            (7, _) => panic!("GOAWAY: {p:?}"),
+            (3, Some(i)) => out[i] = Some(Err(format!("RST_STREAM {p:?}"))),
+            (0, Some(i)) => data[i] += len,
+            (1, Some(i)) if flags & 1 != 0 => out[i] = Some(Ok(data[i])),
+            _ => {}
+        }
+        if let Some(i) = i
+            && flags & 1 != 0
+            && kind == 0
+        {
+            out[i] = Some(Ok(data[i]));
+        }
+    }
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+/// A gRPC call over the ranks' Unix socket with the `:authority` grpc-core
+/// (Python grpcio) sends there, the percent-encoded socket path, and a
+/// second call naming it by HPACK index: both are answered. hyper refused
+/// every such call with RST_STREAM PROTOCOL_ERROR.
+#[test]
+fn grpc_over_the_unix_socket_accepts_a_path_as_authority() {
+    let sc = Sidecar::start("authority", &[]);
+    let mut s = UnixStream::connect(&sc.socket).unwrap();
+    let path = sc.socket.to_string_lossy().replace('/', "%2F");
+    let mut b1 = vec![0x83, 0x86]; // :method POST, :scheme http
+    b1.push(0x44); // :path, indexed
+    hpack_str(&mut b1, b"/weft.v1.Sidecar/GetStatus");
+    b1.push(0x41); // :authority, indexed
+    hpack_str(&mut b1, path.as_bytes());
+    b1.push(0x5f); // content-type, indexed
+    hpack_str(&mut b1, b"application/grpc");
+    b1.push(0x00); // te: trailers, not indexed
+    hpack_str(&mut b1, b"te");
+    hpack_str(&mut b1, b"trailers");
+    // The second call: content-type 62, :authority 63, :path 64.
+    let b2 = [
+        0x83, 0x86, 0xc0, 0xbf, 0xbe, 0x00, 2, b't', b'e', 8, b't', b'r', b'a', b'i', b'l', b'e',
+        b'r', b's',
+    ];
+    let empty = [0u8, 0, 0, 0, 0]; // an empty StatusRequest
+    let req = [
+        H2_PREFACE,
+        &h2_frame(4, 0, 0, &[]),
+        &h2_frame(1, 4, 1, &b1),
+        &h2_frame(0, 1, 1, &empty),
+        &h2_frame(1, 4, 3, &b2),
+        &h2_frame(0, 1, 3, &empty),
+    ]
+    .concat();
+    s.write_all(&req).unwrap();
+    let r = h2_responses(&mut s, &[1, 3]);
+    for (call, r) in r.iter().enumerate() {
+        match r {
+            Ok(n) => assert!(*n > 5, "call {call}: an empty answer"),
+            Err(e) => panic!("call {call}: {e}\n{}", sc.log()),
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! port are handed to the [`Route`] given for it.
 
 use super::Engine;
+use super::authority::Rewriter;
 use super::limits::{Gate, Slot, Ticket};
 use crate::seams::{Admission, PREFACE_LEN, Route};
 use std::io;
@@ -49,6 +50,30 @@ pub struct Conn {
     io: Io,
     info: ConnInfo,
     _ticket: Ticket,
+    /// On the Unix socket: the client's `:authority` made acceptable.
+    fix: Option<Box<Rewriter>>,
+    /// `fix` has passed on the end of the client's stream.
+    eof: bool,
+}
+
+/// Reads the replayed opening, then the socket.
+fn read_raw(
+    pre: &[u8; OPENING],
+    pos: &mut usize,
+    io: &mut Io,
+    cx: &mut Context<'_>,
+    buf: &mut ReadBuf<'_>,
+) -> Poll<io::Result<()>> {
+    if *pos < OPENING {
+        let n = (OPENING - *pos).min(buf.remaining());
+        buf.put_slice(&pre[*pos..*pos + n]);
+        *pos += n;
+        return Poll::Ready(Ok(()));
+    }
+    match io {
+        Io::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+    }
 }
 
 macro_rules! both {
@@ -73,14 +98,36 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.pos < OPENING {
-            let n = (OPENING - self.pos).min(buf.remaining());
-            let p = self.pos;
-            buf.put_slice(&self.pre[p..p + n]);
-            self.pos += n;
-            return Poll::Ready(Ok(()));
+        let this = &mut *self;
+        let Some(fix) = this.fix.as_mut() else {
+            return read_raw(&this.pre, &mut this.pos, &mut this.io, cx, buf);
+        };
+        loop {
+            if !fix.out.is_empty() {
+                let n = fix.out.len().min(buf.remaining());
+                buf.put_slice(&fix.out[..n]);
+                fix.out.drain(..n);
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            let mut tmp = [0u8; 16 << 10];
+            let mut rb = ReadBuf::new(&mut tmp);
+            std::task::ready!(read_raw(
+                &this.pre,
+                &mut this.pos,
+                &mut this.io,
+                cx,
+                &mut rb
+            ))?;
+            if rb.filled().is_empty() {
+                fix.finish();
+                this.eof = true;
+            } else {
+                fix.feed(rb.filled());
+            }
         }
-        both!(self, s => Pin::new(s).poll_read(cx, buf))
     }
 }
 
@@ -209,6 +256,7 @@ pub async fn accept_loop(
                                 slot: ticket.slot.clone(),
                                 from,
                             };
+                            let fix = matches!(s, Io::Unix(_)).then(Box::default);
                             let _ = tx
                                 .send(Ok(Conn {
                                     pre: buf,
@@ -216,6 +264,8 @@ pub async fn accept_loop(
                                     io: s,
                                     info,
                                     _ticket: ticket,
+                                    fix,
+                                    eof: false,
                                 }))
                                 .await;
                             return;

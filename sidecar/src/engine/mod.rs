@@ -4,6 +4,7 @@
 //! and ties the ranks to the pod's lifecycle (SIGTERM aborts them).
 
 pub mod auth;
+pub mod authority;
 pub mod http;
 pub mod limits;
 pub mod listen;
