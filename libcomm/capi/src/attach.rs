@@ -1,13 +1,15 @@
 //! Attaches C programs to the pod's sidecar, as Rust programs do with
-//! `weft::agent::install_from_env()` (both through crate `weft-agent`, the
-//! client alone: this library links none of the sidecar's server stack): with
+//! `weft::agent::install_from_env()` (both through crate `weft-agent`): with
 //! `WEFT_SIDECAR_SOCKET` set, the first communicator created in the process
 //! registers the process with the sidecar, and every communicator and
 //! operation is reported to it (RAS, OpenTelemetry spans, Prometheus metrics,
 //! pod-lifecycle abort). Without the variable nothing is started (a plain
-//! NCCL program gets no extra thread); if OpenTelemetry export is asked for
-//! all the same (`OTEL_EXPORTER_OTLP_ENDPOINT`), one warning says that this
-//! library exports spans only through a sidecar, and how to start one.
+//! NCCL program gets no extra thread), unless OpenTelemetry export is asked
+//! for (`OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT`, and not
+//! `OTEL_SDK_DISABLED=true`): then the sidecar's engine runs in this process
+//! (embedded mode, feature `embedded-spans`, on by default) and exports the
+//! spans itself, flushed at a normal exit. Built without the feature, one
+//! warning says that no spans are exported, and how to get them.
 
 use crate::errors::{Level, log};
 use std::sync::Once;
@@ -22,8 +24,8 @@ pub fn ensure() {
             .raw_os()
             .filter(|s| !s.is_empty())
         else {
-            if let Some(w) = spans_without_sidecar(|name| std::env::var(name).ok()) {
-                warn_always(&w);
+            if let Some((name, url)) = otlp_endpoint(|name| std::env::var(name).ok()) {
+                embedded_spans(name, &url);
             }
             return;
         };
@@ -52,17 +54,45 @@ extern "C" fn close_at_exit() {
     }
 }
 
-/// The warning for a process that asks for OTLP span export but has no
-/// sidecar (`None` when it does not ask). This library links no
-/// OpenTelemetry exporter (only the sidecar's client): spans leave a
-/// process through its sidecar. `raw` reads a variable by name.
-pub fn spans_without_sidecar(raw: impl Fn(&'static str) -> Option<String>) -> Option<String> {
+/// Without a sidecar, OTLP export asked for: the engine in this process
+/// exports the spans.
+#[cfg(feature = "embedded-spans")]
+fn embedded_spans(name: &str, url: &str) {
+    match weft::agent::install_from_env() {
+        Ok(_) => {
+            // SAFETY: registering a plain extern "C" function.
+            unsafe { libc::atexit(close_at_exit) };
+            log(
+                Level::Info,
+                &format!(
+                    "no sidecar (WEFT_SIDECAR_SOCKET is not set): this process exports its spans to {url} ({name}) itself"
+                ),
+            );
+        }
+        Err(e) => warn_always(&format!(
+            "{name}={url} is set, but the in-process span exporter did not start: {e}; no spans are exported"
+        )),
+    }
+}
+
+/// Built without the engine: say so, once.
+#[cfg(not(feature = "embedded-spans"))]
+fn embedded_spans(name: &str, url: &str) {
+    warn_always(&spans_without_sidecar(name, url));
+}
+
+/// The OTLP endpoint a process asks spans to go to: the variable that names
+/// it and its value (`None`: none, or export disabled). `raw` reads a
+/// variable by name.
+pub fn otlp_endpoint(
+    raw: impl Fn(&'static str) -> Option<String>,
+) -> Option<(&'static str, String)> {
     use weft_contract::params::{
         OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_SDK_DISABLED,
     };
     // OTel's rule: only "true" (any case) disables.
     let disabled = raw(OTEL_SDK_DISABLED.name()).is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let endpoint = [
+    [
         OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
         OTEL_EXPORTER_OTLP_ENDPOINT,
     ]
@@ -71,14 +101,18 @@ pub fn spans_without_sidecar(raw: impl Fn(&'static str) -> Option<String>) -> Op
         raw(p.name())
             .filter(|v| !v.is_empty())
             .map(|v| (p.name(), v))
-    });
-    let (name, url) = endpoint.filter(|_| !disabled)?;
-    Some(format!(
-        "{name}={url} is set, but this process has no sidecar (WEFT_SIDECAR_SOCKET is not set): \
-         libnccl.so.2 exports no OpenTelemetry spans itself, so none of this process's collectives \
-         are traced. Run it under `weft run --sidecar`, or start `weft sidecar --socket PATH` \
-         (it reads the OTEL_* variables) and set WEFT_SIDECAR_SOCKET=PATH"
-    ))
+    })
+    .filter(|_| !disabled)
+}
+
+/// The warning of a build without the engine, for `name`=`url`.
+pub fn spans_without_sidecar(name: &str, url: &str) -> String {
+    format!(
+        "{name}={url} is set, but this process has no sidecar (WEFT_SIDECAR_SOCKET is not set) and this \
+         libnccl.so.2 was built without its span exporter (feature embedded-spans): none of this \
+         process's collectives are traced. Run it under `weft run --sidecar`, or start `weft sidecar \
+         --socket PATH` (it reads the OTEL_* variables) and set WEFT_SIDECAR_SOCKET=PATH"
+    )
 }
 
 /// A warning shown whatever the log level (once per process, by the caller).
@@ -94,7 +128,7 @@ fn warn_always(msg: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::spans_without_sidecar;
+    use super::{otlp_endpoint, spans_without_sidecar};
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&'static str) -> Option<String> {
         let vars: Vec<(String, String)> = vars
@@ -104,38 +138,36 @@ mod tests {
         move |p| vars.iter().find(|(k, _)| k == p).map(|(_, v)| v.clone())
     }
 
-    /// OTLP export asked for without a sidecar: a warning naming the
-    /// endpoint, why nothing is exported and what to do (it said nothing).
+    /// Which variable asks for export, as OTel reads them (the traces
+    /// endpoint first; empty is unset; OTEL_SDK_DISABLED=true turns it off).
     #[test]
-    fn otlp_without_a_sidecar_is_warned_about() {
-        let w = spans_without_sidecar(env(&[(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            "http://collector:4317",
-        )]))
-        .expect("a warning");
-        assert!(
-            w.contains("OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317"),
-            "{w}"
+    fn the_otlp_endpoint_is_read_as_otel_does() {
+        let e = |v: &[(&str, &str)]| otlp_endpoint(env(v));
+        assert_eq!(
+            e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")]),
+            Some(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317".into()))
         );
-        assert!(w.contains("WEFT_SIDECAR_SOCKET is not set"), "{w}");
-        assert!(w.contains("weft run --sidecar"), "{w}");
-        assert!(spans_without_sidecar(env(&[])).is_none());
-        assert!(spans_without_sidecar(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")])).is_none());
-        assert!(
-            spans_without_sidecar(env(&[
+        assert_eq!(e(&[]), None);
+        assert_eq!(e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]), None);
+        assert_eq!(
+            e(&[
                 ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
                 ("OTEL_SDK_DISABLED", "TRUE"),
-            ]))
-            .is_none()
+            ]),
+            None
         );
-        let w = spans_without_sidecar(env(&[(
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "http://t:4317",
-        )]))
-        .expect("a warning");
+        assert_eq!(
+            e(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317"),
+            ]),
+            Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317".into()))
+        );
+        let w = spans_without_sidecar("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
         assert!(
-            w.contains("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://t:4317"),
+            w.contains("OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4317"),
             "{w}"
         );
+        assert!(w.contains("weft run --sidecar"), "{w}");
     }
 }
