@@ -105,6 +105,15 @@ impl Sidecar {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log once it holds `needle` (at most 5 s: its reader is a thread).
+    fn log_with(&self, needle: &str) -> String {
+        let t = Instant::now();
+        while !self.log().contains(needle) && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.log()
+    }
+
     /// GET `path` on a fresh connection: status code, body, time taken.
     fn get(&self, path: &str) -> (u16, String, Duration) {
         let t = Instant::now();
@@ -301,7 +310,7 @@ fn a_flood_of_slow_and_silent_connections_is_closed_in_time_and_health_answers()
     eprintln!("every attack connection closed, the last after {worst:?}");
     // 1 s handshake timeout; slack for a loaded machine.
     assert!(worst < Duration::from_millis(4000), "{worst:?}");
-    let log = sc.log();
+    let log = sc.log_with("rejected a proxy connection from 127.0.0.1");
     for (port, reason) in [
         ("http", "timeout"),
         ("peer", "timeout"),
@@ -356,7 +365,8 @@ fn http_garbage_and_oversized_headers_are_counted_and_logged() {
     assert!(r.starts_with("HTTP/1.1 431"), "{r:.80}");
     assert_eq!(sc.rejected("http", "garbage"), 1);
     assert_eq!(sc.rejected("http", "oversized"), 1);
-    let log = sc.log();
+    sc.log_with("not HTTP/1 (answered 400)");
+    let log = sc.log_with("request header too large (answered 431)");
     assert!(
         log.contains(
             "rejected a connection on the HTTP port from 127.0.0.1: not HTTP/1 (answered 400)"
@@ -425,7 +435,7 @@ fn a_wrong_secret_peer_request_is_logged_with_its_address() {
         c.heartbeat(r).await.map(|_| ()).map_err(|e| e.code())
     });
     assert_eq!(code, Err(tonic::Code::Unauthenticated));
-    let log = sc.log();
+    let log = sc.log_with("rejected a peer request from 127.0.0.1:");
     assert!(
         log.contains("rejected a peer request from 127.0.0.1:"),
         "{log}"
@@ -526,4 +536,209 @@ fn grpc_over_the_unix_socket_accepts_a_path_as_authority() {
             Err(e) => panic!("call {call}: {e}\n{}", sc.log()),
         }
     }
+}
+
+/// Attaches as a rank would (an authenticated `Hello` on the Attach
+/// stream); the stream stays open while the returned guard lives. `Err`:
+/// the attach failed.
+fn attach(
+    rt: &tokio::runtime::Runtime,
+    socket: &std::path::Path,
+    secret: &str,
+) -> Result<impl Send, String> {
+    use weft::rpc::{self, rank_message::Msg};
+    let (secret, pid) = (secret.to_string(), std::process::id());
+    let socket = socket.to_path_buf();
+    rt.block_on(async move {
+        let fut = async {
+            let mut c = weft::client::sidecar(socket)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let hello = rpc::Hello {
+                pid,
+                hostname: "h".into(),
+                job: "hostile".into(),
+                auth: weft_agent::auth::hello_mac(&secret, "hostile", pid),
+                ..Default::default()
+            };
+            tx.send(rpc::RankMessage {
+                msg: Some(Msg::Hello(hello)),
+            })
+            .await
+            .unwrap();
+            let r = c
+                .attach(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((tx, r.into_inner()))
+        };
+        tokio::time::timeout(Duration::from_secs(5), fut)
+            .await
+            .map_err(|_| "attach timed out".to_string())?
+    })
+}
+
+/// The pids of the processes the sidecar holds attached, and whether each is alive.
+fn attached(rt: &tokio::runtime::Runtime, socket: &std::path::Path) -> Vec<(u32, String)> {
+    let s = rt
+        .block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                weft::ras::fetch(socket.to_path_buf()),
+            )
+            .await
+        })
+        .expect("status in time")
+        .expect("status");
+    s.processes
+        .iter()
+        .map(|p| (p.pid, p.state.clone()))
+        .collect()
+}
+
+/// Far more silent connections than the caps allow on every port (HTTP,
+/// the ranks' socket, the peer port, proxy handshakes), with a handshake
+/// timeout long enough that none ends by itself during the test: the
+/// sidecar's descriptors stay bounded, /healthz answers within 1 s, `weft
+/// ras` answers, an attached rank stays attached and a new one attaches.
+/// Every displaced connection is counted and logged. Before the caps, the
+/// connections piled up to the fd limit and all of these failed.
+#[test]
+fn connection_caps_keep_health_ras_and_attach_working_under_a_flood() {
+    const FLOOD: usize = 150;
+    let sc = Sidecar::start(
+        "caps",
+        &[
+            "--handshake-timeout-ms",
+            "30000",
+            "--idle-timeout-ms",
+            "60000",
+            "--max-connections",
+            "32",
+            "--max-connections-per-source",
+            "16",
+        ],
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", sc.child.id()))
+            .unwrap()
+            .count()
+    };
+    let fds_before = fds();
+    // A rank attached before the flood (as this process).
+    let first = attach(&rt, &sc.socket, "s3cret").expect("attach before the flood");
+    let mut held = Vec::new();
+    for _ in 0..FLOOD {
+        held.push(Box::new(TcpStream::connect(&sc.http).unwrap()) as Box<dyn Send>);
+        let mut u = UnixStream::connect(&sc.socket).unwrap();
+        let _ = u.write_all(H2_PREFACE);
+        held.push(Box::new(u));
+        let mut p = TcpStream::connect(&sc.peer).unwrap();
+        let _ = p.write_all(H2_PREFACE);
+        held.push(Box::new(p));
+        let mut q = TcpStream::connect(&sc.peer).unwrap();
+        let _ = q.write_all(PROXY_PREFACE);
+        held.push(Box::new(q));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let fds_flood = fds();
+    for _ in 0..5 {
+        let (code, body, took) = sc.get("/healthz");
+        assert_eq!(code, 200, "{body}");
+        assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
+    }
+    let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["ras", "--timeout", "3", "--socket"])
+        .arg(&sc.socket)
+        .output()
+        .unwrap();
+    assert!(
+        ras.status.success(),
+        "weft ras under the flood: {}",
+        String::from_utf8_lossy(&ras.stderr)
+    );
+    // A new rank attaches; the first is still attached and alive.
+    let second = attach(&rt, &sc.socket, "wrong").map(|_| ());
+    assert!(
+        second.as_ref().is_err_and(|e| e.contains("HMAC")),
+        "a wrong MAC is still refused: {second:?}"
+    );
+    let late = attach(&rt, &sc.socket, "s3cret").expect("attach under the flood");
+    let procs = attached(&rt, &sc.socket);
+    let me = procs
+        .iter()
+        .filter(|(p, s)| *p == std::process::id() && s == "alive")
+        .count();
+    assert_eq!(me, 2, "both attaches alive: {procs:?}\n{}", sc.log());
+    eprintln!(
+        "sidecar descriptors: {fds_before} before, {fds_flood} under {} flood connections",
+        held.len()
+    );
+    // 3 capped ports x 32 and 32 proxy handshakes, each a socket and the
+    // duplicate its gate holds to shut it down; the attaches, slack.
+    assert!(
+        fds_flood <= fds_before + 2 * (3 * 32 + 32) + 16,
+        "{fds_before} -> {fds_flood}"
+    );
+    for port in ["http", "socket", "peer"] {
+        assert!(
+            sc.rejected(port, "evicted") > 0,
+            "{port}/evicted counted\n{}",
+            sc.log()
+        );
+    }
+    assert!(
+        sc.rejected("proxy", "evicted") + sc.rejected("proxy", "cap") > 0,
+        "{}",
+        sc.log()
+    );
+    let log = sc.log_with("closed it for a newer one");
+    assert!(
+        log.contains("closed it for a newer one: too many connections (cap 16 per source)"),
+        "{log}"
+    );
+    // Rate-limited: far fewer lines than displaced connections.
+    let lines = log.matches("closed it for a newer one").count();
+    assert!(lines <= 12, "{lines} lines:\n{log}");
+    // The attach streams end inside the runtime.
+    let _guard = rt.enter();
+    drop((first, late, held));
+}
+
+/// An HTTP/2 client that completes the opening (preface and SETTINGS) and
+/// then never answers: the gRPC server's keepalive ping goes unanswered and
+/// the connection is closed (idle 1 s + at most 1 s for the answer), on the
+/// socket and on the peer port. Such connections stayed open indefinitely.
+#[test]
+fn a_silent_http2_connection_is_closed_by_keepalive() {
+    let sc = Sidecar::start("keepalive", &["--idle-timeout-ms", "1000"]);
+    let opening = [H2_PREFACE, &h2_frame(4, 0, 0, &[])].concat();
+    let limit = Duration::from_secs(10);
+    let every = Duration::from_millis(100);
+    let u = UnixStream::connect(&sc.socket).unwrap();
+    u.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let t = TcpStream::connect(&sc.peer).unwrap();
+    t.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    let o2 = opening.clone();
+    let peer = std::thread::spawn(move || trickle(t, &o2, b"", every, limit));
+    let socket = trickle(u, &opening, b"", every, limit);
+    let peer = peer.join().unwrap();
+    for (what, closed) in [("socket", socket), ("peer port", peer)] {
+        let closed = closed.unwrap_or_else(|| panic!("{what}: still open after {limit:?}"));
+        assert!(
+            closed < Duration::from_secs(5),
+            "{what}: closed after {closed:?}"
+        );
+        assert!(
+            closed >= Duration::from_millis(900),
+            "{what}: closed after {closed:?}"
+        );
+    }
+    assert_eq!(sc.get("/healthz").0, 200);
 }
