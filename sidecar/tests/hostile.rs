@@ -105,6 +105,14 @@ impl Sidecar {
         self.log.lock().unwrap().clone()
     }
 
+    /// Whether the sidecar process still runs.
+    fn alive(&self) -> bool {
+        // SAFETY: signal 0 only checks that the process exists.
+        let exists = unsafe { libc::kill(self.child.id() as i32, 0) == 0 };
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()));
+        exists && !stat.unwrap_or_default().contains(") Z ")
+    }
+
     /// The log once it holds `needle` (at most 5 s: its reader is a thread).
     fn log_with(&self, needle: &str) -> String {
         let t = Instant::now();
@@ -631,6 +639,7 @@ fn connection_caps_keep_health_ras_and_attach_working_under_a_flood() {
             .count()
     };
     let fds_before = fds();
+    let rss0 = rss_kib(sc.child.id());
     // A rank attached before the flood (as this process).
     let first = attach(&rt, &sc.socket, "s3cret").expect("attach before the flood");
     let mut held = Vec::new();
@@ -648,6 +657,8 @@ fn connection_caps_keep_health_ras_and_attach_working_under_a_flood() {
     }
     std::thread::sleep(Duration::from_millis(500));
     let fds_flood = fds();
+    let rss = rss_kib(sc.child.id());
+    assert!(rss < rss0 + 64 * 1024, "RSS {rss0} KiB -> {rss} KiB");
     for _ in 0..5 {
         let (code, body, took) = sc.get("/healthz");
         assert_eq!(code, 200, "{body}");
@@ -741,4 +752,151 @@ fn a_silent_http2_connection_is_closed_by_keepalive() {
         );
     }
     assert_eq!(sc.get("/healthz").0, 200);
+}
+
+/// A small deterministic generator (xorshift64*), so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    /// `seed` with a few bytes flipped, cut or extended with random ones.
+    fn mutate(&mut self, seed: &[u8]) -> Vec<u8> {
+        let mut v = seed.to_vec();
+        for _ in 0..1 + self.below(4) {
+            match self.below(4) {
+                0 if !v.is_empty() => {
+                    let i = self.below(v.len());
+                    v[i] ^= self.next() as u8 | 1;
+                }
+                1 => v.truncate(self.below(v.len() + 1)),
+                _ => v.extend((0..self.below(64)).map(|_| self.next() as u8)),
+            }
+        }
+        v
+    }
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Random and mutated openings (HTTP/1 requests, HTTP/2 openings and
+/// header frames, proxy handshakes, plain noise) on every port of a live
+/// sidecar, a fixed number of each with a fixed seed: the sidecar neither
+/// panics nor grows (RSS within 64 MiB of where it started), answers
+/// /healthz and `weft ras` after, and counts what it refused.
+#[test]
+fn mutated_openings_on_every_port_leave_the_sidecar_serving() {
+    const CASES: usize = 300;
+    let sc = Sidecar::start("fuzz", &["--handshake-timeout-ms", "300"]);
+    let rss0 = rss_kib(sc.child.id());
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let settings = h2_frame(4, 0, 0, &[0, 3, 0, 0, 0, 100]);
+    let mut headers = vec![0x83, 0x86, 0x44, 26];
+    headers.extend_from_slice(b"/weft.v1.Sidecar/GetStatus");
+    headers.extend_from_slice(&[0x41, 9]);
+    headers.extend_from_slice(b"localhost");
+    let h2_call = [
+        H2_PREFACE,
+        &settings,
+        &h2_frame(1, 4, 1, &headers),
+        &h2_frame(0, 1, 1, &[0, 0, 0, 0, 0]),
+    ]
+    .concat();
+    let http = b"GET /ras HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec();
+    let proxy = [PROXY_PREFACE, &[0, 0, 0, 12], b"hello-proxy!"].concat();
+    let seeds: [&[u8]; 4] = [&h2_call, &http, &proxy, b""];
+    let t = Instant::now();
+    let mut conns = 0;
+    for i in 0..CASES {
+        let seed = seeds[i % seeds.len()];
+        let data = if seed.is_empty() {
+            (0..rng.below(512)).map(|_| rng.next() as u8).collect()
+        } else {
+            rng.mutate(seed)
+        };
+        // The HTTP/2 and proxy openings go to the socket and the peer
+        // port, HTTP/1 to the HTTP port; noise everywhere.
+        let targets: &[u8] = match i % seeds.len() {
+            0 | 2 => &[1, 2],
+            1 => &[0],
+            _ => &[0, 1, 2],
+        };
+        for &to in targets {
+            let r = match to {
+                0 => TcpStream::connect(&sc.http).map(|s| Box::new(s) as Box<dyn RW>),
+                1 => UnixStream::connect(&sc.socket).map(|s| Box::new(s) as Box<dyn RW>),
+                _ => TcpStream::connect(&sc.peer).map(|s| Box::new(s) as Box<dyn RW>),
+            };
+            let mut s = r.expect("connect");
+            conns += 1;
+            let _ = s.write_all(&data);
+            // Read whatever comes back, briefly; the server may also close.
+            let _ = s.set_timeout(Duration::from_millis(20));
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b);
+        }
+    }
+    eprintln!("{conns} mutated connections in {:?}", t.elapsed());
+    // Let the handshake timeout end the rest.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(sc.alive(), "the sidecar died:\n{}", sc.log());
+    let (code, body, took) = sc.get("/healthz");
+    assert_eq!(code, 200, "{body}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["ras", "--timeout", "3", "--socket"])
+        .arg(&sc.socket)
+        .output()
+        .unwrap();
+    assert!(
+        ras.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ras.stderr)
+    );
+    let rss = rss_kib(sc.child.id());
+    eprintln!("sidecar RSS {rss0} KiB -> {rss} KiB");
+    assert!(rss < rss0 + 64 * 1024, "RSS {rss0} KiB -> {rss} KiB");
+    let log = sc.log();
+    assert!(!log.contains("panicked"), "{log}");
+    let refused: u64 = ["http", "socket", "peer", "proxy"]
+        .iter()
+        .flat_map(|p| {
+            ["garbage", "short", "timeout", "oversized", "auth"].map(|r| sc.rejected(p, r))
+        })
+        .sum();
+    assert!(
+        refused > CASES as u64 / 4,
+        "{refused} refusals counted\n{log}"
+    );
+}
+
+/// Either kind of stream, for the fuzz test.
+trait RW: Read + Write {
+    fn set_timeout(&self, d: Duration) -> std::io::Result<()>;
+}
+
+impl RW for TcpStream {
+    fn set_timeout(&self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
+}
+
+impl RW for UnixStream {
+    fn set_timeout(&self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))
+    }
 }
