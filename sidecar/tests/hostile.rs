@@ -900,3 +900,32 @@ impl RW for UnixStream {
         self.set_read_timeout(Some(d))
     }
 }
+
+/// A proxy handshake that sends a byte every 300 ms (each read well within
+/// any per-read limit) is ended by one deadline from accept (1 s here),
+/// counted and logged with its source. The limit was 5 s per read, so 200
+/// such clients held 200 threads for a minute.
+#[test]
+fn a_trickled_proxy_handshake_ends_at_one_deadline() {
+    let sc = Sidecar::start("trickle", &["--handshake-timeout-ms", "1000"]);
+    let s = TcpStream::connect(&sc.peer).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+    // A Hello's length prefix (200 bytes), then its bytes one at a time.
+    let mut trickled = vec![0, 0, 0, 200];
+    trickled.extend(std::iter::repeat_n(7u8, 200));
+    let closed = trickle(
+        s,
+        PROXY_PREFACE,
+        &trickled,
+        Duration::from_millis(300),
+        Duration::from_secs(8),
+    )
+    .expect("still open after 8 s");
+    assert!(
+        closed >= Duration::from_millis(900) && closed < Duration::from_secs(3),
+        "closed after {closed:?}"
+    );
+    let log = sc.log_with("rejected a proxy connection from 127.0.0.1");
+    assert!(log.contains("timed out"), "{log}");
+    assert_eq!(sc.rejected("proxy", "timeout"), 1, "{log}");
+}
