@@ -45,6 +45,7 @@ impl SidecarError {
     pub fn reject_reason(&self) -> &'static str {
         match self {
             SidecarError::Handshake(HandshakeError::Oversized { .. }) => "oversized",
+            SidecarError::Handshake(HandshakeError::TimedOut { .. }) => "timeout",
             SidecarError::Handshake(HandshakeError::BadTag) | SidecarError::Auth(_) => "auth",
             SidecarError::Handshake(HandshakeError::Truncated { .. })
             | SidecarError::Garbage(_)

@@ -12,14 +12,32 @@
 
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Length of the preface that tells the protocols of a shared port apart
 /// (that of HTTP/2, which gRPC speaks).
 pub const PREFACE_LEN: usize = 24;
 
-/// Takes over a connection a listener accepted (the preface consumed).
+/// Takes over a connection a listener accepted (the preface consumed). It
+/// must be authenticated by `deadline` (the listener's handshake deadline,
+/// counted from accept) and holds `admission` until it is: the connection's
+/// place among the listener's unauthenticated connections.
 pub trait ConnectionHandler: Send + Sync {
-    fn handle(&self, s: TcpStream, from: SocketAddr);
+    fn handle(
+        &self,
+        s: TcpStream,
+        from: SocketAddr,
+        deadline: Instant,
+        admission: Box<dyn Admission>,
+    );
+}
+
+/// A connection's place in a listener's caps. Dropping it frees the place;
+/// at a cap the listener may evict the connection instead (it shuts the
+/// socket down: a blocked read returns at once).
+pub trait Admission: Send {
+    /// Whether the listener evicted the connection for a newer one.
+    fn evicted(&self) -> bool;
 }
 
 /// A protocol sharing a listener: connections opening with `preface` go to

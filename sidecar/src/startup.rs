@@ -4,10 +4,13 @@
 //! for connections on the peer port; the proxy is given the engine as the
 //! sink of lost hosts; the engine's status is given the proxy's host views.
 
+use crate::engine::limits::Gate;
 use crate::engine::{
-    self, Engine, MAX_MESSAGE, SidecarArgs, auth, host_name, http, listen, peers, service,
-    telemetry,
+    self, Engine, KEEPALIVE_ACK, MAX_MESSAGE, MAX_PROXY_HANDSHAKES,
+    MAX_PROXY_HANDSHAKES_PER_SOURCE, MAX_STREAMS, SidecarArgs, auth, host_name, http, listen,
+    peers, service, telemetry,
 };
+use crate::log::RateLog;
 use crate::log::log;
 use crate::proxy::{self, Proxy};
 use crate::rpc;
@@ -15,8 +18,38 @@ use crate::seams::{JobEvents, Route};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Raises the descriptor limit to the hard limit: the connection caps, not
+/// the process's limit, decide what a flood gets.
+fn raise_fd_limit() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain get/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max.min(1 << 20);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// The gRPC server of either gRPC port, with HTTP/2 limits: streams per
+/// connection, header list size, pending resets, and keepalive pings that
+/// close a connection which stops answering.
+fn grpc_server(args: &SidecarArgs) -> tonic::transport::Server {
+    let idle = Duration::from_millis(args.idle_timeout_ms.max(100));
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(MAX_STREAMS)
+        .http2_max_header_list_size(16 << 10)
+        .http2_max_pending_accept_reset_streams(Some(64))
+        .http2_keepalive_interval(Some(idle))
+        .http2_keepalive_timeout(Some(KEEPALIVE_ACK.min(idle)))
+}
+
 /// Runs the sidecar until SIGTERM/SIGINT; returns the exit code.
 pub fn run(args: SidecarArgs) -> i32 {
+    raise_fd_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -107,6 +140,39 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
             return 1;
         }
     };
+    let handshake = Duration::from_millis(args.handshake_timeout_ms.max(10));
+    let rate_log = Arc::new(RateLog::default());
+    let gate = |port: &'static str, what: &'static str, max: usize, per: usize| {
+        Gate::new(
+            port,
+            what,
+            max,
+            per,
+            engine.metrics.clone(),
+            rate_log.clone(),
+        )
+    };
+    let (max, per) = (args.max_connections, args.max_connections_per_source);
+    let socket_limits = listen::PortLimits {
+        gate: gate("socket", "socket", max, max),
+        handshakes: gate("proxy", "socket", 1, 1), // no route is served on the socket
+        handshake,
+    };
+    let peer_limits = listen::PortLimits {
+        gate: gate("peer", "peer port", max, per),
+        handshakes: gate(
+            "proxy",
+            "peer port (proxy handshake)",
+            MAX_PROXY_HANDSHAKES,
+            MAX_PROXY_HANDSHAKES_PER_SOURCE,
+        ),
+        handshake,
+    };
+    let http_limits = http::HttpLimits {
+        gate: gate("http", "HTTP port", max, per),
+        header: handshake,
+        idle: Duration::from_millis(args.idle_timeout_ms.max(100)),
+    };
     let (conn_tx, conn_rx) = tokio::sync::mpsc::channel(64);
     // Connections open with the HTTP/2 preface (gRPC) or one of these.
     let routes: Arc<[Route]> = Arc::from(vec![proxy::route(the_proxy.as_ref())]);
@@ -115,6 +181,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
         engine.clone(),
         routes.clone(),
         conn_tx,
+        socket_limits,
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut peer_server = None;
@@ -134,6 +201,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
             engine.clone(),
             routes.clone(),
             ptx,
+            peer_limits,
         ));
         let e2 = engine.clone();
         let svc = tonic::service::interceptor::InterceptedService::new(
@@ -145,7 +213,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
         );
         let mut stop = stop_rx.clone();
         peer_server = Some(tokio::spawn(
-            tonic::transport::Server::builder()
+            grpc_server(&args)
                 .add_service(svc)
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::ReceiverStream::new(prx),
@@ -172,7 +240,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
     .max_decoding_message_size(MAX_MESSAGE);
     let mut stop = stop_rx.clone();
     let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+        grpc_server(&args)
             .add_service(svc)
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::ReceiverStream::new(conn_rx),
@@ -181,15 +249,8 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
                 },
             ),
     );
-    let mut stop = stop_rx.clone();
     let router = http::router(engine.clone());
-    let web = tokio::spawn(async move {
-        axum::serve(http, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let web = tokio::spawn(http::serve(http, router, http_limits, stop_rx.clone()));
     // Tests and the operator's probes read this line to find the ports.
     println!(
         "weft sidecar ready: socket={} http={http_addr} peer={} job={}",

@@ -760,3 +760,48 @@ fn c_abi_programs_attach_to_the_sidecar() {
         t.elapsed()
     );
 }
+
+/// A program that only uses the NCCL C ABI, without a sidecar, with
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` set: it exports its own spans (the
+/// sidecar's engine runs in the process), flushed at its normal exit. It
+/// exported none and said nothing.
+#[test]
+fn c_abi_programs_without_a_sidecar_export_spans() {
+    let recv = otlp::Receiver::default();
+    let (port, _srv) = otlp::start(recv.clone());
+    let dir = std::env::temp_dir().join(format!("weft-capi-otlp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let release = dir.join("release");
+    std::fs::write(&release, b"go").unwrap();
+    let run = job::run(
+        JobSpec::new(common::worker(), 3, &["sc_capi"])
+            .env("WEFT_SIDECAR_SOCKET", "")
+            .env("WEFT_TEST_RELEASE", &release.display().to_string())
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                &format!("http://127.0.0.1:{port}"),
+            )
+            .timeout(Duration::from_secs(60)),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    run.assert_success();
+    // The exporter flushed at exit; give the receiver a moment to record.
+    let t = Instant::now();
+    while recv.0.lock().unwrap().len() < 60 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let spans = recv.0.lock().unwrap().clone();
+    let mut per_rank: BTreeMap<String, usize> = BTreeMap::new();
+    for s in spans.iter().filter(|s| s.name == "weft.all_reduce") {
+        assert_eq!(s.attrs["weft.outcome"], "ok", "{s:?}");
+        assert_eq!(s.attrs["weft.world_size"], "3", "{s:?}");
+        *per_rank.entry(s.attrs["weft.rank"].clone()).or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> = (0..3).map(|r| (r.to_string(), 20)).collect();
+    assert_eq!(
+        per_rank,
+        want,
+        "20 all-reduce spans per rank\n{}",
+        run.dump()
+    );
+}

@@ -132,11 +132,11 @@ params! {
         "as `WEFT_DEBUG`, which wins when both are set";
     WEFT_RAS_STUCK_MS: u64 = Ms, Value("10000"), Observe, [Sidecar],
         "a rank whose collective is in flight this long shows as `stuck` in RAS";
-    OTEL_EXPORTER_OTLP_ENDPOINT: String = Str, Unset("no export"), Observe, [Sidecar, Operator],
+    OTEL_EXPORTER_OTLP_ENDPOINT: String = Str, Unset("no export"), Observe, [Capi, Sidecar, Operator],
         "where spans go (standard OTel variables apply); set by the operator from `spec.telemetry`";
-    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: String = Str, Unset("no export"), Observe, [Sidecar],
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: String = Str, Unset("no export"), Observe, [Capi, Sidecar],
         "where spans go, traces only (OTel)";
-    OTEL_SDK_DISABLED: bool = Bool, Value("false"), Observe, [Sidecar],
+    OTEL_SDK_DISABLED: bool = Bool, Value("false"), Observe, [Capi, Sidecar],
         "`true` turns trace export off (OTel)";
 
     // -------------------------------------------------------------- Launch

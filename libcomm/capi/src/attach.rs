@@ -1,11 +1,15 @@
 //! Attaches C programs to the pod's sidecar, as Rust programs do with
-//! `weft::agent::install_from_env()` (both through crate `weft-agent`, the
-//! client alone: this library links none of the sidecar's server stack): with
+//! `weft::agent::install_from_env()` (both through crate `weft-agent`): with
 //! `WEFT_SIDECAR_SOCKET` set, the first communicator created in the process
 //! registers the process with the sidecar, and every communicator and
 //! operation is reported to it (RAS, OpenTelemetry spans, Prometheus metrics,
 //! pod-lifecycle abort). Without the variable nothing is started (a plain
-//! NCCL program gets no extra thread).
+//! NCCL program gets no extra thread), unless OpenTelemetry export is asked
+//! for (`OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT`, and not
+//! `OTEL_SDK_DISABLED=true`): then the sidecar's engine runs in this process
+//! (embedded mode, feature `embedded-spans`, on by default) and exports the
+//! spans itself, flushed at a normal exit. Built without the feature, one
+//! warning says that no spans are exported, and how to get them.
 
 use crate::errors::{Level, log};
 use std::sync::Once;
@@ -20,6 +24,9 @@ pub fn ensure() {
             .raw_os()
             .filter(|s| !s.is_empty())
         else {
+            if let Some((name, url)) = otlp_endpoint(|name| std::env::var(name).ok()) {
+                embedded_spans(name, &url);
+            }
             return;
         };
         let path = path.to_string_lossy().into_owned();
@@ -44,5 +51,123 @@ pub fn ensure() {
 extern "C" fn close_at_exit() {
     if let Some(a) = weft_agent::installed() {
         a.close();
+    }
+}
+
+/// Without a sidecar, OTLP export asked for: the engine in this process
+/// exports the spans.
+#[cfg(feature = "embedded-spans")]
+fn embedded_spans(name: &str, url: &str) {
+    match weft::agent::install_from_env() {
+        Ok(_) => {
+            // SAFETY: registering a plain extern "C" function.
+            unsafe { libc::atexit(close_at_exit) };
+            log(
+                Level::Info,
+                &format!(
+                    "no sidecar (WEFT_SIDECAR_SOCKET is not set): this process exports its spans to {url} ({name}) itself"
+                ),
+            );
+        }
+        Err(e) => warn_always(&format!(
+            "{name}={url} is set, but the in-process span exporter did not start: {e}; no spans are exported"
+        )),
+    }
+}
+
+/// Built without the engine: say so, once.
+#[cfg(not(feature = "embedded-spans"))]
+fn embedded_spans(name: &str, url: &str) {
+    warn_always(&spans_without_sidecar(name, url));
+}
+
+/// The OTLP endpoint a process asks spans to go to: the variable that names
+/// it and its value (`None`: none, or export disabled). `raw` reads a
+/// variable by name.
+pub fn otlp_endpoint(
+    raw: impl Fn(&'static str) -> Option<String>,
+) -> Option<(&'static str, String)> {
+    use weft_contract::params::{
+        OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_SDK_DISABLED,
+    };
+    // OTel's rule: only "true" (any case) disables.
+    let disabled = raw(OTEL_SDK_DISABLED.name()).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    [
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+        OTEL_EXPORTER_OTLP_ENDPOINT,
+    ]
+    .into_iter()
+    .find_map(|p| {
+        raw(p.name())
+            .filter(|v| !v.is_empty())
+            .map(|v| (p.name(), v))
+    })
+    .filter(|_| !disabled)
+}
+
+/// The warning of a build without the engine, for `name`=`url`.
+pub fn spans_without_sidecar(name: &str, url: &str) -> String {
+    format!(
+        "{name}={url} is set, but this process has no sidecar (WEFT_SIDECAR_SOCKET is not set) and this \
+         libnccl.so.2 was built without its span exporter (feature embedded-spans): none of this \
+         process's collectives are traced. Run it under `weft run --sidecar`, or start `weft sidecar \
+         --socket PATH` (it reads the OTEL_* variables) and set WEFT_SIDECAR_SOCKET=PATH"
+    )
+}
+
+/// A warning shown whatever the log level (once per process, by the caller).
+fn warn_always(msg: &str) {
+    use std::io::Write;
+    let line = format!(
+        "{}:{} weft WARN {msg}\n",
+        crate::errors::host(),
+        std::process::id()
+    );
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{otlp_endpoint, spans_without_sidecar};
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&'static str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |p| vars.iter().find(|(k, _)| k == p).map(|(_, v)| v.clone())
+    }
+
+    /// Which variable asks for export, as OTel reads them (the traces
+    /// endpoint first; empty is unset; OTEL_SDK_DISABLED=true turns it off).
+    #[test]
+    fn the_otlp_endpoint_is_read_as_otel_does() {
+        let e = |v: &[(&str, &str)]| otlp_endpoint(env(v));
+        assert_eq!(
+            e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")]),
+            Some(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317".into()))
+        );
+        assert_eq!(e(&[]), None);
+        assert_eq!(e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]), None);
+        assert_eq!(
+            e(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_SDK_DISABLED", "TRUE"),
+            ]),
+            None
+        );
+        assert_eq!(
+            e(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317"),
+            ]),
+            Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317".into()))
+        );
+        let w = spans_without_sidecar("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
+        assert!(
+            w.contains("OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4317"),
+            "{w}"
+        );
+        assert!(w.contains("weft run --sidecar"), "{w}");
     }
 }

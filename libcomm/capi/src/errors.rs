@@ -124,7 +124,7 @@ pub fn level() -> Level {
     }
 }
 
-fn host() -> &'static str {
+pub(crate) fn host() -> &'static str {
     static H: OnceLock<String> = OnceLock::new();
     H.get_or_init(|| {
         let mut buf = [0u8; 256];

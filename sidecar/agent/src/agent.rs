@@ -7,7 +7,8 @@
 //! (embedded mode): same registry, snapshots, metrics and spans, no socket.
 //! This crate does not hold that engine: the caller hands one in through
 //! [`Embedded`] (`weft::agent::install_from_env` does), so a rank that only
-//! ever attaches (the drop-in `libnccl.so.2`) links none of it.
+//! ever attaches links none of it (the drop-in `libnccl.so.2` links it with
+//! its feature `embedded-spans`, to export spans without a sidecar).
 //!
 //! Collectives never wait on this: events go into a bounded queue; when it
 //! is full they are dropped and counted (reported to the sidecar, which

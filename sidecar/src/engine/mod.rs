@@ -4,7 +4,9 @@
 //! and ties the ranks to the pod's lifecycle (SIGTERM aborts them).
 
 pub mod auth;
+pub mod authority;
 pub mod http;
+pub mod limits;
 pub mod listen;
 pub mod peers;
 pub mod service;
@@ -129,7 +131,33 @@ pub struct SidecarArgs {
     /// directly over TCP). The proxy needs --peer-listen.
     #[arg(long)]
     pub no_proxy: bool,
+    /// Open connections per port (HTTP, socket, peer port) at most; at the
+    /// cap a new one displaces the oldest idle or unauthenticated one.
+    #[arg(long, value_name = "N", default_value = "256")]
+    pub max_connections: usize,
+    /// Open connections per source address and port (HTTP, peer port) at most.
+    #[arg(long, value_name = "N", default_value = "32")]
+    pub max_connections_per_source: usize,
+    /// From accept to the HTTP/2 preface and SETTINGS (gRPC), to the end of
+    /// a proxy handshake, to a complete HTTP request header.
+    #[arg(long, value_name = "MS", default_value = "5000")]
+    pub handshake_timeout_ms: u64,
+    /// An HTTP connection that moves no byte for this long is closed; the
+    /// gRPC servers ping a connection silent for this long (HTTP/2
+    /// keepalive) and close it when the ping is not answered.
+    #[arg(long, value_name = "MS", default_value = "60000")]
+    pub idle_timeout_ms: u64,
 }
+
+/// Proxy handshakes in progress on the peer port, in all and per source
+/// (each holds a thread until it ends, at most the handshake timeout).
+pub const MAX_PROXY_HANDSHAKES: usize = 32;
+pub const MAX_PROXY_HANDSHAKES_PER_SOURCE: usize = 8;
+/// Concurrent HTTP/2 streams per gRPC connection.
+pub const MAX_STREAMS: u32 = 64;
+/// An unanswered HTTP/2 keepalive ping closes the connection after this
+/// long (at most the idle timeout).
+pub const KEEPALIVE_ACK: Duration = Duration::from_secs(20);
 
 /// This machine's host name (the rank side's, shared).
 pub use weft_agent::host_name;

@@ -74,13 +74,20 @@ pub fn check(e: &Engine, req: &tonic::Request<()>) -> Result<(), tonic::Status> 
         },
         _ => Some("no credentials"),
     };
+    let info = req.extensions().get::<super::listen::ConnInfo>();
     match why {
-        None => Ok(()),
+        None => {
+            // Authenticated: the connection is never evicted for a newer one.
+            if let Some(i) = info {
+                i.slot.hold(true);
+            }
+            Ok(())
+        }
         Some(w) => {
-            let from = req
-                .remote_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|| "?".into());
+            let from = info
+                .and_then(|i| i.from)
+                .or_else(|| req.remote_addr())
+                .map_or_else(|| "?".into(), |a| a.to_string());
             e.metrics.reject("peer", "auth");
             super::log(&format!("rejected a peer request from {from}: {w}"));
             Err(tonic::Status::unauthenticated(w))

@@ -98,12 +98,19 @@ impl Engine {
         match msg {
             Msg::Hello(_) => {} // only valid first; handled by attach
             Msg::Register(r) => {
+                let (pid, host) = reg
+                    .procs
+                    .get(&conn)
+                    .map(|p| (p.pid, p.host.clone()))
+                    .unwrap_or_default();
                 let c = reg.comms.entry(clip(r.comm_id)).or_default();
                 c.nranks = r.nranks;
                 c.ranks.insert(
                     r.rank,
                     RankEntry {
                         conn,
+                        pid,
+                        host,
                         state: "running".into(),
                         ..Default::default()
                     },
@@ -257,6 +264,10 @@ impl Sidecar for Service {
         &self,
         req: Request<Streaming<rpc::RankMessage>>,
     ) -> Result<Response<CmdStream>, Status> {
+        let slot = req
+            .extensions()
+            .get::<super::listen::ConnInfo>()
+            .map(|c| c.slot.clone());
         let mut inbound = req.into_inner();
         let engine = self.engine.clone();
         let hello = match inbound.message().await {
@@ -288,6 +299,10 @@ impl Sidecar for Service {
             .load(std::sync::atomic::Ordering::Relaxed)
         {
             return Err(Status::unavailable("the sidecar is terminating"));
+        }
+        // Authenticated: the connection is never evicted for a newer one.
+        if let Some(s) = slot {
+            s.hold(true);
         }
         let (tx, rx) = mpsc::channel(CMD_QUEUE);
         let conn = engine.add_proc(hello, tx);
@@ -361,5 +376,63 @@ impl Sidecar for Service {
             host: self.engine.state.host.clone(),
             time_unix_nano: now_nanos(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(pid: u32) -> rpc::Hello {
+        rpc::Hello {
+            pid,
+            hostname: "h".into(),
+            job: "j".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A rank that destroyed its communicator and exited while a peer of it
+    /// on this host still runs shows as exited, with its pid (it showed as
+    /// "pid 0 ... dead").
+    #[test]
+    fn a_cleanly_exited_rank_shows_as_exited_with_its_pid() {
+        let e = Engine::new("j".into(), "h".into(), None);
+        let (tx, _rx) = mpsc::channel(4);
+        let a = e.add_proc(hello(111), tx.clone());
+        let b = e.add_proc(hello(222), tx);
+        for (conn, rank) in [(a, 0), (b, 1)] {
+            e.on_message(
+                conn,
+                Msg::Register(rpc::Register {
+                    comm_id: "c".into(),
+                    rank,
+                    nranks: 2,
+                }),
+            );
+        }
+        e.on_message(
+            a,
+            Msg::Deregister(rpc::Deregister {
+                comm_id: "c".into(),
+                rank: 0,
+            }),
+        );
+        e.on_gone(a, "its control stream closed");
+        let s = e.status();
+        let c = &s.comms[0];
+        let r0 = c.ranks.iter().find(|r| r.rank == 0).unwrap();
+        assert_eq!(
+            (r0.pid, r0.state.as_str(), r0.host.as_str()),
+            (111, "exited", "h")
+        );
+        let r1 = c.ranks.iter().find(|r| r.rank == 1).unwrap();
+        assert_eq!((r1.pid, r1.state.as_str()), (222, "alive"));
+        assert!(s.async_errors.is_empty(), "{:?}", s.async_errors);
+        // A rank whose process goes without destroying is dead.
+        e.on_gone(b, "its control stream closed");
+        let s = e.status();
+        let r1 = s.comms[0].ranks.iter().find(|r| r.rank == 1).unwrap();
+        assert_eq!((r1.pid, r1.state.as_str()), (222, "dead"));
     }
 }

@@ -36,6 +36,9 @@ pub struct Proc {
 #[derive(Default, Clone)]
 pub struct RankEntry {
     pub conn: u64,
+    /// The process's pid and host, kept after it has gone.
+    pub pid: u32,
+    pub host: String,
     pub started_seq: u64,
     pub started_op: String,
     pub started_at: u64,
@@ -184,14 +187,18 @@ impl State {
                         let alive = p.is_some_and(|p| p.alive);
                         let stuck = e.started_seq > e.completed_seq
                             && now.saturating_sub(e.started_at) > stuck_after_ns();
+                        // A rank that destroyed its communicator before its
+                        // process went has exited, not died.
+                        let exited = e.state == "finalizing";
                         RankStatus {
                             rank: *r,
-                            pid: p.map_or(0, |p| p.pid),
-                            host: p.map_or_else(String::new, |p| p.host.clone()),
-                            state: match (alive, stuck) {
-                                (false, _) => "dead",
-                                (true, true) => "stuck",
-                                (true, false) => "alive",
+                            pid: p.map_or(e.pid, |p| p.pid),
+                            host: p.map_or_else(|| e.host.clone(), |p| p.host.clone()),
+                            state: match (alive, stuck, exited) {
+                                (false, _, true) => "exited",
+                                (false, _, false) => "dead",
+                                (true, true, _) => "stuck",
+                                (true, false, _) => "alive",
                             }
                             .into(),
                             last_started_seq: e.started_seq,

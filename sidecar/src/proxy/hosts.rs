@@ -6,6 +6,7 @@
 use super::wire::{self, Challenge, FRAME_HEADER, Frame, Hello};
 use super::{HostConn, LOST, Proxy, UP};
 use crate::error::SidecarError;
+use crate::seams::Admission;
 use libcomm::handshake;
 use libcomm::sockets::{self, DataOpts};
 use std::io::{ErrorKind, Read, Write};
@@ -19,9 +20,8 @@ const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 /// How long a host's sidecar may take to become reachable at all.
 const CONNECT_LIMIT: Duration = Duration::from_secs(60);
 
-/// Reads one length-prefixed handshake message (bounded size and time).
-fn recv(s: &mut TcpStream) -> Result<Vec<u8>, SidecarError> {
-    let deadline = Instant::now() + HANDSHAKE_LIMIT;
+/// Reads one length-prefixed handshake message (bounded size, by `deadline`).
+fn recv(s: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, SidecarError> {
     Ok(handshake::read_msg(
         s,
         wire::MAX_HANDSHAKE,
@@ -99,7 +99,7 @@ fn handshake_dial(
     }
     .encode();
     handshake::write_msg(&mut s, &hello)?;
-    let ch = Challenge::decode(&recv(&mut s)?)?;
+    let ch = Challenge::decode(&recv(&mut s, Instant::now() + HANDSHAKE_LIMIT)?)?;
     let (secret, job) = (&p.cfg.secret, &p.cfg.job);
     wire::check_mac(secret, "acceptor", job, &hello, &ch.nonce, &ch.mac).map_err(|_| {
         SidecarError::Auth("it does not hold this job's secret (HMAC mismatch)".into())
@@ -116,17 +116,33 @@ fn handshake_dial(
     Ok((s, ch.host))
 }
 
-/// A connection on the peer port that opened with the proxy preface.
-pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
+/// A connection on the peer port that opened with the proxy preface: it
+/// must finish the handshake by `deadline` (counted from accept, the
+/// preface included); `admission` (its place among the port's
+/// unauthenticated connections) is held until then.
+pub fn accept(
+    p: Arc<Proxy>,
+    s: TcpStream,
+    from: SocketAddr,
+    deadline: Instant,
+    admission: Box<dyn Admission>,
+) {
     let _ = std::thread::Builder::new()
         .name("weft-proxy-accept".into())
+        .stack_size(128 << 10)
         .spawn(move || {
-            let reject = |reason: &str, why: &str| {
+            let reject = |reason: &'static str, why: &str| {
                 p.metrics.reject("proxy", reason);
-                crate::log::log(&format!("rejected a proxy connection from {from}: {why}"));
+                p.log.log("proxy", reason, Some(from.ip()), || {
+                    format!("rejected a proxy connection from {from}: {why}")
+                });
             };
             let _ = s.set_nonblocking(false);
-            match handshake_accept(&p, s) {
+            let r = handshake_accept(&p, s, deadline);
+            let evicted = admission.evicted();
+            drop(admission);
+            match r {
+                Err(_) if evicted => {} // counted and logged as such
                 Err(e) => reject(e.reject_reason(), &e.to_string()),
                 Ok((s, name, claimed)) => {
                     let ip = claimed.unwrap_or(from.ip());
@@ -157,10 +173,19 @@ pub fn accept(p: Arc<Proxy>, s: TcpStream, from: SocketAddr) {
 /// An authenticated connection, the peer's host name and claimed address.
 type Accepted = (TcpStream, String, Option<std::net::IpAddr>);
 
-fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<Accepted, SidecarError> {
-    s.set_read_timeout(Some(HANDSHAKE_LIMIT))?;
-    s.set_write_timeout(Some(HANDSHAKE_LIMIT))?;
-    let raw = recv(&mut s)?;
+fn handshake_accept(
+    p: &Proxy,
+    mut s: TcpStream,
+    deadline: Instant,
+) -> Result<Accepted, SidecarError> {
+    // Writes are small (the socket buffer takes them): bounded by what is left.
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    s.set_write_timeout(Some(left()))?;
+    let raw = recv(&mut s, deadline)?;
     let hello = Hello::decode(&raw)?;
     let (secret, job) = (&p.cfg.secret, &p.cfg.job);
     if hello.job != *job {
@@ -175,8 +200,9 @@ fn handshake_accept(p: &Proxy, mut s: TcpStream) -> Result<Accepted, SidecarErro
         host: p.cfg.host.clone(),
         mac: wire::mac(secret, "acceptor", job, &raw, &nonce),
     };
+    s.set_write_timeout(Some(left()))?;
     handshake::write_msg(&mut s, &ch.encode())?;
-    let proof = wire::decode_proof(&recv(&mut s)?)?;
+    let proof = wire::decode_proof(&recv(&mut s, deadline)?)?;
     wire::check_mac(secret, "dialer", job, &raw, &nonce, &proof)
         .map_err(|_| SidecarError::Auth("wrong job secret (HMAC mismatch)".into()))?;
     s.write_all(&[1])?;

@@ -30,7 +30,7 @@ pub mod wire;
 
 use crate::log::log;
 use crate::metrics::Metrics;
-use crate::seams::{ConnectionHandler, HostView, HostViews, JobEvents, Route};
+use crate::seams::{Admission, ConnectionHandler, HostView, HostViews, JobEvents, Route};
 use arc_swap::ArcSwap;
 use libcomm::sidecar_link::{Attached, Doorbell, InRing, OutRing};
 use prometheus_client::metrics::counter::Counter;
@@ -184,6 +184,8 @@ pub struct Proxy {
     pub snap: ArcSwap<Snap>,
     pub started: Instant,
     pub socket_path: std::path::PathBuf,
+    /// Refusals a flood could repeat are logged at most every 10 s per source.
+    pub log: crate::log::RateLog,
 }
 
 impl Proxy {
@@ -408,6 +410,7 @@ pub fn start(
         snap: ArcSwap::from_pointee(Snap::default()),
         started: Instant::now(),
         socket_path: path.clone(),
+        log: crate::log::RateLog::default(),
     });
     let listener = libcomm::sockets::bind_unix_owner_only(&path)?;
     let p2 = p.clone();
@@ -425,8 +428,14 @@ pub fn start(
 struct PeerAcceptor(Arc<Proxy>);
 
 impl ConnectionHandler for PeerAcceptor {
-    fn handle(&self, s: TcpStream, from: SocketAddr) {
-        hosts::accept(self.0.clone(), s, from);
+    fn handle(
+        &self,
+        s: TcpStream,
+        from: SocketAddr,
+        deadline: Instant,
+        admission: Box<dyn Admission>,
+    ) {
+        hosts::accept(self.0.clone(), s, from, deadline, admission);
     }
 }
 

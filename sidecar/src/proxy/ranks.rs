@@ -9,19 +9,39 @@ use libcomm::sidecar_link::{self as lp, Attached, OpenMsg};
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// A rank must send its open within this long after connecting.
+const OPEN_LIMIT: Duration = Duration::from_secs(5);
+/// Connections that have not sent their open yet, at most (each holds a
+/// thread); more are refused at once.
+const MAX_OPENING: usize = 64;
+
 pub fn serve(p: Arc<Proxy>, l: UnixListener) {
+    let opening = Arc::new(AtomicUsize::new(0));
     for s in l.incoming() {
         match s {
             Ok(s) => {
-                let p = p.clone();
-                let _ = std::thread::Builder::new()
+                if opening.load(Ordering::Relaxed) >= MAX_OPENING {
+                    p.metrics.reject("proxy-socket", "cap");
+                    p.log.log("proxy-socket", "cap", None, || {
+                        format!(
+                            "proxy: refused a connection on the rank socket: {MAX_OPENING} have not sent their open yet"
+                        )
+                    });
+                    continue;
+                }
+                opening.fetch_add(1, Ordering::Relaxed);
+                let (p, o) = (p.clone(), opening.clone());
+                let r = std::thread::Builder::new()
                     .name("weft-proxy-rank".into())
                     .stack_size(128 << 10)
-                    .spawn(move || serve_rank(p, s));
+                    .spawn(move || serve_rank(p, s, o));
+                if r.is_err() {
+                    opening.fetch_sub(1, Ordering::Relaxed);
+                }
             }
             Err(e) => {
                 crate::log::log(&format!("proxy: accept on the rank socket failed: {e}"));
@@ -31,14 +51,22 @@ pub fn serve(p: Arc<Proxy>, l: UnixListener) {
     }
 }
 
-fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
+fn serve_rank(p: Arc<Proxy>, mut s: UnixStream, opening: Arc<AtomicUsize>) {
     let fd = s.as_raw_fd();
-    lp::set_read_timeout(fd, Duration::from_secs(5));
-    let (open, keys) = match open(&p, fd) {
+    let r = read_open(&p, fd);
+    opening.fetch_sub(1, Ordering::Relaxed);
+    let (open, keys) = match r {
         Ok(x) => x,
         Err(why) => {
-            p.metrics.reject("proxy-socket", "open");
-            crate::log::log(&format!("proxy: refused a rank's open: {why}"));
+            let reason = if matches!(why, SidecarError::Lost(_)) {
+                "timeout"
+            } else {
+                "open"
+            };
+            p.metrics.reject("proxy-socket", reason);
+            p.log.log("proxy-socket", reason, None, || {
+                format!("proxy: refused a rank's open: {why}")
+            });
             let _ = lp::send_msg(fd, lp::KIND_ERR, why.to_string().as_bytes(), &[]);
             return;
         }
@@ -59,6 +87,34 @@ fn serve_rank(p: Arc<Proxy>, mut s: UnixStream) {
 }
 
 type Keys = Vec<(super::wire::Key, super::wire::Key)>;
+
+/// Waits (bounded) for the open, then reads it: a client that sends
+/// nothing is named as such, not by the read's EAGAIN.
+fn read_open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), SidecarError> {
+    let deadline = Instant::now() + OPEN_LIMIT;
+    if !libcomm::sockets::wait_readable(fd, OPEN_LIMIT)? {
+        return Err(SidecarError::Lost(format!(
+            "the client sent nothing within {} s",
+            OPEN_LIMIT.as_secs()
+        )));
+    }
+    // The rest of the message is bounded by what is left of the limit.
+    let left = deadline.saturating_duration_since(Instant::now());
+    lp::set_read_timeout(fd, left.max(Duration::from_millis(1)));
+    open(p, fd).map_err(|e| match e {
+        SidecarError::Libcomm(l) if is_timeout(&l) => SidecarError::Lost(format!(
+            "the client sent no complete open within {} s",
+            OPEN_LIMIT.as_secs()
+        )),
+        e => e,
+    })
+}
+
+/// Whether libcomm's error is a read that timed out (EAGAIN under SO_RCVTIMEO).
+fn is_timeout(e: &libcomm::Error) -> bool {
+    let s = e.to_string();
+    s.contains("temporarily unavailable") || s.contains("timed out")
+}
 
 /// Reads, checks and registers one Open: the channels' keys.
 fn open(p: &Arc<Proxy>, fd: i32) -> Result<(OpenMsg, Keys), SidecarError> {
