@@ -48,6 +48,10 @@ struct State {
     event_patches: Vec<Value>,
     /// Body of the last server-side apply of a status.
     last_status_apply: Option<Value>,
+    /// After answering a GET of this object (collection path, name), another
+    /// writer changes it: its resourceVersion moves on and the label
+    /// `concurrent: "yes"` is set.
+    concurrent_write_after_get: Option<(String, String)>,
 }
 
 #[derive(Clone, Default)]
@@ -188,10 +192,18 @@ impl FakeApi {
         if ctype.contains("apply-patch") && sub.as_deref() == Some("status") {
             st.last_status_apply = Some(body.clone());
         }
+        let concurrent = st.concurrent_write_after_get.clone();
         let objs = st.objects.entry(coll.clone()).or_default();
         match (method, name) {
-            (Method::GET, Some(n)) => match objs.get(&n) {
-                Some(o) => (200, o.clone()),
+            (Method::GET, Some(n)) => match objs.get_mut(&n) {
+                Some(o) => {
+                    let reply = o.clone();
+                    if concurrent == Some((coll.clone(), n.clone())) {
+                        o["metadata"]["resourceVersion"] = json!(format!("{rv}-other"));
+                        o["metadata"]["labels"]["concurrent"] = json!("yes");
+                    }
+                    (200, reply)
+                }
                 None => status(404, "NotFound", &format!("{n} not found")),
             },
             (Method::GET, None) => {
@@ -1484,4 +1496,90 @@ async fn recreated_job_gets_its_own_secret() {
         .get(SECRETS, &mounted)
         .expect("the mounted Secret exists");
     assert_eq!(s["metadata"]["ownerReferences"][0]["uid"], "uid-2");
+}
+
+/// Issue 19 (5): when the job changes between the reconcile's read and its
+/// status write, the API server refuses the write (409, resourceVersion
+/// precondition): the status is not overwritten and the job is reconciled
+/// again soon, not reported as an error.
+#[tokio::test]
+async fn status_write_on_a_changed_job_is_refused_and_retried() {
+    let h = Harness::new();
+    h.submit(make_job("cw", 1, 1));
+    h.reconcile("cw").await.unwrap(); // finalizer
+    h.api.0.lock().unwrap().concurrent_write_after_get = Some((JOBS.into(), "cw".into()));
+    let action = h.reconcile("cw").await.expect("a conflict is not an error");
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    let job = h.api.job("cw").unwrap();
+    assert_eq!(
+        job.labels().get("concurrent").map(String::as_str),
+        Some("yes")
+    );
+    assert!(
+        job.status.is_none(),
+        "a status computed from the old version was not written: {:?}",
+        job.status
+    );
+    h.api.0.lock().unwrap().concurrent_write_after_get = None;
+    h.reconcile("cw").await.unwrap();
+    assert_eq!(h.status("cw").phase, Some(JobPhase::Pending));
+}
+
+/// Issue 19 (4): every API error class has its handling.
+#[test]
+fn api_errors_are_classified() {
+    let api = |code: u16, reason: &str, message: &str| {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                reason: reason.into(),
+                message: message.into(),
+                ..Default::default()
+            }
+            .boxed(),
+        )
+    };
+    use ApiErrorClass::*;
+    for (code, reason, message, want) in [
+        (400, "BadRequest", "quantities must match", Permanent),
+        (422, "Invalid", "a DNS-1035 label", Permanent),
+        (
+            403,
+            "Forbidden",
+            "exceeded quota: q",
+            Blocked("QuotaExceeded"),
+        ),
+        (
+            403,
+            "Forbidden",
+            "no PriorityClass with name x was found",
+            Blocked("Forbidden"),
+        ),
+        (
+            404,
+            "NotFound",
+            "namespace is being terminated",
+            Blocked("NotFound"),
+        ),
+        (
+            409,
+            "Conflict",
+            "the object has been modified",
+            Blocked("Conflict"),
+        ),
+        (
+            429,
+            "TooManyRequests",
+            "slow down",
+            Blocked("TooManyRequests"),
+        ),
+        (500, "InternalError", "etcd", Retry),
+        (503, "ServiceUnavailable", "", Retry),
+    ] {
+        assert_eq!(
+            classify_api_error(&api(code, reason, message)),
+            want,
+            "{code} {message}"
+        );
+    }
 }

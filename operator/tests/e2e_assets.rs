@@ -291,3 +291,52 @@ fn chart_rolls_out_and_shuts_down_in_time() {
         "operator shutdown timeout {default}s vs grace period {grace}s"
     );
 }
+
+/// Issue 19 (7): `cj` is CronJob's short name (`kubectl get cj` lists
+/// CronJobs), so no doc, example, chart note or script may tell users to
+/// use it for CollectiveJobs.
+#[test]
+fn docs_and_examples_use_the_cjob_short_name() {
+    let mut files = vec![
+        "README.md".to_string(),
+        "charts/weft/templates/NOTES.txt".to_string(),
+        "charts/weft/README.md".to_string(),
+        "e2e/run.sh".to_string(),
+        "e2e/README.md".to_string(),
+    ];
+    for dir in ["docs", "examples", "e2e"] {
+        for e in std::fs::read_dir(root().join(dir)).unwrap().flatten() {
+            let p = e.path();
+            if p.is_file() {
+                files.push(format!(
+                    "{dir}/{}",
+                    p.file_name().unwrap().to_string_lossy()
+                ));
+            }
+        }
+    }
+    let mut checked = 0;
+    for rel in files {
+        let Ok(text) = std::fs::read_to_string(root().join(&rel)) else {
+            continue;
+        };
+        checked += 1;
+        for (n, line) in text.lines().enumerate() {
+            let words: Vec<&str> = line
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '/'))
+                .collect();
+            for w in words.windows(2) {
+                let verb = ["get", "describe", "wait", "delete", "edit", "patch", "logs"];
+                let bad = (verb.contains(&w[0]) && w[1] == "cj") || w[1].starts_with("cj/");
+                assert!(
+                    !bad,
+                    "{rel}:{}: uses the short name cj (CronJob's); use cjob: {line}",
+                    n + 1
+                );
+            }
+        }
+    }
+    assert!(checked >= 8, "only {checked} files checked");
+    let crd = read("crds/collectivejob.yaml");
+    assert!(crd.contains("shortNames:\n    - cjob\n"), "committed CRD");
+}
