@@ -72,8 +72,8 @@ pub struct Context {
     pub clock: Clock,
     /// `/readyz`: the controller marks whether its CollectiveJob watch works.
     pub readiness: Arc<Readiness>,
-    /// Consecutive failed gang creations per job uid (retry backoff).
-    create_failures: Mutex<HashMap<String, u32>>,
+    /// Failed gang creations per job uid (retry backoff).
+    create_failures: Mutex<HashMap<String, CreateBackoff>>,
     /// (uid, resourceVersion) of undecodable jobs already reported.
     reported_undecodable: Mutex<HashSet<(String, String)>>,
 }
@@ -105,17 +105,49 @@ impl Context {
         }
     }
 
-    /// Delay before the next attempt after `n` consecutive failures.
-    fn backoff(&self, uid: &str) -> Duration {
+    /// Records a failed gang creation; returns the delay before the next
+    /// attempt (5 s after the first failure, doubling, at most 5 min).
+    fn backoff(&self, job: &CollectiveJob) -> Duration {
         let mut m = self.create_failures.lock().unwrap();
-        let n = m.entry(uid.to_string()).or_insert(0);
-        *n += 1;
-        Duration::from_secs((5u64 << (*n - 1).min(6)).min(300))
+        let b = m
+            .entry(job.uid().unwrap_or_default())
+            .or_insert(CreateBackoff {
+                failures: 0,
+                generation: job.metadata.generation,
+                retry_at: (self.clock)(),
+            });
+        b.failures += 1;
+        b.generation = job.metadata.generation;
+        let delay = Duration::from_secs((5u64 << (b.failures - 1).min(6)).min(300));
+        b.retry_at = Timestamp::from_second((self.clock)().as_second() + delay.as_secs() as i64)
+            .unwrap_or_else(|_| (self.clock)());
+        delay
+    }
+
+    /// While a failed gang creation backs off: the time left. A spec change
+    /// (new generation) ends the backoff at once.
+    fn backing_off(&self, job: &CollectiveJob) -> Option<Duration> {
+        let m = self.create_failures.lock().unwrap();
+        let b = m.get(&job.uid().unwrap_or_default())?;
+        if b.generation != job.metadata.generation {
+            return None;
+        }
+        let left = b.retry_at.as_second() - (self.clock)().as_second();
+        (left > 0).then(|| Duration::from_secs(left as u64))
     }
 
     fn reset_backoff(&self, uid: &str) {
         self.create_failures.lock().unwrap().remove(uid);
     }
+}
+
+/// Backoff state of a job whose gang could not be created.
+struct CreateBackoff {
+    failures: u32,
+    /// The job's generation at the last failure.
+    generation: Option<i64>,
+    /// No new attempt before this time.
+    retry_at: Timestamp,
 }
 
 /// Kubernetes Events (events.k8s.io/v1) on the objects the operator manages.
@@ -315,6 +347,12 @@ async fn apply(cached: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
     let current = owned_pods(job, &pods).await?;
     let mut plan = policy::plan(job, &current, (ctx.clock)());
     let creating = !plan.create_pods.is_empty();
+    // The last attempt to create the gang was refused and rolled back: wait
+    // out the backoff. Without this gate the rollback's own pod deletions and
+    // status write would trigger the next attempt at once, in a tight loop.
+    if creating && let Some(left) = ctx.backing_off(job) {
+        return Ok(Action::requeue(left));
+    }
 
     let executed = async {
         if plan.ensure_base {
@@ -362,7 +400,7 @@ async fn apply(cached: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
                     policy::api_refused(job, &mut plan, what, &message, (ctx.clock)())
                 }
                 ApiErrorClass::Blocked(reason) => {
-                    let retry_in = ctx.backoff(&uid);
+                    let retry_in = ctx.backoff(job);
                     let message = format!("{what}: {message}");
                     policy::creation_blocked(
                         job,
@@ -573,6 +611,7 @@ async fn publish(job: &CollectiveJob, ctx: &Context, plan: &Plan) {
 }
 
 async fn cleanup(job: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
+    ctx.reset_backoff(&job.uid().unwrap_or_default());
     let ns = resources::namespace(job);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let current = owned_pods(job, &pods).await?;

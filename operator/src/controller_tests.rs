@@ -1268,12 +1268,33 @@ async fn quota_refusal_rolls_back_the_gang_and_reports_it() {
     assert_eq!(ev["reason"], "CreatePodsFailed");
     assert_eq!(ev["type"], "Warning");
     assert!(ev["note"].as_str().unwrap().contains("exceeded quota"));
+    // The rollback's own writes trigger reconciles at once: they wait out
+    // the backoff instead of trying again (no tight create/delete loop).
+    let posts = |h: &Harness| {
+        h.api
+            .0
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|l| l.starts_with(&format!("POST {PODS}")))
+            .count()
+    };
+    let tried = posts(&h);
+    h.advance(2);
+    let action = h.reconcile("q").await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(3)));
+    assert_eq!(posts(&h), tried, "no attempt during the backoff");
     // backoff grows
+    h.advance(3);
     let action = h.reconcile("q").await.unwrap();
     assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    assert!(posts(&h) > tried);
     assert!(h.api.names(PODS).is_empty());
-    // quota freed: the gang is created whole, no rank failure was recorded
+    // quota freed: the gang is created whole after the backoff, no rank
+    // failure was recorded
     h.api.0.lock().unwrap().pod_quota = None;
+    h.advance(10);
     h.settle("q").await;
     assert_eq!(h.api.names(PODS), ["q-0", "q-1"]);
     let st = h.status("q");
@@ -1300,6 +1321,14 @@ async fn forbidden_pod_is_reported_with_the_servers_message() {
         c.message
     );
     assert_eq!(h.api.event_reasons(), ["CreatePodsFailed"]);
+    // Fixing the spec (a new generation) retries at once, backoff or not.
+    let mut job = h.api.job("pc").unwrap();
+    job.spec.scheduling.priority_class_name = None;
+    job.metadata.generation = Some(2);
+    h.api.put(JOBS, serde_json::to_value(job).unwrap());
+    h.settle("pc").await;
+    assert_eq!(h.api.names(PODS), ["pc-0"]);
+    assert_eq!(h.status("pc").phase, Some(JobPhase::Pending));
 }
 
 /// Issue 19 (4): a bad quantity (400) fails the job with the server's message.
