@@ -719,11 +719,20 @@ pub async fn report_undecodable(ctx: &Context, obj: &DynamicObject, error: &str)
         &ApiResource::erase::<CollectiveJob>(&()),
     );
     let patch = json!({"status": {"conditions": conditions}});
-    if let Err(e) = api
+    match api
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        warn!(job = %name, error = %e, "could not mark an undecodable CollectiveJob");
+        // The watch will deliver this new version: it is reported already.
+        Ok(patched) => {
+            if let Some(rv) = patched.resource_version() {
+                ctx.reported_undecodable
+                    .lock()
+                    .unwrap()
+                    .insert((uid.clone(), rv));
+            }
+        }
+        Err(e) => warn!(job = %name, error = %e, "could not mark an undecodable CollectiveJob"),
     }
     let oref = ObjectReference {
         api_version: Some(format!("{}/{}", crate::crd::GROUP, crate::crd::VERSION)),
