@@ -225,6 +225,12 @@ def check_refusals(crd: dict) -> None:
         "restartPolicy: Always": {"template": {"spec": {"restartPolicy": "Always",
                                                          "containers": [{"name": "m"}]}}},
         "logLevel: loud": {"sidecar": {"logLevel": "loud"}},
+        # issue 19: the pod template is typed
+        "command: a string": {"template": {"spec": {"containers": [
+            {"name": "m", "image": "busybox", "command": "sleep 1"}]}}},
+        "containers: not a list": {"template": {"spec": {"containers": {"name": "m"}}}},
+        "env value: a number": {"template": {"spec": {"containers": [
+            {"name": "m", "image": "busybox", "env": [{"name": "A", "value": 1}]}]}}},
         "bootstrapPort: 80": {"sidecar": {"bootstrapPort": 80}},
     }
     for label, patch in bad.items():

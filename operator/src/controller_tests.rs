@@ -12,7 +12,6 @@ use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::client::Body;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -39,6 +38,20 @@ struct State {
     fail_next: Option<String>,
     /// Watch requests are never answered (kept open until the test ends).
     held_watches: Vec<tower_test::mock::SendResponse<Response<Body>>>,
+    /// Requests under these paths are never answered (a frozen connection).
+    hang: Vec<String>,
+    /// Cluster-wide lists of this plural fail with 500 while set.
+    fail_lists: Option<String>,
+    /// ResourceQuota on pods: creating more than this many fails with 403.
+    pod_quota: Option<usize>,
+    /// Event series updates (PATCH of an existing Event).
+    event_patches: Vec<Value>,
+    /// Body of the last server-side apply of a status.
+    last_status_apply: Option<Value>,
+    /// After answering a GET of this object (collection path, name), another
+    /// writer changes it: its resourceVersion moves on and the label
+    /// `concurrent: "yes"` is set.
+    concurrent_write_after_get: Option<(String, String)>,
 }
 
 #[derive(Clone, Default)]
@@ -86,7 +99,12 @@ impl FakeApi {
                     .uri()
                     .query()
                     .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
-                if is_watch {
+                let path = req.uri().path().to_string();
+                let hang = {
+                    let st = state.0.lock().unwrap();
+                    st.hang.iter().any(|h| path.starts_with(h.as_str()))
+                };
+                if is_watch || hang {
                     state.0.lock().unwrap().held_watches.push(send);
                     continue;
                 }
@@ -125,6 +143,9 @@ impl FakeApi {
         if !path.contains("/namespaces/") {
             assert_eq!(method, Method::GET, "cluster-wide {method} {path}");
             let plural = path.rsplit('/').next().unwrap().to_string();
+            if st.fail_lists.as_deref() == Some(plural.as_str()) {
+                return status(500, "InternalError", "etcd unavailable");
+            }
             let selector = query
                 .split('&')
                 .find_map(|kv| kv.strip_prefix("labelSelector="))
@@ -158,15 +179,31 @@ impl FakeApi {
             return status(500, "InternalError", "injected failure");
         }
         if coll == EVENTS {
-            st.events.push(body.clone());
-            return (201, body);
+            if method == Method::POST {
+                st.events.push(body.clone());
+                return (201, body);
+            }
+            st.event_patches.push(body.clone());
+            return (200, body);
         }
         st.rv += 1;
         let rv = st.rv.to_string();
+        let pod_quota = st.pod_quota;
+        if ctype.contains("apply-patch") && sub.as_deref() == Some("status") {
+            st.last_status_apply = Some(body.clone());
+        }
+        let concurrent = st.concurrent_write_after_get.clone();
         let objs = st.objects.entry(coll.clone()).or_default();
         match (method, name) {
-            (Method::GET, Some(n)) => match objs.get(&n) {
-                Some(o) => (200, o.clone()),
+            (Method::GET, Some(n)) => match objs.get_mut(&n) {
+                Some(o) => {
+                    let reply = o.clone();
+                    if concurrent == Some((coll.clone(), n.clone())) {
+                        o["metadata"]["resourceVersion"] = json!(format!("{rv}-other"));
+                        o["metadata"]["labels"]["concurrent"] = json!("yes");
+                    }
+                    (200, reply)
+                }
                 None => status(404, "NotFound", &format!("{n} not found")),
             },
             (Method::GET, None) => {
@@ -188,6 +225,37 @@ impl FakeApi {
             (Method::POST, None) => {
                 let mut obj = body;
                 let n = obj["metadata"]["name"].as_str().unwrap().to_string();
+                // Admission as the apiserver does it, for the cases the tests need.
+                if coll == PODS {
+                    let text = obj.to_string();
+                    if text.contains("\"lots\"") {
+                        return status(
+                            400,
+                            "BadRequest",
+                            "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                        );
+                    }
+                    if let Some(pc) = obj["spec"]["priorityClassName"].as_str()
+                        && pc == "missing"
+                    {
+                        return status(
+                            403,
+                            "Forbidden",
+                            &format!(
+                                "pods \"{n}\" is forbidden: no PriorityClass with name missing was found"
+                            ),
+                        );
+                    }
+                    if pod_quota.is_some_and(|q| objs.len() >= q) {
+                        return status(
+                            403,
+                            "Forbidden",
+                            &format!(
+                                "pods \"{n}\" is forbidden: exceeded quota: gpu-quota, requested: pods=1, used: pods=1, limited: pods=1"
+                            ),
+                        );
+                    }
+                }
                 // Pod validation as the apiserver does it, for one field.
                 if coll == PODS
                     && obj["spec"]["containers"]
@@ -234,12 +302,43 @@ impl FakeApi {
                         return status(422, "Invalid", &e.to_string());
                     }
                     obj
+                } else if ctype.contains("merge-patch") {
+                    let Some(mut obj) = existing else {
+                        return status(404, "NotFound", &n);
+                    };
+                    if sub.as_deref() == Some("status") {
+                        json_patch::merge(&mut obj["status"], &body["status"]);
+                    } else {
+                        json_patch::merge(&mut obj, &body);
+                    }
+                    obj
                 } else if ctype.contains("apply-patch") {
                     assert!(
                         query.contains("fieldManager=weft-operator"),
                         "SSA without our field manager: {query}"
                     );
                     assert!(query.contains("force=true"), "SSA without force: {query}");
+                    if coll == SERVICES && n.contains('.') {
+                        return status(
+                            422,
+                            "Invalid",
+                            &format!(
+                                "Service \"{n}\" is invalid: metadata.name: Invalid value: \"{n}\": a DNS-1035 label must consist of lower case alphanumeric characters or '-'"
+                            ),
+                        );
+                    }
+                    // A resourceVersion in an apply is a precondition.
+                    let sent = &body["metadata"]["resourceVersion"];
+                    if let Some(e) = &existing
+                        && !sent.is_null()
+                        && *sent != e["metadata"]["resourceVersion"]
+                    {
+                        return status(
+                            409,
+                            "Conflict",
+                            "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again",
+                        );
+                    }
                     if sub.as_deref() == Some("status") {
                         let Some(mut obj) = existing else {
                             return status(404, "NotFound", &n);
@@ -421,13 +520,13 @@ impl Harness {
         let (api, client) = FakeApi::start();
         let now = Arc::new(Mutex::new(Timestamp::from_second(1_800_000_000).unwrap()));
         let clock_now = now.clone();
-        let ctx = Context {
-            recorder: Recorder::new(client.clone(), Reporter::from("weft-operator-test")),
+        let ctx = Context::with_clock(
             client,
-            config: OperatorConfig::default(),
-            metrics: Arc::default(),
-            clock: Arc::new(move || *clock_now.lock().unwrap()),
-        };
+            OperatorConfig::default(),
+            Arc::default(),
+            Arc::new(move || *clock_now.lock().unwrap()),
+            "weft-operator-test".into(),
+        );
         Harness {
             api,
             ctx: Arc::new(ctx),
@@ -513,7 +612,7 @@ async fn creation_adds_finalizer_then_service_secret_pods_status() {
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
     assert_eq!(spec.publish_not_ready_addresses, Some(true));
     let secret: Secret =
-        serde_json::from_value(h.api.get(SECRETS, "train-weft-token").unwrap()).unwrap();
+        serde_json::from_value(h.api.get(SECRETS, "train-weft-token-uid1").unwrap()).unwrap();
     let token = secret.data.unwrap()["token"].0.clone();
     assert_eq!(token.len(), 64);
     assert_eq!(h.api.names(PODS), ["train-0", "train-1"]);
@@ -558,7 +657,7 @@ async fn creation_adds_finalizer_then_service_secret_pods_status() {
         "{new:#?}"
     );
     let secret: Secret =
-        serde_json::from_value(h.api.get(SECRETS, "train-weft-token").unwrap()).unwrap();
+        serde_json::from_value(h.api.get(SECRETS, "train-weft-token-uid1").unwrap()).unwrap();
     assert_eq!(secret.data.unwrap()["token"].0, token);
 }
 
@@ -745,7 +844,7 @@ async fn deletion_runs_finalizer_cleanup() {
         "owned Service collected"
     );
     assert!(
-        h.api.get(SECRETS, "del-weft-token").is_none(),
+        h.api.get(SECRETS, "del-weft-token-uid1").is_none(),
         "owned Secret collected"
     );
     assert_eq!(h.api.event_reasons().last().unwrap(), "Deleting");
@@ -960,4 +1059,556 @@ async fn pod_refused_by_the_apiserver_fails_the_job_with_its_message() {
     );
     assert!(h.api.names(PODS).is_empty());
     assert_eq!(h.api.event_reasons(), ["InvalidSpec"]);
+}
+
+// ---- issue 19: the operator against a real API server's behaviour ----
+
+fn condition(st: &crate::crd::CollectiveJobStatus, type_: &str) -> Condition {
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {st:#?}"))
+        .clone()
+}
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+async fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !f() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 19 (1): a job whose template does not decode (`command: "sleep 1"`,
+/// accepted by the old untyped CRD) made every list of CollectiveJobs fail,
+/// so no job got pods. Now the others run, the bad one is marked with a
+/// condition and an event, and readiness reflects the working watch.
+#[tokio::test]
+async fn undecodable_job_does_not_stop_the_watch_of_the_others() {
+    let h = Harness::new();
+    let mut good = make_job("live", 2, 1);
+    good.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
+    h.submit(good);
+    h.api.put(
+        JOBS,
+        json!({
+            "apiVersion": "weft.dev/v1alpha1", "kind": "CollectiveJob",
+            "metadata": {"name": "bad", "namespace": "ml", "uid": "uid-bad", "resourceVersion": "3", "generation": 1},
+            "spec": {"template": {"spec": {"containers": [{"name": "main", "image": "busybox", "command": "sleep 1"}]}}}
+        }),
+    );
+    assert!(!h.ctx.readiness.watch_ok.load(Ordering::Relaxed));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(h.ctx.client.clone(), h.ctx.clone(), true, async {
+        let _ = stopped.await;
+    }));
+    wait_for("the good job gets its pods", 10, || {
+        h.api.names(PODS).len() == 2
+            && h.api
+                .job("live")
+                .and_then(|j| j.status)
+                .is_some_and(|s| s.phase == Some(JobPhase::Pending))
+    })
+    .await;
+    wait_for("the bad job is marked", 10, || {
+        h.api.get(JOBS, "bad").unwrap()["status"]["conditions"][0]["type"] == "Decodable"
+    })
+    .await;
+    let bad = h.api.get(JOBS, "bad").unwrap();
+    let c = &bad["status"]["conditions"][0];
+    assert_eq!(c["status"], "False");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid type: string \"sleep 1\", expected a sequence"),
+        "{c}"
+    );
+    wait_for("an event on the bad job", 5, || {
+        h.api
+            .0
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .any(|e| e["reason"] == "InvalidObject" && e["regarding"]["name"] == "bad")
+    })
+    .await;
+    assert!(
+        h.ctx.readiness.watch_ok.load(Ordering::Relaxed),
+        "watch is up"
+    );
+    assert!(h.api.names(PODS).iter().all(|p| p.starts_with("live-")));
+    let _ = stop.send(());
+    tokio::time::timeout(std::time::Duration::from_secs(5), task)
+        .await
+        .expect("controller stops on the shutdown signal")
+        .unwrap();
+    assert!(!h.ctx.readiness.watch_ok.load(Ordering::Relaxed));
+}
+
+/// Issue 19 (1): `/readyz` said 200 while the operator could not list jobs.
+#[tokio::test]
+async fn readiness_follows_the_job_watch() {
+    let h = Harness::new();
+    h.api.0.lock().unwrap().fail_lists = Some("collectivejobs".into());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(run(h.ctx.client.clone(), h.ctx.clone(), false, async {
+        let _ = stopped.await;
+    }));
+    wait_for("a failed list", 5, || {
+        h.api
+            .0
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .any(|l| l.contains("/collectivejobs?"))
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!h.ctx.readiness.watch_ok.load(Ordering::Relaxed));
+    h.ctx.readiness.leading.store(true, Ordering::Relaxed);
+    assert!(h.ctx.readiness.check().is_err());
+    h.api.0.lock().unwrap().fail_lists = None;
+    wait_for("the watch recovers", 10, || {
+        h.ctx.readiness.watch_ok.load(Ordering::Relaxed)
+    })
+    .await;
+    assert!(h.ctx.readiness.check().is_ok());
+    let _ = stop.send(());
+    tokio::time::timeout(std::time::Duration::from_secs(5), task)
+        .await
+        .expect("controller stops")
+        .unwrap();
+}
+
+/// Issue 19 (2): a leader whose connection freezes steps down (metric 0,
+/// unready) within the renew deadline, before the lease can expire.
+#[tokio::test]
+async fn leader_that_cannot_renew_steps_down_before_the_lease_expires() {
+    use crate::leader::{LeaseConfig, lead, try_acquire_or_renew};
+    use k8s_openapi::api::coordination::v1::Lease;
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/weft-system/leases";
+    let h = Harness::new();
+    let leases: Api<Lease> = Api::namespaced(h.ctx.client.clone(), "weft-system");
+    let cfg = LeaseConfig {
+        lease_duration: Duration::from_millis(3000),
+        renew_deadline: Duration::from_millis(1000),
+        renew_every: Duration::from_millis(200),
+        request_timeout: Duration::from_millis(500),
+        ..LeaseConfig::new("weft-system", "operator-a")
+    };
+    cfg.check().unwrap();
+    assert!(try_acquire_or_renew(&leases, &cfg).await.unwrap());
+    let readiness = h.ctx.readiness.clone();
+    readiness.watch_ok.store(true, Ordering::Relaxed);
+    let metrics = h.ctx.metrics.clone();
+    let (c2, r2, m2, l2) = (
+        cfg.clone(),
+        readiness.clone(),
+        metrics.clone(),
+        leases.clone(),
+    );
+    let start = tokio::time::Instant::now();
+    let leading = tokio::spawn(async move { lead(&l2, &c2, &m2, &r2).await });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(metrics.leader.get(), 1);
+    assert!(readiness.check().is_ok());
+    // The connection freezes: requests are never answered.
+    h.api.0.lock().unwrap().hang.push(LEASES.into());
+    tokio::time::timeout(Duration::from_secs(5), leading)
+        .await
+        .expect("the leader steps down")
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        took < cfg.lease_duration,
+        "stepped down after {took:?}, the lease expires for others after {:?}",
+        cfg.lease_duration
+    );
+    assert_eq!(metrics.leader.get(), 0);
+    assert!(readiness.check().is_err());
+}
+
+/// Issue 19 (4): a ResourceQuota that admits 1 of 2 pods: nothing of the
+/// gang is left holding quota, the job says why (condition + event with the
+/// server's message), retries with backoff, and runs once quota is free.
+#[tokio::test]
+async fn quota_refusal_rolls_back_the_gang_and_reports_it() {
+    let h = Harness::new();
+    h.submit(make_job("q", 2, 1));
+    h.reconcile("q").await.unwrap(); // finalizer
+    h.api.0.lock().unwrap().pod_quota = Some(1);
+    let action = h
+        .reconcile("q")
+        .await
+        .expect("a refusal is not a reconcile error");
+    assert!(h.api.names(PODS).is_empty(), "partial gang deleted");
+    let st = h.status("q");
+    assert_eq!(st.phase, Some(JobPhase::Pending));
+    assert_eq!(st.restarts, 0);
+    assert_eq!(
+        st.restart_epoch, 1,
+        "the abandoned gang's epoch is not reused"
+    );
+    assert_eq!(st.launched_epoch, None);
+    let c = condition(&st, "Ready");
+    assert_eq!(c.reason, "QuotaExceeded");
+    assert!(
+        c.message.contains("exceeded quota: gpu-quota"),
+        "{}",
+        c.message
+    );
+    assert!(c.message.contains("deleted the 1 pod(s)"), "{}", c.message);
+    assert_eq!(action, Action::requeue(Duration::from_secs(5)));
+    let ev = h.api.0.lock().unwrap().events.last().unwrap().clone();
+    assert_eq!(ev["reason"], "CreatePodsFailed");
+    assert_eq!(ev["type"], "Warning");
+    assert!(ev["note"].as_str().unwrap().contains("exceeded quota"));
+    // The rollback's own writes trigger reconciles at once: they wait out
+    // the backoff instead of trying again (no tight create/delete loop).
+    let posts = |h: &Harness| {
+        h.api
+            .0
+            .lock()
+            .unwrap()
+            .log
+            .iter()
+            .filter(|l| l.starts_with(&format!("POST {PODS}")))
+            .count()
+    };
+    let tried = posts(&h);
+    h.advance(2);
+    let action = h.reconcile("q").await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(3)));
+    assert_eq!(posts(&h), tried, "no attempt during the backoff");
+    // backoff grows
+    h.advance(3);
+    let action = h.reconcile("q").await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    assert!(posts(&h) > tried);
+    assert!(h.api.names(PODS).is_empty());
+    // quota freed: the gang is created whole after the backoff, no rank
+    // failure was recorded
+    h.api.0.lock().unwrap().pod_quota = None;
+    h.advance(10);
+    h.settle("q").await;
+    assert_eq!(h.api.names(PODS), ["q-0", "q-1"]);
+    let st = h.status("q");
+    assert_eq!((st.phase, st.restarts), (Some(JobPhase::Pending), 0));
+    assert!(st.last_failure.is_none());
+    assert!(!h.api.event_reasons().contains(&"RankFailed".to_string()));
+}
+
+/// Issue 19 (4): a missing PriorityClass (403) is reported, not looped on.
+#[tokio::test]
+async fn forbidden_pod_is_reported_with_the_servers_message() {
+    let h = Harness::new();
+    let mut j = make_job("pc", 1, 1);
+    j.spec.scheduling.priority_class_name = Some("missing".into());
+    h.submit(j);
+    h.reconcile("pc").await.unwrap();
+    h.reconcile("pc").await.expect("no reconcile error");
+    let c = condition(&h.status("pc"), "Ready");
+    assert_eq!(c.reason, "Forbidden");
+    assert!(
+        c.message
+            .contains("no PriorityClass with name missing was found"),
+        "{}",
+        c.message
+    );
+    assert_eq!(h.api.event_reasons(), ["CreatePodsFailed"]);
+    // Fixing the spec (a new generation) retries at once, backoff or not.
+    let mut job = h.api.job("pc").unwrap();
+    job.spec.scheduling.priority_class_name = None;
+    job.metadata.generation = Some(2);
+    h.api.put(JOBS, serde_json::to_value(job).unwrap());
+    h.settle("pc").await;
+    assert_eq!(h.api.names(PODS), ["pc-0"]);
+    assert_eq!(h.status("pc").phase, Some(JobPhase::Pending));
+}
+
+/// Issue 19 (4): a bad quantity (400) fails the job with the server's message.
+#[tokio::test]
+async fn bad_request_fails_the_job_with_the_servers_message() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let h = Harness::new();
+    let mut j = make_job("shm", 2, 1);
+    j.spec.network.shm_size = Some(Quantity("lots".into()));
+    h.submit(j);
+    h.settle("shm").await;
+    let st = h.status("shm");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    let c = condition(&st, "Failed");
+    assert_eq!(c.reason, "InvalidSpec");
+    assert!(c.message.contains("quantities must match"), "{}", c.message);
+    assert!(h.api.names(PODS).is_empty());
+}
+
+/// Issue 19 (4): `a.b` is a valid CollectiveJob name but not a Service name.
+#[tokio::test]
+async fn dotted_job_name_fails_with_a_clear_condition() {
+    let h = Harness::new();
+    h.submit(make_job("a.b", 1, 1));
+    h.settle("a.b").await;
+    let st = h.status("a.b");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    let c = condition(&st, "Failed");
+    assert!(c.message.contains("DNS-1035"), "{}", c.message);
+    assert!(h.api.get(SERVICES, "a.b").is_none());
+    assert!(h.api.names(PODS).is_empty());
+}
+
+/// Issue 19 (5): a reconcile from a stale view of the job (a cache entry
+/// from before the first status write and a restart) must neither erase
+/// startTime / launchedEpoch nor treat the current pods as leftovers.
+#[tokio::test]
+async fn stale_reconcile_cannot_erase_status_or_pods() {
+    let h = Harness::new();
+    h.submit(make_job("st", 2, 1));
+    h.reconcile("st").await.unwrap(); // finalizer
+    let stale = h.api.job("st").unwrap();
+    assert!(stale.status.is_none());
+    h.settle("st").await;
+    h.set_pods("Running", true, None);
+    h.settle("st").await;
+    let failed = with_status(
+        h.api.pod("st-1"),
+        "Failed",
+        false,
+        vec![cs_exited("main", 1)],
+    );
+    h.api.set_pod(failed);
+    h.settle("st").await;
+    h.set_pods("Running", true, None);
+    h.settle("st").await;
+    let before = h.status("st");
+    assert_eq!(
+        (before.phase, before.restart_epoch),
+        (Some(JobPhase::Running), 1)
+    );
+    assert!(before.start_time.is_some() && before.launched_epoch == Some(1));
+    let uids: Vec<_> = ["st-0", "st-1"].map(|p| h.api.pod(p).metadata.uid).into();
+
+    reconcile(Arc::new(stale), h.ctx.clone()).await.unwrap();
+    let after = h.status("st");
+    assert_eq!(after.start_time, before.start_time);
+    assert_eq!(after.launched_epoch, Some(1));
+    assert_eq!(after.restart_epoch, 1);
+    assert_eq!(after.phase, Some(JobPhase::Running));
+    let now: Vec<_> = ["st-0", "st-1"].map(|p| h.api.pod(p).metadata.uid).into();
+    assert_eq!(now, uids, "the current pods were not touched");
+}
+
+/// Issue 19 (5): the status write is conditional on the resourceVersion the
+/// plan was computed from (the API server answers 409 when the job changed
+/// in between; the reconcile then runs again instead of overwriting).
+#[tokio::test]
+async fn status_write_carries_the_resource_version() {
+    let h = Harness::new();
+    h.submit(make_job("rv", 1, 1));
+    h.reconcile("rv").await.unwrap();
+    let rv = h.api.job("rv").unwrap().metadata.resource_version.unwrap();
+    h.reconcile("rv").await.unwrap();
+    let log = h.api.0.lock().unwrap().log.clone();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with(&format!("GET {JOBS}/rv?"))),
+        "fresh read"
+    );
+    let body = h.api.0.lock().unwrap().last_status_apply.clone().unwrap();
+    assert_eq!(body["metadata"]["resourceVersion"], rv.as_str());
+}
+
+/// Issue 19 (6): a Failed job shows READY 0/N.
+#[tokio::test]
+async fn failed_job_has_no_ready_pods() {
+    let h = Harness::new();
+    let mut j = make_job("f", 2, 1);
+    j.spec.failure_policy.on_rank_failure = crate::crd::FailureAction::FailJob;
+    h.submit(j);
+    h.settle("f").await;
+    h.set_pods("Running", true, None);
+    h.settle("f").await;
+    assert_eq!(h.status("f").ready.as_deref(), Some("2/2"));
+    let failed = with_status(
+        h.api.pod("f-1"),
+        "Failed",
+        false,
+        vec![cs_exited("main", 1)],
+    );
+    h.api.set_pod(failed);
+    h.settle("f").await;
+    let st = h.status("f");
+    assert_eq!(st.phase, Some(JobPhase::Failed));
+    assert_eq!(st.ready.as_deref(), Some("0/2"));
+}
+
+/// Issue 19 (6): each failure has its own event note (not the first
+/// RankFailed's note repeated).
+#[tokio::test]
+async fn event_notes_name_each_failure() {
+    let h = Harness::new();
+    h.submit(make_job("n", 2, 1));
+    for pod in ["n-0", "n-1"] {
+        h.settle("n").await;
+        h.set_pods("Running", true, None);
+        h.settle("n").await;
+        let failed = with_status(h.api.pod(pod), "Failed", false, vec![cs_exited("main", 7)]);
+        h.api.set_pod(failed);
+        h.settle("n").await;
+    }
+    let notes: Vec<String> = h
+        .api
+        .0
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e["reason"] == "RankFailed")
+        .map(|e| e["note"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes[0].contains("pod n-0"), "{notes:?}");
+    assert!(notes[1].contains("pod n-1"), "{notes:?}");
+}
+
+/// Issue 19 (6): removing the finalizer of a job that is already gone is not
+/// a reconcile error.
+#[tokio::test]
+async fn finalizer_on_a_gone_job_is_not_an_error() {
+    let h = Harness::new();
+    h.submit(make_job("g", 1, 1));
+    h.settle("g").await;
+    let jobs: Api<CollectiveJob> = Api::namespaced(h.ctx.client.clone(), "ml");
+    jobs.delete("g", &DeleteParams::default()).await.unwrap();
+    let deleting = h.api.job("g").unwrap();
+    h.reconcile("g").await.unwrap();
+    assert!(h.api.job("g").is_none());
+    // the same deleted job, from a cache that still has it
+    reconcile(Arc::new(deleting), h.ctx.clone())
+        .await
+        .expect("not an error");
+}
+
+/// Issue 19 (6): a job re-created under the same name must not adopt the
+/// previous job's Secret (owned by the old uid, so garbage-collected).
+#[tokio::test]
+async fn recreated_job_gets_its_own_secret() {
+    let h = Harness::new();
+    h.submit(make_job("re", 1, 1));
+    h.settle("re").await;
+    let old_secret = h.api.names(SECRETS);
+    assert_eq!(old_secret.len(), 1);
+    // deleted; the garbage collector has not removed the Secret yet
+    let secret = h.api.get(SECRETS, &old_secret[0]).unwrap();
+    h.api.delete(JOBS, "re");
+    h.api.put(SECRETS, secret);
+    let mut j = make_job("re", 1, 1);
+    j.metadata.uid = Some("uid-2".into());
+    h.submit(j);
+    h.settle("re").await;
+    let pod = h.api.pod("re-0");
+    let mounted = pod
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find_map(|v| v.secret.and_then(|s| s.secret_name))
+        .unwrap();
+    let s = h
+        .api
+        .get(SECRETS, &mounted)
+        .expect("the mounted Secret exists");
+    assert_eq!(s["metadata"]["ownerReferences"][0]["uid"], "uid-2");
+}
+
+/// Issue 19 (5): when the job changes between the reconcile's read and its
+/// status write, the API server refuses the write (409, resourceVersion
+/// precondition): the status is not overwritten and the job is reconciled
+/// again soon, not reported as an error.
+#[tokio::test]
+async fn status_write_on_a_changed_job_is_refused_and_retried() {
+    let h = Harness::new();
+    h.submit(make_job("cw", 1, 1));
+    h.reconcile("cw").await.unwrap(); // finalizer
+    h.api.0.lock().unwrap().concurrent_write_after_get = Some((JOBS.into(), "cw".into()));
+    let action = h.reconcile("cw").await.expect("a conflict is not an error");
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+    let job = h.api.job("cw").unwrap();
+    assert_eq!(
+        job.labels().get("concurrent").map(String::as_str),
+        Some("yes")
+    );
+    assert!(
+        job.status.is_none(),
+        "a status computed from the old version was not written: {:?}",
+        job.status
+    );
+    h.api.0.lock().unwrap().concurrent_write_after_get = None;
+    h.reconcile("cw").await.unwrap();
+    assert_eq!(h.status("cw").phase, Some(JobPhase::Pending));
+}
+
+/// Issue 19 (4): every API error class has its handling.
+#[test]
+fn api_errors_are_classified() {
+    let api = |code: u16, reason: &str, message: &str| {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                reason: reason.into(),
+                message: message.into(),
+                ..Default::default()
+            }
+            .boxed(),
+        )
+    };
+    use ApiErrorClass::*;
+    for (code, reason, message, want) in [
+        (400, "BadRequest", "quantities must match", Permanent),
+        (422, "Invalid", "a DNS-1035 label", Permanent),
+        (
+            403,
+            "Forbidden",
+            "exceeded quota: q",
+            Blocked("QuotaExceeded"),
+        ),
+        (
+            403,
+            "Forbidden",
+            "no PriorityClass with name x was found",
+            Blocked("Forbidden"),
+        ),
+        (
+            404,
+            "NotFound",
+            "namespace is being terminated",
+            Blocked("NotFound"),
+        ),
+        (
+            409,
+            "Conflict",
+            "the object has been modified",
+            Blocked("Conflict"),
+        ),
+        (
+            429,
+            "TooManyRequests",
+            "slow down",
+            Blocked("TooManyRequests"),
+        ),
+        (500, "InternalError", "etcd", Retry),
+        (503, "ServiceUnavailable", "", Retry),
+    ] {
+        assert_eq!(
+            classify_api_error(&api(code, reason, message)),
+            want,
+            "{code} {message}"
+        );
+    }
 }

@@ -46,7 +46,7 @@ pub const DEFAULT_SIDECAR_PEER_PORT: i32 = 29401;
     version = "v1alpha1",
     kind = "CollectiveJob",
     namespaced,
-    shortname = "cj",
+    shortname = "cjob",
     category = "weft",
     status = "CollectiveJobStatus",
     derive = "PartialEq",
@@ -124,65 +124,80 @@ fn one() -> i32 {
     1
 }
 
-/// Schema for `spec.template`.
+/// Schema for `spec.template`: the real core/v1 PodTemplateSpec schema from
+/// k8s-openapi, so that the API server refuses a template of the wrong shape
+/// (`command: "sleep 1"` instead of a list) at `kubectl apply` time, instead of
+/// the operator meeting an object it cannot decode.
 ///
-/// The full generated PodTemplateSpec schema is several hundred KiB, which
-/// pushes the CRD over the 256 KiB annotation limit of client-side
-/// `kubectl apply` and makes every CRD update slow. We keep the structure the
-/// operator relies on (a non-empty, uniquely named container list) and let the
-/// API server validate the rest when the operator creates the Pods; a Pod that
-/// is refused shows up as a `Failed` job with the API server's message.
-///
-/// Lists and names carry maxItems/maxLength because the API server refuses a
-/// CRD whose CEL rules have an unbounded estimated cost.
-fn pod_template_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let preserved_object = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
-    let container = json!({
-        "type": "object",
-        "required": ["name"],
-        "x-kubernetes-preserve-unknown-fields": true,
-        "properties": {
-            "name": {"type": "string", "minLength": 1, "maxLength": 63},
-            "image": {"type": "string"},
-        }
-    });
+/// The generated schema is trimmed to stay far below the 256 KiB annotation
+/// limit of client-side `kubectl apply`: descriptions are dropped (they are
+/// most of its size), `ephemeralContainers` (never set at creation) and the
+/// template's `metadata` (only labels and annotations are used) are reduced.
+/// Lists and names that CEL rules look at carry maxItems/maxLength because the
+/// API server refuses a CRD whose rules have an unbounded estimated cost.
+fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let pod_spec = generator.subschema_for::<k8s_openapi::api::core::v1::PodSpec>();
+    let mut spec = serde_json::to_value(pod_spec).expect("schema serialises");
+    strip_descriptions(&mut spec);
+    let props = spec["properties"]
+        .as_object_mut()
+        .expect("PodSpec schema has properties");
+    props.remove("ephemeralContainers");
+    let name = json!({"type": "string", "minLength": 1, "maxLength": 63});
+    for list in ["containers", "initContainers"] {
+        let l = &mut props[list];
+        l["maxItems"] = json!(32);
+        l["items"]["properties"]["name"] = name.clone();
+    }
+    props["containers"]["minItems"] = json!(1);
+    props["containers"]["x-kubernetes-validations"] = json!([
+        {"rule": "self.all(c, self.exists_one(d, d.name == c.name))", "message": "container names must be unique"},
+        {"rule": "self.all(c, c.name != 'weft-sidecar')", "message": "the container name weft-sidecar is reserved for the injected sidecar"}
+    ]);
+    props["volumes"]["maxItems"] = json!(128);
+    props["volumes"]["items"]["properties"]["name"] = json!({"type": "string", "maxLength": 63});
+    props["volumes"]["items"]["x-kubernetes-validations"] = json!([
+        {"rule": "!self.name.startsWith('weft-')", "message": "volume names starting with weft- are reserved for the operator"}
+    ]);
+    props["restartPolicy"] = json!({"type": "string", "enum": ["Never"], "description": "Only Never is accepted (and is the default): a failed rank restarts the whole job."});
+    let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
     schemars::Schema::try_from(json!({
         "description": "Pod template of the workload (a core/v1 PodTemplateSpec). restartPolicy is forced to Never: the operator restarts the whole job instead.",
         "type": "object",
         "required": ["spec"],
         "properties": {
-            "metadata": preserved_object,
-            "spec": {
+            "metadata": {
                 "type": "object",
-                "required": ["containers"],
-                "x-kubernetes-preserve-unknown-fields": true,
-                "properties": {
-                    "containers": {
-                        "type": "array",
-                        "minItems": 1,
-                        "maxItems": 32,
-                        "items": container,
-                        "x-kubernetes-validations": [
-                            {"rule": "self.all(c, self.exists_one(d, d.name == c.name))", "message": "container names must be unique"},
-                            {"rule": "self.all(c, c.name != 'weft-sidecar')", "message": "the container name weft-sidecar is reserved for the injected sidecar"}
-                        ]
-                    },
-                    "initContainers": {"type": "array", "maxItems": 32, "items": container},
-                    "volumes": {"type": "array", "maxItems": 128, "items": {
-                        "type": "object",
-                        "required": ["name"],
-                        "x-kubernetes-preserve-unknown-fields": true,
-                        "properties": {"name": {"type": "string", "maxLength": 63}},
-                        "x-kubernetes-validations": [
-                            {"rule": "!self.name.startsWith('weft-')", "message": "volume names starting with weft- are reserved for the operator"}
-                        ]
-                    }},
-                    "restartPolicy": {"type": "string", "enum": ["Never"], "description": "Only Never is accepted (and is the default): a failed rank restarts the whole job."}
-                }
-            }
+                "properties": {"labels": string_map, "annotations": string_map},
+                "x-kubernetes-preserve-unknown-fields": true
+            },
+            "spec": spec,
         }
     }))
     .expect("static schema is an object")
+}
+
+/// Drops every `description` of a generated schema (but not a property that
+/// happens to be called "description").
+fn strip_descriptions(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.get("description").is_some_and(|d| d.is_string()) {
+                m.remove("description");
+            }
+            for (k, child) in m.iter_mut() {
+                if k == "properties" {
+                    if let serde_json::Value::Object(props) = child {
+                        props.values_mut().for_each(strip_descriptions);
+                    }
+                } else {
+                    strip_descriptions(child);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_descriptions),
+        _ => {}
+    }
 }
 
 /// Log verbosity of the sidecar.
@@ -563,7 +578,7 @@ mod tests {
         assert_eq!(crd.spec.scope, "Namespaced");
         assert_eq!(crd.spec.names.kind, "CollectiveJob");
         assert_eq!(crd.spec.names.plural, "collectivejobs");
-        assert_eq!(crd.spec.names.short_names, Some(vec!["cj".to_string()]));
+        assert_eq!(crd.spec.names.short_names, Some(vec!["cjob".to_string()]));
         let v = &crd.spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
         assert!(v.subresources.as_ref().unwrap().status.is_some());
@@ -621,6 +636,50 @@ mod tests {
         ] {
             assert!(text.contains(rule), "missing CEL rule {rule}");
         }
+    }
+
+    /// Issue 19 (1): `command: "sleep 1"` (a string, not a list) was accepted
+    /// by the API server and then broke the operator's list of every job.
+    #[test]
+    fn pod_template_is_typed() {
+        let s = schema();
+        let tmpl = &s["properties"]["spec"]["properties"]["template"];
+        let pod = &tmpl["properties"]["spec"];
+        assert!(
+            pod.get("x-kubernetes-preserve-unknown-fields").is_none(),
+            "the pod spec is typed, not preserved: {pod}"
+        );
+        let c = &pod["properties"]["containers"];
+        assert_eq!(c["type"], "array");
+        assert_eq!(c["minItems"], 1);
+        let props = &c["items"]["properties"];
+        assert_eq!(props["command"]["type"], "array");
+        assert_eq!(props["command"]["items"]["type"], "string");
+        assert_eq!(props["args"]["type"], "array");
+        assert_eq!(props["image"]["type"], "string");
+        assert_eq!(
+            props["env"]["items"]["properties"]["value"]["type"],
+            "string"
+        );
+        assert_eq!(
+            props["resources"]["properties"]["limits"]["additionalProperties"]["x-kubernetes-int-or-string"],
+            true,
+            "quantities accept 1 as well as \"1\""
+        );
+        assert_eq!(
+            pod["properties"]["initContainers"]["items"]["properties"]["command"]["type"],
+            "array"
+        );
+        assert_eq!(
+            pod["properties"]["volumes"]["items"]["properties"]["emptyDir"]["type"],
+            "object"
+        );
+        assert_eq!(pod["properties"]["restartPolicy"]["enum"], json!(["Never"]));
+        assert_eq!(pod["required"], json!(["containers"]));
+        // CEL rules need bounded lists and names.
+        assert_eq!(c["maxItems"], 32);
+        assert_eq!(props["name"]["maxLength"], 63);
+        assert!(!s.to_string().contains("\"$ref\""), "schema is inlined");
     }
 
     #[test]

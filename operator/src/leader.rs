@@ -6,9 +6,15 @@
 //! `renewTime + leaseDurationSeconds` has passed. Every write is a `replace`
 //! carrying the `resourceVersion` that was read, so of two candidates racing
 //! for an expired lease exactly one wins (the other gets 409 Conflict).
-//! A leader that cannot renew within the lease duration stops reconciling
-//! (the process exits) before anyone else may take over.
+//! Every Lease call has a request timeout, and a leader that has not renewed
+//! within the renew deadline (10 s, below the 15 s lease duration) stops
+//! reconciling (it reports `weft_operator_leader 0`, turns unready and the
+//! process exits) before anyone else may take over. A leader whose connection
+//! to the API server is frozen therefore steps down on its own; without the
+//! timeouts one hung request kept it acting for up to a minute after a standby
+//! had taken the Lease.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -17,24 +23,69 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use tracing::{info, warn};
 
+use crate::telemetry::http::Readiness;
+use crate::telemetry::metrics::Metrics;
+
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
     pub name: String,
     pub namespace: String,
     pub identity: String,
+    /// How long a lease is valid after its last renewal (for the others).
     pub lease_duration: Duration,
+    /// The leader steps down when it has not renewed for this long.
+    pub renew_deadline: Duration,
+    /// Time between renewals (and between a standby's polls).
     pub renew_every: Duration,
+    /// Limit of each Lease request.
+    pub request_timeout: Duration,
 }
 
 impl LeaseConfig {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
     pub fn new(namespace: &str, identity: &str) -> Self {
         Self {
             name: "weft-operator-leader".into(),
             namespace: namespace.into(),
             identity: identity.into(),
             lease_duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(5),
+            renew_deadline: Duration::from_secs(10),
+            renew_every: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
         }
+    }
+
+    /// The leader must have stopped before the lease can expire for the
+    /// others, with a margin for clock rate differences.
+    pub fn check(&self) -> Result<(), String> {
+        if self.request_timeout > self.renew_deadline {
+            return Err("the Lease request timeout must not exceed the renew deadline".into());
+        }
+        if self.renew_every >= self.renew_deadline {
+            return Err("renewals must be more frequent than the renew deadline".into());
+        }
+        if self.renew_deadline.as_secs_f64() > 0.8 * self.lease_duration.as_secs_f64() {
+            return Err("the renew deadline must be well below the lease duration".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+    #[error("Lease request timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+async fn bounded<T>(
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, LeaseError> {
+    match tokio::time::timeout(limit, f).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(LeaseError::Timeout(limit)),
     }
 }
 
@@ -112,11 +163,8 @@ pub fn next_lease(
 }
 
 /// One acquire-or-renew attempt; Ok(true) while we hold the lease.
-pub async fn try_acquire_or_renew(
-    api: &Api<Lease>,
-    cfg: &LeaseConfig,
-) -> Result<bool, kube::Error> {
-    let current = api.get_opt(&cfg.name).await?;
+pub async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result<bool, LeaseError> {
+    let current = bounded(cfg.request_timeout, api.get_opt(&cfg.name)).await?;
     let action = decide(
         current.as_ref(),
         &cfg.identity,
@@ -127,8 +175,20 @@ pub async fn try_acquire_or_renew(
         return Ok(false);
     };
     let res = match action {
-        LeaseAction::Create => api.create(&PostParams::default(), &lease).await,
-        _ => api.replace(&cfg.name, &PostParams::default(), &lease).await,
+        LeaseAction::Create => {
+            bounded(
+                cfg.request_timeout,
+                api.create(&PostParams::default(), &lease),
+            )
+            .await
+        }
+        _ => {
+            bounded(
+                cfg.request_timeout,
+                api.replace(&cfg.name, &PostParams::default(), &lease),
+            )
+            .await
+        }
     };
     match res {
         Ok(_) => {
@@ -138,50 +198,73 @@ pub async fn try_acquire_or_renew(
             Ok(true)
         }
         // Lost a race with another candidate: not an error.
-        Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() => Ok(false),
+        Err(LeaseError::Kube(kube::Error::Api(s))) if s.is_conflict() || s.is_already_exists() => {
+            Ok(false)
+        }
         Err(e) => Err(e),
     }
 }
 
-/// Blocks until this replica holds the lease.
-pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig) {
+/// Blocks until this replica holds the lease. `polled(ok)` after every
+/// attempt: whether the API server answered (a standby's readiness).
+pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig, polled: impl Fn(bool)) {
     loop {
         match try_acquire_or_renew(api, cfg).await {
             Ok(true) => return,
-            Ok(false) => {}
-            Err(e) => warn!(error = %e, "leader election: cannot read or write the lease"),
+            Ok(false) => polled(true),
+            Err(e) => {
+                polled(false);
+                warn!(error = %e, "leader election: cannot read or write the lease");
+            }
         }
         tokio::time::sleep(cfg.renew_every).await;
     }
 }
 
-/// Renews forever; returns when leadership is lost (another holder, or no
-/// successful renewal for a whole lease duration).
+/// Renews until leadership is lost: another holder, or no successful renewal
+/// within the renew deadline (each attempt is cut off at that deadline, so a
+/// hung connection cannot keep us waiting).
 pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig) {
     let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(cfg.renew_every).await;
-        match try_acquire_or_renew(api, cfg).await {
-            Ok(true) => last_ok = tokio::time::Instant::now(),
-            Ok(false) => {
+        let deadline = last_ok + cfg.renew_deadline;
+        match tokio::time::timeout_at(deadline, try_acquire_or_renew(api, cfg)).await {
+            Ok(Ok(true)) => last_ok = tokio::time::Instant::now(),
+            Ok(Ok(false)) => {
                 warn!("leader election: the lease was taken by another replica");
                 return;
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 warn!(error = %e, "leader election: renewal failed");
-                // Give up before the lease can expire, so that we have stopped
-                // before another replica is allowed to start.
-                if last_ok.elapsed() + cfg.renew_every >= cfg.lease_duration {
+                if tokio::time::Instant::now() + cfg.renew_every >= deadline {
+                    warn!(deadline = ?cfg.renew_deadline, "leader election: could not renew within the renew deadline");
                     return;
                 }
+            }
+            Err(_) => {
+                warn!(deadline = ?cfg.renew_deadline, "leader election: could not renew within the renew deadline");
+                return;
             }
         }
     }
 }
 
+/// Leads until the lease is lost, then stops acting as leader in what others
+/// can see: `weft_operator_leader 0` and `/readyz` false. The caller exits
+/// the process (which stops the controller) right after.
+pub async fn lead(api: &Api<Lease>, cfg: &LeaseConfig, metrics: &Metrics, readiness: &Readiness) {
+    metrics.leader.set(1);
+    readiness.leading.store(true, Ordering::Relaxed);
+    hold(api, cfg).await;
+    metrics.leader.set(0);
+    readiness.leading.store(false, Ordering::Relaxed);
+    readiness.standby_ok.store(false, Ordering::Relaxed);
+}
+
 /// Hands the lease back on shutdown so a standby takes over at once.
 pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
-    let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await else {
+    let Ok(Some(mut lease)) = bounded(cfg.request_timeout, api.get_opt(&cfg.name)).await else {
         return;
     };
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -190,7 +273,12 @@ pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
     }
     spec.holder_identity = None;
     spec.renew_time = None;
-    if let Err(e) = api.replace(&cfg.name, &PostParams::default(), &lease).await {
+    if let Err(e) = bounded(
+        cfg.request_timeout,
+        api.replace(&cfg.name, &PostParams::default(), &lease),
+    )
+    .await
+    {
         warn!(error = %e, "could not release the leader lease");
     } else {
         info!("released leadership");
@@ -220,6 +308,21 @@ mod tests {
                 ..LeaseSpec::default()
             }),
         }
+    }
+
+    /// Issue 19 (2): the renew deadline is below the lease duration and every
+    /// request is bounded by it.
+    #[test]
+    fn default_deadlines_step_down_before_the_lease_expires() {
+        let c = LeaseConfig::new("ns", "a");
+        c.check().unwrap();
+        assert!(c.renew_deadline < c.lease_duration);
+        assert!(c.request_timeout <= c.renew_deadline);
+        let bad = LeaseConfig {
+            renew_deadline: c.lease_duration,
+            ..c.clone()
+        };
+        assert!(bad.check().is_err());
     }
 
     #[test]

@@ -2,19 +2,20 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use tracing::{error, info};
 use weft_contract::params;
 use weft_operator::controller::{self, Context};
 use weft_operator::crd::CollectiveJob;
 use weft_operator::leader::{self, LeaseConfig};
 use weft_operator::resources::OperatorConfig;
-use weft_operator::telemetry::http::{self, HttpState};
+use weft_operator::telemetry::http::{self, HttpState, Readiness};
 use weft_operator::telemetry::metrics::Metrics;
 
 #[derive(Parser)]
@@ -87,6 +88,10 @@ struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = params::WEFT_LOG_JSON.name(), default_value = params::WEFT_LOG_JSON.fixed_default(), action = clap::ArgAction::Set)]
     log_json: bool,
+    /// After SIGTERM, exit at the latest this many seconds later, whatever is
+    /// still running (keep it below the pod's terminationGracePeriodSeconds).
+    #[arg(long, default_value_t = 20)]
+    shutdown_timeout_secs: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -178,10 +183,33 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let metrics = Arc::new(Metrics::default());
-    let ready = Arc::new(AtomicBool::new(false));
+    let readiness = Arc::new(Readiness::default());
+
+    // One shutdown signal, observed by every phase below. Installed first, so
+    // that SIGTERM is handled whatever the operator is waiting for, and
+    // backed by a hard deadline: the process exits within the grace period
+    // even if a graceful step hangs (a frozen API server connection).
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let grace = Duration::from_secs(args.shutdown_timeout_secs);
+    let stopping = readiness.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        stopping.stopping.store(true, Ordering::Relaxed);
+        let _ = stop_tx.send(true);
+        tokio::time::sleep(grace).await;
+        error!(?grace, "graceful shutdown did not finish in time; exiting");
+        std::process::exit(1);
+    });
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
     let http_state = HttpState {
         metrics: metrics.clone(),
-        ready: ready.clone(),
+        readiness: readiness.clone(),
     };
     let addr = args.http_addr;
     tokio::spawn(async move {
@@ -192,27 +220,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     let client = Client::try_default().await?;
-    if let Err(e) = Api::<CollectiveJob>::all(client.clone())
-        .list(&ListParams::default().limit(1))
-        .await
-    {
-        anyhow::bail!(
-            "cannot list CollectiveJobs ({e}); is the CRD installed? (weft-operator crd | kubectl apply -f -)"
-        );
+    // Untyped: one CollectiveJob that does not decode must not stop the operator.
+    let raw_jobs: Api<DynamicObject> =
+        Api::all_with(client.clone(), &ApiResource::erase::<CollectiveJob>(&()));
+    let probe = ListParams::default().limit(1);
+    tokio::select! {
+        r = raw_jobs.list(&probe) => if let Err(e) = r {
+            anyhow::bail!(
+                "cannot list CollectiveJobs ({e}); is the CRD installed? (weft-operator crd | kubectl apply -f -)"
+            );
+        },
+        _ = stopped() => return Ok(()),
     }
-
-    // One shutdown signal, observed by the election wait and the controller.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|s| *s).await;
-        }
-    };
 
     let lease = if args.leader_elect {
         let identity = args
@@ -220,16 +239,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             .clone()
             .unwrap_or_else(|| format!("weft-operator-{}", std::process::id()));
         let cfg = LeaseConfig::new(&args.lease_namespace, &identity);
+        if let Err(e) = cfg.check() {
+            anyhow::bail!("leader election: {e}");
+        }
         let api: Api<Lease> = Api::namespaced(client.clone(), &cfg.namespace);
         info!(identity = %cfg.identity, "waiting for leadership");
+        let standby = readiness.clone();
         tokio::select! {
-            _ = leader::acquire(&api, &cfg) => {}
+            _ = leader::acquire(&api, &cfg, |ok| standby.standby_ok.store(ok, Ordering::Relaxed)) => {}
             _ = stopped() => return Ok(()),
         }
-        metrics.leader.set(1);
-        let (api2, cfg2) = (api.clone(), cfg.clone());
+        let (api2, cfg2, m2, r2) = (api.clone(), cfg.clone(), metrics.clone(), readiness.clone());
         tokio::spawn(async move {
-            leader::hold(&api2, &cfg2).await;
+            leader::lead(&api2, &cfg2, &m2, &r2).await;
             // Never keep reconciling without the lease: exit and let the
             // kubelet restart us as a standby.
             error!("lost leadership; exiting");
@@ -237,21 +259,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
         Some((api, cfg))
     } else {
+        readiness.leading.store(true, Ordering::Relaxed);
         None
     };
 
-    ready.store(true, Ordering::Relaxed);
     let config = OperatorConfig {
         sidecar_image: args.sidecar_image,
         otlp_endpoint: args.otlp_endpoint,
     };
-    let ctx = Arc::new(Context::new(client.clone(), config, metrics.clone()));
+    let mut ctx = Context::new(client.clone(), config, metrics.clone());
+    ctx.readiness = readiness.clone();
+    let ctx = Arc::new(ctx);
     info!("controller starting");
     controller::run(client, ctx, args.watch_secrets, stopped()).await;
     info!("controller stopped");
     if let Some((api, cfg)) = lease {
-        leader::release(&api, &cfg).await;
         metrics.leader.set(0);
+        readiness.leading.store(false, Ordering::Relaxed);
+        leader::release(&api, &cfg).await;
     }
     Ok(())
 }

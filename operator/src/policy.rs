@@ -131,6 +131,8 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
         st.world_size = world_size(job);
         st.bootstrap_endpoint = Some(bootstrap_endpoint(job));
         st.observed_generation = generation;
+        // The job decodes (we are here): drop the controller's mark.
+        st.conditions.retain(|c| c.type_ != COND_DECODABLE);
     }
 
     if old.phase.is_some_and(JobPhase::is_terminal) {
@@ -411,7 +413,7 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
     } else {
         let mut msg = format!("{} of {} pods ready", st.ready_replicas, job.spec.replicas);
         // Surface the first thing the kubelet is stuck on (bad image, missing
-        // ConfigMap, ...), so `kubectl describe cj` says why it is not running.
+        // ConfigMap, ...), so `kubectl describe cjob` says why it is not running.
         if let Some((pod, why)) = cur
             .iter()
             .find_map(|v| Some((&v.name, v.waiting.as_ref()?)))
@@ -481,16 +483,85 @@ fn clear_restarting(st: &mut CollectiveJobStatus, now: Timestamp, generation: Op
     }
 }
 
-/// The API server refused a Pod built from the template (the CRD checks only
-/// the template's outline): the job fails with the server's message instead
-/// of retrying a request that cannot succeed.
-pub fn pod_refused(job: &CollectiveJob, p: &mut Plan, api_message: &str, now: Timestamp) {
+/// The API server refused, for good (400 Bad Request, 422 Invalid), an object
+/// built from the job (`what`: "Pod", "Service", ...): the job fails with the
+/// server's message instead of retrying a request that cannot succeed.
+pub fn api_refused(
+    job: &CollectiveJob,
+    p: &mut Plan,
+    what: &str,
+    api_message: &str,
+    now: Timestamp,
+) {
     p.create_pods.clear();
     p.events.retain(|e| e.action != "CreatePods");
     p.status.launched_epoch = None;
-    let msg = format!("the API server refused the job's Pod: {api_message}");
+    let msg = format!("the API server refused the job's {what}: {api_message}");
     fail(p, "InvalidSpec", &msg, now, job.metadata.generation);
 }
+
+/// The API server refused a Pod built from the template (the CRD checks only
+/// the template's outline).
+pub fn pod_refused(job: &CollectiveJob, p: &mut Plan, api_message: &str, now: Timestamp) {
+    api_refused(job, p, "Pod", api_message, now);
+}
+
+/// Creating the job's objects failed for a reason that may pass (403 from a
+/// ResourceQuota or a missing PriorityClass, 409, 429, ...). The gang is
+/// all-or-nothing: the controller deleted the pods of this epoch it had
+/// created (`rolled_back`), so the next attempt uses a new epoch and no pod
+/// of a partial gang holds quota meanwhile. The job stays Pending with the
+/// server's message in its Ready condition and a Warning event; it is retried
+/// after `retry_in`.
+pub fn creation_blocked(
+    job: &CollectiveJob,
+    p: &mut Plan,
+    reason: &str,
+    api_message: &str,
+    rolled_back: usize,
+    retry_in: Duration,
+    now: Timestamp,
+) {
+    let old = job.status.clone().unwrap_or_default();
+    p.create_pods.clear();
+    p.events.retain(|e| e.action != "CreatePods");
+    let st = &mut p.status;
+    st.launched_epoch = old.launched_epoch;
+    if rolled_back > 0 {
+        // The deleted pods are of an abandoned epoch, not rank failures.
+        st.restart_epoch = old.restart_epoch.max(st.restart_epoch) + 1;
+    }
+    for row in st.ranks.iter_mut() {
+        if row.phase == "Creating" {
+            row.phase = "Missing".into();
+        }
+    }
+    if st.phase.is_none() {
+        st.phase = Some(JobPhase::Pending);
+    }
+    let mut msg = format!("cannot create the job's pods: {api_message}");
+    if rolled_back > 0 {
+        msg.push_str(&format!(
+            "; deleted the {rolled_back} pod(s) already created (all-or-nothing)"
+        ));
+    }
+    msg.push_str(&format!("; retrying in {}s", retry_in.as_secs()));
+    set_condition(
+        &mut st.conditions,
+        COND_READY,
+        false,
+        reason,
+        &msg,
+        now,
+        job.metadata.generation,
+    );
+    p.event(true, "CreatePodsFailed", "CreatePods", msg);
+    p.requeue_at_most(retry_in.as_secs() as i64);
+}
+
+/// Condition set on a CollectiveJob the operator cannot decode (written by the
+/// controller from the raw object); removed once the job decodes again.
+pub const COND_DECODABLE: &str = "Decodable";
 
 fn fail(p: &mut Plan, reason: &str, msg: &str, now: Timestamp, generation: Option<i64>) {
     let st = &mut p.status;
@@ -516,6 +587,16 @@ fn fail(p: &mut Plan, reason: &str, msg: &str, now: Timestamp, generation: Optio
     );
     clear_restarting(st, now, generation);
     st.ready_replicas = 0;
+    // READY of `kubectl get cjob`: a failed job has no ready pods.
+    let total = st
+        .ready
+        .as_deref()
+        .and_then(|r| r.split_once('/'))
+        .map(|(_, t)| t.to_string())
+        .or_else(|| (!st.ranks.is_empty()).then(|| st.ranks.len().to_string()));
+    if let Some(total) = total {
+        st.ready = Some(format!("0/{total}"));
+    }
     p.event(true, reason, "Fail", format!("Job failed: {msg}"));
 }
 

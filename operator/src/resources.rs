@@ -68,8 +68,21 @@ pub fn service_name(job: &CollectiveJob) -> String {
     job.name_any()
 }
 
+/// `<job>-weft-token-<uid prefix>`: the uid part keeps a job deleted and
+/// re-created under the same name from adopting its predecessor's Secret
+/// (owned by the old uid, so garbage-collected under the new pods). The
+/// operator only creates Secrets, it never reads them, so "already exists"
+/// must mean "ours".
 pub fn secret_name(job: &CollectiveJob) -> String {
-    format!("{}-weft-token", job.name_any())
+    let uid: String = job
+        .uid()
+        .unwrap_or_default()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_lowercase())
+        .take(8)
+        .collect();
+    format!("{}-weft-token-{uid}", job.name_any())
 }
 
 pub fn pod_name(job: &CollectiveJob, index: i32) -> String {
@@ -555,6 +568,22 @@ pub fn validate(job: &CollectiveJob) -> Result<(), String> {
             "job name {name:?} must start with a lowercase letter (it names the headless Service)"
         ));
     }
+    // A CollectiveJob may be named like any object (a DNS subdomain: dots
+    // allowed), but its Service and pod hostnames must be DNS-1035 labels.
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+    {
+        return Err(format!(
+            "job name {name:?} contains {bad:?}: it names the headless Service and the pod hostnames, \
+             which must be DNS-1035 labels (lowercase letters, digits and '-'); rename the job"
+        ));
+    }
+    if name.ends_with('-') {
+        return Err(format!(
+            "job name {name:?} must end with a letter or digit (it names the headless Service)"
+        ));
+    }
     let Some(spec) = job.spec.template.spec.as_ref() else {
         return Err("spec.template.spec is required".into());
     };
@@ -645,7 +674,7 @@ pub(crate) mod tests {
         assert_eq!(t.len(), 64);
         assert_ne!(t, random_token());
         let s = desired_secret(&j, &t);
-        assert_eq!(s.metadata.name.as_deref(), Some("train-weft-token"));
+        assert_eq!(s.metadata.name.as_deref(), Some("train-weft-token-uid1"));
         assert_eq!(s.data.unwrap()["token"].0, t.as_bytes());
         assert_eq!(s.metadata.owner_references.unwrap()[0].uid, "uid-1");
     }
@@ -871,7 +900,7 @@ pub(crate) mod tests {
             let sec = vols.iter().find(|v| v.name == "weft-secret").unwrap();
             assert_eq!(
                 sec.secret.as_ref().unwrap().secret_name.as_deref(),
-                Some("v-weft-token")
+                Some("v-weft-token-uid1")
             );
             for c in spec
                 .containers
@@ -1038,5 +1067,11 @@ pub(crate) mod tests {
         let mut j = job("rp", 1, 1);
         j.spec.template.spec.as_mut().unwrap().containers.clear();
         assert!(validate(&j).is_err());
+        // Issue 19 (4): `a.b` is a valid object name but not a Service name.
+        let err = validate(&job("a.b", 1, 1)).unwrap_err();
+        assert!(err.contains("DNS-1035") && err.contains("'.'"), "{err}");
+        assert!(validate(&job("a_b", 1, 1)).is_err());
+        assert!(validate(&job("ab-", 1, 1)).is_err());
+        assert!(validate(&job("a-1b", 1, 1)).is_ok());
     }
 }

@@ -1,5 +1,5 @@
-//! `/metrics` (Prometheus), `/healthz` (liveness) and `/readyz` (readiness:
-//! true once the controller runs, i.e. this replica leads or election is off).
+//! `/metrics` (Prometheus), `/healthz` (liveness) and `/readyz` (readiness,
+//! see [`Readiness`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,7 +16,44 @@ use super::metrics::Metrics;
 #[derive(Clone)]
 pub struct HttpState {
     pub metrics: Arc<Metrics>,
-    pub ready: Arc<AtomicBool>,
+    pub readiness: Arc<Readiness>,
+}
+
+/// What `/readyz` answers.
+///
+/// - The leader is ready while its CollectiveJob watch works (listed, no
+///   error since): a leader that cannot see jobs is not doing its work.
+/// - A standby is ready while it can reach the API server (its last Lease
+///   poll succeeded): it is healthy and able to take over, so a Deployment of
+///   2 replicas is Available and a rollout of 1 replica (surge pod = standby)
+///   finishes.
+/// - Nobody is ready after SIGTERM.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    pub leading: AtomicBool,
+    pub standby_ok: AtomicBool,
+    pub watch_ok: AtomicBool,
+    pub stopping: AtomicBool,
+}
+
+impl Readiness {
+    /// Ok(what) when ready, Err(why not) otherwise.
+    pub fn check(&self) -> Result<&'static str, &'static str> {
+        let get = |b: &AtomicBool| b.load(Ordering::Relaxed);
+        if get(&self.stopping) {
+            Err("shutting down")
+        } else if get(&self.leading) {
+            if get(&self.watch_ok) {
+                Ok("leader: watching CollectiveJobs")
+            } else {
+                Err("leader: the CollectiveJob watch is not established")
+            }
+        } else if get(&self.standby_ok) {
+            Ok("standby: polling the leader Lease")
+        } else {
+            Err("cannot reach the API server")
+        }
+    }
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -38,12 +75,9 @@ async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    // A standby replica is healthy but not ready: the metrics Service and
-    // rollouts then target the leader.
-    if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "standby")
+    match s.readiness.check() {
+        Ok(what) => (StatusCode::OK, what),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -59,10 +93,10 @@ mod tests {
 
     #[tokio::test]
     async fn endpoints_answer() {
-        let ready = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new(Readiness::default());
         let state = HttpState {
             metrics: Arc::new(Metrics::default()),
-            ready: ready.clone(),
+            readiness: ready.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -83,8 +117,21 @@ mod tests {
         };
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        ready.store(true, Ordering::Relaxed);
+        // issue 19 (3): a healthy standby is ready (rollouts finish)
+        ready.standby_ok.store(true, Ordering::Relaxed);
+        let r = get("/readyz").await;
+        assert!(
+            r.starts_with("HTTP/1.1 200") && r.contains("standby"),
+            "{r}"
+        );
+        // issue 19 (1): a leader is ready only while its watch works
+        ready.leading.store(true, Ordering::Relaxed);
+        let r = get("/readyz").await;
+        assert!(r.starts_with("HTTP/1.1 503") && r.contains("watch"), "{r}");
+        ready.watch_ok.store(true, Ordering::Relaxed);
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+        ready.stopping.store(true, Ordering::Relaxed);
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
         let m = get("/metrics").await;
         assert!(m.starts_with("HTTP/1.1 200"));
         assert!(m.contains("weft_operator_reconciles_total"));
