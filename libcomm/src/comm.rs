@@ -232,7 +232,7 @@ impl CommShared {
                 detail: if r.origin == self.rank {
                     r.reason
                 } else {
-                    format!("rank {} failed: {}", r.origin, r.reason)
+                    format!("rank {} reported a failure: {}", r.origin, r.reason)
                 },
             }
         };

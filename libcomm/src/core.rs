@@ -205,7 +205,16 @@ impl Resources {
                 .map(|&r| (r, local_maps[r].clone().unwrap()))
                 .collect(),
             tcp: Default::default(),
+            notify: Some(tcp::FailNotify {
+                comm: ctx.id,
+                secret: ctx.secret,
+                peers: (0..n)
+                    .filter(|&r| kinds[r] == PeerKind::Tcp)
+                    .map(|r| ctx.peers[r].addr)
+                    .collect(),
+            }),
         });
+        endpoint.watch_failures(ctx.id, &fault);
         info_log!(
             "comm {} rank {me}/{n}: {} local rank(s) over shared memory (ring {} KiB), {ntcp} over TCP, {} through the sidecar proxy",
             ctx.label,

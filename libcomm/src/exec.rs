@@ -21,6 +21,14 @@ use crate::transport::{Progress, Reduce, futex};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+/// How long the blame probe waits for an endpoint (a dead process's refuses
+/// at once; a lost host's never answers).
+const BLAME_PROBE: Duration = Duration::from_millis(500);
+/// How long a closed connection waits for the closing rank's failure notice
+/// when that rank still lives, and when it is gone.
+const NOTICE_GRACE: Duration = Duration::from_millis(300);
+const NOTICE_GRACE_GONE: Duration = Duration::from_millis(50);
+
 pub(crate) struct Xfer {
     pub peer: usize,
     pub send: bool,
@@ -141,6 +149,11 @@ impl Resources {
         };
         match step {
             Ok(m) => *made |= m,
+            Err(why)
+                if self.kinds[peer] == PeerKind::Tcp && why.starts_with("connection closed") =>
+            {
+                return Err(self.blame_closed(peer, &why));
+            }
             Err(why) => return Err(self.peer_error(peer, &why)),
         }
         Ok((!x.p.done).then(|| chan.is_tcp()))
@@ -416,9 +429,77 @@ impl Resources {
                 } else if r.reason.is_empty() {
                     format!("rank {} failed", r.origin)
                 } else {
-                    format!("rank {} failed: {}", r.origin, r.reason)
+                    format!("rank {} reported a failure: {}", r.origin, r.reason)
                 },
             }),
+        }
+    }
+
+    /// A TCP connection to `peer` closed. That peer may be the rank that
+    /// died, or a healthy rank that closed its connections because it saw a
+    /// failure first (raising a failure shuts every connection down), and
+    /// blaming it would send the user after the wrong rank. A process's
+    /// endpoint answers as long as it lives: if `peer`'s does, name the rank
+    /// whose endpoint refuses connections instead.
+    fn blame_closed(&self, peer: usize, why: &str) -> Error {
+        // A reason raised here already (a local peer's, or a notice that
+        // came first) is the better one.
+        if let Err(e) = self.check_raised() {
+            return e;
+        }
+        // The peer's endpoint answers as long as its process lives: if it
+        // refuses, the peer is the one gone.
+        // A rank that closes because it saw a failure tells us why on a
+        // connection of its own (`tcp::FailNotify`), which may land just
+        // after the close.
+        let notice = |grace: Duration| -> Option<Error> {
+            let until = Instant::now() + grace;
+            while Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+                if let Err(e) = self.check_raised() {
+                    return Some(e);
+                }
+            }
+            None
+        };
+        let answers = |addr| crate::transport::tcp::answers(addr, BLAME_PROBE);
+        if !answers(self.ctx.peers[peer].addr) {
+            // Gone: it died, or it closed in reaction and exited at once (a
+            // short wait tells those apart).
+            return notice(NOTICE_GRACE_GONE).unwrap_or_else(|| self.peer_error(peer, why));
+        }
+        // It lives, so it closed because it saw a failure: wait for its notice.
+        if let Some(e) = notice(NOTICE_GRACE) {
+            return e;
+        }
+        // No notice: look for the rank whose endpoint refuses.
+        let others: Vec<(usize, std::net::SocketAddr)> = (0..self.ctx.peers.len())
+            .filter(|&r| r != peer && self.kinds[r] == PeerKind::Tcp)
+            .map(|r| (r, self.ctx.peers[r].addr))
+            .collect();
+        let gone: Vec<usize> = std::thread::scope(|s| {
+            let probes: Vec<_> = others
+                .iter()
+                .map(|&(r, addr)| (r, s.spawn(move || answers(addr))))
+                .collect();
+            probes
+                .into_iter()
+                .filter_map(|(r, h)| (h.join().ok() == Some(false)).then_some(r))
+                .collect()
+        });
+        match gone.first() {
+            Some(&dead) => self.peer_error(
+                dead,
+                &format!(
+                    "its process is gone (its endpoint refuses connections); rank {peer} closed its connection to this rank after seeing that failure"
+                ),
+            ),
+            None => self.peer_error(
+                peer,
+                &format!(
+                    "{why}; its process still answers, so it may have closed in reaction to a failure elsewhere"
+                ),
+            ),
         }
     }
 

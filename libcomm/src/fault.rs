@@ -19,6 +19,8 @@ pub(crate) struct Fault {
     /// (rank, mapping) of every local peer.
     pub locals: Vec<(usize, Arc<Mapping>)>,
     pub tcp: Mutex<Vec<TcpStream>>,
+    /// Where to tell remote peers why, when a failure starts here.
+    pub notify: Option<crate::transport::tcp::FailNotify>,
 }
 
 /// A failure seen by this rank: who raised it, whether it was an abort, why.
@@ -36,7 +38,24 @@ impl Fault {
         if c.failure().is_none() {
             c.set_reason(reason);
         }
-        c.raise(self.rank, kind);
+        let first = c.raise(self.rank, kind);
+        // Remote peers see our connections close; tell them why first
+        // (bounded), so they blame the rank that failed, not us.
+        if first && let Some(n) = &self.notify {
+            n.send(self.rank as u32, kind, &c.reason());
+        }
+        self.spread(kind);
+    }
+
+    /// A remote peer told us (through our endpoint) that the communicator
+    /// failed: raise it here with its origin and reason, and pass it on to
+    /// our local peers (our own connections close as for any failure).
+    pub fn learn(&self, origin: usize, kind: u32, reason: &str) {
+        let c = self.own.control();
+        if c.failure().is_none() {
+            c.set_reason(reason);
+        }
+        c.raise(origin, kind);
         self.spread(kind);
     }
 
@@ -77,11 +96,13 @@ impl Fault {
         let reason = if origin == self.rank {
             self.own.control().reason()
         } else {
+            // A local origin wrote its reason in its own block; a remote
+            // one's came with its notice, into ours.
             self.locals
                 .iter()
                 .find(|(r, _)| *r == origin)
                 .map(|(_, m)| m.control().reason())
-                .unwrap_or_default()
+                .unwrap_or_else(|| self.own.control().reason())
         };
         Some(Raised {
             origin,

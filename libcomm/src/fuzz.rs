@@ -9,7 +9,7 @@
 
 use crate::bootstrap::wire::{self, Dec, FrameBuf, Kind};
 use crate::bootstrap::{Hello, PeerInfo, decode_table, encode_table, server};
-use crate::transport::tcp::ConnectMsg;
+use crate::transport::tcp::{ConnectMsg, FailMsg};
 use crate::unique_id::UniqueId;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -305,7 +305,14 @@ fn fuzz_bootstrap_payloads() {
         client_nonce: [4; 16],
     }
     .encode();
-    let seeds = vec![hello, table, connect];
+    let fail = FailMsg {
+        comm: [9; 16],
+        origin: 3,
+        kind: 1,
+        reason: "rank 2 (pid 7, this host) exited".into(),
+    }
+    .encode();
+    let seeds = vec![hello, table, connect, fail];
     fuzz("payloads", 3, 200_000, |rng| {
         let input = rng.input(&seeds);
         let expect = match rng.below(3) {
@@ -317,6 +324,7 @@ fn fuzz_bootstrap_payloads() {
             let _ = Hello::decode(&input);
             let _ = decode_table(&input, expect);
             let _ = ConnectMsg::decode(&input);
+            let _ = FailMsg::decode(&input);
             let _ = PeerInfo::decode(&mut Dec::new(&input, "fuzz"));
         });
         check_alloc("bootstrap payloads", &input, largest);

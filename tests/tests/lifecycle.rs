@@ -158,3 +158,43 @@ fn a_peer_killed_while_idle_shows_in_async_error_shm() {
         assert!(num(&f, "detect_ms") < 3000, "rank {r}: {}", run.dump());
     }
 }
+
+/// Over TCP the survivors blame the rank that died, not a healthy rank whose
+/// connection closed because it saw the failure first (4 ranks, rank 2 of
+/// 4 SIGKILLed, repeated: which survivor notices first varies).
+#[test]
+fn survivors_over_tcp_blame_the_dead_rank() {
+    for round in 0..3 {
+        let run = job::run(
+            JobSpec::new(common::worker(), 4, &["kill"])
+                .env("WEFT_TRANSPORT", "tcp")
+                .env("WEFT_TEST_VICTIM", "2")
+                .env("WEFT_PEER_TIMEOUT_MS", "2000")
+                .timeout(Duration::from_secs(60)),
+        );
+        assert_eq!(run.ranks[2].signal, Some(libc::SIGKILL), "{}", run.dump());
+        for r in [0, 1, 3] {
+            assert_eq!(run.ranks[r].code, Some(0), "survivor {r}:\n{}", run.dump());
+            let err = run.ranks[r]
+                .stderr
+                .lines()
+                .find(|l| l.contains("error:"))
+                .unwrap_or_else(|| {
+                    panic!("round {round}: rank {r} printed no error:\n{}", run.dump())
+                })
+                .to_string();
+            assert!(
+                err.contains("rank 2 "),
+                "round {round}: rank {r} blames someone else: {err}\n{}",
+                run.dump()
+            );
+            for healthy in [0, 1, 3] {
+                assert!(
+                    !err.contains(&format!("rank {healthy} (pid"))
+                        && !err.contains(&format!("rank {healthy} failed")),
+                    "round {round}: rank {r} names healthy rank {healthy}: {err}"
+                );
+            }
+        }
+    }
+}

@@ -609,7 +609,9 @@ fn sigkill_of_a_rank_fails_the_ranks_on_other_hosts_through_the_proxy() {
     }
     for r in [2, 3] {
         assert!(
-            errs[r].contains(&c.net.hosts[0]) || errs[r].contains("rank 2 failed"),
+            errs[r].contains(&c.net.hosts[0])
+                || errs[r].contains("rank 2 failed")
+                || errs[r].contains("rank 2 reported a failure"),
             "rank {r}: {}",
             errs[r]
         );

@@ -29,6 +29,9 @@ pub enum Kind {
     Error = 4,
     Connect = 5,
     Accept = 6,
+    /// A rank tells a remote peer's endpoint why a communicator failed
+    /// (MAC'd with the communicator's secret), before its connections close.
+    Fail = 7,
 }
 
 impl Kind {
@@ -40,6 +43,7 @@ impl Kind {
             4 => Kind::Error,
             5 => Kind::Connect,
             6 => Kind::Accept,
+            7 => Kind::Fail,
             _ => return None,
         })
     }

@@ -61,6 +61,8 @@ struct Registry {
     trusted: Vec<[u8; 32]>,
     parked: HashMap<(CommId, u32, u32), Parked>,
     ready: HashMap<(CommId, u32, u32), TcpStream>,
+    /// Where a peer's failure notice for a communicator is raised.
+    faults: HashMap<CommId, std::sync::Weak<crate::fault::Fault>>,
 }
 
 impl Registry {
@@ -221,8 +223,14 @@ impl Endpoint {
         self.arrived.notify_all();
     }
 
+    /// Failure notices for `comm` (from its remote peers) raise in `fault`.
+    pub fn watch_failures(&self, comm: CommId, fault: &Arc<crate::fault::Fault>) {
+        self.lock().faults.insert(comm, Arc::downgrade(fault));
+    }
+
     pub fn unregister(&self, comm: CommId) {
         let mut r = self.lock();
+        r.faults.remove(&comm);
         r.secrets.remove(&comm);
         r.ready.retain(|k, _| k.0 != comm);
         r.parked.retain(|k, _| k.0 != comm);
@@ -292,8 +300,148 @@ struct EndpointHandler {
     ep: Arc<Endpoint>,
 }
 
+impl EndpointHandler {
+    /// A remote peer's failure notice: authenticated with the
+    /// communicator's secret, raised in its fault domain, then closed.
+    fn on_fail(&mut self, a: Accepted) {
+        let refuse = |a: Accepted, why: &str| {
+            COUNTERS.refused.fetch_add(1, Relaxed);
+            server::reject(a.stream, a.peer, "peer endpoint", why)
+        };
+        let m = match FailMsg::decode(&a.frame.payload) {
+            Ok(m) => m,
+            Err(e) => return refuse(a, &e.to_string()),
+        };
+        let (secret, fault) = {
+            let r = self.ep.lock();
+            (
+                r.secrets.get(&m.comm).copied(),
+                r.faults.get(&m.comm).and_then(|w| w.upgrade()),
+            )
+        };
+        let Some(secret) = secret else {
+            return refuse(a, "a failure notice for a communicator not here");
+        };
+        if a.frame.verify(&secret, &a.challenge).is_err() {
+            COUNTERS.unauthenticated.fetch_add(1, Relaxed);
+            return server::reject(
+                a.stream,
+                a.peer,
+                "peer endpoint",
+                "a failure notice without the communicator's secret",
+            );
+        }
+        if let Some(f) = fault {
+            f.learn(m.origin as usize, m.kind, &m.reason);
+        }
+    }
+}
+
+/// Why a communicator failed, as its origin tells remote peers.
+pub(crate) struct FailMsg {
+    pub comm: CommId,
+    pub origin: u32,
+    pub kind: u32,
+    pub reason: String,
+}
+
+/// At most this much of a reason travels (the control block keeps 255 bytes).
+const FAIL_REASON_MAX: usize = 512;
+
+impl FailMsg {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut end = self.reason.len().min(FAIL_REASON_MAX);
+        while !self.reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        let mut e = Enc::default();
+        e.bytes(&self.comm)
+            .u32(self.origin)
+            .u32(self.kind)
+            .str(&self.reason[..end]);
+        e.0
+    }
+    pub(crate) fn decode(b: &[u8]) -> Result<FailMsg> {
+        let mut d = Dec::new(b, "failure notice");
+        let m = FailMsg {
+            comm: d.array()?,
+            origin: d.u32()?,
+            kind: d.u32()?,
+            reason: d.str(FAIL_REASON_MAX)?,
+        };
+        d.finish()?;
+        Ok(m)
+    }
+}
+
+/// How a rank tells its remote peers why a communicator failed: one short,
+/// authenticated connection to each peer's endpoint, all at once, bounded by
+/// [`NOTICE_DEADLINE`] in all. Sent before the rank's connections close (so
+/// a peer that sees the close already knows why) and before `raise`
+/// returns (a process that exits right after its error must not take the
+/// notices with it).
+pub(crate) struct FailNotify {
+    pub comm: CommId,
+    pub secret: [u8; 32],
+    /// Endpoints of the ranks reached over TCP.
+    pub peers: Vec<SocketAddr>,
+}
+
+/// All notices of one failure are sent within this (a lost host's endpoint
+/// never answers: it costs the failure's spread this much at most).
+const NOTICE_DEADLINE: Duration = Duration::from_millis(250);
+/// Notices in flight at once.
+const NOTICE_PARALLEL: usize = 16;
+
+impl FailNotify {
+    pub(crate) fn send(&self, origin: u32, kind: u32, reason: &str) {
+        if self.peers.is_empty() {
+            return;
+        }
+        let msg = FailMsg {
+            comm: self.comm,
+            origin,
+            kind,
+            reason: reason.to_string(),
+        }
+        .encode();
+        let deadline = Instant::now() + NOTICE_DEADLINE;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..NOTICE_PARALLEL.min(self.peers.len()) {
+                s.spawn(|| {
+                    while let Some(&addr) = self.peers.get(next.fetch_add(1, Relaxed)) {
+                        let _ = send_notice(addr, &msg, &self.secret, deadline);
+                    }
+                });
+            }
+        });
+    }
+}
+
+fn send_notice(addr: SocketAddr, msg: &[u8], secret: &[u8; 32], deadline: Instant) -> Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Ok(());
+    }
+    let mut s = TcpStream::connect_timeout(&addr, left)
+        .map_err(|e| Error::Bootstrap(format!("failure notice to {addr}: {e}")))?;
+    let ch = wire::read_frame(&mut s, 64, deadline)?;
+    if ch.kind != Kind::Challenge {
+        return Ok(());
+    }
+    wire::write_all(
+        &mut s,
+        &wire::encode(Kind::Fail, msg, secret, &ch.payload),
+        deadline,
+    )
+}
+
 impl Handler for EndpointHandler {
     fn on_frame(&mut self, a: Accepted) {
+        if a.frame.kind == Kind::Fail {
+            return self.on_fail(a);
+        }
         if a.frame.kind != Kind::Connect {
             let k = a.frame.kind;
             COUNTERS.refused.fetch_add(1, Relaxed);
@@ -540,5 +688,31 @@ pub(crate) fn probe(addr: SocketAddr) -> bool {
     match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
         Ok(_) => true,
         Err(e) => e.kind() != std::io::ErrorKind::ConnectionRefused,
+    }
+}
+
+/// Whether a process still listens at `addr`: it accepts within `timeout`.
+/// Refused (the process is gone) and no answer (the host is gone) are both
+/// false. The probe sends nothing and closes at once.
+pub(crate) fn answers(addr: SocketAddr, timeout: Duration) -> bool {
+    TcpStream::connect_timeout(&addr, timeout).is_ok()
+}
+
+#[cfg(test)]
+mod fail_msg_tests {
+    use super::FailMsg;
+
+    #[test]
+    fn a_failure_notice_round_trips_and_caps_its_reason() {
+        let m = FailMsg {
+            comm: [5; 16],
+            origin: 7,
+            kind: 2,
+            reason: "é".repeat(400),
+        };
+        let d = FailMsg::decode(&m.encode()).unwrap();
+        assert_eq!((d.comm, d.origin, d.kind), ([5; 16], 7, 2));
+        assert!(d.reason.len() <= super::FAIL_REASON_MAX && d.reason.starts_with("éé"));
+        assert!(FailMsg::decode(&m.encode()[..20]).is_err());
     }
 }

@@ -296,7 +296,10 @@ fn mode_abort() {
 /// others must fail within the configured time.
 fn mode_kill() {
     let w = world();
-    let victim = w.count() - 1;
+    let victim = std::env::var("WEFT_TEST_VICTIM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(w.count() - 1);
     let mut buf = vec![1.0f32; 4 << 20];
     if w.rank() == victim {
         std::thread::spawn(|| {
