@@ -30,6 +30,7 @@ pub mod names {
     pub const WEFT_JOB_SECRET: &str = params::WEFT_JOB_SECRET.name();
     pub const WEFT_JOB_SECRET_FILE: &str = params::WEFT_JOB_SECRET_FILE.name();
     pub const WEFT_RESTART_EPOCH: &str = params::WEFT_RESTART_EPOCH.name();
+    pub const WEFT_INCARNATION: &str = params::WEFT_INCARNATION.name();
     pub const WEFT_TRANSPORT: &str = params::WEFT_TRANSPORT.name();
     pub const WEFT_NET_IF: &str = params::WEFT_NET_IF.name();
     pub const WEFT_LOG: &str = params::WEFT_LOG.name();
@@ -65,6 +66,7 @@ pub mod names {
         WEFT_JOB_SECRET,
         WEFT_JOB_SECRET_FILE,
         WEFT_RESTART_EPOCH,
+        WEFT_INCARNATION,
         WEFT_TRANSPORT,
         WEFT_NET_IF,
         WEFT_LOG,
@@ -206,6 +208,10 @@ pub struct PodEnv {
     pub secret_file: String,
     /// `WEFT_RESTART_EPOCH`.
     pub restart_epoch: u32,
+    /// `WEFT_INCARNATION`: 0 for the pods an epoch starts with, n for the
+    /// n-th replacement of this pod within the epoch (onRankFailure:
+    /// ReplaceRank). Read as 0 when unset (pods of older operators).
+    pub incarnation: u32,
     /// `WEFT_TRANSPORT`.
     pub transport: String,
     /// `WEFT_NET_IF`, when the job names an interface.
@@ -231,6 +237,7 @@ impl PodEnv {
             (WEFT_SIDECAR_SOCKET, self.sidecar_socket.clone()),
             (WEFT_JOB_SECRET_FILE, self.secret_file.clone()),
             (WEFT_RESTART_EPOCH, self.restart_epoch.to_string()),
+            (WEFT_INCARNATION, self.incarnation.to_string()),
             (WEFT_TRANSPORT, self.transport.clone()),
         ];
         if let Some(i) = &self.net_if {
@@ -265,6 +272,7 @@ impl PodEnv {
                 .trim()
                 .parse()
                 .map_err(|_| bad(WEFT_RESTART_EPOCH, &epoch, "a whole number"))?,
+            incarnation: params::WEFT_INCARNATION.try_get_from(lookup)?.unwrap_or(0),
             transport: text(lookup, WEFT_TRANSPORT)?,
             net_if: lookup(WEFT_NET_IF),
             otlp_endpoint: lookup(OTEL_EXPORTER_OTLP_ENDPOINT),

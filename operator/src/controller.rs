@@ -24,7 +24,8 @@ use tracing::{info, warn};
 use crate::crd::{CollectiveJob, JobPhase};
 use crate::policy::{self, Plan};
 use crate::resources::{
-    self, LABEL_MANAGED_BY, MANAGER, OperatorConfig, desired_pod, desired_secret, desired_service,
+    self, LABEL_MANAGED_BY, MANAGER, OperatorConfig, desired_pod_incarnation, desired_secret,
+    desired_service,
 };
 use crate::telemetry::http::Readiness;
 use crate::telemetry::metrics::Metrics;
@@ -388,8 +389,9 @@ async fn apply(cached: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
                 kube::Error::Api(s) => s.message.clone(),
                 e => e.to_string(),
             };
-            // All-or-nothing: no partial gang holds quota or GPUs.
-            let rolled_back = if creating {
+            // All-or-nothing: no partial gang holds quota or GPUs. A
+            // replacement of a failed pod is not a gang: the running pods stay.
+            let rolled_back = if creating && !plan.replacements_only {
                 rollback_gang(job, ctx, &pods, &current, &created).await
             } else {
                 0
@@ -459,6 +461,12 @@ async fn apply(cached: &CollectiveJob, ctx: &Context) -> Result<Action, Error> {
         if new == JobPhase::Restarting {
             ctx.metrics.job_restarts.inc();
         }
+    }
+    let old_replacements = job.status.as_ref().map_or(0, |s| s.replacements);
+    if plan.status.replacements > old_replacements {
+        ctx.metrics
+            .rank_replacements
+            .inc_by((plan.status.replacements - old_replacements) as u64);
     }
     publish(job, ctx, &plan).await;
 
@@ -581,7 +589,13 @@ async fn execute_pods(
     }
     let mut created = vec![];
     for index in &plan.create_pods {
-        let pod = desired_pod(job, *index, plan.status.restart_epoch, &ctx.config);
+        let pod = desired_pod_incarnation(
+            job,
+            *index,
+            plan.status.restart_epoch,
+            plan.incarnation(*index),
+            &ctx.config,
+        );
         match pods.create(&PostParams::default(), &pod).await {
             Ok(_) => {
                 ctx.metrics.pods_created.inc();

@@ -1612,3 +1612,322 @@ fn api_errors_are_classified() {
         );
     }
 }
+
+fn replace_rank_job(name: &str, replicas: i32, rpr: i32, max_replacements: i32) -> CollectiveJob {
+    let mut j = make_job(name, replicas, rpr);
+    j.spec.failure_policy.on_rank_failure = crate::crd::FailureAction::ReplaceRank;
+    j.spec.failure_policy.max_replacements = max_replacements;
+    j
+}
+
+impl Harness {
+    /// Reconciles until nothing changes, checking the phase after every pass.
+    async fn settle_in_phase(&self, name: &str, phase: JobPhase) {
+        for _ in 0..6 {
+            let before = self.api.snapshot();
+            self.reconcile(name).await.expect("reconcile");
+            assert_eq!(
+                self.status(name).phase,
+                Some(phase),
+                "{:#?}",
+                self.status(name)
+            );
+            if self.api.snapshot() == before {
+                return;
+            }
+        }
+        panic!("did not settle: {:#?}", self.api.writes());
+    }
+
+    fn fail_pod(&self, name: &str, code: i32) {
+        let failed = with_status(
+            self.api.pod(name),
+            "Failed",
+            false,
+            vec![cs_exited("main", code)],
+        );
+        self.api.set_pod(failed);
+    }
+
+    fn run_pod(&self, name: &str) {
+        let ok = with_status(
+            self.api.pod(name),
+            "Running",
+            true,
+            vec![cs_running("main")],
+        );
+        self.api.set_pod(ok);
+    }
+
+    fn pod_writes(&self) -> Vec<String> {
+        self.api
+            .writes()
+            .into_iter()
+            .filter(|w| w.contains(PODS))
+            .map(|w| w.split('?').next().unwrap().to_string())
+            .collect()
+    }
+}
+
+/// Issue 20: a failed pod is replaced in place (same name, DNS name and
+/// ranks, a new incarnation); the others are not touched and the job stays
+/// Running throughout.
+#[tokio::test]
+async fn replace_rank_recreates_only_the_failed_pod() {
+    let h = Harness::new();
+    h.submit(replace_rank_job("rr", 3, 2, 2));
+    h.settle("rr").await;
+    h.set_pods("Running", true, None);
+    h.settle_in_phase("rr", JobPhase::Running).await;
+    let survivors = |h: &Harness| {
+        ["rr-0", "rr-2"].map(|n| {
+            let p = h.api.pod(n);
+            (p.metadata.uid.clone(), p.metadata.resource_version.clone())
+        })
+    };
+    let before = survivors(&h);
+    let writes_before = h.pod_writes().len();
+
+    h.advance(60);
+    h.fail_pod("rr-1", 137);
+    h.reconcile("rr").await.unwrap();
+    let st = h.status("rr");
+    assert_eq!(st.phase, Some(JobPhase::Running));
+    assert_eq!((st.restarts, st.restart_epoch, st.replacements), (0, 0, 1));
+    assert_eq!(
+        h.api.names(PODS),
+        ["rr-0", "rr-2"],
+        "only the failed pod deleted"
+    );
+    let r = &st.recoveries[0];
+    assert_eq!(
+        (
+            r.pod.as_str(),
+            r.first_rank,
+            r.ranks,
+            r.incarnation,
+            r.count
+        ),
+        ("rr-1", 2, 2, 1, 1)
+    );
+    assert_eq!(r.state, crate::crd::RecoveryState::Replacing);
+    assert_eq!(condition(&st, "Replacing").status, "True");
+
+    h.advance(2);
+    h.settle_in_phase("rr", JobPhase::Running).await;
+    assert_eq!(h.api.names(PODS), ["rr-0", "rr-1", "rr-2"]);
+    assert_eq!(
+        h.pod_writes()[writes_before..],
+        [format!("DELETE {PODS}/rr-1"), format!("POST {PODS}")],
+        "one delete and one create: the survivors are untouched"
+    );
+    assert_eq!(survivors(&h), before);
+    let pod = h.api.pod("rr-1");
+    assert_eq!(pod.labels()["weft.dev/incarnation"], "1");
+    assert_eq!(pod.labels()["weft.dev/restart-epoch"], "0");
+    assert_eq!(env_value(&pod, "WEFT_INCARNATION").as_deref(), Some("1"));
+    assert_eq!(env_value(&pod, "WEFT_RANK_OFFSET").as_deref(), Some("2"));
+    assert_eq!(env_value(&pod, "WEFT_RESTART_EPOCH").as_deref(), Some("0"));
+    assert_eq!(
+        env_value(&pod, "WEFT_BOOTSTRAP").as_deref(),
+        Some("rr-0.rr.ml.svc:29400")
+    );
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.hostname.as_deref(), Some("rr-1"));
+    assert_eq!(spec.subdomain.as_deref(), Some("rr"));
+    assert_eq!(
+        env_value(&h.api.pod("rr-0"), "WEFT_INCARNATION").as_deref(),
+        Some("0")
+    );
+    let st = h.status("rr");
+    assert_eq!(st.ranks[1].incarnation, 1);
+    assert_eq!(st.ranks[1].phase, "Pending");
+
+    // The replacement's sidecar is up: the recovery ends with its cost.
+    h.advance(18);
+    h.run_pod("rr-1");
+    h.settle_in_phase("rr", JobPhase::Running).await;
+    let st = h.status("rr");
+    let r = &st.recoveries[0];
+    assert_eq!(r.state, crate::crd::RecoveryState::Recovered);
+    assert_eq!(r.time_lost_seconds, Some(20));
+    assert_eq!(condition(&st, "Replacing").status, "False");
+    assert_eq!(condition(&st, "Ready").status, "True");
+    assert_eq!(st.ready.as_deref(), Some("3/3"));
+    assert_eq!(
+        h.api.event_reasons(),
+        [
+            "PodsCreated",
+            "Running",
+            "RankFailed",
+            "ReplacingRank",
+            "ReplacementCreated",
+            "RankReplaced"
+        ]
+    );
+    let notes: Vec<String> = h
+        .api
+        .0
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .map(|e| e["note"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        notes[2].contains("pod rr-1 (container main, exit code 137"),
+        "{}",
+        notes[2]
+    );
+    assert!(
+        notes[3].contains("ranks 2-3") && notes[3].contains("1/2"),
+        "{}",
+        notes[3]
+    );
+    assert!(notes[5].contains("after the failure"), "{}", notes[5]);
+    assert_eq!(h.ctx.metrics.rank_replacements.get(), 1);
+    assert_eq!(h.ctx.metrics.job_restarts.get(), 0);
+    // For docs/KUBERNETES.md ("Replacing a failed rank").
+    let status = h.api.get(JOBS, "rr").unwrap()["status"].clone();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/weft-operator-docs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("status-replace-rank.yaml"),
+        serde_yaml::to_string(&serde_json::json!({
+            "replacements": status["replacements"],
+            "recoveries": status["recoveries"],
+            "ranks": status["ranks"],
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+/// A second failure while a pod is being replaced, a replacement that fails
+/// itself, then a failure beyond maxReplacements: the job restarts.
+#[tokio::test]
+async fn replace_rank_second_failure_and_the_bound() {
+    let h = Harness::new();
+    h.submit(replace_rank_job("b", 3, 1, 3));
+    h.settle("b").await;
+    h.set_pods("Running", true, None);
+    h.settle_in_phase("b", JobPhase::Running).await;
+
+    // b-1 fails; before its replacement is even created, b-2 fails too.
+    h.fail_pod("b-1", 1);
+    h.reconcile("b").await.unwrap();
+    assert_eq!(h.api.names(PODS), ["b-0", "b-2"]);
+    h.fail_pod("b-2", 2);
+    h.reconcile("b").await.unwrap();
+    let st = h.status("b");
+    assert_eq!(st.phase, Some(JobPhase::Running));
+    assert_eq!(st.replacements, 2);
+    assert_eq!(h.api.names(PODS), ["b-0", "b-1"], "b-2 deleted, b-1 back");
+    h.settle_in_phase("b", JobPhase::Running).await;
+    assert_eq!(h.api.names(PODS), ["b-0", "b-1", "b-2"]);
+
+    // The replacement b-1 dies before it is ready: replaced again.
+    h.fail_pod("b-1", 3);
+    h.settle_in_phase("b", JobPhase::Running).await;
+    assert_eq!(
+        env_value(&h.api.pod("b-1"), "WEFT_INCARNATION").as_deref(),
+        Some("2")
+    );
+    h.set_pods("Running", true, None);
+    h.settle_in_phase("b", JobPhase::Running).await;
+    let st = h.status("b");
+    use crate::crd::RecoveryState::*;
+    let rec: Vec<_> = st
+        .recoveries
+        .iter()
+        .map(|r| (r.pod.as_str(), r.incarnation, r.count, r.state))
+        .collect();
+    assert_eq!(
+        rec,
+        [
+            ("b-1", 1, 1, ReplacementFailed),
+            ("b-2", 1, 2, Recovered),
+            ("b-1", 2, 3, Recovered)
+        ]
+    );
+    assert_eq!(st.replacements, 3);
+    assert_eq!(st.restarts, 0);
+
+    // maxReplacements (3) used up: the next failure restarts the whole job.
+    h.fail_pod("b-0", 4);
+    h.reconcile("b").await.unwrap();
+    let st = h.status("b");
+    assert_eq!(st.phase, Some(JobPhase::Restarting));
+    assert_eq!((st.restarts, st.restart_epoch, st.replacements), (1, 1, 3));
+    assert!(h.api.names(PODS).is_empty(), "all pods deleted");
+    assert!(
+        h.api
+            .event_reasons()
+            .contains(&"ReplacementsExhausted".to_string())
+    );
+    h.settle("b").await;
+    assert_eq!(h.api.names(PODS), ["b-0", "b-1", "b-2"]);
+    for n in ["b-0", "b-1", "b-2"] {
+        let p = h.api.pod(n);
+        assert_eq!(env_value(&p, "WEFT_RESTART_EPOCH").as_deref(), Some("1"));
+        assert_eq!(env_value(&p, "WEFT_INCARNATION").as_deref(), Some("0"));
+    }
+    assert_eq!(h.ctx.metrics.rank_replacements.get(), 3);
+    assert_eq!(h.ctx.metrics.job_restarts.get(), 1);
+}
+
+/// A replacement refused by a ResourceQuota is retried; the running pods are
+/// not rolled back as a gang.
+#[tokio::test]
+async fn refused_replacement_keeps_the_running_pods() {
+    let h = Harness::new();
+    h.submit(replace_rank_job("qr", 3, 1, 3));
+    h.settle("qr").await;
+    h.set_pods("Running", true, None);
+    h.settle_in_phase("qr", JobPhase::Running).await;
+    h.fail_pod("qr-1", 1);
+    h.reconcile("qr").await.unwrap();
+    h.api.0.lock().unwrap().pod_quota = Some(2);
+    h.reconcile("qr")
+        .await
+        .expect("a refusal is not a reconcile error");
+    assert_eq!(h.api.names(PODS), ["qr-0", "qr-2"], "no rollback");
+    let st = h.status("qr");
+    assert_eq!(st.phase, Some(JobPhase::Running));
+    assert_eq!(st.restart_epoch, 0);
+    assert_eq!(condition(&st, "Ready").reason, "QuotaExceeded");
+    assert_eq!(st.recoveries[0].state, crate::crd::RecoveryState::Replacing);
+    h.api.0.lock().unwrap().pod_quota = None;
+    h.advance(5);
+    h.settle_in_phase("qr", JobPhase::Running).await;
+    assert_eq!(h.api.names(PODS), ["qr-0", "qr-1", "qr-2"]);
+    assert_eq!(
+        env_value(&h.api.pod("qr-1"), "WEFT_INCARNATION").as_deref(),
+        Some("1")
+    );
+    assert_eq!(h.status("qr").replacements, 1);
+}
+
+/// RestartJob (the default) is unchanged by ReplaceRank's fields.
+#[tokio::test]
+async fn restart_job_records_no_recoveries() {
+    let h = Harness::new();
+    h.submit(make_job("rj", 2, 1));
+    h.settle("rj").await;
+    h.set_pods("Running", true, None);
+    h.settle("rj").await;
+    h.fail_pod("rj-1", 1);
+    h.reconcile("rj").await.unwrap();
+    let st = h.status("rj");
+    assert_eq!(st.phase, Some(JobPhase::Restarting));
+    assert!(h.api.names(PODS).is_empty());
+    assert_eq!(st.replacements, 0);
+    assert!(st.recoveries.is_empty());
+    assert!(st.conditions.iter().all(|c| c.type_ != "Replacing"));
+    h.settle("rj").await;
+    assert_eq!(
+        env_value(&h.api.pod("rj-1"), "WEFT_INCARNATION").as_deref(),
+        Some("0")
+    );
+    assert_eq!(h.ctx.metrics.rank_replacements.get(), 0);
+}

@@ -65,6 +65,12 @@ pub const DEFAULT_SIDECAR_PEER_PORT: i32 = 29401;
     ),
     printcolumn(name = "Restarts", type_ = "integer", json_path = ".status.restarts"),
     printcolumn(
+        name = "Replaced",
+        type_ = "integer",
+        description = "Failed pods replaced in place (onRankFailure: ReplaceRank)",
+        json_path = ".status.replacements"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -159,10 +165,10 @@ fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::S
     props["volumes"]["items"]["x-kubernetes-validations"] = json!([
         {"rule": "!self.name.startsWith('weft-')", "message": "volume names starting with weft- are reserved for the operator"}
     ]);
-    props["restartPolicy"] = json!({"type": "string", "enum": ["Never"], "description": "Only Never is accepted (and is the default): a failed rank restarts the whole job."});
+    props["restartPolicy"] = json!({"type": "string", "enum": ["Never"], "description": "Only Never is accepted (and is the default): the operator handles a failed rank (failurePolicy)."});
     let string_map = json!({"type": "object", "additionalProperties": {"type": "string"}});
     schemars::Schema::try_from(json!({
-        "description": "Pod template of the workload (a core/v1 PodTemplateSpec). restartPolicy is forced to Never: the operator restarts the whole job instead.",
+        "description": "Pod template of the workload (a core/v1 PodTemplateSpec). restartPolicy is forced to Never: the operator handles a failed rank (failurePolicy) instead.",
         "type": "object",
         "required": ["spec"],
         "properties": {
@@ -332,10 +338,17 @@ pub enum FailureAction {
     RestartJob,
     /// Mark the job Failed at the first rank failure.
     FailJob,
+    /// Keep the job running: delete only the failed pod and create it again
+    /// with the same name, replica index and ranks (a new `WEFT_INCARNATION`,
+    /// the same `WEFT_RESTART_EPOCH`); the other pods are not touched. For
+    /// programs that survive a lost rank (shrink, then grow back when the
+    /// replacement joins). After `maxReplacements` replacements a failure
+    /// restarts the whole job as `RestartJob` does (bounded by `maxRestarts`).
+    ReplaceRank,
 }
 
-/// Failure handling. A collective job cannot survive the loss of one rank
-/// (every communicator includes it), so failures act on the whole job.
+/// Failure handling. With `RestartJob` (the default) and `FailJob` a failure
+/// acts on the whole job; with `ReplaceRank` on the failed pod only.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
@@ -349,6 +362,13 @@ pub struct FailurePolicy {
     /// Action on a rank failure.
     #[serde(default)]
     pub on_rank_failure: FailureAction,
+    /// With `onRankFailure: ReplaceRank`: how many failed pods may be replaced
+    /// in place over the life of the job. A failure beyond it restarts the
+    /// whole job (counted against `maxRestarts`; with `maxRestarts: 0` the
+    /// job fails instead).
+    #[serde(default = "default_max_replacements")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_replacements: i32,
     /// Exit codes that mean "this will fail again": the job is Failed at once
     /// without using up restarts (e.g. a bad argument).
     #[serde(default)]
@@ -360,11 +380,16 @@ fn default_max_restarts() -> i32 {
     3
 }
 
+fn default_max_replacements() -> i32 {
+    3
+}
+
 impl Default for FailurePolicy {
     fn default() -> Self {
         Self {
             max_restarts: default_max_restarts(),
             on_rank_failure: FailureAction::RestartJob,
+            max_replacements: default_max_replacements(),
             permanent_exit_codes: Vec::new(),
         }
     }
@@ -443,7 +468,8 @@ pub struct TelemetrySpec {
 pub enum JobPhase {
     /// Pods are being created or are not all running yet.
     Pending,
-    /// Every pod is running.
+    /// Every pod is running; or, with `onRankFailure: ReplaceRank`, a failed
+    /// pod is being replaced while the others keep running.
     Running,
     /// A rank failed; pods are being replaced with a new epoch.
     Restarting,
@@ -481,11 +507,71 @@ pub struct RankEntry {
     pub first_rank: i32,
     pub ranks: i32,
     pub ready: bool,
-    /// Pod phase as seen by the operator (`Missing` when it does not exist).
+    /// Pod phase as seen by the operator (`Missing` when it does not exist,
+    /// `Replacing` while a failed pod's replacement is awaited).
     pub phase: String,
+    /// The pod's incarnation in this epoch (`WEFT_INCARNATION`): bumped by
+    /// each replacement (onRankFailure: ReplaceRank).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub incarnation: i32,
 }
 
-/// The rank failure that decided the last restart or the failure of the job.
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// Where an in-place recovery (onRankFailure: ReplaceRank) stands.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RecoveryState {
+    /// The failed pod is being deleted or its replacement is not ready yet.
+    Replacing,
+    /// The replacement pod is ready.
+    Recovered,
+    /// The replacement failed before it was ready; a new recovery follows
+    /// (or the job restarts).
+    ReplacementFailed,
+    /// The job restarted, failed or was suspended before the replacement was ready.
+    Abandoned,
+}
+
+/// One in-place recovery: a failed pod replaced by a new incarnation of the
+/// same replica (same name, DNS name and ranks) while the others kept running.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RankRecovery {
+    /// The pod (its name does not change).
+    pub pod: String,
+    pub replica_index: i32,
+    /// The pod's first global rank, and how many ranks it holds.
+    pub first_rank: i32,
+    pub ranks: i32,
+    /// Restart epoch in which it happened.
+    pub epoch: i32,
+    /// Incarnation of the replacement (`WEFT_INCARNATION`).
+    pub incarnation: i32,
+    /// Which replacement of the job this is (1 for the first; compare
+    /// `failurePolicy.maxReplacements`).
+    pub count: i32,
+    /// Why the pod was replaced (`Error`, `OOMKilled`, `Evicted`, `PodDeleted`, ...).
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    pub state: RecoveryState,
+    /// When the operator saw the failure.
+    pub failed_at: Time,
+    /// When the recovery ended (replacement ready, or given up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<Time>,
+    /// Seconds from the failure to the replacement being ready (`Recovered` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_lost_seconds: Option<i64>,
+}
+
+/// The rank failure that decided the last restart, replacement or the failure of the job.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RankFailure {
@@ -522,6 +608,14 @@ pub struct CollectiveJobStatus {
     /// Whole-job restarts so far.
     #[serde(default)]
     pub restarts: i32,
+    /// Failed pods replaced in place so far (onRankFailure: ReplaceRank),
+    /// over the life of the job.
+    #[serde(default)]
+    pub replacements: i32,
+    /// In-place recoveries: every one in progress and the latest ended ones
+    /// (at most 20 records; `replacements` keeps the count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recoveries: Vec<RankRecovery>,
     /// Epoch of the current set of pods (`WEFT_RESTART_EPOCH`); bumped by every
     /// restart and every suspension.
     #[serde(default)]
@@ -589,7 +683,10 @@ mod tests {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Ranks", "Ready", "Restarts", "Age"]);
+        assert_eq!(
+            cols,
+            ["Phase", "Ranks", "Ready", "Restarts", "Replaced", "Age"]
+        );
     }
 
     #[test]
@@ -616,8 +713,11 @@ mod tests {
         assert_eq!(transports, ["auto", "ib", "tcp"]);
         assert_eq!(
             spec["properties"]["failurePolicy"]["properties"]["onRankFailure"]["enum"],
-            json!(["RestartJob", "FailJob"])
+            json!(["RestartJob", "FailJob", "ReplaceRank"])
         );
+        let fp = &spec["properties"]["failurePolicy"]["properties"];
+        assert_eq!(fp["maxReplacements"]["default"], 3);
+        assert_eq!(fp["maxReplacements"]["minimum"].as_f64(), Some(0.0));
         assert_eq!(
             spec["properties"]["runPolicy"]["properties"]["cleanPodPolicy"]["default"],
             "Running"
@@ -700,6 +800,11 @@ spec:
         assert_eq!(job.spec.ranks_per_replica, 1);
         assert_eq!(job.spec.sidecar.bootstrap_port, 29400);
         assert_eq!(job.spec.failure_policy.max_restarts, 3);
+        assert_eq!(job.spec.failure_policy.max_replacements, 3);
+        assert_eq!(
+            job.spec.failure_policy.on_rank_failure,
+            FailureAction::RestartJob
+        );
         assert_eq!(
             job.spec.run_policy.clean_pod_policy,
             CleanPodPolicy::Running

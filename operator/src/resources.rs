@@ -24,6 +24,9 @@ pub const LABEL_JOB: &str = "weft.dev/job-name";
 pub const LABEL_INDEX: &str = "weft.dev/replica-index";
 /// Label carrying the restart epoch of a pod.
 pub const LABEL_EPOCH: &str = "weft.dev/restart-epoch";
+/// Label carrying the incarnation of a pod in its epoch (0, then bumped by
+/// each in-place replacement).
+pub const LABEL_INCARNATION: &str = "weft.dev/incarnation";
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGER: &str = "weft-operator";
 pub const KUEUE_QUEUE: &str = "kueue.x-k8s.io/queue-name";
@@ -203,8 +206,20 @@ fn count(n: i32) -> u32 {
 }
 
 /// The operator -> pod environment contract (`weft_contract::env::PodEnv`),
-/// for pod `index` in `epoch`.
+/// for pod `index` in `epoch`, first incarnation.
 pub fn pod_env(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorConfig) -> PodEnv {
+    pod_env_incarnation(job, index, epoch, 0, cfg)
+}
+
+/// [`pod_env`] for incarnation `incarnation` of pod `index` (a replacement
+/// when > 0).
+pub fn pod_env_incarnation(
+    job: &CollectiveJob,
+    index: i32,
+    epoch: i32,
+    incarnation: i32,
+    cfg: &OperatorConfig,
+) -> PodEnv {
     let s = &job.spec;
     PodEnv {
         job: job.name_any(),
@@ -218,6 +233,7 @@ pub fn pod_env(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorConfig
         sidecar_socket: SOCKET_PATH.into(),
         secret_file: format!("{SECRET_DIR}/{SECRET_KEY}"),
         restart_epoch: count(epoch),
+        incarnation: count(incarnation),
         transport: s.network.transport.as_str().into(),
         net_if: s.network.interface.clone(),
         otlp_endpoint: s
@@ -240,9 +256,10 @@ pub fn contract_env(
     job: &CollectiveJob,
     index: i32,
     epoch: i32,
+    incarnation: i32,
     cfg: &OperatorConfig,
 ) -> Vec<EnvVar> {
-    pod_env(job, index, epoch, cfg)
+    pod_env_incarnation(job, index, epoch, incarnation, cfg)
         .to_vars()
         .into_iter()
         .map(|(k, v)| env(k, v))
@@ -438,12 +455,26 @@ fn sidecar_container(
 
 /// The Pod for replica `index` of restart epoch `epoch`.
 pub fn desired_pod(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorConfig) -> Pod {
+    desired_pod_incarnation(job, index, epoch, 0, cfg)
+}
+
+/// [`desired_pod`] for incarnation `incarnation`: a replacement (> 0) of a
+/// failed pod has the same name, hostname, subdomain and ranks, and differs
+/// only in the `weft.dev/incarnation` label and `WEFT_INCARNATION`.
+pub fn desired_pod_incarnation(
+    job: &CollectiveJob,
+    index: i32,
+    epoch: i32,
+    incarnation: i32,
+    cfg: &OperatorConfig,
+) -> Pod {
     let name = pod_name(job, index);
     let tmpl_meta = job.spec.template.metadata.clone().unwrap_or_default();
     let mut labels = tmpl_meta.labels.unwrap_or_default();
     labels.extend(base_labels(job));
     labels.insert(LABEL_INDEX.into(), index.to_string());
     labels.insert(LABEL_EPOCH.into(), epoch.to_string());
+    labels.insert(LABEL_INCARNATION.into(), incarnation.to_string());
     let mut annotations = tmpl_meta.annotations.unwrap_or_default();
     if let Some(q) = &job.spec.scheduling.queue {
         // Kueue plain-pod groups: the pods of one epoch are admitted together.
@@ -455,7 +486,7 @@ pub fn desired_pod(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorCo
         annotations.insert(KUEUE_GROUP_COUNT.into(), job.spec.replicas.to_string());
     }
 
-    let contract = contract_env(job, index, epoch, cfg);
+    let contract = contract_env(job, index, epoch, incarnation, cfg);
     let mut spec: PodSpec = job.spec.template.spec.clone().unwrap_or_default();
     for c in spec.containers.iter_mut() {
         c.env = Some(with_contract_env(c.env.take(), &contract));

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::{CollectiveJob, RankEntry, RankFailure};
-use crate::resources::{LABEL_EPOCH, LABEL_INDEX, SIDECAR_NAME, pod_name};
+use crate::resources::{LABEL_EPOCH, LABEL_INCARNATION, LABEL_INDEX, SIDECAR_NAME, pod_name};
 
 /// What one pod tells us.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +35,8 @@ pub struct PodView {
     pub name: String,
     pub index: Option<i32>,
     pub epoch: Option<i32>,
+    /// `weft.dev/incarnation` (0 when absent).
+    pub incarnation: i32,
     pub node: Option<String>,
     pub terminating: bool,
     /// When the kubelet's grace period for a terminating pod ends
@@ -136,6 +138,7 @@ pub fn classify(pod: &Pod) -> PodView {
         name: pod.metadata.name.clone().unwrap_or_default(),
         index: label_i32(pod, LABEL_INDEX),
         epoch: label_i32(pod, LABEL_EPOCH),
+        incarnation: label_i32(pod, LABEL_INCARNATION).unwrap_or(0),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
         terminating: pod.metadata.deletion_timestamp.is_some(),
         delete_deadline: pod.metadata.deletion_timestamp.as_ref().map(|t| t.0),
@@ -186,6 +189,7 @@ pub fn rank_table(job: &CollectiveJob, current: &[PodView]) -> Vec<RankEntry> {
                 ranks: rpr,
                 ready: pod.is_some_and(PodView::ready),
                 phase: pod.map_or("Missing", PodView::phase_str).to_string(),
+                incarnation: pod.map_or(0, |p| p.incarnation),
             }
         })
         .collect()

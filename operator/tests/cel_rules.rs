@@ -59,7 +59,7 @@ fn valid_spec_passes_every_rule() {
     let full = with(
         full,
         "/spec/failurePolicy",
-        json!({"permanentExitCodes": [1, 2, 255]}),
+        json!({"permanentExitCodes": [1, 2, 255], "onRankFailure": "ReplaceRank", "maxReplacements": 5}),
     );
     check(&full, None).unwrap();
 }

@@ -26,6 +26,7 @@ pub struct Metrics {
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub job_restarts: Counter,
+    pub rank_replacements: Counter,
     pub phase_transitions: Family<PhaseLabels, Counter>,
     pub pods_created: Counter,
     pub pods_deleted: Counter,
@@ -40,6 +41,7 @@ impl Default for Metrics {
         // 1 ms .. ~16 s: a reconcile is a handful of API calls.
         let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let job_restarts = Counter::default();
+        let rank_replacements = Counter::default();
         let phase_transitions = Family::<PhaseLabels, Counter>::default();
         let pods_created = Counter::default();
         let pods_deleted = Counter::default();
@@ -61,6 +63,11 @@ impl Default for Metrics {
             job_restarts.clone(),
         );
         registry.register(
+            "rank_replacements",
+            "Failed pods replaced in place (onRankFailure: ReplaceRank)",
+            rank_replacements.clone(),
+        );
+        registry.register(
             "job_phase_transitions",
             "CollectiveJob phase transitions, by new phase",
             phase_transitions.clone(),
@@ -78,6 +85,7 @@ impl Default for Metrics {
             reconcile_errors,
             reconcile_duration,
             job_restarts,
+            rank_replacements,
             phase_transitions,
             pods_created,
             pods_deleted,
