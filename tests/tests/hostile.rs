@@ -124,7 +124,8 @@ fn frame(kind: u8, declared_len: u32, payload: &[u8], rng: &mut Rng) -> Vec<u8> 
 }
 
 /// The splits of every rank under attack stay within 2x their baseline
-/// (plus 250 ms for scheduling noise on a loaded machine).
+/// (plus 250 ms for scheduling noise on a loaded machine), and its
+/// all-reduce throughput within 30% of it.
 fn assert_splits_in_time(run: &JobRun) {
     for r in 0..run.ranks.len() {
         let f = run.facts(r);
@@ -134,6 +135,15 @@ fn assert_splits_in_time(run: &JobRun) {
         assert!(
             hit <= 2 * base + 250,
             "rank {r}: {ROUNDS} splits took {hit} ms under attack, {base} ms before\n{}",
+            run.dump()
+        );
+        // Throughput within 30% of the baseline: time at most 1/0.7 of it
+        // (plus 20 ms of scheduling noise on a loaded machine).
+        let base = common::num(&f, "baseline_ar_ms");
+        let hit = common::num(&f, "attacked_ar_ms");
+        assert!(
+            hit * 7 <= base * 10 + 140,
+            "rank {r}: all-reduce throughput fell by more than 30% under attack: {hit} ms vs {base} ms\n{}",
             run.dump()
         );
     }

@@ -810,6 +810,23 @@ fn timed_splits(w: &Communicator, rounds: usize) -> u128 {
     t.elapsed().as_millis()
 }
 
+/// `iters` all-reduces of 1 Mi floats (the job's throughput), in ms; the
+/// best of three runs, so one scheduling hiccup on a loaded machine does
+/// not count as the attack's doing.
+fn timed_allreduces(w: &Communicator, iters: usize) -> u128 {
+    let mut buf = vec![1.0f32; 1 << 20];
+    (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                ok(w.all_reduce_in_place(&mut buf, ReduceOp::Max), "all_reduce");
+            }
+            t.elapsed().as_millis()
+        })
+        .min()
+        .unwrap()
+}
+
 /// For the attack tests (tests/tests/hostile.rs): timed splits before and
 /// after the test attacks this job's ports. The test and the ranks meet
 /// through files in `WEFT_TEST_CTL`: a rank with `WEFT_TEST_WAIT_FILE`
@@ -838,12 +855,14 @@ fn mode_hostile() {
         &format!("{port} {}", std::process::id()),
     );
     let baseline = timed_splits(&w, rounds);
+    let baseline_ar = timed_allreduces(&w, 10);
     publish(&dir.join(format!("ready.{r}")), &baseline.to_string());
     wait_file(&dir.join("go"));
     let attacked = timed_splits(&w, rounds);
+    let attacked_ar = timed_allreduces(&w, 10);
     let s = libcomm::listener_stats();
     println!(
-        "@ baseline_ms={baseline} attacked_ms={attacked} unauthenticated={} evicted={} refused={} parked={} root_refused={} root_unauthenticated={}",
+        "@ baseline_ms={baseline} attacked_ms={attacked} baseline_ar_ms={baseline_ar} attacked_ar_ms={attacked_ar} unauthenticated={} evicted={} refused={} parked={} root_refused={} root_unauthenticated={}",
         s.endpoint_unauthenticated,
         s.endpoint_evicted,
         s.endpoint_refused,
