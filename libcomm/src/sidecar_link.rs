@@ -31,7 +31,7 @@ use crate::bootstrap::wire::{Dec, Enc};
 use crate::error::{Error, Result};
 use crate::transport::shm::{FAIL_ABORT, FAIL_ERROR, Mapping, RingEnd, ST_DESTROYED};
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -230,37 +230,8 @@ pub fn decode_header(h: &[u8; HEADER]) -> Result<(u8, usize)> {
 pub fn send_msg(fd: RawFd, kind: u8, payload: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
     let h = header(kind, payload.len());
-    let mut cbuf = [0u64; 8]; // CMSG_SPACE(2 fds), aligned
-    let iov = [
-        libc::iovec {
-            iov_base: h.as_ptr() as *mut _,
-            iov_len: HEADER,
-        },
-        libc::iovec {
-            iov_base: payload.as_ptr() as *mut _,
-            iov_len: payload.len(),
-        },
-    ];
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr() as *mut _;
-    msg.msg_iovlen = 2;
-    if !fds.is_empty() {
-        let bytes = std::mem::size_of_val(fds);
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes as u32) } as _;
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as _;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c).cast(), fds.len());
-        }
-    }
     let total = HEADER + payload.len();
-    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let n = crate::fdpass::send(fd, &[&h, payload], fds)?;
     // The rest (rare: a large Open) without descriptors.
     let mut done = n as usize;
     while done < total {
@@ -293,50 +264,18 @@ pub fn send_msg(fd: RawFd, kind: u8, payload: &[u8], fds: &[RawFd]) -> std::io::
 /// payload and the descriptors that came with it.
 pub fn recv_msg(fd: RawFd) -> Result<(u8, Vec<u8>, Vec<OwnedFd>)> {
     let mut h = [0u8; HEADER];
-    let mut cbuf = [0u64; 8];
-    let iov = libc::iovec {
-        iov_base: h.as_mut_ptr().cast(),
-        iov_len: HEADER,
-    };
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &iov as *const _ as *mut _;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    let n = loop {
-        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        break n;
-    };
-    if n < 0 {
-        return Err(Error::last_os("reading from the proxy socket"));
-    }
-    // Take ownership of every descriptor first, so none leaks on an error.
-    let mut fds = Vec::new();
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const RawFd;
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
+    let got = crate::fdpass::recv(fd, &mut h)
+        .map_err(|e| Error::sys("reading from the proxy socket", e))?;
+    let (n, fds) = (got.len, got.fds);
     if n == 0 {
         return Err(Error::InvalidArgument("the proxy socket closed".into()));
     }
-    if msg.msg_flags & libc::MSG_CTRUNC != 0 || fds.len() > MAX_FDS {
+    if got.truncated || fds.len() > MAX_FDS {
         return Err(Error::InvalidArgument(
             "too many descriptors in a proxy message".into(),
         ));
     }
-    read_exact(fd, &mut h[n as usize..])?;
+    read_exact(fd, &mut h[n..])?;
     let (kind, len) = decode_header(&h)?;
     let mut payload = vec![0u8; len];
     read_exact(fd, &mut payload)?;

@@ -434,29 +434,12 @@ fn same_user(fd: RawFd) -> bool {
 
 /// Sends a segment's descriptor (one byte with SCM_RIGHTS).
 fn send_segment(s: &UnixStream, fd: RawFd) -> std::io::Result<()> {
-    let byte = [1u8];
-    let iov = libc::iovec {
-        iov_base: byte.as_ptr() as *mut _,
-        iov_len: 1,
-    };
-    let mut cbuf = [0u64; 4];
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &iov as *const _ as *mut _;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    let bytes = std::mem::size_of::<RawFd>() as u32;
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as _;
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(bytes) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
-    }
-    if unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } == 1 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
+    match crate::fdpass::send(s.as_raw_fd(), &[&[1u8]], &[fd])? {
+        1 => Ok(()),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::WriteZero,
+            "the segment's descriptor was not sent",
+        )),
     }
 }
 
@@ -472,42 +455,9 @@ fn receive_segment(s: &UnixStream, name: &str, deadline: Instant) -> Result<Owne
         .max(Duration::from_millis(1));
     let _ = s.set_read_timeout(Some(left));
     let mut byte = [0u8; 1];
-    let iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = [0u64; 8];
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &iov as *const _ as *mut _;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf) as _;
-    let n = loop {
-        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        break n;
-    };
-    if n < 0 {
-        return Err(Error::last_os(format!(
-            "receiving the shared memory segment {name}"
-        )));
-    }
-    let mut fds = Vec::new();
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c) as *const RawFd;
-                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-    }
+    let got = crate::fdpass::recv(s.as_raw_fd(), &mut byte)
+        .map_err(|e| Error::sys(format!("receiving the shared memory segment {name}"), e))?;
+    let (n, mut fds) = (got.len, got.fds);
     if n != 1 || fds.len() != 1 {
         return Err(Error::Internal(format!(
             "the offer of the shared memory segment {name} sent no descriptor"
