@@ -75,12 +75,21 @@ struct Args {
 #define WEFT_BCAST_SCATTER 1
 
 // Host-mapped per communicator (pinned host memory): the host sets `abort`
-// (ncclCommAbort), every spin loop polls it and the kernel returns; kernels
-// report asynchronous errors (a send/recv size mismatch) in `error`.
+// (ncclCommAbort, the device watch), every spin loop polls it and the kernel
+// returns; kernels report asynchronous errors (a send/recv size mismatch) in
+// `error`. With `timeout_ms` set (WEFT_TIMEOUT_MS), a wait that polled one
+// address that long without its value arriving writes the address into
+// `stalled`; the host's device watch (libcomm/src/watch.rs) then fails the
+// communicator, naming the peer it maps the address to, and raises `abort`.
+// `abort` and `timeout_ms` share one 8-byte word: one PCIe read fetches both.
+// Keep in sync with cuda/abi.rs.
 struct Status {
     u32 abort;
+    u32 timeout_ms;
     u32 error;
+    u32 pad;
     u64 detail;
+    u64 stalled;
 };
 #define WEFT_ERR_P2P_SIZE 1       // detail: peer << 56 | the bytes the sender sent
 #define WEFT_ERR_P2P_SIZE_SEND 2  // detail: peer << 56 | the bytes the receiver expects
@@ -141,18 +150,43 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
     return v;
 }
 
-__device__ __forceinline__ bool aborted(u64 status) {
-    return status != 0 && *(const volatile u32*)status != 0;
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
-// Spins until *p >= v; false if the communicator was aborted meanwhile (the
-// host word is read every 1024 polls: it is a PCIe round trip).
+// What every spin loop does once per 1024 unsuccessful polls (the host word
+// is a PCIe round trip away): false when the communicator was aborted. With
+// a timeout set, `since` holds when this wait first got here (globaltimer,
+// ns; 0 = not yet) and a wait older than the timeout reports the address it
+// polls in Status.stalled (again each timeout after), then keeps waiting for
+// the host to raise `abort`. Nothing here runs while waits succeed: the
+// cost of the timeout is zero on the fast path.
+__device__ __noinline__ bool still_waiting(u64 status, const void* at, u64& since) {
+    if (status == 0) return true;
+    const u64 w = *(const volatile u64*)status;  // abort | timeout_ms << 32
+    if ((u32)w != 0) return false;
+    const u64 ms = w >> 32;
+    if (ms == 0) return true;
+    const u64 now = globaltimer();
+    if (since == 0) {
+        since = now;
+    } else if (now - since >= ms * 1000000ull) {
+        ((volatile Status*)status)->stalled = (u64)at;
+        since = now;
+    }
+    return true;
+}
+
+// Spins until *p >= v; false if the communicator was aborted meanwhile.
 __device__ __forceinline__ bool wait_geq(const u64* p, u64 v, u64 status) {
     u32 n = 0;
+    u64 since = 0;
     while (ld_acquire_sys(p) < v) {
         if (++n == 1024) {
             n = 0;
-            if (aborted(status)) return false;
+            if (!still_waiting(status, p, since)) return false;
         }
     }
     return true;
@@ -928,6 +962,7 @@ __device__ __forceinline__ bool warp_wait_geq(const u64* p, u64 need, u64& seen,
 __device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2 * LINES_U][2], u64 status) {
     const bool flag_lane = (threadIdx.x & 7) == 7;
     u32 spins = 0;
+    u64 since = 0;
     while (true) {
         bool missing = false;
         if (flag_lane) {
@@ -937,7 +972,7 @@ __device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2
         if (!__any_sync(0xffffffffu, missing)) break;
         if (++spins == 1024) {
             spins = 0;
-            bool stop = (threadIdx.x & 31) == 0 && aborted(status);
+            bool stop = (threadIdx.x & 31) == 0 && !still_waiting(status, rows, since);
             if (__any_sync(0xffffffffu, stop)) return false;
         }
     }
@@ -1086,6 +1121,7 @@ __device__ __forceinline__ void st_ll(u32* p, uint4 x, u32 f) {
 // false: aborted.
 __device__ __forceinline__ bool ld_ll(const u32* p, u32 f, uint4& x, u64 status) {
     u32 spins = 0;
+    u64 since = 0;
     while (true) {
         u32 a0, a1, a2, a3, b0, b1, b2, b3;
         asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -1102,7 +1138,7 @@ __device__ __forceinline__ bool ld_ll(const u32* p, u32 f, uint4& x, u64 status)
         }
         if (++spins == 1024) {
             spins = 0;
-            if (aborted(status)) return false;
+            if (!still_waiting(status, p, since)) return false;
         }
     }
 }
@@ -1160,7 +1196,12 @@ __device__ void ll_oneshot(const Args& a) {
     __syncthreads();
     if (quit) return;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
+    // False once a wait of this thread was aborted: it stops, and still
+    // meets the others at the block barrier below (every thread reaches it,
+    // each leaving its own waits on the abort), so nothing depends on how
+    // a barrier treats threads that have exited.
+    bool ok = true;
+    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; ok && v < nv; v += stride) {
         // 1. Push: the whole input (or my part d of it) to every peer that
         // needs it.
         uint4 own = make_uint4(0, 0, 0, 0);
@@ -1189,34 +1230,36 @@ __device__ void ll_oneshot(const Args& a) {
             if (kind == K_REDUCESCATTER) own = load_vec(in + me * B, v, B);
             else if (!sends) own = load_vec(in, v, B);
             VecAcc<T, Op> acc;
-            for (int r = 0; r < n; r++) {
+            for (int r = 0; ok && r < n; r++) {
                 uint4 x = own;
-                if (r != me && !ld_ll(from[r] + v * 8, f, x, a.status)) return;
+                if (r != me) ok = ld_ll(from[r] + v * 8, f, x, a.status);
                 if (r == 0) acc.set(x);
                 else acc.add(x);
             }
-            store_vec(out, v, B, acc.finish(n));
+            if (ok) store_vec(out, v, B, acc.finish(n));
         } else if (kind == K_BROADCAST) {
             uint4 x;
-            if (!ld_ll(from[root] + v * 8, f, x, a.status)) return;
-            store_vec(out, v, B, x);
+            ok = ld_ll(from[root] + v * 8, f, x, a.status);
+            if (ok) store_vec(out, v, B, x);
         } else {
             // All-gather, all-to-all: part r of my output from rank r.
-            for (int k = 0; k < n; k++) {
+            for (int k = 0; ok && k < n; k++) {
                 const int r = (me + k) % n;
                 uint4 x;
                 if (r == me) x = per_dest ? load_vec(in + me * B, v, B) : own;
-                else if (!ld_ll(from[r] + v * 8, f, x, a.status)) return;
-                store_vec(out + r * B, v, B, x);
+                else ok = ld_ll(from[r] + v * 8, f, x, a.status);
+                if (ok) store_vec(out + r * B, v, B, x);
             }
         }
     }
-    // This block is done with my half: count it. Its reads are complete (their
-    // values were stored before the block barrier), so a GPU-scope fence
-    // before the count suffices in practice, as in NCCL's LL; the reader on
-    // another GPU acquires it with system scope.
+    if (!ok) quit = 1;
+    // This block is done with my half: count it (not after an abort: the
+    // communicator is dead). Its reads are complete (their values were
+    // stored before the block barrier), so a GPU-scope fence before the
+    // count suffices in practice, as in NCCL's LL; the reader on another GPU
+    // acquires it with system scope.
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && !quit) {
         __threadfence();
         atomicAdd((unsigned long long*)(a.flags[me] + WEFT_LL_COUNT), 1ull);
     }
