@@ -1105,3 +1105,60 @@ fn four_ranks_on_one_gpu_in_one_process_run_grouped_collectives() {
         mem::stream_destroy(dev, streams[r]).unwrap();
     }
 }
+
+/// Two ranks of one communicator in one process given the same stream in a
+/// group: their kernels would wait for each other on one stream (a
+/// deadlock), so the group is refused with ncclInvalidUsage before anything
+/// is enqueued; the same group on a stream per rank then works.
+#[test]
+#[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+fn two_ranks_on_one_stream_are_refused_not_hung() {
+    const NAME: &str = "two_ranks_on_one_stream_are_refused_not_hung";
+    let Some(_) = devices_or_skip(NAME, 1) else {
+        return;
+    };
+    assert!(cuda::kernels::nvrtc_available(), "{NAME} needs libnvrtc");
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+            eprintln!("FAILED {NAME}: hung");
+            std::process::exit(101);
+        }
+    });
+    let devs = [0, 0];
+    let comms = init_all(&devs);
+    let count = 1 << 16;
+    let bufs: Vec<u64> = (0..2).map(|_| mem::alloc(0, count * 4).unwrap()).collect();
+    let streams: Vec<u64> = (0..2).map(|_| mem::stream(0).unwrap()).collect();
+    let p = |x: u64| x as *mut c_void;
+    let group = |st: [u64; 2]| unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for r in 0..2 {
+            assert_eq!(
+                pncclAllReduce(p(bufs[r]), p(bufs[r]), count, F32, 0, comms[r], p(st[r])),
+                0
+            );
+        }
+        pncclGroupEnd()
+    };
+    // First on a stream each (sets the device side up), then one stream.
+    assert_eq!(group([streams[0], streams[1]]), 0);
+    mem::sync(0).unwrap();
+    assert_eq!(group([streams[0], streams[0]]), 5, "ncclInvalidUsage");
+    let msg = unsafe { std::ffi::CStr::from_ptr(pncclGetLastError(comms[0])) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(msg.contains("same CUDA stream"), "{msg}");
+    assert_eq!(
+        group([streams[0], streams[1]]),
+        0,
+        "a stream each still works"
+    );
+    mem::sync(0).unwrap();
+    let _ = tx.send(());
+    for r in 0..2 {
+        assert_eq!(unsafe { pncclCommDestroy(comms[r]) }, 0);
+        mem::free(0, bufs[r]).unwrap();
+        mem::stream_destroy(0, streams[r]).unwrap();
+    }
+}
