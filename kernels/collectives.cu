@@ -193,20 +193,22 @@ __device__ __forceinline__ bool wait_geq(const u64* p, u64 v, u64 status) {
 }
 
 // False: aborted (every thread of the block returns false; the caller returns).
+// The block agrees through __syncthreads_or, not a shared flag: a thread
+// that aborts the next wait cannot overwrite a verdict another thread has
+// not read yet (the abort model in libcomm/src/cuda/abort_model.rs found
+// that race), and no thread leaves while others wait at a block barrier.
 __device__ __forceinline__ bool barrier(const Args& a, u64 value) {
-    __shared__ int stop;
-    if (threadIdx.x == 0) stop = 0;
     __threadfence_system();
     __syncthreads();
     int r = threadIdx.x;
+    int stop = 0;
     if (r < a.nranks) {
         u64* theirs = (u64*)a.flags[r] + blockIdx.x * WEFT_MAX_RANKS + a.rank;
         st_release_sys(theirs, value);
         const u64* mine = (const u64*)a.flags[a.rank] + blockIdx.x * WEFT_MAX_RANKS + r;
-        if (!wait_geq(mine, value, a.status)) stop = 1;
+        stop = !wait_geq(mine, value, a.status);
     }
-    __syncthreads();
-    return stop == 0;
+    return __syncthreads_or(stop) == 0;
 }
 #define BARRIER(a, v) \
     if (!barrier(a, v)) return
@@ -543,11 +545,13 @@ __device__ __forceinline__ void part(u64 lo, u64 hi, int k, int m, u64& plo, u64
 // every wait polls local memory). Values (s << 32) | steps done only grow, so
 // a stale value never satisfies a wait. Thread 0 waits for *p >= v and, when
 // p2 is not null, *p2 >= v2; false: aborted.
+// (__syncthreads_or, as in `barrier`: a shared flag could be overwritten by
+// thread 0's next wait before a slower thread read it, where no block
+// barrier comes between two calls, as in the last rank of a broadcast ring.)
 __device__ __forceinline__ bool wait_progress(u64 status, const u64* p, u64 v, const u64* p2 = nullptr, u64 v2 = 0) {
-    __shared__ int quit;
+    int quit = 0;
     if (threadIdx.x == 0) quit = (p && !wait_geq(p, v, status)) || (p2 && !wait_geq(p2, v2, status));
-    __syncthreads();
-    return !quit;
+    return __syncthreads_or(quit) == 0;
 }
 // Publishes the block's writes so far, then the progress value v in *p (if
 // not null): one thread fences after the block barrier (which orders every
@@ -1187,14 +1191,11 @@ __device__ void ll_oneshot(const Args& a) {
         to[r] = (u32*)(a.scratch[r] + a.ll_off + (u64)me * WEFT_LL_SLOT);
         from[r] = (const u32*)(a.scratch[me] + a.ll_off + (u64)r * WEFT_LL_SLOT);
     }
-    __shared__ int quit;
-    if (threadIdx.x == 0) quit = 0;
     __syncthreads();
-    if (sends && threadIdx.x < n && ((a.ll_check >> threadIdx.x) & 1) &&
-        !wait_geq((const u64*)(a.flags[threadIdx.x] + WEFT_LL_COUNT), a.ll_need, a.status))
-        quit = 1;
-    __syncthreads();
-    if (quit) return;
+    // The block agrees through __syncthreads_or (see `barrier`).
+    const int quit = sends && threadIdx.x < n && ((a.ll_check >> threadIdx.x) & 1) &&
+                     !wait_geq((const u64*)(a.flags[threadIdx.x] + WEFT_LL_COUNT), a.ll_need, a.status);
+    if (__syncthreads_or(quit)) return;
     const u64 stride = (u64)gridDim.x * blockDim.x;
     // False once a wait of this thread was aborted: it stops, and still
     // meets the others at the block barrier below (every thread reaches it,
@@ -1252,14 +1253,13 @@ __device__ void ll_oneshot(const Args& a) {
             }
         }
     }
-    if (!ok) quit = 1;
     // This block is done with my half: count it (not after an abort: the
     // communicator is dead). Its reads are complete (their values were
     // stored before the block barrier), so a GPU-scope fence before the
     // count suffices in practice, as in NCCL's LL; the reader on another GPU
     // acquires it with system scope.
-    __syncthreads();
-    if (threadIdx.x == 0 && !quit) {
+    const int broke = __syncthreads_or(!ok);
+    if (threadIdx.x == 0 && !broke) {
         __threadfence();
         atomicAdd((unsigned long long*)(a.flags[me] + WEFT_LL_COUNT), 1ull);
     }

@@ -54,6 +54,8 @@
 //! import `cuda/` back.
 
 mod abi;
+#[cfg(test)]
+mod abort_model;
 pub mod batch;
 mod devcomm;
 mod driver;
