@@ -881,6 +881,7 @@ fn colocated_value(r: usize, i: usize) -> f32 {
 /// sends and receives. Every result checked (sampled for the large ones).
 #[test]
 #[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
 fn four_ranks_on_one_gpu_in_one_process_run_grouped_collectives() {
     const NAME: &str = "four_ranks_on_one_gpu_in_one_process_run_grouped_collectives";
     let Some(_) = devices_or_skip(NAME, 1) else {
@@ -1112,6 +1113,7 @@ fn four_ranks_on_one_gpu_in_one_process_run_grouped_collectives() {
 /// is enqueued; the same group on a stream per rank then works.
 #[test]
 #[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
 fn two_ranks_on_one_stream_are_refused_not_hung() {
     const NAME: &str = "two_ranks_on_one_stream_are_refused_not_hung";
     let Some(_) = devices_or_skip(NAME, 1) else {

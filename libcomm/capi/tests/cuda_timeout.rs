@@ -17,6 +17,7 @@ const REMOTE_ERROR: i32 = 6;
 
 #[test]
 #[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda_timeout -- --ignored"]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
 fn a_kernel_waiting_for_a_peer_that_never_comes_times_out() {
     const NAME: &str = "a_kernel_waiting_for_a_peer_that_never_comes_times_out";
     if let Err(e) = cuda::driver() {
