@@ -157,26 +157,25 @@ __device__ __forceinline__ u64 globaltimer() {
 }
 
 // What every spin loop does once per 1024 unsuccessful polls (the host word
-// is a PCIe round trip away): false when the communicator was aborted. With
-// a timeout set, `since` holds when this wait first got here (globaltimer,
-// ns; 0 = not yet) and a wait older than the timeout reports the address it
-// polls in Status.stalled (again each timeout after), then keeps waiting for
-// the host to raise `abort`. Nothing here runs while waits succeed: the
-// cost of the timeout is zero on the fast path.
-__device__ __noinline__ bool still_waiting(u64 status, const void* at, u64& since) {
-    if (status == 0) return true;
+// is a PCIe round trip away): returns WEFT_ABORTED when the communicator was
+// aborted, else the wait's new `since`. With a timeout set, `since` is when
+// this wait first got here (globaltimer, ns; 0 = not yet) and a wait older
+// than the timeout reports the address it polls in Status.stalled (again
+// each timeout after), then keeps waiting for the host to raise `abort`.
+// Nothing here runs while waits succeed: the timeout costs nothing on the
+// fast path (and `since` stays in a register: no reference is passed).
+#define WEFT_ABORTED (~0ull)
+__device__ __noinline__ u64 still_waiting(u64 status, const void* at, u64 since) {
+    if (status == 0) return since;
     const u64 w = *(const volatile u64*)status;  // abort | timeout_ms << 32
-    if ((u32)w != 0) return false;
+    if ((u32)w != 0) return WEFT_ABORTED;
     const u64 ms = w >> 32;
-    if (ms == 0) return true;
+    if (ms == 0) return since;
     const u64 now = globaltimer();
-    if (since == 0) {
-        since = now;
-    } else if (now - since >= ms * 1000000ull) {
-        ((volatile Status*)status)->stalled = (u64)at;
-        since = now;
-    }
-    return true;
+    if (since == 0) return now;
+    if (now - since < ms * 1000000ull) return since;
+    ((volatile Status*)status)->stalled = (u64)at;
+    return now;
 }
 
 // Spins until *p >= v; false if the communicator was aborted meanwhile.
@@ -186,7 +185,8 @@ __device__ __forceinline__ bool wait_geq(const u64* p, u64 v, u64 status) {
     while (ld_acquire_sys(p) < v) {
         if (++n == 1024) {
             n = 0;
-            if (!still_waiting(status, p, since)) return false;
+            since = still_waiting(status, p, since);
+            if (since == WEFT_ABORTED) return false;
         }
     }
     return true;
@@ -976,7 +976,11 @@ __device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2
         if (!__any_sync(0xffffffffu, missing)) break;
         if (++spins == 1024) {
             spins = 0;
-            bool stop = (threadIdx.x & 31) == 0 && !still_waiting(status, rows, since);
+            bool stop = false;
+            if ((threadIdx.x & 31) == 0) {
+                since = still_waiting(status, rows, since);
+                stop = since == WEFT_ABORTED;
+            }
             if (__any_sync(0xffffffffu, stop)) return false;
         }
     }
@@ -1142,7 +1146,8 @@ __device__ __forceinline__ bool ld_ll(const u32* p, u32 f, uint4& x, u64 status)
         }
         if (++spins == 1024) {
             spins = 0;
-            if (!still_waiting(status, p, since)) return false;
+            since = still_waiting(status, p, since);
+            if (since == WEFT_ABORTED) return false;
         }
     }
 }

@@ -18,8 +18,9 @@
 //! - `wait_geq`, `lines_recv` and `ld_ll`: poll until the condition holds;
 //!   every `K` unsuccessful polls read the rank's own abort word (its own
 //!   `Status`: every rank has one, fired by its own process's watch) and
-//!   leave as the call site does (return, a block-shared stop flag then the
-//!   block barrier, or the result ignored);
+//!   leave as the call site does (return; a predicate the block ORs at its
+//!   next barrier, `__syncthreads_or`, then every thread returns; or the
+//!   result ignored);
 //! - `__syncthreads` strictly: it completes only when every thread of the
 //!   block is at it. A thread that has exited never arrives, so nothing may
 //!   depend on how the hardware counts exited threads (the LL kernel used
