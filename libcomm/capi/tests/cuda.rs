@@ -378,20 +378,24 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
         .iter()
         .map(|&d| mem::alloc(d, bytes).unwrap())
         .collect();
-    let null = std::ptr::null_mut::<c_void>();
+    // A stream per rank: on one GPU, one stream for both ranks would run
+    // their kernels one after the other (refused: see
+    // two_ranks_on_one_stream_are_refused_not_hung).
+    let streams: Vec<u64> = devs.iter().map(|&d| mem::stream(d).unwrap()).collect();
+    let st = |r: usize| streams[r] as *mut c_void;
     let count = bytes / 4;
     // Both ranks once (sets up the device side), then rank 0 alone.
     unsafe {
         assert_eq!(pncclGroupStart(), 0);
         for r in 0..2 {
             let b = bufs[r] as *mut c_void;
-            assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[r], null), 0);
+            assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[r], st(r)), 0);
         }
         assert_eq!(pncclGroupEnd(), 0);
         mem::sync(devs[0]).unwrap();
         mem::sync(devs[1]).unwrap();
         let b = bufs[0] as *mut c_void;
-        assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[0], null), 0);
+        assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[0], st(0)), 0);
     }
     // A watchdog: a hang here is the failure this test exists for.
     let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -412,6 +416,7 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
     assert_eq!(unsafe { pncclCommAbort(comms[1]) }, 0);
     for (i, &d) in devs.iter().enumerate() {
         mem::free(d, bufs[i]).unwrap();
+        mem::stream_destroy(d, streams[i]).unwrap();
     }
 }
 

@@ -220,8 +220,9 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
 /// ever (NCCL cannot meet this: it refuses two ranks on one GPU).
 fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     // (every rank's area as mapped here: the same for every rank of a
-    // communicator that is all in this process, the stream, the rank).
-    let mut seen: Vec<(Vec<u64>, usize, usize, usize)> = Vec::new();
+    // communicator that is all in this process; the device and stream: the
+    // null stream is per device; the communicator's index; the rank).
+    let mut seen: Vec<(Vec<u64>, (i32, usize), usize, usize)> = Vec::new();
     for o in ops {
         // Point-to-point may be fine (an eager send leaves the stream at
         // once); a collective always waits for every rank.
@@ -235,7 +236,7 @@ fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
         if !dc.direct {
             continue;
         }
-        let stream = o.op.stream as usize;
+        let stream = (dc.dev, o.op.stream as usize);
         if let Some((_, _, c, rank)) = seen
             .iter()
             .find(|(p, st, _, r)| *p == dc.peers && *st == stream && *r != dc.rank)
