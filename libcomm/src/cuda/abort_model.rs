@@ -782,8 +782,8 @@ pub(super) fn run(
                 }
             }
         }
-        for r in 0..n {
-            if let Some(t) = fire_at[r] {
+        for (r, at) in fire_at.iter().enumerate() {
+            if let Some(t) = *at {
                 if step >= t {
                     st.word[r] = true;
                 }
@@ -816,7 +816,7 @@ pub(super) fn run(
         if !live(r, stopped) {
             continue;
         }
-        if launched[r] < ops.len() && !st.failed[r] && xorshift(&mut rng) % 4 == 0 {
+        if launched[r] < ops.len() && !st.failed[r] && xorshift(&mut rng).is_multiple_of(4) {
             let k = kernels[r][launched[r]].clone();
             let th = k
                 .iter()

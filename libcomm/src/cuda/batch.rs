@@ -222,7 +222,8 @@ fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     // (every rank's area as mapped here: the same for every rank of a
     // communicator that is all in this process; the device and stream: the
     // null stream is per device; the communicator's index; the rank).
-    let mut seen: Vec<(Vec<u64>, (i32, usize), usize, usize)> = Vec::new();
+    type Seen = (Vec<u64>, (i32, usize), usize, usize);
+    let mut seen: Vec<Seen> = Vec::new();
     for o in ops {
         // Point-to-point may be fine (an eager send leaves the stream at
         // once); a collective always waits for every rank.

@@ -225,7 +225,7 @@ mod tests {
             "rank 2 (the barrier of block 3)"
         );
         assert!(site(me + (P2P_READY + 3 * 8) as u64).starts_with("rank 3 (a send"));
-        assert!(site(me + (P2P_DONE + 8 * 0) as u64).starts_with("rank 0 (the receive"));
+        assert!(site(me + P2P_DONE as u64).starts_with("rank 0 (the receive"));
         assert!(
             site(me + (P2P_TAIL + 2 * 512 + 5 * 8) as u64)
                 .starts_with("rank 2 (the next step of a send")

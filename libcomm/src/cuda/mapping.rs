@@ -402,7 +402,7 @@ mod tests {
         // The hang of the issue: 4 ranks on one H100 (132 SMs).
         for (k, n) in [(2usize, 2usize), (3, 3), (4, 4), (8, 8), (4, 8)] {
             let cap = residency_cap(k, 132, n).unwrap().unwrap();
-            assert!(cap >= 1 && cap <= MAX_BLOCKS);
+            assert!((1..=MAX_BLOCKS).contains(&cap));
             // Each rank: a capped kernel plus the uncapped sends of a round
             // and of an eager round; all ranks together fit the SMs.
             assert!(k * (cap + 2 * (n - 1)) <= 132, "{k} ranks of {n}: {cap}");
