@@ -174,6 +174,9 @@ pub(super) enum Spec {
     Direct { two_shot: bool },
     /// Direct broadcast as the ring pipeline of `steps` steps.
     BcastRing { root: usize, steps: u64 },
+    /// Direct broadcast as the scatter pipeline: the root raises every
+    /// other rank's counter each step, they wait on theirs.
+    BcastScatter { root: usize, steps: u64 },
     /// FIFO chain: `steps` steps through `slots` slots.
     Chain {
         bcast: bool,
@@ -299,6 +302,26 @@ fn kernel(spec: Spec, r: usize, n: usize, h: &mut Host, old_ll: bool) -> Kernel 
             barrier(&mut b, r, n, 2 * s, true);
             if two_shot {
                 barrier(&mut b, r, n, 2 * s + 1, true);
+            }
+            barrier(&mut b, r, n, 2 * s + 2, false);
+            h.seq += 2;
+        }
+        Spec::BcastScatter { root, steps } => {
+            let s = h.seq + 1;
+            let tag = s << 32;
+            barrier(&mut b, r, n, 2 * s, true);
+            if r == root {
+                for j in 0..steps {
+                    let st: Vec<(Loc, u64)> = (0..n)
+                        .filter(|&q| q != root)
+                        .map(|q| (Loc::Prog { owner: q, block: 0 }, tag | (j + 1)))
+                        .collect();
+                    signal_progress(&mut b, &st);
+                }
+            } else {
+                for j in 0..steps {
+                    wait_progress(&mut b, &[(Loc::Prog { owner: r, block: 0 }, tag | (j + 1))]);
+                }
             }
             barrier(&mut b, r, n, 2 * s + 2, false);
             h.seq += 2;
@@ -1039,6 +1062,16 @@ mod tests {
                 vec![
                     Spec::Direct { two_shot: false },
                     Spec::Direct { two_shot: true },
+                ],
+            ),
+            (
+                "direct broadcast scatter",
+                vec![
+                    Spec::BcastScatter {
+                        root: n - 1,
+                        steps: 3
+                    };
+                    2
                 ],
             ),
             (
