@@ -75,12 +75,21 @@ struct Args {
 #define WEFT_BCAST_SCATTER 1
 
 // Host-mapped per communicator (pinned host memory): the host sets `abort`
-// (ncclCommAbort), every spin loop polls it and the kernel returns; kernels
-// report asynchronous errors (a send/recv size mismatch) in `error`.
+// (ncclCommAbort, the device watch), every spin loop polls it and the kernel
+// returns; kernels report asynchronous errors (a send/recv size mismatch) in
+// `error`. With `timeout_ms` set (WEFT_TIMEOUT_MS), a wait that polled one
+// address that long without its value arriving writes the address into
+// `stalled`; the host's device watch (libcomm/src/watch.rs) then fails the
+// communicator, naming the peer it maps the address to, and raises `abort`.
+// `abort` and `timeout_ms` share one 8-byte word: one PCIe read fetches both.
+// Keep in sync with cuda/abi.rs.
 struct Status {
     u32 abort;
+    u32 timeout_ms;
     u32 error;
+    u32 pad;
     u64 detail;
+    u64 stalled;
 };
 #define WEFT_ERR_P2P_SIZE 1       // detail: peer << 56 | the bytes the sender sent
 #define WEFT_ERR_P2P_SIZE_SEND 2  // detail: peer << 56 | the bytes the receiver expects
@@ -141,38 +150,65 @@ __device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
     return v;
 }
 
-__device__ __forceinline__ bool aborted(u64 status) {
-    return status != 0 && *(const volatile u32*)status != 0;
+__device__ __forceinline__ u64 globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 
-// Spins until *p >= v; false if the communicator was aborted meanwhile (the
-// host word is read every 1024 polls: it is a PCIe round trip).
+// What every spin loop does once per 1024 unsuccessful polls (the host word
+// is a PCIe round trip away): returns WEFT_ABORTED when the communicator was
+// aborted, else the wait's new `since`. With a timeout set, `since` is when
+// this wait first got here (globaltimer, ns; 0 = not yet) and a wait older
+// than the timeout reports the address it polls in Status.stalled (again
+// each timeout after), then keeps waiting for the host to raise `abort`.
+// Nothing here runs while waits succeed: the timeout costs nothing on the
+// fast path (and `since` stays in a register: no reference is passed).
+#define WEFT_ABORTED (~0ull)
+__device__ __noinline__ u64 still_waiting(u64 status, const void* at, u64 since) {
+    if (status == 0) return since;
+    const u64 w = *(const volatile u64*)status;  // abort | timeout_ms << 32
+    if ((u32)w != 0) return WEFT_ABORTED;
+    const u64 ms = w >> 32;
+    if (ms == 0) return since;
+    const u64 now = globaltimer();
+    if (since == 0) return now;
+    if (now - since < ms * 1000000ull) return since;
+    ((volatile Status*)status)->stalled = (u64)at;
+    return now;
+}
+
+// Spins until *p >= v; false if the communicator was aborted meanwhile.
 __device__ __forceinline__ bool wait_geq(const u64* p, u64 v, u64 status) {
     u32 n = 0;
+    u64 since = 0;
     while (ld_acquire_sys(p) < v) {
         if (++n == 1024) {
             n = 0;
-            if (aborted(status)) return false;
+            since = still_waiting(status, p, since);
+            if (since == WEFT_ABORTED) return false;
         }
     }
     return true;
 }
 
 // False: aborted (every thread of the block returns false; the caller returns).
+// The block agrees through __syncthreads_or, not a shared flag: a thread
+// that aborts the next wait cannot overwrite a verdict another thread has
+// not read yet (the abort model in libcomm/src/cuda/abort_model.rs found
+// that race), and no thread leaves while others wait at a block barrier.
 __device__ __forceinline__ bool barrier(const Args& a, u64 value) {
-    __shared__ int stop;
-    if (threadIdx.x == 0) stop = 0;
     __threadfence_system();
     __syncthreads();
     int r = threadIdx.x;
+    int stop = 0;
     if (r < a.nranks) {
         u64* theirs = (u64*)a.flags[r] + blockIdx.x * WEFT_MAX_RANKS + a.rank;
         st_release_sys(theirs, value);
         const u64* mine = (const u64*)a.flags[a.rank] + blockIdx.x * WEFT_MAX_RANKS + r;
-        if (!wait_geq(mine, value, a.status)) stop = 1;
+        stop = !wait_geq(mine, value, a.status);
     }
-    __syncthreads();
-    return stop == 0;
+    return __syncthreads_or(stop) == 0;
 }
 #define BARRIER(a, v) \
     if (!barrier(a, v)) return
@@ -509,11 +545,13 @@ __device__ __forceinline__ void part(u64 lo, u64 hi, int k, int m, u64& plo, u64
 // every wait polls local memory). Values (s << 32) | steps done only grow, so
 // a stale value never satisfies a wait. Thread 0 waits for *p >= v and, when
 // p2 is not null, *p2 >= v2; false: aborted.
+// (__syncthreads_or, as in `barrier`: a shared flag could be overwritten by
+// thread 0's next wait before a slower thread read it, where no block
+// barrier comes between two calls, as in the last rank of a broadcast ring.)
 __device__ __forceinline__ bool wait_progress(u64 status, const u64* p, u64 v, const u64* p2 = nullptr, u64 v2 = 0) {
-    __shared__ int quit;
+    int quit = 0;
     if (threadIdx.x == 0) quit = (p && !wait_geq(p, v, status)) || (p2 && !wait_geq(p2, v2, status));
-    __syncthreads();
-    return !quit;
+    return __syncthreads_or(quit) == 0;
 }
 // Publishes the block's writes so far, then the progress value v in *p (if
 // not null): one thread fences after the block barrier (which orders every
@@ -928,6 +966,7 @@ __device__ __forceinline__ bool warp_wait_geq(const u64* p, u64 need, u64& seen,
 __device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2 * LINES_U][2], u64 status) {
     const bool flag_lane = (threadIdx.x & 7) == 7;
     u32 spins = 0;
+    u64 since = 0;
     while (true) {
         bool missing = false;
         if (flag_lane) {
@@ -937,7 +976,11 @@ __device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2
         if (!__any_sync(0xffffffffu, missing)) break;
         if (++spins == 1024) {
             spins = 0;
-            bool stop = (threadIdx.x & 31) == 0 && aborted(status);
+            bool stop = false;
+            if ((threadIdx.x & 31) == 0) {
+                since = still_waiting(status, rows, since);
+                stop = since == WEFT_ABORTED;
+            }
             if (__any_sync(0xffffffffu, stop)) return false;
         }
     }
@@ -1086,6 +1129,7 @@ __device__ __forceinline__ void st_ll(u32* p, uint4 x, u32 f) {
 // false: aborted.
 __device__ __forceinline__ bool ld_ll(const u32* p, u32 f, uint4& x, u64 status) {
     u32 spins = 0;
+    u64 since = 0;
     while (true) {
         u32 a0, a1, a2, a3, b0, b1, b2, b3;
         asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -1102,7 +1146,8 @@ __device__ __forceinline__ bool ld_ll(const u32* p, u32 f, uint4& x, u64 status)
         }
         if (++spins == 1024) {
             spins = 0;
-            if (aborted(status)) return false;
+            since = still_waiting(status, p, since);
+            if (since == WEFT_ABORTED) return false;
         }
     }
 }
@@ -1151,16 +1196,18 @@ __device__ void ll_oneshot(const Args& a) {
         to[r] = (u32*)(a.scratch[r] + a.ll_off + (u64)me * WEFT_LL_SLOT);
         from[r] = (const u32*)(a.scratch[me] + a.ll_off + (u64)r * WEFT_LL_SLOT);
     }
-    __shared__ int quit;
-    if (threadIdx.x == 0) quit = 0;
     __syncthreads();
-    if (sends && threadIdx.x < n && ((a.ll_check >> threadIdx.x) & 1) &&
-        !wait_geq((const u64*)(a.flags[threadIdx.x] + WEFT_LL_COUNT), a.ll_need, a.status))
-        quit = 1;
-    __syncthreads();
-    if (quit) return;
+    // The block agrees through __syncthreads_or (see `barrier`).
+    const int quit = sends && threadIdx.x < n && ((a.ll_check >> threadIdx.x) & 1) &&
+                     !wait_geq((const u64*)(a.flags[threadIdx.x] + WEFT_LL_COUNT), a.ll_need, a.status);
+    if (__syncthreads_or(quit)) return;
     const u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; v < nv; v += stride) {
+    // False once a wait of this thread was aborted: it stops, and still
+    // meets the others at the block barrier below (every thread reaches it,
+    // each leaving its own waits on the abort), so nothing depends on how
+    // a barrier treats threads that have exited.
+    bool ok = true;
+    for (u64 v = (u64)blockIdx.x * blockDim.x + threadIdx.x; ok && v < nv; v += stride) {
         // 1. Push: the whole input (or my part d of it) to every peer that
         // needs it.
         uint4 own = make_uint4(0, 0, 0, 0);
@@ -1189,34 +1236,35 @@ __device__ void ll_oneshot(const Args& a) {
             if (kind == K_REDUCESCATTER) own = load_vec(in + me * B, v, B);
             else if (!sends) own = load_vec(in, v, B);
             VecAcc<T, Op> acc;
-            for (int r = 0; r < n; r++) {
+            for (int r = 0; ok && r < n; r++) {
                 uint4 x = own;
-                if (r != me && !ld_ll(from[r] + v * 8, f, x, a.status)) return;
+                if (r != me) ok = ld_ll(from[r] + v * 8, f, x, a.status);
                 if (r == 0) acc.set(x);
                 else acc.add(x);
             }
-            store_vec(out, v, B, acc.finish(n));
+            if (ok) store_vec(out, v, B, acc.finish(n));
         } else if (kind == K_BROADCAST) {
             uint4 x;
-            if (!ld_ll(from[root] + v * 8, f, x, a.status)) return;
-            store_vec(out, v, B, x);
+            ok = ld_ll(from[root] + v * 8, f, x, a.status);
+            if (ok) store_vec(out, v, B, x);
         } else {
             // All-gather, all-to-all: part r of my output from rank r.
-            for (int k = 0; k < n; k++) {
+            for (int k = 0; ok && k < n; k++) {
                 const int r = (me + k) % n;
                 uint4 x;
                 if (r == me) x = per_dest ? load_vec(in + me * B, v, B) : own;
-                else if (!ld_ll(from[r] + v * 8, f, x, a.status)) return;
-                store_vec(out + r * B, v, B, x);
+                else ok = ld_ll(from[r] + v * 8, f, x, a.status);
+                if (ok) store_vec(out + r * B, v, B, x);
             }
         }
     }
-    // This block is done with my half: count it. Its reads are complete (their
-    // values were stored before the block barrier), so a GPU-scope fence
-    // before the count suffices in practice, as in NCCL's LL; the reader on
-    // another GPU acquires it with system scope.
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    // This block is done with my half: count it (not after an abort: the
+    // communicator is dead). Its reads are complete (their values were
+    // stored before the block barrier), so a GPU-scope fence before the
+    // count suffices in practice, as in NCCL's LL; the reader on another GPU
+    // acquires it with system scope.
+    const int broke = __syncthreads_or(!ok);
+    if (threadIdx.x == 0 && !broke) {
         __threadfence();
         atomicAdd((unsigned long long*)(a.flags[me] + WEFT_LL_COUNT), 1ull);
     }

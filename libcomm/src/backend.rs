@@ -19,7 +19,7 @@ use crate::algo::tuner::Decision;
 use crate::error::Result;
 use crate::op::Op;
 use std::any::Any;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The word a communicator's kernels poll to stop waiting on peers (a `u32`
 /// in pinned host memory mapped into the device), reachable without the
@@ -27,8 +27,22 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// the kernels it launched spin on a dead peer, and the abort must still get
 /// through (ncclCommAbort, the device watch in `watch.rs`). The backend
 /// retires it before it frees the memory; firing a retired word does nothing.
+///
+/// It also carries the kernels' progress timeout (`WEFT_TIMEOUT_MS`): the
+/// backend says where the timeout and the stall report live
+/// ([`AbortWord::watch_stalls`]), the core sets the timeout
+/// ([`AbortWord::set_timeout`]) and its device watch asks whether a wait
+/// stalled ([`AbortWord::stalled`]), all without the slot's lock.
 pub struct AbortWord {
     at: Mutex<usize>,
+    stall: OnceLock<Stall>,
+}
+
+/// Where a device reports stalled waits (see [`AbortWord::watch_stalls`]).
+struct Stall {
+    timeout_ms: usize,
+    stalled: usize,
+    describe: Box<dyn Fn(u64) -> String + Send + Sync>,
 }
 
 impl AbortWord {
@@ -36,7 +50,49 @@ impl AbortWord {
     pub fn new(at: *mut u32) -> Arc<AbortWord> {
         Arc::new(AbortWord {
             at: Mutex::new(at as usize),
+            stall: OnceLock::new(),
         })
+    }
+
+    /// The device's progress timeout lives at `timeout_ms` (milliseconds, 0
+    /// = none, read by the kernels) and a kernel whose wait made no progress
+    /// for that long writes the address it polls at `stalled`; `describe`
+    /// names what waits there ("rank 2 (its barrier flag)"). Both in the
+    /// memory `at` points into, so live until [`AbortWord::retire`]. Once.
+    pub fn watch_stalls(
+        &self,
+        timeout_ms: *mut u32,
+        stalled: *const u64,
+        describe: Box<dyn Fn(u64) -> String + Send + Sync>,
+    ) {
+        let _ = self.stall.set(Stall {
+            timeout_ms: timeout_ms as usize,
+            stalled: stalled as usize,
+            describe,
+        });
+    }
+
+    /// Sets the kernels' progress timeout (None: waits never time out).
+    pub fn set_timeout(&self, t: Option<std::time::Duration>) {
+        let ms = t.map_or(0, |t| t.as_millis().clamp(1, u32::MAX as u128) as u32);
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        if let (true, Some(s)) = (*g != 0, self.stall.get()) {
+            // SAFETY: live until `retire`, which takes the same lock.
+            unsafe { std::ptr::write_volatile(s.timeout_ms as *mut u32, ms) };
+        }
+    }
+
+    /// What a kernel waits on that made no progress for the timeout, if one
+    /// reported so (None once retired).
+    pub fn stalled(&self) -> Option<String> {
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.stall.get()?;
+        if *g == 0 {
+            return None;
+        }
+        // SAFETY: as in `set_timeout`.
+        let at = unsafe { std::ptr::read_volatile(s.stalled as *const u64) };
+        (at != 0).then(|| (s.describe)(at))
     }
 
     /// Makes every kernel polling the word return. False once retired.
@@ -171,5 +227,31 @@ mod tests {
         assert!(!w.fire(), "a retired word must not be written");
         assert_eq!(*cell, 0);
         assert!(!w.fired());
+    }
+
+    #[test]
+    fn a_stall_is_reported_and_the_timeout_written_until_retired() {
+        // abort, timeout_ms, stalled (as the CUDA backend's Status).
+        let mut cell = Box::new((0u32, 0u32, 0u64));
+        let w = AbortWord::new(&mut cell.0);
+        assert_eq!(w.stalled(), None, "no stall watch yet");
+        w.watch_stalls(
+            &mut cell.1,
+            &cell.2,
+            Box::new(|a| format!("waits at {a:#x}")),
+        );
+        w.set_timeout(Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(cell.1, 1500);
+        w.set_timeout(Some(std::time::Duration::from_micros(10)));
+        assert_eq!(cell.1, 1, "a timeout below 1 ms is not 0 (never)");
+        w.set_timeout(None);
+        assert_eq!(cell.1, 0);
+        assert_eq!(w.stalled(), None);
+        cell.2 = 0x1000;
+        assert_eq!(w.stalled().as_deref(), Some("waits at 0x1000"));
+        w.retire();
+        assert_eq!(w.stalled(), None, "a retired word reads nothing");
+        w.set_timeout(Some(std::time::Duration::from_secs(1)));
+        assert_eq!(cell.1, 0, "a retired word writes nothing");
     }
 }

@@ -212,6 +212,19 @@ impl CommShared {
                 ),
             );
         }
+        // A kernel's wait made no progress for WEFT_TIMEOUT_MS (a frozen or
+        // lost peer): raised as a failure, so every peer learns too.
+        if let Some(site) = self.device_word.get().and_then(|w| w.stalled()) {
+            f.raise(
+                crate::transport::shm::FAIL_ERROR,
+                &format!(
+                    "no progress for {} ms on the GPU (WEFT_TIMEOUT_MS): rank {} on {} waits for {site}",
+                    self.cfg.timeout.map_or(0, |t| t.as_millis()),
+                    self.rank,
+                    crate::log::host(),
+                ),
+            );
+        }
         let Some(r) = f.check() else {
             return Ok(());
         };
@@ -267,6 +280,8 @@ impl CommShared {
 
     /// Watches the device side once it exists (see `watch.rs`).
     fn watch_device(self: &Arc<Self>, word: Arc<AbortWord>) {
+        // Kernels report waits without progress for this long (0: never).
+        word.set_timeout(self.cfg.timeout);
         if self.device_word.set(word).is_ok() {
             crate::watch::register(self);
         }

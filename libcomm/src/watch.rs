@@ -10,9 +10,11 @@
 //! not), the kernel would spin for ever.
 //!
 //! So once a communicator has a device side, this thread looks at it every
-//! [`INTERVAL`]: a local peer whose process is gone, or a failure a peer
-//! raised, marks the communicator Failed (the error names the rank) and
-//! fires its abort word; the kernels return within microseconds, the user's
+//! [`INTERVAL`]: a local peer whose process is gone, a failure a peer
+//! raised, or a kernel wait that made no progress for `WEFT_TIMEOUT_MS` (a
+//! frozen peer: the kernel reports it in its status word, see
+//! `AbortWord::stalled`) marks the communicator Failed (the error names the
+//! rank) and fires its abort word; the kernels return within microseconds, the user's
 //! stream drains, and the next call on the communicator returns the error.
 //! A communicator is dropped from the watch when it is destroyed or its word
 //! was fired; the thread ends when nothing is left to watch.

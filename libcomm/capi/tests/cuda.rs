@@ -378,20 +378,24 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
         .iter()
         .map(|&d| mem::alloc(d, bytes).unwrap())
         .collect();
-    let null = std::ptr::null_mut::<c_void>();
+    // A stream per rank: on one GPU, one stream for both ranks would run
+    // their kernels one after the other (refused: see
+    // two_ranks_on_one_stream_are_refused_not_hung).
+    let streams: Vec<u64> = devs.iter().map(|&d| mem::stream(d).unwrap()).collect();
+    let st = |r: usize| streams[r] as *mut c_void;
     let count = bytes / 4;
     // Both ranks once (sets up the device side), then rank 0 alone.
     unsafe {
         assert_eq!(pncclGroupStart(), 0);
         for r in 0..2 {
             let b = bufs[r] as *mut c_void;
-            assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[r], null), 0);
+            assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[r], st(r)), 0);
         }
         assert_eq!(pncclGroupEnd(), 0);
         mem::sync(devs[0]).unwrap();
         mem::sync(devs[1]).unwrap();
         let b = bufs[0] as *mut c_void;
-        assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[0], null), 0);
+        assert_eq!(pncclAllReduce(b, b, count, F32, 0, comms[0], st(0)), 0);
     }
     // A watchdog: a hang here is the failure this test exists for.
     let (tx, rx) = std::sync::mpsc::channel::<()>();
@@ -412,6 +416,7 @@ fn abort_releases_a_kernel_waiting_for_a_peer() {
     assert_eq!(unsafe { pncclCommAbort(comms[1]) }, 0);
     for (i, &d) in devs.iter().enumerate() {
         mem::free(d, bufs[i]).unwrap();
+        mem::stream_destroy(d, streams[i]).unwrap();
     }
 }
 
@@ -864,5 +869,303 @@ fn unbatched_send_then_recv_ring_completes_across_gpus() {
         for count in [333, 1 << 20, 16 << 20] {
             unbatched_ring(NAME, &devs, count);
         }
+    }
+}
+
+/// A send buffer's element `i` on rank `r` (small integers: sums are exact).
+fn colocated_value(r: usize, i: usize) -> f32 {
+    (r + 1 + i % 7) as f32
+}
+
+/// Several ranks of one communicator on one GPU in one process: grouped
+/// init (ncclGroupStart, ncclCommInitRank per rank, ncclGroupEnd) of 4 ranks
+/// on GPU 0, then grouped collectives on one stream per rank, small and large
+/// (the large ones fill a GPU's worth of blocks per rank: 4 ranks' kernels
+/// must all be resident at once, which the block cap of `mapping.rs`
+/// ensures; before it, this hung for ever), and a grouped all-to-all of
+/// sends and receives. Every result checked (sampled for the large ones).
+#[test]
+#[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
+fn four_ranks_on_one_gpu_in_one_process_run_grouped_collectives() {
+    const NAME: &str = "four_ranks_on_one_gpu_in_one_process_run_grouped_collectives";
+    let Some(_) = devices_or_skip(NAME, 1) else {
+        return;
+    };
+    assert!(
+        cuda::kernels::nvrtc_available(),
+        "{NAME} needs libnvrtc (the kernel path)"
+    );
+    const N: usize = 4;
+    let dev = 0;
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx
+            .recv_timeout(std::time::Duration::from_secs(180))
+            .is_err()
+        {
+            eprintln!(
+                "FAILED {NAME}: not done within 180 s (ranks sharing a GPU waiting on each other)"
+            );
+            std::process::exit(101);
+        }
+    });
+    let mut id = std::mem::MaybeUninit::<ncclUniqueId>::zeroed();
+    assert_eq!(unsafe { pncclGetUniqueId(id.as_mut_ptr()) }, 0);
+    let id = unsafe { id.assume_init() };
+    let mut comms: Vec<ncclComm_t> = vec![std::ptr::null_mut(); N];
+    cuda::use_device(dev).unwrap();
+    unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for (r, c) in comms.iter_mut().enumerate() {
+            assert_eq!(pncclCommInitRank(c, N as i32, id, r as i32), 0, "rank {r}");
+        }
+        assert_eq!(pncclGroupEnd(), 0, "grouped init of {N} ranks on GPU {dev}");
+    }
+    let streams: Vec<u64> = (0..N).map(|_| mem::stream(dev).unwrap()).collect();
+    let p = |x: u64| x as *mut c_void;
+    let st = |r: usize| streams[r] as *mut c_void;
+    let sync_all = || {
+        for &s in &streams {
+            let rc = unsafe {
+                cudarc::driver::sys::cuStreamSynchronize(s as cudarc::driver::sys::CUstream)
+            };
+            assert_eq!(rc, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+        }
+    };
+    // Elements to check: every one below 4096, else about 4096 spread out
+    // plus the last.
+    let sample = |count: usize| -> Vec<usize> {
+        let step = (count / 4096).max(1);
+        let mut v: Vec<usize> = (0..count).step_by(step).collect();
+        v.push(count - 1);
+        v
+    };
+    let read = |buf: u64, bytes: usize| -> Vec<f32> {
+        let mut b = vec![0u8; bytes];
+        mem::dtoh(dev, &mut b, buf).unwrap();
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    // 1 Ki floats (few blocks), 4 Mi (direct kernels, up to 128 blocks),
+    // 80 Mi = 320 MiB (broadcast and reduce as chains, 128 blocks each).
+    for count in [1usize << 10, 4 << 20, 80 << 20] {
+        let bytes = count * 4;
+        let input: Vec<u64> = (0..N)
+            .map(|r| {
+                let b = mem::alloc(dev, bytes).unwrap();
+                let v: Vec<u8> = (0..count)
+                    .flat_map(|i| colocated_value(r, i).to_le_bytes())
+                    .collect();
+                mem::htod(dev, b, &v).unwrap();
+                b
+            })
+            .collect();
+        let out: Vec<u64> = (0..N).map(|_| mem::alloc(dev, bytes).unwrap()).collect();
+        let what = |c: &str| format!("{NAME}: {c} of {count} floats");
+        // All-reduce (sum).
+        unsafe {
+            assert_eq!(pncclGroupStart(), 0);
+            for r in 0..N {
+                assert_eq!(
+                    pncclAllReduce(p(input[r]), p(out[r]), count, F32, 0, comms[r], st(r)),
+                    0
+                );
+            }
+            assert_eq!(pncclGroupEnd(), 0);
+        }
+        sync_all();
+        for r in 0..N {
+            let got = read(out[r], bytes);
+            for &i in &sample(count) {
+                let want: f32 = (0..N).map(|q| colocated_value(q, i)).sum();
+                assert_eq!(got[i], want, "{}: rank {r} element {i}", what("all-reduce"));
+            }
+        }
+        // Broadcast from rank 1.
+        unsafe {
+            assert_eq!(pncclGroupStart(), 0);
+            for r in 0..N {
+                assert_eq!(
+                    pncclBroadcast(p(input[r]), p(out[r]), count, F32, 1, comms[r], st(r)),
+                    0
+                );
+            }
+            assert_eq!(pncclGroupEnd(), 0);
+        }
+        sync_all();
+        for r in 0..N {
+            let got = read(out[r], bytes);
+            for &i in &sample(count) {
+                assert_eq!(
+                    got[i],
+                    colocated_value(1, i),
+                    "{}: rank {r} element {i}",
+                    what("broadcast")
+                );
+            }
+        }
+        // Reduce (max) to rank 2.
+        unsafe {
+            assert_eq!(pncclGroupStart(), 0);
+            for r in 0..N {
+                assert_eq!(
+                    pncclReduce(p(input[r]), p(out[r]), count, F32, 2, 2, comms[r], st(r)),
+                    0
+                );
+            }
+            assert_eq!(pncclGroupEnd(), 0);
+        }
+        sync_all();
+        let got = read(out[2], bytes);
+        for &i in &sample(count) {
+            assert_eq!(
+                got[i],
+                colocated_value(N - 1, i),
+                "{}: element {i}",
+                what("reduce")
+            );
+        }
+        for r in 0..N {
+            mem::free(dev, out[r]).unwrap();
+        }
+        // All-gather and the grouped all-to-all of sends and receives, up to
+        // 4 Mi floats per rank.
+        if count <= 4 << 20 {
+            let gathered: Vec<u64> = (0..N)
+                .map(|_| mem::alloc(dev, N * bytes).unwrap())
+                .collect();
+            unsafe {
+                assert_eq!(pncclGroupStart(), 0);
+                for r in 0..N {
+                    assert_eq!(
+                        pncclAllGather(p(input[r]), p(gathered[r]), count, F32, comms[r], st(r)),
+                        0
+                    );
+                }
+                assert_eq!(pncclGroupEnd(), 0);
+            }
+            sync_all();
+            for r in 0..N {
+                let got = read(gathered[r], N * bytes);
+                for q in 0..N {
+                    for &i in &sample(count) {
+                        assert_eq!(
+                            got[q * count + i],
+                            colocated_value(q, i),
+                            "{}: rank {r} part {q} element {i}",
+                            what("all-gather")
+                        );
+                    }
+                }
+            }
+            // All-to-all: rank r sends part d of its all-gathered buffer
+            // (rank d's input) to rank d, so every rank receives its own
+            // input from everyone.
+            let recv: Vec<u64> = (0..N)
+                .map(|_| mem::alloc(dev, N * bytes).unwrap())
+                .collect();
+            unsafe {
+                assert_eq!(pncclGroupStart(), 0);
+                for r in 0..N {
+                    for d in 0..N {
+                        let off = (d * bytes) as u64;
+                        assert_eq!(
+                            pncclSend(p(gathered[r] + off), count, F32, d as i32, comms[r], st(r)),
+                            0
+                        );
+                        assert_eq!(
+                            pncclRecv(p(recv[r] + off), count, F32, d as i32, comms[r], st(r)),
+                            0
+                        );
+                    }
+                }
+                assert_eq!(pncclGroupEnd(), 0);
+            }
+            sync_all();
+            for r in 0..N {
+                let got = read(recv[r], N * bytes);
+                for q in 0..N {
+                    for &i in &sample(count) {
+                        assert_eq!(
+                            got[q * count + i],
+                            colocated_value(r, i),
+                            "{}: rank {r} from {q} element {i}",
+                            what("all-to-all")
+                        );
+                    }
+                }
+                mem::free(dev, gathered[r]).unwrap();
+                mem::free(dev, recv[r]).unwrap();
+            }
+        }
+        for r in 0..N {
+            mem::free(dev, input[r]).unwrap();
+        }
+        eprintln!("{NAME}: {count} floats correct");
+    }
+    let _ = tx.send(());
+    for r in 0..N {
+        assert_eq!(unsafe { pncclCommDestroy(comms[r]) }, 0);
+        mem::stream_destroy(dev, streams[r]).unwrap();
+    }
+}
+
+/// Two ranks of one communicator in one process given the same stream in a
+/// group: their kernels would wait for each other on one stream (a
+/// deadlock), so the group is refused with ncclInvalidUsage before anything
+/// is enqueued; the same group on a stream per rank then works.
+#[test]
+#[ignore = "needs a CUDA GPU: on the GPU machine, cargo test -p weft-nccl --test cuda -- --ignored (bench/gpu/run.sh rtest)"]
+#[allow(clippy::needless_range_loop)] // ranks index several arrays
+fn two_ranks_on_one_stream_are_refused_not_hung() {
+    const NAME: &str = "two_ranks_on_one_stream_are_refused_not_hung";
+    let Some(_) = devices_or_skip(NAME, 1) else {
+        return;
+    };
+    assert!(cuda::kernels::nvrtc_available(), "{NAME} needs libnvrtc");
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+            eprintln!("FAILED {NAME}: hung");
+            std::process::exit(101);
+        }
+    });
+    let devs = [0, 0];
+    let comms = init_all(&devs);
+    let count = 1 << 16;
+    let bufs: Vec<u64> = (0..2).map(|_| mem::alloc(0, count * 4).unwrap()).collect();
+    let streams: Vec<u64> = (0..2).map(|_| mem::stream(0).unwrap()).collect();
+    let p = |x: u64| x as *mut c_void;
+    let group = |st: [u64; 2]| unsafe {
+        assert_eq!(pncclGroupStart(), 0);
+        for r in 0..2 {
+            assert_eq!(
+                pncclAllReduce(p(bufs[r]), p(bufs[r]), count, F32, 0, comms[r], p(st[r])),
+                0
+            );
+        }
+        pncclGroupEnd()
+    };
+    // First on a stream each (sets the device side up), then one stream.
+    assert_eq!(group([streams[0], streams[1]]), 0);
+    mem::sync(0).unwrap();
+    assert_eq!(group([streams[0], streams[0]]), 5, "ncclInvalidUsage");
+    let msg = unsafe { std::ffi::CStr::from_ptr(pncclGetLastError(comms[0])) }
+        .to_string_lossy()
+        .into_owned();
+    assert!(msg.contains("same CUDA stream"), "{msg}");
+    assert_eq!(
+        group([streams[0], streams[1]]),
+        0,
+        "a stream each still works"
+    );
+    mem::sync(0).unwrap();
+    let _ = tx.send(());
+    for r in 0..2 {
+        assert_eq!(unsafe { pncclCommDestroy(comms[r]) }, 0);
+        mem::free(0, bufs[r]).unwrap();
+        mem::stream_destroy(0, streams[r]).unwrap();
     }
 }

@@ -81,13 +81,34 @@ pub(super) struct Args {
 }
 
 /// Must match `struct Status` in kernels/collectives.cu: host memory mapped
-/// into every device.
+/// into every device. `abort` first (the `AbortWord` points at it) and
+/// `timeout_ms` next to it (the kernels read both in one 8-byte load).
 #[repr(C)]
 pub(super) struct Status {
+    /// Set by the host: every spin loop returns.
     pub(super) abort: u32,
+    /// `WEFT_TIMEOUT_MS` (0: waits never time out), set by the host.
+    pub(super) timeout_ms: u32,
+    /// `ERR_*`, reported by a kernel.
     pub(super) error: u32,
+    pub(super) pad: u32,
     pub(super) detail: u64,
+    /// The address a wait polled for `timeout_ms` without progress (0: none).
+    pub(super) stalled: u64,
 }
+
+/// Offsets in the flag area (`WEFT_*_OFF`, `WEFT_P2P_*`, `WEFT_LL_COUNT` in
+/// collectives.cu), for naming what a stalled wait polls (`stall_site`).
+pub(super) const P2P_READY: usize = 8 << 10;
+pub(super) const P2P_DONE: usize = 10 << 10;
+pub(super) const P2P_TAIL: usize = 12 << 10;
+pub(super) const P2P_CRED: usize = 16 << 10;
+pub(super) const P2P_RREADY: usize = 20 << 10;
+pub(super) const LL_COUNT: usize = 24 << 10;
+pub(super) const PROG_OFF: usize = 48 << 10;
+pub(super) const CHAIN_TAIL_OFF: usize = 50 << 10;
+pub(super) const CHAIN_CRED_OFF: usize = 52 << 10;
+pub(super) const LINES_CRED_OFF: usize = 64 << 10;
 
 /// `Status::error` codes (`WEFT_ERR_*`).
 pub(super) const ERR_P2P_SIZE: u32 = 1;
@@ -148,6 +169,11 @@ mod tests {
             std::mem::size_of::<P2pArgs>(),
             8 * 8 + 8 + 8 + 16 * 56 + 8 * 8 + 3 * 8 + 8
         );
-        assert_eq!(std::mem::size_of::<Status>(), 16);
+        assert_eq!(std::mem::size_of::<Status>(), 32);
+        assert_eq!(std::mem::offset_of!(Status, abort), 0);
+        assert_eq!(std::mem::offset_of!(Status, timeout_ms), 4);
+        assert_eq!(std::mem::offset_of!(Status, error), 8);
+        assert_eq!(std::mem::offset_of!(Status, detail), 16);
+        assert_eq!(std::mem::offset_of!(Status, stalled), 24);
     }
 }

@@ -214,6 +214,45 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a batch in which two ranks of one communicator, both in this
+/// process, would run collective kernels on the same stream: each waits for the other,
+/// and one stream runs them one after the other, so the first would wait for
+/// ever (NCCL cannot meet this: it refuses two ranks on one GPU).
+fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
+    // (every rank's area as mapped here: the same for every rank of a
+    // communicator that is all in this process; the device and stream: the
+    // null stream is per device; the communicator's index; the rank).
+    type Seen = (Vec<u64>, (i32, usize), usize, usize);
+    let mut seen: Vec<Seen> = Vec::new();
+    for o in ops {
+        // Point-to-point may be fine (an eager send leaves the stream at
+        // once); a collective always waits for every rank.
+        if o.op.memory == Memory::Host || is_p2p(&o.op) {
+            continue;
+        }
+        let mut slot = comms.device_slot(o.comm);
+        let Some(dc) = dev_comm(&mut slot) else {
+            continue;
+        };
+        if !dc.direct {
+            continue;
+        }
+        let stream = (dc.dev, o.op.stream as usize);
+        if let Some((_, _, c, rank)) = seen
+            .iter()
+            .find(|(p, st, _, r)| *p == dc.peers && *st == stream && *r != dc.rank)
+        {
+            return Err(Error::InvalidUsage(format!(
+                "{} and {} (rank {rank}) are ranks of one communicator and were given the same CUDA stream in one group: their kernels wait for each other, and one stream would run them one after the other (a deadlock); give each rank its own stream",
+                comms.describe(o.comm),
+                comms.describe(*c)
+            )));
+        }
+        seen.push((dc.peers.clone(), stream, o.comm, dc.rank));
+    }
+    Ok(())
+}
+
 /// Point-to-point pieces of one communicator in a batch.
 struct P2pBatch {
     comm: usize,
@@ -237,6 +276,7 @@ impl Backend for CudaBackend {
         // The caller's current context (its cudaSetDevice) is back on return.
         let _ctx = ContextGuard::save();
         unsafe { setup(comms, &ops) }?;
+        same_stream_check(comms, &ops)?;
         let mut host: Vec<Item> = Vec::new();
         let mut to_stage: Vec<Item> = Vec::new();
         let mut p2p: Vec<P2pBatch> = Vec::new();

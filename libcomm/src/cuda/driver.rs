@@ -213,6 +213,13 @@ pub fn compute_capability(dev: i32) -> CudaResult<(i32, i32)> {
     Ok((major, minor))
 }
 
+/// Streaming multiprocessors of device `dev`.
+pub fn sm_count(dev: i32) -> CudaResult<i32> {
+    use sys::CUdevice_attribute::*;
+    let [n] = device_attributes(dev, [CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT])?;
+    Ok(n)
+}
+
 /// Where device `dev` sits on the PCI bus: (domain, bus, device), the same
 /// in every process whatever its device numbering.
 pub fn pci_location(dev: i32) -> CudaResult<[i32; 3]> {

@@ -85,7 +85,7 @@ impl DevComm {
     /// reuse check (`LlHistory`) counts.
     fn ll_args(&mut self, p: &Plan) -> (usize, Args, u64) {
         let vecs = (p.count * p.elem).div_ceil(16);
-        let blocks = vecs.div_ceil(512).clamp(1, 32);
+        let blocks = vecs.div_ceil(512).clamp(1, 32.min(self.tuning.block_cap));
         let k = self.ll.ops;
         let (sends, receives) = ll_peers(p.kind, p.root as usize, self.rank, self.nranks);
         let (check, need) = self.ll.next(sends, receives, blocks as u64);
@@ -202,7 +202,7 @@ impl DevComm {
         let f = function(self.dev, "weft_p2p")?;
         use_device(self.dev)?;
         let max_per = self.tuning.p2p_blocks;
-        let fifo = P2pFifo::new(2 * self.parity_bytes, self.nranks);
+        let fifo = P2pFifo::new(2 * self.parity_bytes, self.nranks, self.tuning.block_cap);
         let (flags, scratch) = self.peer_areas();
         for round in rounds {
             let mut a = P2pArgs {
@@ -222,7 +222,8 @@ impl DevComm {
                 .filter(|p| !matches!(p, P2p::Send { .. }))
                 .count()
                 .max(1);
-            let cap = (160 / movers).clamp(1, max_per);
+            // Receives and copies share about 160 blocks (or the cap).
+            let cap = (160.min(self.tuning.block_cap) / movers).clamp(1, max_per);
             let mut blocks = 0i32;
             for p in &round {
                 let op = match *p {

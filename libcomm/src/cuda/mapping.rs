@@ -9,11 +9,24 @@
 //!
 //! Descriptor layout (little-endian): 0..8 process token, 8..12 device
 //! ordinal, 16..24 area base, 24..32 scratch bytes per parity, 32 IPC handle
-//! valid, 40..52 PCI domain/bus/device, 64..128 the IPC handle.
+//! valid, 40..52 PCI domain/bus/device, 52..56 SM count, 64..128 the IPC
+//! handle.
+//!
+//! **Ranks sharing a GPU in one process.** Their kernels run in one CUDA
+//! context, concurrently, and spin on each other: every block of every rank's
+//! kernel must be resident at once, or a resident block waits for ever on a
+//! block that cannot start until it ends (4 ranks of 128 blocks on one H100
+//! hung; 2 fitted). Ranks in other processes are time-sliced instead (each
+//! context gets the whole GPU in turn). So where ranks share a GPU in one
+//! process, every rank caps its kernels' blocks ([`residency_cap`]) from
+//! the gathered descriptors, alike everywhere; where even one block per rank
+//! would not fit, the kernel path is off (staging through host memory).
 
-use super::abi::{FLAG_AREA, LINES_AREA, LL_AREA, MAX_RANKS, Status};
-use super::devcomm::DevComm;
-use super::driver::{compute_capability, device_at, nvlink_class, pci_location, use_device};
+use super::abi::{FLAG_AREA, LINES_AREA, LL_AREA, MAX_BLOCKS, MAX_RANKS, Status};
+use super::devcomm::{DevComm, stall_site};
+use super::driver::{
+    compute_capability, device_at, nvlink_class, pci_location, sm_count, use_device,
+};
 use super::error::{CudaError, CudaResult, check};
 use super::ll::LlHistory;
 use super::tuning::Tuning;
@@ -84,6 +97,7 @@ impl DevComm {
         for (i, v) in pci_location(dev)?.iter().enumerate() {
             d[40 + 4 * i..44 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
+        d[52..56].copy_from_slice(&sm_count(dev)?.to_le_bytes());
         for (i, c) in h.reserved.iter().enumerate() {
             d[64 + i] = *c as u8;
         }
@@ -131,6 +145,12 @@ impl DevComm {
         let ctx = use_device(self.dev)?;
         let _ = ctx;
         let me = process_token();
+        let (colocated, sms) = colocation(all, self.nranks);
+        match residency_cap(colocated, sms, self.nranks) {
+            Ok(None) => {}
+            Ok(Some(cap)) => self.tuning.cap_blocks(cap),
+            Err(why) => return Err(CudaError::Unsupported(why)),
+        }
         self.direct = self.tuning.allow_direct
             && (0..self.nranks)
                 .all(|r| all[r * DESCRIPTOR_BYTES..r * DESCRIPTOR_BYTES + 8] == me.to_le_bytes());
@@ -213,6 +233,25 @@ impl DevComm {
                 };
                 peer.is_some_and(|p| nvlink_class(self.dev, p))
             });
+        // Stalled waits (WEFT_TIMEOUT_MS) are named from the peers' areas.
+        let (rank, nranks, peers, pb) = (
+            self.rank,
+            self.nranks,
+            self.peers.clone(),
+            self.parity_bytes,
+        );
+        // SAFETY: `status` is live until finalize retires the word.
+        let (timeout_ms, stalled) = unsafe {
+            (
+                &raw mut (*self.status).timeout_ms,
+                &raw const (*self.status).stalled,
+            )
+        };
+        self.word.watch_stalls(
+            timeout_ms,
+            stalled,
+            Box::new(move |a| stall_site(a, rank, nranks, &peers, pb)),
+        );
         Ok(())
     }
 
@@ -268,5 +307,109 @@ impl DevComm {
             }
         }
         Ok(())
+    }
+}
+
+/// From the gathered descriptors: the most ranks that share one GPU in one
+/// process (same process token and device), and the fewest SMs of any
+/// rank's GPU (the cap must be the same on every rank).
+fn colocation(all: &[u8], nranks: usize) -> (usize, usize) {
+    let desc = |r: usize| &all[r * DESCRIPTOR_BYTES..(r + 1) * DESCRIPTOR_BYTES];
+    let mut most = 0;
+    let mut sms = usize::MAX;
+    for r in 0..nranks {
+        let d = desc(r);
+        let same = (0..nranks).filter(|&q| desc(q)[0..12] == d[0..12]).count();
+        most = most.max(same);
+        let n = i32::from_le_bytes(d[52..56].try_into().unwrap());
+        sms = sms.min(n.max(0) as usize);
+    }
+    (most, sms)
+}
+
+/// Blocks each kernel of a communicator may use when up to `colocated` of
+/// its ranks share a GPU of `sms` SMs in one process (see the module docs).
+/// Every SM holds at least one block of any of our kernels (they are built
+/// for 512 threads per block), so the kernels are all resident if their
+/// blocks together are at most `sms`. A rank may have a collective or a
+/// point-to-point round on its stream and an eager send round on its side
+/// stream at once; a round adds up to one block per send (n - 1) besides
+/// the capped receives, and the eager round up to n - 1 more. So each rank
+/// keeps `sms / colocated - 2 (n - 1)` for the capped part.
+///
+/// `Ok(None)`: no cap (one rank per GPU per process). `Err`: not even one
+/// block per kernel fits (the kernel path is then off: staging).
+pub(super) fn residency_cap(
+    colocated: usize,
+    sms: usize,
+    nranks: usize,
+) -> Result<Option<usize>, String> {
+    if colocated <= 1 {
+        return Ok(None);
+    }
+    let per_rank = sms / colocated;
+    let spare = 2 * nranks.saturating_sub(1);
+    if per_rank <= spare {
+        return Err(format!(
+            "{colocated} ranks of this communicator share one GPU in one process, and their kernels must all be resident at once: {sms} SMs leave {per_rank} blocks per rank, and {} are needed; use fewer ranks per GPU (or one process per rank)",
+            spare + 1
+        ));
+    }
+    Ok(Some((per_rank - spare).min(MAX_BLOCKS)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descs(ranks: &[(u64, i32, i32)]) -> Vec<u8> {
+        let mut all = vec![0u8; ranks.len() * DESCRIPTOR_BYTES];
+        for (r, &(token, dev, sms)) in ranks.iter().enumerate() {
+            let d = &mut all[r * DESCRIPTOR_BYTES..(r + 1) * DESCRIPTOR_BYTES];
+            d[0..8].copy_from_slice(&token.to_le_bytes());
+            d[8..12].copy_from_slice(&dev.to_le_bytes());
+            d[52..56].copy_from_slice(&sms.to_le_bytes());
+        }
+        all
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_in_one_process_are_counted() {
+        // One process, 4 ranks on GPU 0 (ncclCommInitAll over [0, 0, 0, 0]).
+        assert_eq!(colocation(&descs(&[(7, 0, 132); 4]), 4), (4, 132));
+        // One process, 2 GPUs, 2 ranks each; the smallest GPU counts.
+        let two = descs(&[(7, 0, 132), (7, 1, 108), (7, 0, 132), (7, 1, 108)]);
+        assert_eq!(colocation(&two, 4), (2, 108));
+        // One rank per process, all on GPU 0: time-sliced, nothing shared.
+        assert_eq!(
+            colocation(&descs(&[(1, 0, 132), (2, 0, 132), (3, 0, 132)]), 3).0,
+            1
+        );
+        // Two processes, two ranks of the first on one GPU.
+        assert_eq!(
+            colocation(&descs(&[(1, 0, 132), (1, 0, 132), (2, 0, 132)]), 3).0,
+            2
+        );
+    }
+
+    #[test]
+    fn the_cap_lets_every_colocated_kernel_be_resident() {
+        assert_eq!(
+            residency_cap(1, 132, 8),
+            Ok(None),
+            "one rank per GPU: no cap"
+        );
+        // The hang of the issue: 4 ranks on one H100 (132 SMs).
+        for (k, n) in [(2usize, 2usize), (3, 3), (4, 4), (8, 8), (4, 8)] {
+            let cap = residency_cap(k, 132, n).unwrap().unwrap();
+            assert!((1..=MAX_BLOCKS).contains(&cap));
+            // Each rank: a capped kernel plus the uncapped sends of a round
+            // and of an eager round; all ranks together fit the SMs.
+            assert!(k * (cap + 2 * (n - 1)) <= 132, "{k} ranks of {n}: {cap}");
+        }
+        assert_eq!(residency_cap(4, 132, 4), Ok(Some(27)));
+        // Too small a GPU for that many ranks: refused (staging).
+        let e = residency_cap(8, 40, 8).unwrap_err();
+        assert!(e.contains("8 ranks") && e.contains("resident"), "{e}");
     }
 }

@@ -26,11 +26,12 @@
 //! | file | its one job |
 //! |---|---|
 //! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
-//! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors |
+//! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors, naming the rank a stalled wait waits for |
 //! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC), release |
 //! | `plan.rs` | which kernel and algorithm a collective runs ([`Plan`]) |
 //! | `tuning.rs` | every `WEFT_CUDA_*` variable, read once into `Tuning`, and the size rules |
 //! | `ll.rs` | the LL one-shot's reuse of its area (`LlHistory`) and its model test |
+//! | `abort_model.rs` | the CPU model of the kernels' abort protocol: a rank dies, freezes or aborts at every wait point (a test) |
 //! | `p2p.rs` | send/recv/gather/scatter as point-to-point pieces and rounds |
 //! | `eager.rs` | sends that do not wait for the peer's receive: staging copy on the caller's stream, the send kernel on a side stream (the design and why it does not race) |
 //! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
@@ -54,6 +55,8 @@
 //! import `cuda/` back.
 
 mod abi;
+#[cfg(test)]
+mod abort_model;
 pub mod batch;
 mod devcomm;
 mod driver;

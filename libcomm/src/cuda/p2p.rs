@@ -26,10 +26,11 @@ pub(super) struct P2pFifo {
 }
 
 impl P2pFifo {
-    pub(super) fn new(scratch: usize, nranks: usize) -> P2pFifo {
+    /// `cap`: blocks of a kernel at most (`Tuning::block_cap`).
+    pub(super) fn new(scratch: usize, nranks: usize, cap: usize) -> P2pFifo {
         let n = nranks.max(1);
         let region = scratch / n / 16 * 16;
-        let blocks = (128 / (2 * n)).clamp(1, P2P_FIFO_MAXB);
+        let blocks = (cap.min(128) / (2 * n)).clamp(1, P2P_FIFO_MAXB);
         let slots = 4;
         let step = (region / blocks / slots / 16 * 16).max(16);
         P2pFifo {
@@ -222,7 +223,7 @@ mod tests {
         // Scratch is at least 2 MiB (WEFT_CUDA_SCRATCH_MB >= 1, two parities).
         for scratch in [64usize << 20, 2 << 20] {
             for n in 1..=MAX_RANKS {
-                let f = P2pFifo::new(scratch, n);
+                let f = P2pFifo::new(scratch, n, 128);
                 // One region per sender, one FIFO per block in it.
                 assert!(f.region * n <= scratch, "{scratch} {n}: {f:?}");
                 assert!(
@@ -236,7 +237,7 @@ mod tests {
                 assert!(f.blocks <= P2P_FIFO_MAXB);
             }
         }
-        let f = P2pFifo::new(64 << 20, 4);
+        let f = P2pFifo::new(64 << 20, 4, 128);
         assert_eq!(
             (f.region, f.blocks, f.step, f.slots),
             (16 << 20, 16, 256 << 10, 4)

@@ -95,6 +95,11 @@ pub(super) struct Tuning {
     /// bytes run as an LL one-shot (at most `LL_MAX_BYTES`); None = by mode
     /// (see [`Tuning::ll`]).
     pub(super) ll_max: Option<usize>,
+    /// Blocks of any kernel at most: `MAX_BLOCKS`, less where several ranks
+    /// of the communicator share a GPU in one process (their kernels must
+    /// all be resident at once: see `residency_cap` in `mapping.rs`). Not a
+    /// variable: every rank derives it from the gathered descriptors.
+    pub(super) block_cap: usize,
 }
 
 /// How a chain kernel cuts the work (every rank computes the same).
@@ -140,6 +145,19 @@ impl Tuning {
                 .value()
                 .clamp(2, LINES_MAX_WINDOW),
             ll_max: env_kb(params::WEFT_CUDA_LL_MAX_KB),
+            block_cap: MAX_BLOCKS,
+        }
+    }
+
+    /// Caps the blocks of every kernel at `cap` (see `block_cap`).
+    pub(super) fn cap_blocks(&mut self, cap: usize) {
+        let cap = cap.clamp(1, MAX_BLOCKS);
+        self.block_cap = cap;
+        self.chain_blocks = self.chain_blocks.min(cap);
+        self.lines_blocks = self.lines_blocks.min(cap);
+        self.p2p_blocks = self.p2p_blocks.min(cap);
+        if self.blocks > 0 {
+            self.blocks = self.blocks.min(cap);
         }
     }
 
@@ -251,12 +269,13 @@ impl Tuning {
         if self.blocks > 0 {
             return self.blocks;
         }
-        match kind {
+        let by_kind = match kind {
             _ if !direct => 64,
             K_REDUCE | K_ALLGATHER | K_ALLTOALL => 128,
             K_BROADCAST if bcast == BCAST_SCATTER => 128,
             _ => 64,
-        }
+        };
+        by_kind.min(self.block_cap)
     }
 
     pub(super) fn bcast_algo(&self, bytes: usize) -> i32 {
@@ -345,7 +364,36 @@ mod tests {
             lines_blocks: 128,
             lines_window: LINES_MAX_WINDOW,
             ll_max: None,
+            block_cap: MAX_BLOCKS,
         }
+    }
+
+    #[test]
+    fn a_block_cap_bounds_every_kernel_shape() {
+        let mut t = defaults();
+        t.cap_blocks(20);
+        for kind in [K_ALLREDUCE, K_REDUCE, K_BROADCAST] {
+            for bcast in [BCAST_RING, BCAST_SCATTER] {
+                assert!(t.max_blocks(kind, bcast, true) <= 20);
+                assert!(t.max_blocks(kind, bcast, false) <= 20);
+            }
+        }
+        for bytes in [4 << 10, 1 << 20, 256 << 20, 2 << 30] {
+            assert!(t.chain_shape(bytes, 64 << 20).blocks <= 20);
+            assert!(t.lines_shape(bytes, 512).0 <= 20);
+        }
+        assert!(t.p2p_blocks <= 20);
+        let mut forced = defaults();
+        forced.blocks = 100;
+        forced.cap_blocks(7);
+        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
+        let mut none = defaults();
+        none.cap_blocks(MAX_BLOCKS);
+        assert_eq!(
+            none.max_blocks(K_REDUCE, BCAST_RING, true),
+            128,
+            "no cap, no change"
+        );
     }
 
     /// The registry's declared defaults are the ones `defaults()` spells out
