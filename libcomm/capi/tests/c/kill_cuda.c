@@ -6,8 +6,9 @@
  * other ranks as soon as one dies, which would hide what the survivors do):
  * the parent makes the unique id and forks NRANKS ranks; rank r uses GPU
  * r % (GPUs visible), so with one GPU all ranks share it. Every rank loops
- * ncclAllReduce (or ncclSend/ncclRecv to its ring neighbours, or grouped
- * all-to-all, by --op) of COUNT floats on one stream, synchronizing the
+ * ncclAllReduce (or ncclSend/ncclRecv to its ring neighbours, grouped
+ * all-to-all, ncclBroadcast or ncclReduce from/to rank 0, by --op; large
+ * broadcasts and reduces run as chains) of COUNT floats on one stream, synchronizing the
  * stream after every call, as a training loop does. At iteration 20 the
  * last rank dies (--how kill: SIGKILL; exit: _exit(1); stop: SIGSTOP, a
  * frozen peer). A survivor then sees the failure as an error of a call, of
@@ -96,6 +97,10 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, long count, const ch
       if (r == ncclSuccess) r = ncclRecv(out, count, ncclFloat, prev, comm, s);
       ncclResult_t e = ncclGroupEnd();
       if (r == ncclSuccess) r = e;
+    } else if (strcmp(op, "broadcast") == 0) {
+      r = ncclBroadcast(in, out, count, ncclFloat, 0, comm, s);
+    } else if (strcmp(op, "reduce") == 0) {
+      r = ncclReduce(in, out, count, ncclFloat, ncclSum, 0, comm, s);
     } else { /* alltoall */
       r = ncclGroupStart();
       for (int p = 0; p < nranks && r == ncclSuccess; p++) {
@@ -141,7 +146,7 @@ static int rank_main(int rank, int nranks, ncclUniqueId id, long count, const ch
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: kill_cuda NRANKS [--count N] [--op allreduce|p2p|alltoall] [--how kill|exit|stop] [--bound S]\n");
+    fprintf(stderr, "usage: kill_cuda NRANKS [--count N] [--op allreduce|p2p|alltoall|broadcast|reduce] [--how kill|exit|stop] [--bound S]\n");
     return 2;
   }
   int nranks = atoi(argv[1]);
