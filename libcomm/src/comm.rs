@@ -853,7 +853,11 @@ impl Communicator {
         if op.is_empty() {
             return Ok(());
         }
-        let d = tuner::decide(&op, self.s.nranks, &self.s.cfg.algo);
+        let shape = match self.s.fault.get() {
+            Some(f) => tuner::Shape::local(self.s.nranks, f.locals.len() + 1),
+            None => tuner::Shape::ranks(self.s.nranks),
+        };
+        let d = tuner::decide(&op, &shape, &self.s.cfg.algo);
         let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or

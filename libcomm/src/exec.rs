@@ -337,7 +337,7 @@ impl Resources {
     /// Oversubscribed ranks skip spinning (a spinning rank holds the core its
     /// peer needs) but yield, which hands the core straight to a runnable peer.
     /// `WEFT_SPIN_ITERS` / `WEFT_YIELD_ITERS` override (tuning knobs).
-    fn wait_budget(&self) -> (u32, u32) {
+    pub(crate) fn wait_budget(&self) -> (u32, u32) {
         use std::sync::OnceLock;
         static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
         let (s, y) = *KNOBS.get_or_init(|| {
@@ -422,7 +422,7 @@ impl Resources {
         }
     }
 
-    fn peer_error(&self, peer: usize, why: &str) -> Error {
+    pub(crate) fn peer_error(&self, peer: usize, why: &str) -> Error {
         let p = &self.ctx.peers[peer];
         Error::Remote {
             comm: self.ctx.label.clone(),
