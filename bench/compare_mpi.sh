@@ -17,6 +17,8 @@
 #   CARGO_TARGET_DIR  where cargo builds (target)
 #   REUSE=1  skip building and running: only redo the tables from $OUT
 #   WEFT_BIN use this weft binary instead of building one (cargo build --release)
+#   MPI_BENCH_BIN  use this build of bench/mpi/allreduce_bench.c instead of
+#            compiling it (a machine with mpirun but no mpicc)
 #   GLOO=1   also run torch.distributed's gloo backend (bench/gloo/allreduce_bench.py)
 #            in every round, and print a weft-vs-Gloo table (bench/compare_gloo.sh)
 #   PYTHON   the python with torch for GLOO=1 (python3)
@@ -50,7 +52,7 @@ if [ "$GLOO" = 1 ] && ! "$PYTHON" -c 'import torch.distributed as d; assert d.is
     echo "GLOO=1 needs torch with gloo for $PYTHON: pip install torch (or set PYTHON)" >&2
     exit 2
 fi
-if [ "$MPI" = 1 ] && { ! command -v mpicc >/dev/null || ! command -v mpirun >/dev/null; }; then
+if [ "$MPI" = 1 ] && { ! command -v mpirun >/dev/null || { [ -z "${MPI_BENCH_BIN:-}" ] && ! command -v mpicc >/dev/null; }; }; then
     echo "== installing Debian's Open MPI" >&2
     apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev >&2
 fi
@@ -62,8 +64,8 @@ else
     cargo build --release -p weft >&2
     WEFT="$TARGET/release/weft"
 fi
-MPIBIN="$OUT/allreduce_bench"
-if [ "$MPI" = 1 ]; then
+MPIBIN=${MPI_BENCH_BIN:-$OUT/allreduce_bench}
+if [ "$MPI" = 1 ] && [ -z "${MPI_BENCH_BIN:-}" ]; then
 echo "== building the MPI program" >&2
 mpicc -O2 -o "$MPIBIN" bench/mpi/allreduce_bench.c
 fi

@@ -37,7 +37,7 @@ pub const CUDA_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
 params! {
     // ---------------------------------------------------------------- Comm
     WEFT_ALGO: String = Str, Computed("tuner"), Comm, [Libcomm, Cuda],
-        "algorithm override: `ring`, `rd`, `tree`, `direct`, `pairwise`, or per collective `allreduce:ring,broadcast:tree`; a device algorithm name (see `WEFT_CUDA_ALGO`) steers GPU memory";
+        "algorithm override: `ring`, `rd`, `tree`, `direct`, `pairwise`, `ll` / `ll2` (host all-reduce through shared-memory latency slots, one / two shots, where every rank is on one host, up to 64 KiB), or per collective `allreduce:ring,broadcast:tree`; a device algorithm name (see `WEFT_CUDA_ALGO`) steers GPU memory";
     WEFT_TRANSPORT: String = Choice(&["auto", "shm", "tcp"]), Value("auto"), Comm, [Libcomm],
         "`auto` (shared memory within a host, TCP across), `shm`, `tcp` (also `socket`)";
     WEFT_PEER_TIMEOUT_MS: u64 = Ms, Value("10000"), Comm, [Libcomm],

@@ -255,7 +255,7 @@ impl Waiter {
             if self.ready(h, e, bytes, peer, c)? {
                 return Ok(());
             }
-            if i % 64 == 0 {
+            if i.is_multiple_of(64) {
                 c.check_raised()?;
                 if !c.eager.pending.is_empty() {
                     c.exec_with(&mut [], Wait::NoSleep { until: None })?;
@@ -280,6 +280,8 @@ impl Waiter {
                 futex::wait(&ctrl.doorbell, seen, SLEEP);
             }
             ctrl.sleepers.fetch_sub(1, Ordering::SeqCst);
+            // An abort rings the doorbell: notice it at once.
+            c.check_raised()?;
             if last_check.elapsed() >= SLICE {
                 last_check = Instant::now();
                 if self.ready(h, e, bytes, peer, c)? {
