@@ -302,11 +302,13 @@ impl std::str::FromStr for AlgoOverride {
 /// (16 KiB on 16 cores, 32-64 KiB on 2). With every rank on one host the
 /// latency slots take all-reduce up to their size (`LL_MAX`): one shot while
 /// reading the n buffers costs less than a second synchronisation (up to
-/// `LL_ONESHOT_READ` bytes read; always with 2 ranks or more ranks than
-/// cores, where each synchronisation costs context switches), two shots above.
+/// `LL_ONESHOT_READ` bytes read, and always with 2 ranks), two shots above.
+/// Measured with 4 ranks on 2 cores (docs/PERFORMANCE.md): two shots win
+/// from 16 KiB (15 vs 19 us) even there, where every synchronisation costs
+/// context switches.
 const TINY_ALLREDUCE: usize = 4 << 10;
 const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
-const LL_ONESHOT_READ: usize = 64 << 10;
+const LL_ONESHOT_READ: usize = 32 << 10;
 const DIRECT_MAX_RANKS: usize = 16;
 const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
@@ -365,7 +367,7 @@ pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo 
         _ => bytes <= SMALL_OTHER,
     };
     if ll_fits(coll, bytes, s) {
-        let one = n == 2 || s.oversubscribed() || bytes * n <= LL_ONESHOT_READ;
+        let one = n == 2 || bytes * n <= LL_ONESHOT_READ;
         return if one { Algo::Ll } else { Algo::Ll2 };
     }
     if coll == Coll::AllReduce && bytes <= TINY_ALLREDUCE && (3..=DIRECT_MAX_RANKS).contains(&n) {
@@ -437,13 +439,15 @@ mod tests {
         let o = AlgoOverride::default();
         let s = one_host(4, 16);
         assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Ll);
-        assert_eq!(choose_in(Coll::AllReduce, 16 << 10, &s, &o), Algo::Ll);
-        assert_eq!(choose_in(Coll::AllReduce, 32 << 10, &s, &o), Algo::Ll2);
+        assert_eq!(choose_in(Coll::AllReduce, 8 << 10, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 16 << 10, &s, &o), Algo::Ll2);
         assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll2);
         assert_eq!(choose_in(Coll::AllReduce, 128 << 10, &s, &o), Algo::Ring);
-        // Oversubscribed: one shot up to the slot size.
+        // Oversubscribed: the same choice (every rank must make the same one).
         let s = one_host(4, 2);
-        assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll2);
+        assert_eq!(choose_in(Coll::AllReduce, 8, &one_host(8, 16), &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 8 << 10, &one_host(8, 16), &o), Algo::Ll2);
         // Two ranks: one shot.
         assert_eq!(
             choose_in(Coll::AllReduce, 64 << 10, &one_host(2, 16), &o),
