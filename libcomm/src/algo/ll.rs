@@ -27,10 +27,11 @@
 //! every peer's input slot, and the release/acquire pair orders the peer's
 //! reads of epoch e before our writes of e+2.
 //!
-//! Waiting: spin (no system call) while the ranks have a core each; with
-//! more local ranks than cores, yield instead (a spinning rank would hold the
-//! core its peer needs). A wait that lasts (a slow peer) sleeps on this
-//! rank's futex doorbell, which a publisher rings only if someone sleeps.
+//! Waiting: spin (no system call) for up to 50 us while the ranks have a
+//! core each (a running peer answers well within that); with more local
+//! ranks than cores, or once the spin is over, yield a few times (a spinning
+//! rank would hold the core its peer needs); then sleep on this rank's futex
+//! doorbell, which a publisher rings only if someone sleeps.
 //! Raised failures are checked as the engine does, peer liveness and
 //! `WEFT_TIMEOUT_MS` every 100 ms, and pending eager sends keep moving.
 
@@ -41,7 +42,7 @@ use crate::reduce;
 use crate::transport::futex;
 use crate::transport::shm::{LL_SLOT_BYTES, Mapping, SlotHdr};
 use crate::types::{DataType, ReduceOp};
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
 
 /// Whether the latency slots can carry an all-reduce of `bytes` on `c`.
@@ -53,11 +54,20 @@ pub(crate) fn usable(c: &Resources, bytes: usize) -> bool {
         && (0..n).all(|p| matches!(c.kinds[p], PeerKind::Me | PeerKind::Shm))
 }
 
-/// How long an idle wait spins (one core per rank) before it sleeps on the
-/// doorbell. With more ranks than cores it yields instead, as many times as
-/// the engine does (`WEFT_YIELD_ITERS`, 32): a sleeping rank hands its core
-/// to a peer far more surely than a yielding one.
-const SPIN_FOR: Duration = Duration::from_millis(2);
+/// How long an idle wait spins (one core per rank) before it yields, then
+/// sleeps on the doorbell: a running peer answers within microseconds, so a
+/// longer wait means it lost its core (a loaded machine), and spinning on
+/// would keep it off (measured: 2 ms of spinning cost 2 ms per call with 2
+/// ranks on a loaded 2-core machine). With more ranks than cores it yields
+/// at once. It yields as many times as the engine does (`WEFT_YIELD_ITERS`:
+/// 8, or 32 with more ranks than cores), then sleeps: a sleeping rank hands
+/// its core to a peer far more surely than a yielding one.
+/// Adaptive: after two waits in a row that the spin did not end (the peers
+/// share our core: a loaded machine, or the scheduler packed them), spin only
+/// `SPIN_SHORT` until a spin ends a wait again.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+const SPIN_SHORT: Duration = Duration::from_micros(2);
+static SPIN_MISSES: AtomicU32 = AtomicU32::new(0);
 const SLICE: Duration = Duration::from_millis(100);
 const SLEEP: Duration = Duration::from_millis(10);
 
@@ -250,9 +260,19 @@ impl Waiter {
         let start = Instant::now();
         let mut last_check = start;
         let mut i: u32 = 0;
+        // The iteration at which spinning ended (None while spinning).
+        let mut spun: Option<u32> = None;
+        let spin_for = if SPIN_MISSES.load(Ordering::Relaxed) >= 2 {
+            SPIN_SHORT
+        } else {
+            SPIN_FOR
+        };
         loop {
-            i = i.wrapping_add(1);
+            i = i.saturating_add(1);
             if self.ready(h, e, bytes, peer, c)? {
+                if spun.is_none() && !self.oversubscribed {
+                    SPIN_MISSES.store(0, Ordering::Relaxed);
+                }
                 return Ok(());
             }
             if i.is_multiple_of(64) {
@@ -261,14 +281,16 @@ impl Waiter {
                     c.exec_with(&mut [], Wait::NoSleep { until: None })?;
                 }
             }
-            let waited = start.elapsed();
-            if self.oversubscribed {
-                if i <= self.yields {
-                    std::thread::yield_now();
+            if !self.oversubscribed && spun.is_none() {
+                if start.elapsed() < spin_for {
+                    std::hint::spin_loop();
                     continue;
                 }
-            } else if waited < SPIN_FOR {
-                std::hint::spin_loop();
+                spun = Some(i);
+                SPIN_MISSES.fetch_add(1, Ordering::Relaxed);
+            }
+            if i - spun.unwrap_or(0) <= self.yields {
+                std::thread::yield_now();
                 continue;
             }
             // A long wait: sleep on our doorbell until a publisher rings it.

@@ -446,8 +446,14 @@ mod tests {
         // Oversubscribed: the same choice (every rank must make the same one).
         let s = one_host(4, 2);
         assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll2);
-        assert_eq!(choose_in(Coll::AllReduce, 8, &one_host(8, 16), &o), Algo::Ll);
-        assert_eq!(choose_in(Coll::AllReduce, 8 << 10, &one_host(8, 16), &o), Algo::Ll2);
+        assert_eq!(
+            choose_in(Coll::AllReduce, 8, &one_host(8, 16), &o),
+            Algo::Ll
+        );
+        assert_eq!(
+            choose_in(Coll::AllReduce, 8 << 10, &one_host(8, 16), &o),
+            Algo::Ll2
+        );
         // Two ranks: one shot.
         assert_eq!(
             choose_in(Coll::AllReduce, 64 << 10, &one_host(2, 16), &o),
