@@ -227,6 +227,8 @@ params! {
         "the rank a failure test kills";
     WEFT_TEST_RELEASE: String = Str, Unset(""), Test, [Tests],
         "a failure test's release signal";
+    WEFT_TEST_MISMATCH_BIG: bool = OnIf1, Unset(""), Test, [Tests],
+        "`1`: the mismatch test's ranks differ enough to take different all-reduce algorithms";
     WEFT_TEST_INHERITED: String = Str, Unset(""), Test, [Tests],
         "checks that `weft run` passes its environment on";
     WEFT_TEST_CTL: String = Path, Unset(""), Test, [Tests],

@@ -54,6 +54,17 @@ pub(crate) fn usable(c: &Resources, bytes: usize) -> bool {
         && (0..n).all(|p| matches!(c.kinds[p], PeerKind::Me | PeerKind::Shm))
 }
 
+/// Records an all-reduce of `bytes` (whatever its algorithm) where local
+/// peers waiting in the latency slots can see it (see [`Mapping::ll_call`]).
+pub(crate) fn note_all_reduce(c: &Resources, bytes: usize) {
+    let own = &c.fault.own;
+    if own.has_ll() {
+        let (seq, len) = own.ll_call();
+        len.store(bytes as u64, Ordering::Relaxed);
+        seq.store(seq.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+}
+
 /// How long an idle wait spins (one core per rank) before it yields, then
 /// sleeps on the doorbell: a running peer answers within microseconds, so a
 /// longer wait means it lost its core (a loaded machine), and spinning on
@@ -162,9 +173,9 @@ fn all_reduce_inner(
     if !two_shot {
         // Reduce the n inputs in rank order straight into `recv`.
         let slot = |p: usize| map(p).ll_slot(b, false);
-        w.wait(c, slot(0).0, e, bytes, 0)?;
+        w.wait(c, maps, slot(0).0, e, bytes, 0)?;
         for p in 1..n {
-            w.wait(c, slot(p).0, e, bytes, p)?;
+            w.wait(c, maps, slot(p).0, e, bytes, p)?;
             let a = if p == 1 { slot(0).1 } else { recv };
             unsafe { reduce::combine(dt, comb, recv, a, slot(p).1, count) };
         }
@@ -181,7 +192,7 @@ fn all_reduce_inner(
     let acc = unsafe { out.add(mlo * es) };
     for p in 0..n {
         let (h, d) = map(p).ll_slot(b, false);
-        w.wait(c, h, e, bytes, p)?;
+        w.wait(c, maps, h, e, bytes, p)?;
         if mlen == 0 {
             continue;
         }
@@ -203,7 +214,7 @@ fn all_reduce_inner(
     for k in 1..=n {
         let p = (r + k) % n;
         let (h, d) = map(p).ll_slot(b, true);
-        w.wait(c, h, e, bytes, p)?;
+        w.wait(c, maps, h, e, bytes, p)?;
         let (plo, plen) = (lo(p), lo(p + 1) - lo(p));
         unsafe { std::ptr::copy_nonoverlapping(d.add(plo * es), recv.add(plo * es), plen * es) };
     }
@@ -249,6 +260,7 @@ impl Waiter {
     fn wait(
         &mut self,
         c: &mut Resources,
+        maps: Maps,
         h: &SlotHdr,
         e: u64,
         bytes: usize,
@@ -310,6 +322,23 @@ impl Waiter {
                     return Ok(());
                 }
                 c.check_peers(std::iter::once(peer))?;
+                // The peer in this same all-reduce with another size took
+                // another algorithm: it will never publish.
+                let (mseq, mlen) = c.fault.own.ll_call();
+                let (pseq, plen) = maps.get(peer).ll_call();
+                let ps = pseq.load(Ordering::Acquire);
+                let pl = plen.load(Ordering::Relaxed) as usize;
+                if ps == mseq.load(Ordering::Relaxed)
+                    && pl != mlen.load(Ordering::Relaxed) as usize
+                    && pseq.load(Ordering::Acquire) == ps
+                {
+                    return Err(c.peer_error(
+                        peer,
+                        &format!(
+                            "the peer all-reduces {pl} bytes where this rank all-reduces {bytes}: count or data type differs between ranks"
+                        ),
+                    ));
+                }
                 if let Some(t) = self.timeout
                     && start.elapsed() >= t
                 {

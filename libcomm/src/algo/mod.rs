@@ -77,6 +77,7 @@ pub(crate) fn all_reduce(
     algo: Algo,
 ) -> Result<()> {
     let n = c.ctx.nranks;
+    ll::note_all_reduce(c, count * dt.size());
     if matches!(algo, Algo::Ll | Algo::Ll2) && ll::usable(c, count * dt.size()) {
         return ll::all_reduce(c, send, recv, count, dt, op, algo == Algo::Ll2);
     }

@@ -476,6 +476,19 @@ impl Mapping {
         unsafe { &*(self.base.add(self.ll_off) as *const AtomicU64) }
     }
 
+    /// The owner's count of host all-reduces (every algorithm) and the bytes
+    /// of the latest: a peer that waits long in the latency slots compares
+    /// them with its own to tell a mismatch (different counts on different
+    /// ranks send some through the slots, others through the rings) from a
+    /// slow rank.
+    pub fn ll_call(&self) -> (&AtomicU64, &AtomicU64) {
+        assert!(self.has_ll());
+        unsafe {
+            let p = self.base.add(self.ll_off) as *const AtomicU64;
+            (&*p.add(1), &*p.add(2))
+        }
+    }
+
     /// Latency slot `buf` (0 or 1), input (`out` false) or output: its
     /// header and its [`LL_SLOT_BYTES`] of data.
     pub fn ll_slot(&self, buf: usize, out: bool) -> (&SlotHdr, *mut u8) {
