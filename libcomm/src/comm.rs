@@ -868,7 +868,13 @@ impl Communicator {
         if op.is_empty() {
             return Ok(());
         }
-        let d = tuner::decide(&op, self.s.nranks, &self.s.cfg.algo);
+        // Under the resources' lock: a thread that saw the state turn Ready
+        // waits here until init has installed them, so every rank decides
+        // on the same shape.
+        let shape = lock(&self.s.resources)
+            .as_ref()
+            .map_or(tuner::Shape::ranks(self.s.nranks), |c| c.shape());
+        let d = tuner::decide(&op, &shape, &self.s.cfg.algo);
         let obs = crate::observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or

@@ -350,7 +350,7 @@ impl Resources {
     /// Oversubscribed ranks skip spinning (a spinning rank holds the core its
     /// peer needs) but yield, which hands the core straight to a runnable peer.
     /// `WEFT_SPIN_ITERS` / `WEFT_YIELD_ITERS` override (tuning knobs).
-    fn wait_budget(&self) -> (u32, u32) {
+    pub(crate) fn wait_budget(&self) -> (u32, u32) {
         use std::sync::OnceLock;
         static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
         let (s, y) = *KNOBS.get_or_init(|| {
@@ -447,8 +447,6 @@ impl Resources {
         if let Err(e) = self.check_raised() {
             return e;
         }
-        // The peer's endpoint answers as long as its process lives: if it
-        // refuses, the peer is the one gone.
         // A rank that closes because it saw a failure tells us why on a
         // connection of its own (`tcp::FailNotify`), which may land just
         // after the close.
@@ -462,6 +460,7 @@ impl Resources {
             }
             None
         };
+        // The peer's endpoint answers as long as its process lives.
         let answers = |addr| crate::transport::tcp::answers(addr, BLAME_PROBE);
         if !answers(self.ctx.peers[peer].addr) {
             // Gone: it died, or it closed in reaction and exited at once (a
@@ -503,7 +502,7 @@ impl Resources {
         }
     }
 
-    fn peer_error(&self, peer: usize, why: &str) -> Error {
+    pub(crate) fn peer_error(&self, peer: usize, why: &str) -> Error {
         let p = &self.ctx.peers[peer];
         Error::Remote {
             comm: self.ctx.label.clone(),

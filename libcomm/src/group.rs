@@ -191,9 +191,9 @@ fn run_batch(b: Batch<'_>) -> Result<()> {
         if !xs.is_empty() {
             c.exec(&mut xs)?;
         }
-        let n = c.ctx.nranks;
+        let shape = c.shape();
         for op in ops.iter().filter(|o| !o.is_send_recv() && !o.is_empty()) {
-            let d = tuner::decide(op, n, &c.ctx.cfg.algo);
+            let d = tuner::decide(op, &shape, &c.ctx.cfg.algo);
             unsafe { run_op(c, op, d)? };
         }
         Ok(())

@@ -131,3 +131,51 @@ fn matrix_6_ranks_forced_latency_algorithms() {
         1200,
     );
 }
+
+/// Every collective with `WEFT_ALGO=ll`: all-reduce through the latency
+/// slots in one shot (every count up to the slot size), on 4 ranks (more
+/// ranks than cores on a 2-core machine: the oversubscribed waits).
+#[test]
+fn matrix_4_ranks_forced_ll_one_shot() {
+    matrix_of(
+        4,
+        &[("WEFT_ALGO", "ll")],
+        None,
+        Some("int32,float,bfloat16,f8e4m3,uint8"),
+        1200,
+    );
+}
+
+/// All-reduce through the latency slots in two shots (reduce-scatter then
+/// all-gather through the slots) on an odd rank count, with counts below the
+/// rank count (empty chunks).
+#[test]
+fn matrix_5_ranks_forced_ll_two_shots() {
+    matrix_of(
+        5,
+        &[("WEFT_ALGO", "allreduce:ll2")],
+        None,
+        Some("int64,double,half,f8e5m2,int8"),
+        1200,
+    );
+}
+
+/// Two shots with every rank spinning (no yield) and the default choice for
+/// the other collectives: 3 ranks, the remaining types.
+#[test]
+fn matrix_3_ranks_forced_ll_two_shots() {
+    matrix_of(
+        3,
+        &[("WEFT_ALGO", "allreduce:ll2")],
+        None,
+        Some("uint32,uint64"),
+        480,
+    );
+}
+
+/// `ll` asked for across two simulated hosts: the latency slots cannot run,
+/// the size rules choose, results stay right.
+#[test]
+fn matrix_4_ranks_two_hosts_ll_falls_back() {
+    matrix_of(4, &[("WEFT_ALGO", "ll")], Some(2), Some("float,int8"), 480);
+}

@@ -105,6 +105,23 @@ fn mismatched_counts_fail_that_communicator_only() {
     }
 }
 
+/// Counts so different that rank 0 all-reduces through the latency slots and
+/// the others through the rings: still an error on every rank, not a hang.
+#[test]
+fn mismatched_counts_across_algorithms_fail() {
+    let run = job::run(
+        JobSpec::new(common::worker(), 3, &["mismatch"])
+            .env("WEFT_TEST_MISMATCH_BIG", "1")
+            .timeout(Duration::from_secs(60)),
+    );
+    run.assert_success();
+    for r in 0..3 {
+        let f = run.facts(r);
+        assert!(num(&f, "mismatch_ms") < 3000, "{}", run.dump());
+        assert_eq!(f["world"], "ok");
+    }
+}
+
 #[test]
 fn bad_input_gets_clear_errors() {
     let run =

@@ -37,7 +37,7 @@ pub const CUDA_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
 params! {
     // ---------------------------------------------------------------- Comm
     WEFT_ALGO: String = Str, Computed("tuner"), Comm, [Libcomm, Cuda],
-        "algorithm override: `ring`, `rd`, `tree`, `direct`, `pairwise`, or per collective `allreduce:ring,broadcast:tree`; a device algorithm name (see `WEFT_CUDA_ALGO`) steers GPU memory";
+        "algorithm override: `ring`, `rd`, `tree`, `direct`, `pairwise`, `ll` / `ll2` (host all-reduce through shared-memory latency slots, one / two shots, where every rank is on one host, up to 64 KiB), or per collective `allreduce:ring,broadcast:tree`; a device algorithm name (see `WEFT_CUDA_ALGO`) steers GPU memory";
     WEFT_TRANSPORT: String = Choice(&["auto", "shm", "tcp"]), Value("auto"), Comm, [Libcomm],
         "`auto` (shared memory within a host, TCP across), `shm`, `tcp` (also `socket`)";
     WEFT_PEER_TIMEOUT_MS: u64 = Ms, Value("10000"), Comm, [Libcomm],
@@ -229,6 +229,8 @@ params! {
         "the rank a failure test kills";
     WEFT_TEST_RELEASE: String = Str, Unset(""), Test, [Tests],
         "a failure test's release signal";
+    WEFT_TEST_MISMATCH_BIG: bool = OnIf1, Unset(""), Test, [Tests],
+        "`1`: the mismatch test's ranks differ enough to take different all-reduce algorithms";
     WEFT_TEST_INHERITED: String = Str, Unset(""), Test, [Tests],
         "checks that `weft run` passes its environment on";
     WEFT_TEST_CTL: String = Path, Unset(""), Test, [Tests],

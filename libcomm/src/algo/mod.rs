@@ -9,6 +9,7 @@
 //! The algorithm of each collective is the tuner's [`tuner::Decision`], made
 //! once by the caller and passed in.
 
+mod ll;
 pub mod tuner;
 
 use crate::core::Resources;
@@ -76,6 +77,10 @@ pub(crate) fn all_reduce(
     algo: Algo,
 ) -> Result<()> {
     let n = c.ctx.nranks;
+    ll::note_all_reduce(c, count * dt.size());
+    if matches!(algo, Algo::Ll | Algo::Ll2) && ll::usable(c, count * dt.size()) {
+        return ll::all_reduce(c, send, recv, count, dt, op, algo == Algo::Ll2);
+    }
     let mut hold = Vec::new();
     let src = prepared_input(op, dt, send, count, &mut hold);
     if n == 1 {
@@ -85,13 +90,25 @@ pub(crate) fn all_reduce(
     }
     match algo {
         Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
-        Algo::Direct => all_reduce_direct(c, src, recv, count, dt, op),
+        Algo::Direct | Algo::Ll => all_reduce_direct(c, src, recv, count, dt, op),
         _ => {
             let owned = ring_reduce_scatter(c, src, recv, count, dt, op.combine(), 1)?;
             let (lo, hi) = (bound(owned, count, n), bound(owned + 1, count, n));
             finish_avg(op, dt, unsafe { recv.add(lo * dt.size()) }, hi - lo, n);
             ring_all_gather_chunks(c, recv, count, dt, 1)
         }
+    }
+}
+
+impl Resources {
+    /// What the tuner knows of this communicator.
+    pub(crate) fn shape(&self) -> tuner::Shape {
+        let nlocal = self
+            .kinds
+            .iter()
+            .filter(|k| matches!(k, crate::core::PeerKind::Me | crate::core::PeerKind::Shm))
+            .count();
+        tuner::Shape::local(self.ctx.nranks, nlocal)
     }
 }
 

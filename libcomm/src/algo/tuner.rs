@@ -3,9 +3,11 @@
 //! every collective that supports it (`WEFT_ALGO=ring`), or per collective
 //! (`WEFT_ALGO=allreduce:rd,broadcast:tree`).
 //!
-//! The tuner decides once per operation ([`decide`]); the [`Decision`]
-//! travels with the operation to the host algorithm that runs it and to the
-//! observer that labels its span.
+//! The tuner decides once per operation ([`decide`]) from the operation's
+//! size and the communicator's [`Shape`] (ranks, ranks on this host, hosts,
+//! cores); the [`Decision`] travels with the operation to the host algorithm
+//! that runs it and to the observer that labels its span (and, with
+//! `WEFT_DEBUG=INFO`, to one log line per collective, size class and choice).
 
 use crate::error::{Error, Result};
 use crate::op::{Op, OpKind};
@@ -52,10 +54,65 @@ impl Decision {
     }
 }
 
-/// The host decision for `op` on `n` ranks: the collective and the bytes the
-/// size rules see (the all-reduce buffer, the broadcast/reduce buffer, the
-/// gathered result, one rank's whole all-to-all send buffer).
-pub fn decide(op: &Op, n: usize, o: &AlgoOverride) -> Decision {
+/// What the tuner knows of a communicator besides the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Ranks.
+    pub n: usize,
+    /// Ranks on this rank's host (itself included) reached over shared memory.
+    pub nlocal: usize,
+    /// Hosts (estimated as `n / nlocal`, rounded up, when ranks are spread).
+    pub hosts: usize,
+    /// Cores this process may run on.
+    pub cores: usize,
+}
+
+impl Shape {
+    /// `n` ranks with nothing known of where they run (no shared-memory path).
+    pub fn ranks(n: usize) -> Shape {
+        Shape {
+            n,
+            nlocal: 1,
+            hosts: n,
+            cores: 1,
+        }
+    }
+
+    /// `n` ranks of which `nlocal` share this host, on this machine's cores.
+    pub fn local(n: usize, nlocal: usize) -> Shape {
+        let nlocal = nlocal.clamp(1, n.max(1));
+        Shape {
+            n,
+            nlocal,
+            hosts: n.div_ceil(nlocal),
+            cores: cores(),
+        }
+    }
+
+    /// Every rank on this host, over shared memory: the latency slots can run.
+    pub fn all_local(&self) -> bool {
+        self.n >= 2 && self.hosts == 1 && self.nlocal == self.n
+    }
+
+    /// More ranks on this host than cores.
+    pub fn oversubscribed(&self) -> bool {
+        self.nlocal > self.cores
+    }
+}
+
+/// Cores this process may run on (read once: it costs system calls).
+fn cores() -> usize {
+    use std::sync::OnceLock;
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(crate::topology::online_cpus)
+}
+
+/// The host decision for `op` on a communicator of shape `s`: the collective
+/// and the bytes the size rules see (the all-reduce buffer, the
+/// broadcast/reduce buffer, the gathered result, one rank's whole all-to-all
+/// send buffer).
+pub fn decide(op: &Op, s: &Shape, o: &AlgoOverride) -> Decision {
+    let n = s.n;
     let b = op.bytes();
     let (coll, bytes) = match op.kind {
         OpKind::AllReduce => (Coll::AllReduce, b),
@@ -66,7 +123,39 @@ pub fn decide(op: &Op, n: usize, o: &AlgoOverride) -> Decision {
         OpKind::AllToAll => (Coll::AllToAll, b * n),
         OpKind::Gather | OpKind::Scatter | OpKind::Send | OpKind::Recv => return Decision::P2p,
     };
-    Decision::Host(choose(coll, bytes, n, o))
+    let a = choose_in(coll, bytes, s, o);
+    log_choice(coll, bytes, s, a);
+    Decision::Host(a)
+}
+
+/// `WEFT_DEBUG=INFO`: the first time a collective picks an algorithm for a
+/// size class (powers of two) in this process, one line says which and why.
+fn log_choice(coll: Coll, bytes: usize, s: &Shape, a: Algo) {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    if crate::log::level() < crate::log::Level::Info {
+        return;
+    }
+    type Key = (Coll, u32, usize, Algo);
+    static SEEN: OnceLock<Mutex<HashSet<Key>>> = OnceLock::new();
+    let class = bytes.max(1).next_power_of_two().trailing_zeros();
+    let new = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .map(|mut m| m.insert((coll, class, s.n, a)))
+        .unwrap_or(false);
+    if new {
+        crate::log::info_log!(
+            "tuner: {} of {} B on {} rank(s) ({} on this host, {} host(s), {} core(s)): {}",
+            coll.name(),
+            bytes,
+            s.n,
+            s.nlocal,
+            s.hosts,
+            s.cores,
+            a.name()
+        );
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,6 +181,13 @@ pub enum Algo {
     Direct,
     /// n-1 steps of pairwise exchange (large all-to-all).
     Pairwise,
+    /// Latency slots in shared memory, one shot (all-reduce, every rank on
+    /// one host, up to the slot size): every rank publishes its buffer in its
+    /// slot and reduces all n slots itself (`algo/ll.rs`).
+    Ll,
+    /// Latency slots, two shots: reduce-scatter then all-gather through the
+    /// slots, each one step (reads 2x the buffer instead of n x).
+    Ll2,
 }
 
 impl Algo {
@@ -102,6 +198,8 @@ impl Algo {
             Algo::Tree => "tree",
             Algo::Direct => "direct",
             Algo::Pairwise => "pairwise",
+            Algo::Ll => "ll",
+            Algo::Ll2 => "ll2",
         }
     }
 }
@@ -121,7 +219,7 @@ impl Coll {
     pub fn supports(self, a: Algo) -> bool {
         use Algo::*;
         match self {
-            Coll::AllReduce => matches!(a, Ring | RecursiveDoubling | Direct),
+            Coll::AllReduce => matches!(a, Ring | RecursiveDoubling | Direct | Ll | Ll2),
             Coll::Broadcast | Coll::Reduce => matches!(a, Ring | Tree),
             Coll::AllGather | Coll::ReduceScatter => matches!(a, Ring | Direct),
             Coll::AllToAll => matches!(a, Pairwise | Direct),
@@ -145,9 +243,11 @@ fn parse_algo(s: &str) -> Result<Algo> {
         "tree" => Algo::Tree,
         "direct" | "oneshot" | "one_shot" => Algo::Direct,
         "pairwise" => Algo::Pairwise,
+        "ll" => Algo::Ll,
+        "ll2" => Algo::Ll2,
         other => {
             return Err(Error::arg(format!(
-                "WEFT_ALGO: unknown algorithm '{other}' (ring, rd, tree, direct, pairwise; for device memory also oneshot, twoshot, ll, staged)"
+                "WEFT_ALGO: unknown algorithm '{other}' (ring, rd, tree, direct, pairwise, ll, ll2; for device memory also oneshot, twoshot, ll, staged)"
             )));
         }
     })
@@ -199,24 +299,55 @@ impl std::str::FromStr for AlgoOverride {
 /// Size thresholds under which latency-optimal algorithms win on host memory
 /// (measured with `weft bench`, see docs/PERFORMANCE.md): one-step direct
 /// all-reduce for tiny buffers, recursive doubling up to where the ring wins
-/// (16 KiB on 16 cores, 32-64 KiB on 2).
+/// (16 KiB on 16 cores, 32-64 KiB on 2). With every rank on one host the
+/// latency slots take all-reduce up to their size (`LL_MAX`): one shot while
+/// reading the n buffers costs less than a second synchronisation (up to
+/// `LL_ONESHOT_READ` bytes read, and always with 2 ranks), two shots above.
+/// Measured with 4 ranks on 2 cores (docs/PERFORMANCE.md): two shots win
+/// from 16 KiB (15 vs 19 us) even there, where every synchronisation costs
+/// context switches.
 const TINY_ALLREDUCE: usize = 4 << 10;
+const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
+const LL_ONESHOT_READ: usize = 32 << 10;
 const DIRECT_MAX_RANKS: usize = 16;
 const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
 
 /// The algorithm for `coll` moving `bytes` (the full buffer: the all-reduce
-/// buffer, the gathered result, one rank's all-to-all send buffer) over `n` ranks.
+/// buffer, the gathered result, one rank's all-to-all send buffer) over `n`
+/// ranks, nothing known of where they run.
 pub fn choose(coll: Coll, bytes: usize, n: usize, o: &AlgoOverride) -> Algo {
-    if let Some((_, a)) = o.per.iter().find(|(c, _)| *c == coll) {
+    choose_in(coll, bytes, &Shape::ranks(n), o)
+}
+
+/// Whether the latency slots can carry this operation.
+fn ll_fits(coll: Coll, bytes: usize, s: &Shape) -> bool {
+    coll == Coll::AllReduce && s.all_local() && bytes <= LL_MAX
+}
+
+/// [`choose`] on a communicator of shape `s`. An override naming the latency
+/// slots (`ll`, `ll2`) applies where they can run (all-reduce, every rank on
+/// this host, up to the slot size); elsewhere the size rules choose.
+pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo {
+    let n = s.n;
+    let is_ll = |a: Algo| matches!(a, Algo::Ll | Algo::Ll2);
+    if let Some((_, a)) = o.per.iter().find(|(c, _)| *c == coll)
+        && (!is_ll(*a) || ll_fits(coll, bytes, s))
+    {
         return *a;
     }
     if let Some(a) = o.global {
-        if coll.supports(a) {
+        if is_ll(a) {
+            if ll_fits(coll, bytes, s) {
+                return a;
+            }
+        } else if coll.supports(a) {
             return a;
         }
         // A single name like `tree` also selects the latency path where it has another name.
-        if matches!(a, Algo::Tree | Algo::RecursiveDoubling | Algo::Direct) {
+        if matches!(a, Algo::Tree | Algo::RecursiveDoubling | Algo::Direct)
+            || (is_ll(a) && coll != Coll::AllReduce)
+        {
             return match coll {
                 Coll::AllReduce => Algo::RecursiveDoubling,
                 Coll::Broadcast | Coll::Reduce => Algo::Tree,
@@ -235,6 +366,10 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, o: &AlgoOverride) -> Algo {
         Coll::AllReduce => bytes <= SMALL_ALLREDUCE,
         _ => bytes <= SMALL_OTHER,
     };
+    if ll_fits(coll, bytes, s) {
+        let one = n == 2 || bytes * n <= LL_ONESHOT_READ;
+        return if one { Algo::Ll } else { Algo::Ll2 };
+    }
     if coll == Coll::AllReduce && bytes <= TINY_ALLREDUCE && (3..=DIRECT_MAX_RANKS).contains(&n) {
         return Algo::Direct;
     }
@@ -282,9 +417,89 @@ mod tests {
         assert!("allreduce:pairwise".parse::<AlgoOverride>().is_err());
         assert!("warp".parse::<AlgoOverride>().is_err());
         // Device-only names leave host memory to the size rules.
-        for d in ["twoshot", "LL", "staged"] {
+        for d in ["twoshot", "staged"] {
             assert_eq!(d.parse::<AlgoOverride>().unwrap(), AlgoOverride::default());
         }
-        assert!("allreduce:ll".parse::<AlgoOverride>().is_err());
+        // `ll` names the latency slots on host memory too (all-reduce only).
+        assert!("allreduce:ll".parse::<AlgoOverride>().is_ok());
+        assert!("broadcast:ll".parse::<AlgoOverride>().is_err());
+    }
+
+    fn one_host(n: usize, cores: usize) -> Shape {
+        Shape {
+            n,
+            nlocal: n,
+            hosts: 1,
+            cores,
+        }
+    }
+
+    #[test]
+    fn latency_slots_by_size_ranks_hosts_and_cores() {
+        let o = AlgoOverride::default();
+        let s = one_host(4, 16);
+        assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 8 << 10, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 16 << 10, &s, &o), Algo::Ll2);
+        assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll2);
+        assert_eq!(choose_in(Coll::AllReduce, 128 << 10, &s, &o), Algo::Ring);
+        // Oversubscribed: the same choice (every rank must make the same one).
+        let s = one_host(4, 2);
+        assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll2);
+        assert_eq!(
+            choose_in(Coll::AllReduce, 8, &one_host(8, 16), &o),
+            Algo::Ll
+        );
+        assert_eq!(
+            choose_in(Coll::AllReduce, 8 << 10, &one_host(8, 16), &o),
+            Algo::Ll2
+        );
+        // Two ranks: one shot.
+        assert_eq!(
+            choose_in(Coll::AllReduce, 64 << 10, &one_host(2, 16), &o),
+            Algo::Ll
+        );
+        // Several hosts, or nothing known: the previous rules.
+        let two = Shape {
+            n: 8,
+            nlocal: 4,
+            hosts: 2,
+            cores: 16,
+        };
+        assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
+        assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Direct);
+        // Other collectives keep theirs.
+        assert_eq!(choose_in(Coll::Broadcast, 8, &s, &o), Algo::Tree);
+        assert_eq!(Shape::local(8, 3).hosts, 3);
+    }
+
+    #[test]
+    fn latency_slot_overrides_apply_where_they_can_run() {
+        let s = one_host(4, 16);
+        let o: AlgoOverride = "ll".parse().unwrap();
+        assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll);
+        // Too big for a slot, or ranks on two hosts: the size rules.
+        assert_eq!(choose_in(Coll::AllReduce, 1 << 20, &s, &o), Algo::Ring);
+        let two = Shape {
+            n: 4,
+            nlocal: 2,
+            hosts: 2,
+            cores: 16,
+        };
+        assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
+        // Other collectives: the latency algorithm of each.
+        assert_eq!(choose_in(Coll::Broadcast, 1 << 20, &s, &o), Algo::Tree);
+        assert_eq!(choose_in(Coll::AllGather, 1 << 20, &s, &o), Algo::Direct);
+        let o: AlgoOverride = "allreduce:ll2".parse().unwrap();
+        assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Ll2);
+        assert_eq!(
+            choose_in(Coll::AllReduce, 8, &one_host(4, 1), &o),
+            Algo::Ll2
+        );
+        let o: AlgoOverride = "rd".parse().unwrap();
+        assert_eq!(
+            choose_in(Coll::AllReduce, 8, &s, &o),
+            Algo::RecursiveDoubling
+        );
     }
 }

@@ -138,12 +138,45 @@ struct RingHeader {
     head: AtomicU64,
 }
 
+/// Bytes of one latency slot (see [`SlotHdr`]): the largest host all-reduce
+/// the latency path (`algo/ll.rs`) carries.
+pub(crate) const LL_SLOT_BYTES: usize = 64 << 10;
+const LL_LINE: usize = 64;
+
+/// The latency area of a rank segment shared with local peers: one line
+/// holding the owner's epoch counter, then two buffers (even and odd epochs)
+/// of an input slot and an output slot, each a header line and
+/// [`LL_SLOT_BYTES`] of data. Only the owner writes its slots; local peers
+/// read them. None for a rank alone on its host.
+pub(crate) fn ll_area(nlocal: usize) -> usize {
+    if nlocal > 1 {
+        LL_LINE + 4 * (LL_LINE + LL_SLOT_BYTES)
+    } else {
+        0
+    }
+}
+
+/// The header of a latency slot: the owner writes the data, then `len`,
+/// then `epoch` with release ordering; a reader that loads `epoch` with
+/// acquire ordering and finds the epoch it waits for sees the data. The flag
+/// travels with the data it guards (one store after the copy, no separate
+/// doorbell, no system call); on the CPU, release/acquire gives the ordering
+/// that NCCL's LL protocol gets on the GPU by interleaving a flag in every
+/// 8 bytes.
+#[repr(C)]
+pub(crate) struct SlotHdr {
+    pub epoch: AtomicU64,
+    pub len: AtomicU64,
+}
+
 /// A mapping of one rank's segment.
 pub(crate) struct Mapping {
     base: *mut u8,
     len: usize,
     nlocal: usize,
     cap: usize,
+    /// Offset of the latency area ([`ll_area`]), 0 when there is none.
+    ll_off: usize,
     /// The backing file, kept where another process (a local peer, the
     /// sidecar's proxy) must map this segment too.
     fd: Option<OwnedFd>,
@@ -179,8 +212,9 @@ impl Mapping {
         rank: usize,
         keep_fd: bool,
     ) -> Result<Mapping> {
-        let (_, len) = layout(nlocal, cap);
+        let (_, mut len) = layout(nlocal, cap);
         let mut kept = None;
+        let mut ll_off = 0;
         let base = if nlocal <= 1 && keep_fd {
             let (m, fd) = Mapping::create_memfd(name, nlocal, cap)?;
             kept = Some(fd);
@@ -205,9 +239,11 @@ impl Mapping {
             p.cast::<u8>()
         } else {
             // Shared with local peers through its descriptor only (see Offer).
-            let (m, fd) = Mapping::create_memfd(name, nlocal, cap)?;
+            let (m, fd) = Mapping::create_memfd_with(name, nlocal, cap, ll_area(nlocal))?;
             kept = Some(fd);
             let b = m.base;
+            len = m.len;
+            ll_off = m.ll_off;
             std::mem::forget(m);
             b
         };
@@ -216,6 +252,7 @@ impl Mapping {
             len,
             nlocal,
             cap,
+            ll_off,
             fd: kept,
         };
         let c = m.control();
@@ -240,7 +277,13 @@ impl Mapping {
             match UnixStream::connect_addr(&addr) {
                 Ok(s) => {
                     let fd = receive_segment(&s, name, deadline)?;
-                    let m = Mapping::from_fd(&fd, nlocal, cap, &format!("the segment {name}"))
+                    let m = Mapping::from_fd_with(
+                        &fd,
+                        nlocal,
+                        cap,
+                        ll_area(nlocal),
+                        &format!("the segment {name}"),
+                    )
                         .map_err(|e| match e {
                             Error::Internal(m) => Error::Internal(format!(
                                 "{m} (ranks disagree about the layout: mixed Weft versions or settings?)"
@@ -288,7 +331,19 @@ impl Mapping {
     /// A segment that exists only as an open file (memfd): no name to
     /// unlink, so a SIGKILLed process leaks nothing. Fully backed, as `create`.
     pub fn create_memfd(what: &str, nlocal: usize, cap: usize) -> Result<(Mapping, OwnedFd)> {
-        let (_, len) = layout(nlocal, cap);
+        Mapping::create_memfd_with(what, nlocal, cap, 0)
+    }
+
+    /// [`create_memfd`](Self::create_memfd) with `extra` bytes (a latency
+    /// area) after the rings.
+    fn create_memfd_with(
+        what: &str,
+        nlocal: usize,
+        cap: usize,
+        extra: usize,
+    ) -> Result<(Mapping, OwnedFd)> {
+        let (_, rings) = layout(nlocal, cap);
+        let len = rings + extra;
         let cname = CString::new(what.trim_start_matches('/'))
             .unwrap_or_else(|_| CString::new("weft").unwrap());
         let raw = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
@@ -309,7 +364,10 @@ impl Mapping {
                 std::io::Error::from_raw_os_error(rc),
             ));
         }
-        let m = Mapping::map_fd(&fd, len, nlocal, cap, what)?;
+        let mut m = Mapping::map_fd(&fd, len, nlocal, cap, what)?;
+        if extra > 0 {
+            m.ll_off = rings;
+        }
         m.control().magic.store(MAGIC_READY, Ordering::Release);
         Ok((m, fd))
     }
@@ -318,8 +376,24 @@ impl Mapping {
     /// The file's size must be exactly what `nlocal` rings of `cap` need:
     /// nothing in it is trusted for addressing.
     pub fn from_fd(fd: &OwnedFd, nlocal: usize, cap: usize, what: &str) -> Result<Mapping> {
-        let (_, len) = layout(nlocal, cap);
-        Mapping::map_fd(fd, len, nlocal, cap, what)
+        Mapping::from_fd_with(fd, nlocal, cap, 0, what)
+    }
+
+    /// [`from_fd`](Self::from_fd) for a segment with `extra` bytes (its
+    /// latency area) after the rings.
+    fn from_fd_with(
+        fd: &OwnedFd,
+        nlocal: usize,
+        cap: usize,
+        extra: usize,
+        what: &str,
+    ) -> Result<Mapping> {
+        let (_, rings) = layout(nlocal, cap);
+        let mut m = Mapping::map_fd(fd, rings + extra, nlocal, cap, what)?;
+        if extra > 0 {
+            m.ll_off = rings;
+        }
+        Ok(m)
     }
 
     /// Maps only the control block (first page) of a segment.
@@ -372,6 +446,7 @@ impl Mapping {
             len,
             nlocal,
             cap,
+            ll_off: 0,
             fd: None,
         })
     }
@@ -388,6 +463,43 @@ impl Mapping {
 
     pub fn control(&self) -> &Control {
         unsafe { &*(self.base as *const Control) }
+    }
+
+    /// Whether this segment has a latency area.
+    pub fn has_ll(&self) -> bool {
+        self.ll_off != 0
+    }
+
+    /// The owner's count of latency-path operations (only the owner uses it).
+    pub fn ll_epoch(&self) -> &AtomicU64 {
+        assert!(self.has_ll());
+        unsafe { &*(self.base.add(self.ll_off) as *const AtomicU64) }
+    }
+
+    /// The owner's count of host all-reduces (every algorithm) and the bytes
+    /// of the latest: a peer that waits long in the latency slots compares
+    /// them with its own to tell a mismatch (different counts on different
+    /// ranks send some through the slots, others through the rings) from a
+    /// slow rank.
+    pub fn ll_call(&self) -> (&AtomicU64, &AtomicU64) {
+        assert!(self.has_ll());
+        unsafe {
+            let p = self.base.add(self.ll_off) as *const AtomicU64;
+            (&*p.add(1), &*p.add(2))
+        }
+    }
+
+    /// Latency slot `buf` (0 or 1), input (`out` false) or output: its
+    /// header and its [`LL_SLOT_BYTES`] of data.
+    pub fn ll_slot(&self, buf: usize, out: bool) -> (&SlotHdr, *mut u8) {
+        assert!(self.has_ll() && buf < 2);
+        let i = buf * 2 + out as usize;
+        unsafe {
+            let line = self
+                .base
+                .add(self.ll_off + LL_LINE + i * (LL_LINE + LL_SLOT_BYTES));
+            (&*(line as *const SlotHdr), line.add(LL_LINE))
+        }
     }
 
     fn ring_header(&self, sender_local: usize) -> &RingHeader {

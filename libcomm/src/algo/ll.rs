@@ -1,0 +1,386 @@
+//! The latency path for small host all-reduces with every rank on one host:
+//! the LL idea on the CPU.
+//!
+//! Each rank's shared-memory segment carries two buffers (even and odd
+//! operations) of an input slot and an output slot (`transport/shm.rs`,
+//! [`SlotHdr`]). Only the owner writes its slots; peers read them in place.
+//! A slot is published by one release store of the operation's epoch (and
+//! its length) after the data: a reader that sees the epoch it waits for sees
+//! the data, with no ring, no header exchange, no doorbell and no system call
+//! on the fast path.
+//!
+//! - **One shot** ([`Algo::Ll`](super::tuner::Algo::Ll)): every rank copies
+//!   its input into its input slot, then reduces the n input slots straight
+//!   into its output buffer, in rank order (bit-identical results on every
+//!   rank). One copy in, one reduction pass reading n buffers; in place and
+//!   out of place cost the same (the input is in the slot before the output
+//!   is written).
+//! - **Two shots** ([`Algo::Ll2`](super::tuner::Algo::Ll2)): reduce-scatter in
+//!   one step (rank r reduces chunk r of the n input slots into its output
+//!   slot), then all-gather in one step (every rank copies chunk p out of
+//!   rank p's output slot). Reads 2x the buffer instead of n x.
+//!
+//! Reuse without acknowledgements: a slot of buffer `e mod 2` is rewritten
+//! at epoch e+2 only. Before that its owner has waited, at epoch e+1, for
+//! every peer's input of e+1, which each peer publishes only after finishing
+//! epoch e (all its reads of our slots included). So every epoch waits for
+//! every peer's input slot, and the release/acquire pair orders the peer's
+//! reads of epoch e before our writes of e+2.
+//!
+//! Waiting: spin (no system call) for up to 50 us while the ranks have a
+//! core each (a running peer answers well within that); with more local
+//! ranks than cores, or once the spin is over, yield a few times (a spinning
+//! rank would hold the core its peer needs); then sleep on this rank's futex
+//! doorbell, which a publisher rings only if someone sleeps.
+//! Raised failures are checked as the engine does, peer liveness and
+//! `WEFT_TIMEOUT_MS` every 100 ms, and pending eager sends keep moving.
+
+use crate::core::{PeerKind, Resources};
+use crate::error::{Error, Result};
+use crate::exec::Wait;
+use crate::reduce;
+use crate::transport::futex;
+use crate::transport::shm::{LL_SLOT_BYTES, Mapping, SlotHdr};
+use crate::types::{DataType, ReduceOp};
+use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::time::{Duration, Instant};
+
+/// Whether the latency slots can carry an all-reduce of `bytes` on `c`.
+pub(crate) fn usable(c: &Resources, bytes: usize) -> bool {
+    let n = c.ctx.nranks;
+    bytes <= LL_SLOT_BYTES
+        && n >= 2
+        && c.fault.own.has_ll()
+        && (0..n).all(|p| matches!(c.kinds[p], PeerKind::Me | PeerKind::Shm))
+}
+
+/// Records an all-reduce of `bytes` (whatever its algorithm) where local
+/// peers waiting in the latency slots can see it (see [`Mapping::ll_call`]).
+pub(crate) fn note_all_reduce(c: &Resources, bytes: usize) {
+    let own = &c.fault.own;
+    if own.has_ll() {
+        let (seq, len) = own.ll_call();
+        len.store(bytes as u64, Ordering::Relaxed);
+        seq.store(seq.load(Ordering::Relaxed) + 1, Ordering::Release);
+    }
+}
+
+/// How long an idle wait spins (one core per rank) before it yields, then
+/// sleeps on the doorbell: a running peer answers within microseconds, so a
+/// longer wait means it lost its core (a loaded machine), and spinning on
+/// would keep it off (measured: 2 ms of spinning cost 2 ms per call with 2
+/// ranks on a loaded 2-core machine). With more ranks than cores it yields
+/// at once. It yields as many times as the engine does (`WEFT_YIELD_ITERS`:
+/// 8, or 32 with more ranks than cores), then sleeps: a sleeping rank hands
+/// its core to a peer far more surely than a yielding one.
+/// Adaptive: after two waits in a row that the spin did not end (the peers
+/// share our core: a loaded machine, or the scheduler packed them), spin only
+/// `SPIN_SHORT` until a spin ends a wait again.
+const SPIN_FOR: Duration = Duration::from_micros(50);
+const SPIN_SHORT: Duration = Duration::from_micros(2);
+static SPIN_MISSES: AtomicU32 = AtomicU32::new(0);
+const SLICE: Duration = Duration::from_millis(100);
+const SLEEP: Duration = Duration::from_millis(10);
+
+/// One rank's all-reduce through the latency slots (the caller checked
+/// [`usable`]). `two_shot` picks reduce-scatter + all-gather.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn all_reduce(
+    c: &mut Resources,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    two_shot: bool,
+) -> Result<()> {
+    match all_reduce_inner(c, send, recv, count, dt, op, two_shot) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(c.fail(e)),
+    }
+}
+
+/// Every rank's segment, by rank (ours for ourselves), without borrowing
+/// `c`: the waits below need it mutably (pending eager sends), and the
+/// mappings live, unchanged, as long as `c`.
+#[derive(Clone, Copy)]
+struct Maps {
+    peers: *const Option<std::sync::Arc<Mapping>>,
+    own: *const Mapping,
+    me: usize,
+    n: usize,
+}
+
+impl Maps {
+    fn of(c: &Resources) -> Maps {
+        Maps {
+            peers: c.local_maps.as_ptr(),
+            own: std::sync::Arc::as_ptr(&c.fault.own),
+            me: c.ctx.rank,
+            n: c.ctx.nranks,
+        }
+    }
+
+    #[inline]
+    fn get<'a>(self, p: usize) -> &'a Mapping {
+        assert!(p < self.n);
+        // SAFETY: see the type; `usable` checked every peer is local.
+        unsafe {
+            match &*self.peers.add(p) {
+                Some(m) if p != self.me => m,
+                _ => &*self.own,
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn all_reduce_inner(
+    c: &mut Resources,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    two_shot: bool,
+) -> Result<()> {
+    c.check_raised()?;
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let bytes = count * es;
+    debug_assert!(usable(c, bytes));
+    // The mappings live as long as `c` (they are dropped with it); raw
+    // pointers let the waits below borrow `c` mutably (eager sends).
+    let maps = Maps::of(c);
+    let map = |p: usize| maps.get(p);
+    let own = map(r);
+    let ep = own.ll_epoch();
+    let e = ep.load(Ordering::Relaxed) + 1;
+    ep.store(e, Ordering::Relaxed);
+    let b = (e & 1) as usize;
+    let comb = op.combine();
+    let mut w = Waiter::new(c);
+    w.two_shot = two_shot;
+
+    // Publish our input.
+    let (hdr, mine) = own.ll_slot(b, false);
+    match op {
+        ReduceOp::PreMulSum(s) => unsafe { reduce::scale(dt, mine, send, count, s) },
+        _ => unsafe { std::ptr::copy_nonoverlapping(send, mine, bytes) },
+    }
+    let tag = bytes as u64 | (two_shot as u64) << 63;
+    publish(maps, hdr, e, tag);
+
+    if !two_shot {
+        // Reduce the n inputs in rank order straight into `recv`.
+        let slot = |p: usize| map(p).ll_slot(b, false);
+        w.wait(c, maps, slot(0).0, e, bytes, 0)?;
+        for p in 1..n {
+            w.wait(c, maps, slot(p).0, e, bytes, p)?;
+            let a = if p == 1 { slot(0).1 } else { recv };
+            unsafe { reduce::combine(dt, comb, recv, a, slot(p).1, count) };
+        }
+        if op == ReduceOp::Avg {
+            unsafe { reduce::divide(dt, recv, count, n) };
+        }
+        return Ok(());
+    }
+
+    // Two shots. Reduce-scatter: our chunk of every input into our output slot.
+    let lo = |p: usize| super::bound(p, count, n);
+    let (mlo, mlen) = (lo(r), lo(r + 1) - lo(r));
+    let (ohdr, out) = own.ll_slot(b, true);
+    let acc = unsafe { out.add(mlo * es) };
+    for p in 0..n {
+        let (h, d) = map(p).ll_slot(b, false);
+        w.wait(c, maps, h, e, bytes, p)?;
+        if mlen == 0 {
+            continue;
+        }
+        let d = unsafe { d.add(mlo * es) };
+        match p {
+            0 => {}
+            1 => unsafe {
+                let (_, d0) = map(0).ll_slot(b, false);
+                reduce::combine(dt, comb, acc, d0.add(mlo * es), d, mlen)
+            },
+            _ => unsafe { reduce::combine(dt, comb, acc, acc, d, mlen) },
+        }
+    }
+    if op == ReduceOp::Avg && mlen > 0 {
+        unsafe { reduce::divide(dt, acc, mlen, n) };
+    }
+    publish(maps, ohdr, e, tag);
+    // All-gather: chunk p from rank p's output slot, ours last.
+    for k in 1..=n {
+        let p = (r + k) % n;
+        let (h, d) = map(p).ll_slot(b, true);
+        w.wait(c, maps, h, e, bytes, p)?;
+        let (plo, plen) = (lo(p), lo(p + 1) - lo(p));
+        unsafe { std::ptr::copy_nonoverlapping(d.add(plo * es), recv.add(plo * es), plen * es) };
+    }
+    Ok(())
+}
+
+/// Publishes a slot of ours for epoch `e`, then wakes the peers that sleep.
+/// `tag` is the length, with the top bit set for two shots (ranks that chose
+/// differently get an error, not a hang).
+fn publish(maps: Maps, hdr: &SlotHdr, e: u64, tag: u64) {
+    hdr.len.store(tag, Ordering::Relaxed);
+    hdr.epoch.store(e, Ordering::Release);
+    // Pairs with the sleeper's fence: either it sees the epoch or we see it
+    // counted among the sleepers.
+    fence(Ordering::SeqCst);
+    for p in (0..maps.n).filter(|&p| p != maps.me) {
+        let ctl = maps.get(p).control();
+        if ctl.sleepers.load(Ordering::Relaxed) != 0 {
+            ctl.ring();
+        }
+    }
+}
+
+/// The waiting state of one operation.
+struct Waiter {
+    oversubscribed: bool,
+    yields: u32,
+    timeout: Option<Duration>,
+    two_shot: bool,
+}
+
+impl Waiter {
+    fn new(c: &Resources) -> Waiter {
+        Waiter {
+            oversubscribed: c.oversubscribed,
+            yields: c.wait_budget().1,
+            timeout: c.ctx.cfg.timeout,
+            two_shot: false,
+        }
+    }
+
+    /// Waits until rank `peer`'s slot `h` holds epoch `e`, with `bytes` bytes.
+    fn wait(
+        &mut self,
+        c: &mut Resources,
+        maps: Maps,
+        h: &SlotHdr,
+        e: u64,
+        bytes: usize,
+        peer: usize,
+    ) -> Result<()> {
+        if self.ready(h, e, bytes, peer, c)? {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut last_check = start;
+        let mut i: u32 = 0;
+        // The iteration at which spinning ended (None while spinning).
+        let mut spun: Option<u32> = None;
+        let spin_for = if SPIN_MISSES.load(Ordering::Relaxed) >= 2 {
+            SPIN_SHORT
+        } else {
+            SPIN_FOR
+        };
+        loop {
+            i = i.saturating_add(1);
+            if self.ready(h, e, bytes, peer, c)? {
+                if spun.is_none() && !self.oversubscribed {
+                    SPIN_MISSES.store(0, Ordering::Relaxed);
+                }
+                return Ok(());
+            }
+            if i.is_multiple_of(64) {
+                c.check_raised()?;
+                if !c.eager.pending.is_empty() {
+                    c.exec_with(&mut [], Wait::NoSleep { until: None })?;
+                }
+            }
+            if !self.oversubscribed && spun.is_none() {
+                if start.elapsed() < spin_for {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                spun = Some(i);
+                SPIN_MISSES.fetch_add(1, Ordering::Relaxed);
+            }
+            if i - spun.unwrap_or(0) <= self.yields {
+                std::thread::yield_now();
+                continue;
+            }
+            // A long wait: sleep on our doorbell until a publisher rings it.
+            let ctrl = c.fault.own.control();
+            let seen = ctrl.doorbell.load(Ordering::SeqCst);
+            ctrl.sleepers.fetch_add(1, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if h.epoch.load(Ordering::Acquire) != e {
+                futex::wait(&ctrl.doorbell, seen, SLEEP);
+            }
+            ctrl.sleepers.fetch_sub(1, Ordering::SeqCst);
+            // An abort rings the doorbell: notice it at once.
+            c.check_raised()?;
+            if last_check.elapsed() >= SLICE {
+                last_check = Instant::now();
+                if self.ready(h, e, bytes, peer, c)? {
+                    return Ok(());
+                }
+                c.check_peers(std::iter::once(peer))?;
+                // The peer in this same all-reduce with another size took
+                // another algorithm: it will never publish.
+                let (mseq, mlen) = c.fault.own.ll_call();
+                let (pseq, plen) = maps.get(peer).ll_call();
+                let ps = pseq.load(Ordering::Acquire);
+                let pl = plen.load(Ordering::Relaxed) as usize;
+                if ps == mseq.load(Ordering::Relaxed)
+                    && pl != mlen.load(Ordering::Relaxed) as usize
+                    && pseq.load(Ordering::Acquire) == ps
+                {
+                    return Err(c.peer_error(
+                        peer,
+                        &format!(
+                            "the peer all-reduces {pl} bytes where this rank all-reduces {bytes}: count or data type differs between ranks"
+                        ),
+                    ));
+                }
+                if let Some(t) = self.timeout
+                    && start.elapsed() >= t
+                {
+                    return Err(Error::Timeout {
+                        comm: c.ctx.label.clone(),
+                        rank: c.ctx.rank,
+                        after_ms: t.as_millis() as u64,
+                        waiting_for: format!("rank {peer} (all-reduce through the latency slots)"),
+                    });
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn ready(&self, h: &SlotHdr, e: u64, bytes: usize, peer: usize, c: &Resources) -> Result<bool> {
+        let got = h.epoch.load(Ordering::Acquire);
+        if got == e {
+            let tag = h.len.load(Ordering::Relaxed);
+            let len = (tag & !(1 << 63)) as usize;
+            if (tag >> 63 == 1) != self.two_shot {
+                return Err(c.peer_error(
+                    peer,
+                    "the peer ran the other variant of the latency all-reduce (one shot / two shots): set WEFT_ALGO alike on every rank",
+                ));
+            }
+            if len != bytes {
+                return Err(c.peer_error(
+                    peer,
+                    &format!(
+                        "the peer all-reduced {len} bytes where this rank expected {bytes}: count or data type differs between ranks"
+                    ),
+                ));
+            }
+            return Ok(true);
+        }
+        if got > e {
+            return Err(c.peer_error(
+                peer,
+                "the peer is ahead in the latency path: the ranks issued different sequences of operations",
+            ));
+        }
+        Ok(false)
+    }
+}
