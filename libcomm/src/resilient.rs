@@ -584,13 +584,20 @@ impl Resilient {
     }
 
     /// At a step boundary: when every member sees the same replacements
-    /// ready, grow back to include them.
+    /// ready, grow back to include them. After a grow it looks again, so a
+    /// joiner (whose first call here is its next look) stays in step.
     fn maybe_grow(&mut self, state: &mut impl State) -> Result<()> {
+        while self.grow_once(state)? {}
+        Ok(())
+    }
+
+    /// One look: true when a grow happened.
+    fn grow_once(&mut self, state: &mut impl State) -> Result<bool> {
         let Some(board) = self.board.clone() else {
-            return Ok(());
+            return Ok(false);
         };
         if self.members.len() >= self.world {
-            return Ok(());
+            return Ok(false);
         }
         let deaths = board.deaths();
         // Per logical rank: the ready incarnation + 1, or 0.
@@ -610,7 +617,7 @@ impl Resilient {
             .map(|r| (r, (ready[r] - 1) as u32))
             .collect();
         if joiners.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let n = self.comm.count();
         let nranks = n + joiners.len();
@@ -652,7 +659,7 @@ impl Resilient {
                         .unwrap_or(Error::Bootstrap("the grown communicator failed".into()));
                     // The current communicator is still whole: try later.
                     crate::log::warn_log!("resilient: grow failed: {e}");
-                    return Ok(());
+                    return Ok(false);
                 }
             }
             let deaths = board.deaths();
@@ -667,7 +674,10 @@ impl Resilient {
                 });
                 // Agree that the current communicator is fine before going on.
                 let mut v = [0i32];
-                return self.comm.all_reduce_in_place(&mut v, ReduceOp::Sum);
+                return self
+                    .comm
+                    .all_reduce_in_place(&mut v, ReduceOp::Sum)
+                    .map(|_| false);
             }
             if self
                 .members
@@ -683,11 +693,11 @@ impl Resilient {
             }
             if Instant::now() >= until {
                 let _ = grown.abort();
-                return Ok(());
+                return Ok(false);
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.adopt_grown(grown, state, &joiners)
+        self.adopt_grown(grown, state, &joiners).map(|_| true)
     }
 
     /// After a grow: order the ranks by logical rank again (a split) and
@@ -699,7 +709,11 @@ impl Resilient {
         joiners: &[(usize, u32)],
     ) -> Result<()> {
         let ordered = grown
-            .split(Some(0), self.logical as i32)?
+            .split_with_config(
+                Some(0),
+                self.logical as i32,
+                self.cfg.clone().blocking(true),
+            )?
             .ok_or_else(|| Error::Internal("the ordering split gave no communicator".into()))?;
         let _ = grown.destroy();
         let old = std::mem::replace(&mut self.comm, ordered);
@@ -811,7 +825,7 @@ impl Resilient {
                 continue;
             }
             let ordered = c
-                .split(Some(0), logical as i32)?
+                .split_with_config(Some(0), logical as i32, cfg.clone().blocking(true))?
                 .ok_or_else(|| Error::Internal("the ordering split gave no communicator".into()))?;
             let _ = c.destroy();
             let mut r = Resilient::new_inner(ordered, world, logical, inc, Some(board), cfg);

@@ -297,3 +297,41 @@ fn destroying_the_parent_leaves_a_shrunk_child_working() {
     let e = cs[0].shrink(&[2], None, ShrinkMode::Default).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidUsage, "{e}");
 }
+
+#[test]
+fn a_nonblocking_grow_then_a_blocking_split_of_it() {
+    let cs = comms(2, cfg());
+    let id = cs[0].grow_unique_id().unwrap();
+    let grown: Vec<Communicator> = thread::scope(|s| {
+        let mut hs: Vec<_> = cs
+            .iter()
+            .map(|c| {
+                let id = (c.rank() == 0).then(|| id.clone());
+                s.spawn(move || c.grow(3, id.as_ref(), Some(cfg().blocking(false))).unwrap())
+            })
+            .collect();
+        let id2 = id.clone();
+        hs.push(s.spawn(move || Communicator::join(&id2, 3, 2, cfg().blocking(false)).unwrap()));
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for g in &grown {
+        g.wait_ready(Some(Duration::from_secs(30))).unwrap();
+    }
+    let ordered: Vec<Communicator> = thread::scope(|s| {
+        let hs: Vec<_> = grown
+            .iter()
+            .map(|g| {
+                s.spawn(move || {
+                    g.split_with_config(Some(0), 2 - g.rank() as i32, cfg())
+                        .unwrap()
+                        .unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for o in &ordered {
+        assert_eq!(o.state(), CommState::Ready);
+    }
+    check_sum(&ordered.iter().collect::<Vec<_>>());
+}
