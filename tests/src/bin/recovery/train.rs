@@ -173,8 +173,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 }
             }
             s.comm.all_reduce_in_place(&mut g, ReduceOp::Sum)?;
-            for j in 0..D {
-                m.w[j] -= lr * g[j] as f64 / SCALE;
+            for (w, g) in m.w.iter_mut().zip(&g) {
+                *w -= lr * *g as f64 / SCALE;
             }
             Ok(())
         })
