@@ -134,12 +134,25 @@ fn final_weights(o: &LaunchOutcome) -> String {
 /// Runs a scenario; checks success, exact weights, the replacements;
 /// reports and returns (kill -> all survivors computing, kill -> full size).
 fn scenario(ranks: usize, name: &str, victim: usize, step: u64, replaced: usize) -> (u128, u128) {
+    scenario_on(ranks, name, victim, step, replaced, "host")
+}
+
+/// As [`scenario`], the gradients all-reduced in `memory` (`host` or `device`).
+fn scenario_on(
+    ranks: usize,
+    name: &str,
+    victim: usize,
+    step: u64,
+    replaced: usize,
+    memory: &str,
+) -> (u128, u128) {
     let want = reference(ranks);
     let args = [
         STEPS.to_string(),
         name.to_string(),
         victim.to_string(),
         step.to_string(),
+        memory.to_string(),
     ];
     let o = launch(&spec(ranks, &args, Some(3))).unwrap();
     assert!(
@@ -193,7 +206,7 @@ fn scenario(ranks: usize, name: &str, victim: usize, step: u64, replaced: usize)
         .max()
         .unwrap_or_else(|| panic!("no grow reported:\n{}", dump(&o)));
     eprintln!(
-        "{name}, {ranks} ranks, victim {victim} at step {step}: survivors computing again {} ms after the kill, full size after {} ms; {} replacement(s)",
+        "{name} ({memory}), {ranks} ranks, victim {victim} at step {step}: survivors computing again {} ms after the kill, full size after {} ms; {} replacement(s)",
         shrunk.saturating_sub(kill),
         grown.saturating_sub(kill),
         o.replaced.len()
@@ -267,4 +280,38 @@ fn weft_run_replace_failed_on_the_command_line() {
         .collect();
     assert_eq!(finals.len(), 4, "{out}");
     assert!(finals.iter().all(|w| *w == want), "{out}");
+}
+
+// The same recovery with the gradients in device memory (ranks share GPU 0).
+// Run on the GPU machine:
+//   cargo test -p weft-tests --test recovery -- --ignored --nocapture
+
+#[test]
+#[ignore = "needs a CUDA GPU (ranks share device 0)"]
+fn gpu_sigkill_of_one_rank_4_ranks_device_buffers() {
+    let (v, at) = pick(4);
+    let (shrunk, full) = scenario_on(4, "kill", v, at, 1, "device");
+    assert!(shrunk < 15_000 && full < 30_000, "{shrunk} {full}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (ranks share device 0)"]
+fn gpu_sigkill_of_one_rank_8_ranks_device_buffers() {
+    let (v, at) = pick(8);
+    scenario_on(8, "kill", v, at, 1, "device");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (ranks share device 0)"]
+fn gpu_two_failures_and_a_death_during_the_grow_device_buffers() {
+    let (v, at) = pick(4);
+    scenario_on(4, "twice", v, at, 2, "device");
+    scenario_on(4, "grow", v, at, 2, "device");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU (ranks share device 0)"]
+fn gpu_sigstopped_rank_device_buffers() {
+    let (v, at) = pick(4);
+    scenario_on(4, "stop", v, at, 1, "device");
 }

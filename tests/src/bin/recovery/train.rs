@@ -16,11 +16,16 @@
 //!   the survivors publish its grow id (it dies during the grow);
 //! - `stop`: SIGSTOP (a frozen rank; found by the survivors' timeout).
 //!
+//! A fifth argument `device` all-reduces the gradients in CUDA device memory
+//! (device 0, the legacy stream; ranks may share the GPU), checking the
+//! communicator's async error after the copy back, as a program must: a
+//! peer's death during device work surfaces there.
+//!
 //! Prints `@ kill t=MS`, `@ shrunk t=MS size=N`, `@ grown t=MS size=N`,
 //! `@ growfail t=MS`, and at the end `@ final w=HEX` and `@ steps=N`.
 
 use libcomm::resilient::{RecoveryEvent, Resilient, State};
-use libcomm::{Error, ReduceOp};
+use libcomm::{Communicator, DataType, Error, Memory, Op, ReduceOp};
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
@@ -114,6 +119,39 @@ fn events(r: &mut Resilient) {
     }
 }
 
+/// The gradient all-reduce on device memory.
+fn all_reduce_device(comm: &Communicator, g: &mut [i64]) -> libcomm::Result<()> {
+    use libcomm::cuda::mem;
+    let cuda = |e: libcomm::cuda::CudaError| Error::Cuda(e.to_string());
+    let bytes = std::mem::size_of_val(g);
+    let p = mem::alloc(0, bytes).map_err(cuda)?;
+    let host: Vec<u8> = g.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let r = (|| {
+        mem::htod(0, p, &host).map_err(cuda)?;
+        let op = Op::all_reduce(
+            p as *const u8,
+            p as *mut u8,
+            g.len(),
+            DataType::I64,
+            ReduceOp::Sum,
+        )
+        .on(Memory::Device(0), std::ptr::null_mut());
+        // SAFETY: p holds g.len() i64 on device 0 until freed below, after a sync.
+        unsafe { comm.submit(op) }?;
+        let mut back = vec![0u8; bytes];
+        mem::dtoh(0, &mut back, p).map_err(cuda)?;
+        // A peer lost during the kernel: the kernel returned (abort word),
+        // the data is undefined and the error is here.
+        comm.async_error()?;
+        for (x, c) in g.iter_mut().zip(back.chunks(8)) {
+            *x = i64::from_le_bytes(c.try_into().unwrap());
+        }
+        Ok(())
+    })();
+    let _ = mem::free(0, p);
+    r
+}
+
 fn env_u32(name: &str) -> u32 {
     std::env::var(name)
         .ok()
@@ -126,6 +164,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let scenario = args.get(1).cloned().unwrap_or_else(|| "none".into());
     let victim: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(0);
     let at: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let device = args.get(4).is_some_and(|a| a == "device");
     let inc = env_u32("WEFT_INCARNATION");
     let logical = env_u32("WEFT_RANK") as usize;
     if scenario == "grow" && inc == 1 && logical == victim {
@@ -172,7 +211,11 @@ pub fn run(args: &[String]) -> Result<(), String> {
                     unsafe { libc::raise(sig) };
                 }
             }
-            s.comm.all_reduce_in_place(&mut g, ReduceOp::Sum)?;
+            if device {
+                all_reduce_device(s.comm, &mut g)?;
+            } else {
+                s.comm.all_reduce_in_place(&mut g, ReduceOp::Sum)?;
+            }
             for (w, g) in m.w.iter_mut().zip(&g) {
                 *w -= lr * *g as f64 / SCALE;
             }
