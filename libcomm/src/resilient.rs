@@ -142,6 +142,20 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Gives up a communicator still initializing: aborted and dropped on a
+/// thread of its own, because its build may wait for a dead peer until the
+/// init deadline (the build is not cancellable), while the recovery must go on.
+fn abandon(c: Communicator) {
+    let spawned = std::thread::Builder::new()
+        .name("weft-abandon".into())
+        .spawn(move || {
+            let _ = c.abort();
+        });
+    if let Err(e) = spawned {
+        crate::log::warn_log!("resilient: could not start a thread to abandon a communicator: {e}");
+    }
+}
+
 /// Whether an error means "a peer is gone" (recoverable by shrinking).
 pub fn is_peer_failure(e: &Error) -> bool {
     e.kind() == ErrorKind::RemoteError
@@ -449,7 +463,7 @@ impl Resilient {
         };
         let until = Instant::now() + self.recovery_timeout;
         let mut reported = false;
-        let mut tried: Option<Vec<usize>> = None;
+        let mut tried: Option<Vec<(usize, u32)>> = None;
         loop {
             if Instant::now() >= until {
                 return Err(Error::Timeout {
@@ -463,7 +477,13 @@ impl Resilient {
             let gone: Vec<usize> = (0..self.members.len())
                 .filter(|&r| Board::is_dead(&deaths, self.members[r].0, self.members[r].1))
                 .collect();
-            if gone.is_empty() || tried.as_ref() == Some(&gone) {
+            // Who would be left: compared across attempts (their parents
+            // may differ: a shrink can succeed, then fail its first message).
+            let left: Vec<(usize, u32)> = (0..self.members.len())
+                .filter(|i| !gone.contains(i))
+                .map(|i| self.members[i])
+                .collect();
+            if gone.is_empty() || tried.as_ref() == Some(&left) {
                 if !reported {
                     self.report(cause);
                     reported = true;
@@ -478,7 +498,7 @@ impl Resilient {
                         "resilient: logical rank {}: shrink without {gone:?} failed ({e}); again",
                         self.logical
                     );
-                    tried = Some(gone);
+                    tried = Some(left);
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -533,6 +553,11 @@ impl Resilient {
         let mut h = Sha256::new();
         h.update(b"weft-resilient-shrink");
         h.update(crate::core::job_label().as_bytes());
+        // The secret every communicator since the last grow shares (a
+        // shrink keeps its parent's): two jobs with one name never meet.
+        if let Some((ctx, _)) = self.comm.s.built.get() {
+            h.update(ctx.secret);
+        }
         h.update(self.grows.to_le_bytes());
         for (i, m) in self.members.iter().enumerate() {
             if !gone.contains(&i) {
@@ -549,26 +574,40 @@ impl Resilient {
                 CommState::Ready => break,
                 CommState::Initializing => {}
                 _ => {
-                    return Err(child
+                    // Whatever broke the build (a peer died while its segment
+                    // was being passed: a reset connection, a timeout), the
+                    // survivors try again: a peer failure.
+                    let why = child
                         .wait_ready(Some(Duration::ZERO))
                         .err()
-                        .unwrap_or(Error::Bootstrap("the shrunk communicator failed".into())));
+                        .map(|e| e.to_string())
+                        .unwrap_or_default();
+                    return Err(Error::Remote {
+                        comm: child.id().to_string(),
+                        rank: child.rank(),
+                        detail: format!("the shrunk communicator failed to build: {why}"),
+                    });
                 }
             }
-            if board.deaths().len() != ndead || Instant::now() >= until {
-                // Its build may wait for a peer until the init deadline:
-                // let it end on its own thread.
-                let _ = std::thread::Builder::new()
-                    .name("weft-drop-shrink".into())
-                    .spawn(move || drop(child));
-                return Err(Error::Bootstrap(
-                    "another rank died during the shrink".into(),
-                ));
+            let now_dead = board.deaths().len();
+            if now_dead != ndead || Instant::now() >= until {
+                abandon(child);
+                return Err(Error::Bootstrap(if now_dead != ndead {
+                    format!("another rank died during the shrink ({ndead} -> {now_dead} deaths)")
+                } else {
+                    "the recovery timed out during the shrink".into()
+                }));
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         let old = std::mem::replace(&mut self.comm, child);
         let _ = old.destroy();
+        // Known without asking (the survivors in order), so a failure of
+        // the all-gather below leaves a consistent view to recover from.
+        self.members = (0..self.members.len())
+            .filter(|i| !gone.contains(i))
+            .map(|i| self.members[i])
+            .collect();
         self.refresh_members()
     }
 
@@ -580,6 +619,12 @@ impl Resilient {
             .shrink(gone, Some(self.cfg.clone()), ShrinkMode::Abort)?;
         let old = std::mem::replace(&mut self.comm, child);
         let _ = old.destroy();
+        // Known without asking (the survivors in order), so a failure of
+        // the all-gather below leaves a consistent view to recover from.
+        self.members = (0..self.members.len())
+            .filter(|i| !gone.contains(i))
+            .map(|i| self.members[i])
+            .collect();
         self.refresh_members()
     }
 
@@ -648,18 +693,20 @@ impl Resilient {
         let cfg = self.cfg.clone().blocking(false);
         let grown = self.comm.grow(nranks, id.as_ref(), Some(cfg))?;
         let until = Instant::now() + self.recovery_timeout;
-        loop {
+        // Wait for the grown communicator, a joiner's death, a member's
+        // death or the timeout; then the members agree (over the current
+        // communicator, which the grow did not touch) whether to adopt it:
+        // one may see it ready while another saw the joiner die first.
+        let mut lost_joiner = None;
+        let ok = loop {
             match grown.state() {
-                CommState::Ready => break,
+                CommState::Ready => break true,
                 CommState::Initializing => {}
                 _ => {
-                    let e = grown
-                        .wait_ready(Some(Duration::ZERO))
-                        .err()
-                        .unwrap_or(Error::Bootstrap("the grown communicator failed".into()));
-                    // The current communicator is still whole: try later.
-                    crate::log::warn_log!("resilient: grow failed: {e}");
-                    return Ok(false);
+                    if let Err(e) = grown.wait_ready(Some(Duration::ZERO)) {
+                        crate::log::warn_log!("resilient: grow failed: {e}");
+                    }
+                    break false;
                 }
             }
             let deaths = board.deaths();
@@ -667,24 +714,15 @@ impl Resilient {
                 .iter()
                 .find(|&&(r, i)| Board::is_dead(&deaths, r, i))
             {
-                let _ = grown.abort();
-                self.events.push(RecoveryEvent::GrowFailed {
-                    rank: r,
-                    at: SystemTime::now(),
-                });
-                // Agree that the current communicator is fine before going on.
-                let mut v = [0i32];
-                return self
-                    .comm
-                    .all_reduce_in_place(&mut v, ReduceOp::Sum)
-                    .map(|_| false);
+                lost_joiner = Some(r);
+                break false;
             }
             if self
                 .members
                 .iter()
                 .any(|&(r, i)| Board::is_dead(&deaths, r, i))
             {
-                let _ = grown.abort();
+                abandon(grown);
                 return Err(Error::Remote {
                     comm: self.comm.id().to_string(),
                     rank: self.comm.rank(),
@@ -692,10 +730,22 @@ impl Resilient {
                 });
             }
             if Instant::now() >= until {
-                let _ = grown.abort();
-                return Ok(false);
+                break false;
             }
             std::thread::sleep(Duration::from_millis(1));
+        };
+        let mut v = [ok as i32];
+        if let Err(e) = self.comm.all_reduce_in_place(&mut v, ReduceOp::Min) {
+            abandon(grown);
+            return Err(e);
+        }
+        if v[0] == 0 {
+            abandon(grown);
+            self.events.push(RecoveryEvent::GrowFailed {
+                rank: lost_joiner.unwrap_or(joiners[0].0),
+                at: SystemTime::now(),
+            });
+            return Ok(false);
         }
         self.adopt_grown(grown, state, &joiners).map(|_| true)
     }
@@ -718,6 +768,9 @@ impl Resilient {
         let _ = grown.destroy();
         let old = std::mem::replace(&mut self.comm, ordered);
         let _ = old.destroy();
+        // Known without asking: ordered by logical rank (see try_shrink).
+        self.members.extend_from_slice(joiners);
+        self.members.sort();
         self.refresh_members()?;
         self.grows += 1;
         let joined_now: Vec<usize> = joiners.iter().map(|j| j.0).collect();
@@ -776,6 +829,7 @@ impl Resilient {
         board.write(&format!("ready-{logical}-{inc}"), "")?;
         let until = Instant::now() + timeout;
         let mut last_seq = 0u64;
+        let grow_file = board.path(&format!("grow-{logical}-{inc}"));
         loop {
             if Instant::now() >= until {
                 return Err(Error::Timeout {
@@ -785,8 +839,7 @@ impl Resilient {
                     waiting_for: "the survivors to grow the job back".into(),
                 });
             }
-            let Ok(s) = std::fs::read_to_string(board.path(&format!("grow-{logical}-{inc}")))
-            else {
+            let Ok(s) = std::fs::read_to_string(&grow_file) else {
                 std::thread::sleep(POLL);
                 continue;
             };
@@ -809,30 +862,61 @@ impl Resilient {
             last_seq = seq;
             let ndead = board.deaths().len();
             let c = Communicator::join(&id, nranks, rank, cfg.clone().blocking(false))?;
-            let ok = loop {
+            // 0: ready, 1: failed (dropped here), 2: to abandon.
+            let outcome = loop {
                 match c.state() {
-                    CommState::Ready => break true,
+                    CommState::Ready => break 0,
                     CommState::Initializing => {}
-                    _ => break false,
+                    _ => break 1,
                 }
-                if board.deaths().len() != ndead || Instant::now() >= until {
-                    let _ = c.abort();
-                    break false;
+                // A death, or a newer grow for us (the survivors gave this
+                // one up: a survivor died before it started): leave it.
+                let newer = std::fs::read_to_string(&grow_file)
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+                    .is_some_and(|q| q > seq);
+                if newer || board.deaths().len() != ndead || Instant::now() >= until {
+                    break 2;
                 }
                 std::thread::sleep(Duration::from_millis(1));
             };
-            if !ok {
-                continue;
+            match outcome {
+                0 => {}
+                1 => continue,
+                _ => {
+                    abandon(c);
+                    continue;
+                }
             }
-            let ordered = c
-                .split_with_config(Some(0), logical as i32, cfg.clone().blocking(true))?
-                .ok_or_else(|| Error::Internal("the ordering split gave no communicator".into()))?;
+            // The survivors may give this grow up after it was ready here
+            // (they agree among themselves): then the split fails, and we
+            // wait for the next grow.
+            let ordered =
+                match c.split_with_config(Some(0), logical as i32, cfg.clone().blocking(true)) {
+                    Ok(Some(o)) => o,
+                    Ok(None) => {
+                        return Err(Error::Internal(
+                            "the ordering split gave no communicator".into(),
+                        ));
+                    }
+                    Err(e) if is_peer_failure(&e) => continue,
+                    Err(e) => return Err(e),
+                };
             let _ = c.destroy();
-            let mut r = Resilient::new_inner(ordered, world, logical, inc, Some(board), cfg);
+            let mut r = Resilient::new_inner(
+                ordered,
+                world,
+                logical,
+                inc,
+                Some(board.clone()),
+                cfg.clone(),
+            );
             r.recovery_timeout = timeout;
-            r.refresh_members()?;
-            r.send_state(None)?;
-            return Ok(r);
+            match r.refresh_members().and_then(|_| r.send_state(None)) {
+                Ok(()) => return Ok(r),
+                Err(e) if is_peer_failure(&e) => continue,
+                Err(e) => return Err(e),
+            }
         }
     }
 }

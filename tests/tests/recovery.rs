@@ -176,7 +176,7 @@ fn scenario_on(
             dump(&o)
         );
     }
-    if name == "twice" {
+    if name == "twice" || name == "inshrink" {
         assert_eq!(find(&all, "kill").count(), 2, "{}", dump(&o));
     }
     let got = final_weights(&o);
@@ -238,6 +238,12 @@ fn sigkill_of_one_rank_8_ranks_shrink_then_grow_same_weights() {
 fn two_failures_in_a_row() {
     let (v, at) = pick(4);
     scenario(4, "twice", v, at, 2);
+}
+
+#[test]
+fn a_second_failure_during_the_shrink() {
+    let (v, at) = pick(4);
+    scenario(4, "inshrink", v, at, 2);
 }
 
 #[test]

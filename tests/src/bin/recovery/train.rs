@@ -12,6 +12,9 @@
 //! - `none`: no failure;
 //! - `kill`: SIGKILL;
 //! - `twice`: SIGKILL, then VICTIM+1 is SIGKILLed in step STEP+1;
+//! - `inshrink`: SIGKILL, and VICTIM+1 SIGKILLs itself while the survivors
+//!   recover (95-125 ms, by STEP, after the launcher recorded the first
+//!   death: about when the survivors have noticed it and shrink);
 //! - `grow`: SIGKILL, and its first replacement SIGKILLs itself as soon as
 //!   the survivors publish its grow id (it dies during the grow);
 //! - `stop`: SIGSTOP (a frozen rank; found by the survivors' timeout).
@@ -175,6 +178,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
             loop {
                 if f.exists() {
                     say(format!("@ kill t={} (during grow)", now_ms()));
+                    unsafe { libc::raise(libc::SIGKILL) };
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+    }
+    let world_env = env_u32("WEFT_WORLD_SIZE") as usize;
+    if scenario == "inshrink" && inc == 0 && logical == (victim + 1) % world_env.max(1) {
+        // A second failure during the recovery of the first.
+        let dir = std::env::var("WEFT_RECOVERY_DIR").map_err(|e| e.to_string())?;
+        let f = std::path::Path::new(&dir).join("dead");
+        let delay = Duration::from_millis(95 + at % 31);
+        std::thread::spawn(move || {
+            loop {
+                if f.exists() {
+                    std::thread::sleep(delay);
+                    say(format!("@ kill t={} (during the shrink)", now_ms()));
                     unsafe { libc::raise(libc::SIGKILL) };
                 }
                 std::thread::sleep(Duration::from_millis(1));
