@@ -601,6 +601,10 @@ impl Resilient {
             std::thread::sleep(Duration::from_millis(1));
         }
         let old = std::mem::replace(&mut self.comm, child);
+        // Aborted, not just destroyed: its device side (if any) stays to the
+        // end of the process, as after any abort, since a survivor's kernel
+        // that has not seen the failure yet may still read it.
+        let _ = old.abort();
         let _ = old.destroy();
         // Known without asking (the survivors in order), so a failure of
         // the all-gather below leaves a consistent view to recover from.
@@ -618,6 +622,10 @@ impl Resilient {
             .comm
             .shrink(gone, Some(self.cfg.clone()), ShrinkMode::Abort)?;
         let old = std::mem::replace(&mut self.comm, child);
+        // Aborted, not just destroyed: its device side (if any) stays to the
+        // end of the process, as after any abort, since a survivor's kernel
+        // that has not seen the failure yet may still read it.
+        let _ = old.abort();
         let _ = old.destroy();
         // Known without asking (the survivors in order), so a failure of
         // the all-gather below leaves a consistent view to recover from.
