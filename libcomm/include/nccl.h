@@ -308,9 +308,21 @@ WEFT_NCCL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm));
 WEFT_NCCL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm));
 WEFT_NCCL_API(ncclResult_t, ncclCommSplit,
               (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config));
+/* Called by the survivors only (excluded ranks never call it); survivors are
+ * renumbered in order. NCCL_SHRINK_ABORT revokes the parent first. */
 WEFT_NCCL_API(ncclResult_t, ncclCommShrink,
               (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                ncclConfig_t* config, int shrinkFlags));
+/* Stops in-flight operations on every rank; ncclInProgress until quiescent,
+ * then only shrink and destroy are allowed. revokeFlags must be 0. */
+WEFT_NCCL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags));
+/* Grow: the existing root calls ncclCommGetUniqueId, then every existing rank
+ * ncclCommGrow(comm, nRanks, root ? &id : NULL, -1, ...); new ranks
+ * ncclCommGrow(NULL, nRanks, &id, rank, ...). */
+WEFT_NCCL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId * uniqueId));
+WEFT_NCCL_API(ncclResult_t, ncclCommGrow,
+              (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,
+               ncclConfig_t* config));
 
 WEFT_NCCL_API(const char*, ncclGetErrorString, (ncclResult_t result));
 WEFT_NCCL_API(const char*, ncclGetLastError, (ncclComm_t comm));
@@ -405,11 +417,6 @@ WEFT_NCCL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWind
 /* Exported for compatibility, NOT SUPPORTED by Weft yet: each returns
  * ncclInvalidUsage, sets ncclGetLastError and writes no output argument. */
 WEFT_NCCL_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr));
-WEFT_NCCL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags));
-WEFT_NCCL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId * uniqueId));
-WEFT_NCCL_API(ncclResult_t, ncclCommGrow,
-              (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,
-               ncclConfig_t* config));
 WEFT_NCCL_API(ncclResult_t, ncclCommSuspend, (ncclComm_t comm, int flags));
 WEFT_NCCL_API(ncclResult_t, ncclCommResume, (ncclComm_t comm));
 WEFT_NCCL_API(ncclResult_t, ncclCommMemStats, (ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value));

@@ -65,6 +65,12 @@ pub(crate) struct CommShared {
     /// The device side's abort word, once it exists: fired without `dev`'s
     /// lock (by abort, and by the device watch on a peer's failure).
     device_word: OnceLock<Arc<AbortWord>>,
+    /// What the communicator was built from (peers, id, secret) and the
+    /// process's endpoint, kept past a failure or revoke: a shrink builds
+    /// the survivors' communicator from it without the parent's channels.
+    pub(crate) built: OnceLock<(Arc<Ctx>, Arc<tcp::Endpoint>)>,
+    /// Reconfiguration bookkeeping (revoke, shrink, grow): `recovery.rs`.
+    pub(crate) reconf: crate::recovery::Reconf,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
@@ -93,7 +99,7 @@ fn since_epoch(t: SystemTime) -> String {
 }
 
 impl CommShared {
-    fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<CommShared> {
+    pub(crate) fn new(label: String, rank: usize, nranks: usize, cfg: Config) -> Arc<CommShared> {
         let s = Arc::new(CommShared {
             label,
             rank,
@@ -111,12 +117,14 @@ impl CommShared {
             me: OnceLock::new(),
             dev: Mutex::new(Default::default()),
             device_word: OnceLock::new(),
+            built: OnceLock::new(),
+            reconf: Default::default(),
         });
         let _ = s.me.set(Arc::downgrade(&s));
         s
     }
 
-    fn state_error(&self, state: CommState, what: &'static str) -> Error {
+    pub(crate) fn state_error(&self, state: CommState, what: &'static str) -> Error {
         match state {
             CommState::Destroyed => Error::InvalidUsage(format!(
                 "communicator {} (rank {}) was destroyed{}; {what} is not allowed on a destroyed communicator",
@@ -155,6 +163,7 @@ impl CommShared {
                     .transition_from(&[CommState::Initializing], CommState::Ready)
                 {
                     let _ = self.fault.set(fault);
+                    let _ = self.built.set((core.ctx.clone(), core.endpoint.clone()));
                     *g = Some(core);
                     self.observe_ready();
                 }
@@ -200,6 +209,18 @@ impl CommShared {
     /// it (the communicator becomes Failed) and fires the device abort word,
     /// so kernels waiting on that peer return. Never waits on a lock an
     /// operation may hold: `ncclCommGetAsyncError` and the device watch call it.
+    pub(crate) fn fault(&self) -> Option<&Arc<Fault>> {
+        self.fault.get()
+    }
+
+    pub(crate) fn device_word(&self) -> Option<&Arc<AbortWord>> {
+        self.device_word.get()
+    }
+
+    pub(crate) fn set_async_error(&self, e: Error) {
+        lock(&self.async_err).get_or_insert(e);
+    }
+
     pub(crate) fn poll_peers(&self) -> Result<()> {
         let Some(f) = self.fault.get() else {
             return Ok(());
@@ -308,7 +329,7 @@ impl CommShared {
         }
     }
 
-    fn cancelled(&self) -> Option<Error> {
+    pub(crate) fn cancelled(&self) -> Option<Error> {
         self.cancel.load(Ordering::Acquire).then(|| Error::Aborted {
             comm: self.label.clone(),
             rank: self.rank,
@@ -316,7 +337,7 @@ impl CommShared {
         })
     }
 
-    fn run_or_spawn(
+    pub(crate) fn run_or_spawn(
         self: &Arc<Self>,
         blocking: bool,
         work: impl FnOnce(&Arc<CommShared>) -> Result<Resources> + Send + 'static,
@@ -491,6 +512,9 @@ impl Communicator {
     /// initializing, otherwise the error that broke the communicator. Also
     /// notices failures raised by peers while this rank is idle.
     pub fn async_error(&self) -> Result<()> {
+        if let Some(r) = self.s.reconf.revoke_status() {
+            return r;
+        }
         match self.s.state.get() {
             CommState::Initializing => Err(Error::InProgress),
             CommState::Ready => {
@@ -795,7 +819,7 @@ pub(crate) fn fail_shared(s: &CommShared, reason: &str) {
 }
 
 /// Bootstrap of a new communicator from a unique id.
-fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
+pub(crate) fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources> {
     let deadline = Instant::now() + s.cfg.init_timeout;
     if id.rank0_serves && s.rank == 0 {
         root::serve_at(id, s.nranks)?;

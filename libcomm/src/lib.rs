@@ -37,7 +37,9 @@ pub mod handshake;
 pub(crate) mod log;
 pub mod observe;
 mod op;
+mod recovery;
 mod reduce;
+pub mod resilient;
 pub mod sidecar_link;
 pub mod sockets;
 mod state;
@@ -55,6 +57,7 @@ pub use group::Group;
 /// The log level `WEFT_DEBUG` / `NCCL_DEBUG` set (read once per process).
 pub use log::{Level as LogLevel, level as log_level};
 pub use op::{Buf, Memory, Op, OpKind};
+pub use recovery::ShrinkMode;
 pub use state::CommState;
 pub use types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 pub use unique_id::{UNIQUE_ID_BYTES, UniqueId};

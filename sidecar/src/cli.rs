@@ -42,7 +42,9 @@ WEFT_RANK_OFFSET, WEFT_NNODES, WEFT_NODE_RANK, WEFT_BOOTSTRAP, NCCL_COMM_ID,
 WEFT_JOB, WEFT_JOB_SECRET, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT and torchrun's PET_* variables.
 
-When a rank fails the others get SIGTERM, then SIGKILL after --grace.
+When a rank fails the others get SIGTERM, then SIGKILL after --grace; with
+--replace-failed the rank's process is started again with the same rank
+(WEFT_INCARNATION counts them) and the job goes on.
 SIGINT/SIGTERM/SIGHUP are forwarded to every rank; a second SIGINT kills them.
 
 Exit status: 0 when every rank exits 0; else the first failing rank's code
@@ -80,6 +82,13 @@ pub struct RunArgs {
     /// Start a `weft sidecar` for the ranks (WEFT_SIDECAR_SOCKET), stopped with SIGTERM after them.
     #[arg(long)]
     pub sidecar: bool,
+    /// Restart a failed rank's process with the same rank, at most N times in
+    /// all (default 3), and keep the job running: ranks that use libcomm's
+    /// `Resilient` shrink around it and grow back when it is up
+    /// (docs/FAULT-TOLERANCE.md).
+    #[arg(long, value_name = "N", num_args = 0..=1, require_equals = true,
+          default_missing_value = "3")]
+    pub replace_failed: Option<u32>,
     /// The command each rank runs, and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true,
           value_name = "CMD", value_parser = clap::value_parser!(OsString))]
@@ -118,6 +127,7 @@ impl RunArgs {
         spec.bootstrap = self.bootstrap.clone();
         spec.forward_signals = true;
         spec.subreaper = true;
+        spec.replace_failed = self.replace_failed.map(|n| n as usize);
         spec
     }
 }

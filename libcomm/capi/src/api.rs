@@ -23,7 +23,7 @@ use crate::handles::{self, CommEntry, Ended};
 use crate::lifecycle::{
     barrier, do_split, finalized_error, log_ready, register, settle, state_code,
 };
-use libcomm::{CommState, Communicator, DataType, Memory, Op, UniqueId};
+use libcomm::{CommState, Communicator, DataType, Memory, Op, ShrinkMode, UniqueId};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Mutex;
@@ -314,23 +314,48 @@ nccl_api! {
     }
 }
 
+/// Registers a communicator made by shrink or grow (blocking ones pass the
+/// end-of-init barrier, as after init and split).
+fn adopt(
+    c: Communicator,
+    blocking: bool,
+    cfg: libcomm::Config,
+    what: &str,
+    from: &str,
+) -> CResult<(usize, NcclResult)> {
+    let code = state_code(&c);
+    let (hd, e) = register(c, blocking, cfg)?;
+    if blocking {
+        settle(hd, &e)?;
+    }
+    errors::log(
+        Level::Info,
+        &format!("{what}: {} made from {from}", e.describe()),
+    );
+    Ok((hd, code))
+}
+
 nccl_api! {
-    /// Implemented as a split: ranks not in `excludeRanksList` form the new
-    /// communicator, ordered by their old rank. Weft's split needs every rank of
-    /// `comm` to take part, so excluded ranks must call it too (they get NULL);
-    /// `NCCL_SHRINK_ABORT` (shrinking around dead ranks) is not supported yet:
-    /// `ncclInvalidUsage`. Other flag values: `ncclInvalidArgument`.
+    /// Called by the survivors only: ranks not in `excludeRanksList` form the
+    /// new communicator, renumbered in their order; excluded (dead or
+    /// departing) ranks never call it. Every caller passes the same list.
+    /// The parent may be healthy (`NCCL_SHRINK_DEFAULT`: no operation in
+    /// flight on it) or broken by a lost rank (`NCCL_SHRINK_ABORT` revokes it
+    /// first, so operations still running anywhere return). A NULL config
+    /// inherits the parent's; a non-blocking one returns `ncclInProgress`
+    /// with the child still initialising. A survivor that dies meanwhile
+    /// fails the others' shrink (`ncclRemoteError`, bounded by
+    /// `WEFT_INIT_TIMEOUT_MS`): shrink the parent again without it. Not
+    /// deferred by `ncclGroupStart` (it runs at once).
     fn ncclCommShrink / pncclCommShrink(comm: ncclComm_t, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig, shrink_flags: c_int) {
         let parent = handles::get(h(comm), "ncclCommShrink")?;
-        match shrink_flags {
-            0 => {}
-            1 => {
-                return Err(Fail::usage(
-                    "NCCL_SHRINK_ABORT is not supported by Weft yet: shrink a healthy communicator with NCCL_SHRINK_DEFAULT (every rank, excluded ones included, must call it)",
-                ));
-            }
+        non_null(newcomm, "newcomm")?;
+        *newcomm = std::ptr::null_mut();
+        let mode = match shrink_flags {
+            0 => ShrinkMode::Default,
+            1 => ShrinkMode::Abort,
             f => return Err(Fail::arg(format!("shrinkFlags {f:#x} is not NCCL_SHRINK_DEFAULT (0) or NCCL_SHRINK_ABORT (1)"))),
-        }
+        };
         let n = parent.comm.count();
         if exclude_ranks_count < 0 {
             return Err(Fail::arg(format!("excludeRanksCount {exclude_ranks_count} is negative")));
@@ -338,7 +363,7 @@ nccl_api! {
         if exclude_ranks_count > 0 {
             non_null(exclude_ranks_list, "excludeRanksList")?;
         }
-        let mut excluded = vec![false; n];
+        let mut excluded = Vec::with_capacity(exclude_ranks_count as usize);
         for i in 0..exclude_ranks_count as usize {
             let r = *exclude_ranks_list.add(i);
             if r < 0 || r as usize >= n {
@@ -346,14 +371,107 @@ nccl_api! {
                     "excludeRanksList[{i}] = {r} is out of range for {n} ranks"
                 )));
             }
-            excluded[r as usize] = true;
+            excluded.push(r as usize);
         }
-        if excluded.iter().all(|&x| x) {
-            return Err(Fail::arg("excludeRanksList excludes every rank: the new communicator would be empty"));
+        if excluded.contains(&parent.comm.rank()) {
+            return Err(Fail::usage(format!(
+                "{}: this rank is in excludeRanksList; excluded ranks do not call ncclCommShrink (only the survivors do)",
+                parent.describe()
+            )));
         }
-        let me = parent.comm.rank();
-        let color = (!excluded[me]).then_some(0);
-        split_impl(comm, color, me as c_int, newcomm, config, "ncclCommShrink")
+        let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
+        let child = parent
+            .comm
+            .shrink(&excluded, Some(cfg.clone()), mode)
+            .map_err(|e| Fail::from(e).context(parent.describe()))?;
+        let (hd, code) = adopt(child, blocking, cfg, "ncclCommShrink", &parent.describe())?;
+        *newcomm = hd as ncclComm_t;
+        Ok(code)
+    }
+}
+
+nccl_api! {
+    /// Stops the operations in flight on `comm`, on this rank and on every
+    /// rank of it (theirs return `ncclRemoteError` naming this rank), and
+    /// refuses new ones. `ncclCommGetAsyncError` reports `ncclInProgress`
+    /// until this rank is quiescent, then `ncclSuccess`; then only
+    /// `ncclCommShrink` and `ncclCommDestroy`/`ncclCommAbort` are allowed
+    /// (`ncclCommSplit` and `ncclCommFinalize` are refused). `revokeFlags`
+    /// must be `NCCL_REVOKE_DEFAULT` (0).
+    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) {
+        let e = handles::get(h(comm), "ncclCommRevoke")?;
+        if revoke_flags != 0 {
+            return Err(Fail::arg(format!("revokeFlags {revoke_flags:#x} is not NCCL_REVOKE_DEFAULT (0)")));
+        }
+        e.comm.revoke().map_err(|err| Fail::from(err).context(e.describe()))?;
+        errors::log(Level::Warn, &format!("{} revoked", e.describe()));
+        Ok(if e.comm.async_error().is_err() { IN_PROGRESS } else { SUCCESS })
+    }
+}
+
+nccl_api! {
+    /// An id for `ncclCommGrow`, whose bootstrap root this process serves.
+    /// One at a time: a second call before a grow consumed the first is
+    /// `ncclInvalidUsage`.
+    fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, unique_id: *mut ncclUniqueId) {
+        let e = handles::get(h(comm), "ncclCommGetUniqueId")?;
+        non_null(unique_id, "uniqueId")?;
+        let id = e.comm.grow_unique_id().map_err(|err| Fail::from(err).context(e.describe()))?;
+        let b = id.to_bytes();
+        std::ptr::copy_nonoverlapping(b.as_ptr(), (*unique_id).internal.as_mut_ptr().cast::<u8>(), 128);
+        Ok(SUCCESS)
+    }
+}
+
+nccl_api! {
+    /// Existing ranks: `comm`, `rank` -1, and `uniqueId` NULL except on the
+    /// rank that called `ncclCommGetUniqueId`; they keep their ranks. New
+    /// ranks: `comm` NULL, the id, and `rank` from the old size to
+    /// `nRanks - 1`. A new rank that never arrives fails the grow with
+    /// `ncclRemoteError` after `WEFT_INIT_TIMEOUT_MS` (or at once when the
+    /// non-blocking child is aborted); `comm` stays usable.
+    fn ncclCommGrow / pncclCommGrow(comm: ncclComm_t, n_ranks: c_int, unique_id: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig) {
+        non_null(newcomm, "newcomm")?;
+        *newcomm = std::ptr::null_mut();
+        if n_ranks < 1 {
+            return Err(Fail::arg(format!("nRanks {n_ranks} must be at least 1")));
+        }
+        let uid = if unique_id.is_null() {
+            None
+        } else {
+            let b: &[u8] = std::slice::from_raw_parts((*unique_id).internal.as_ptr().cast(), 128);
+            Some(UniqueId::from_bytes(b).map_err(Fail::from)?)
+        };
+        if comm.is_null() {
+            let Some(uid) = uid else {
+                return Err(Fail::arg("a new rank (comm NULL) must pass the uniqueId from ncclCommGetUniqueId"));
+            };
+            if rank < 0 || rank >= n_ranks {
+                return Err(Fail::arg(format!("rank {rank} is out of range for {n_ranks} ranks")));
+            }
+            let (cfg, blocking) = config::resolve(config, None)?;
+            crate::attach::ensure();
+            let c = Communicator::join(&uid, n_ranks as usize, rank as usize, cfg.clone())
+                .map_err(|e| Fail::from(e).context(format!("ncclCommGrow: new rank {rank} of {n_ranks}")))?;
+            let (hd, code) = adopt(c, blocking, cfg, "ncclCommGrow", "a unique id")?;
+            *newcomm = hd as ncclComm_t;
+            return Ok(code);
+        }
+        let parent = handles::get(h(comm), "ncclCommGrow")?;
+        if rank != -1 {
+            return Err(Fail::arg(format!(
+                "{}: existing ranks pass rank -1 to ncclCommGrow (they keep their ranks), not {rank}",
+                parent.describe()
+            )));
+        }
+        let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
+        let child = parent
+            .comm
+            .grow(n_ranks as usize, uid.as_ref(), Some(cfg.clone()))
+            .map_err(|e| Fail::from(e).context(parent.describe()))?;
+        let (hd, code) = adopt(child, blocking, cfg, "ncclCommGrow", &parent.describe())?;
+        *newcomm = hd as ncclComm_t;
+        Ok(code)
     }
 }
 

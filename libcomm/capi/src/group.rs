@@ -6,7 +6,8 @@
 //!   outermost `ncclGroupEnd` waits for the blocking ones (so one thread can
 //!   create several ranks, as nccl-tests does) and returns `ncclInProgress`
 //!   while a non-blocking one is still initialising.
-//! - `ncclCommSplit`/`ncclCommShrink` are recorded and run at `ncclGroupEnd`,
+//! - `ncclCommSplit` is recorded and run at `ncclGroupEnd` (`ncclCommShrink`
+//!   and `ncclCommGrow` run at once),
 //!   concurrently across parents (one thread each); `*newcomm` is written then.
 //! - collectives and send/recv are validated at call time (a bad argument is
 //!   refused then, and also makes `ncclGroupEnd` fail and discard the group, as

@@ -22,8 +22,7 @@
 
 #![allow(non_camel_case_types, clippy::missing_safety_doc)]
 
-use crate::api::{self, cudaStream_t, ncclComm_t, ncclUniqueId};
-use crate::config::NcclConfig;
+use crate::api::{self, cudaStream_t, ncclComm_t};
 use crate::errors::{self, Fail, INVALID_ARGUMENT, Level, NcclResult, SUCCESS};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -100,9 +99,6 @@ macro_rules! unsupported {
 // `*mut c_void` / `*const c_void`: the same ABI as NCCL's typed pointers.
 unsupported! {
     // Communicator management newer than Weft's implementation.
-    fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int);
-    fn ncclCommGetUniqueId / pncclCommGetUniqueId(comm: ncclComm_t, unique_id: *mut ncclUniqueId);
-    fn ncclCommGrow / pncclCommGrow(comm: ncclComm_t, n_ranks: c_int, unique_id: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig);
     fn ncclCommSuspend / pncclCommSuspend(comm: ncclComm_t, flags: c_int);
     fn ncclCommResume / pncclCommResume(comm: ncclComm_t);
     fn ncclCommMemStats / pncclCommMemStats(comm: ncclComm_t, stat: c_int, value: *mut u64);

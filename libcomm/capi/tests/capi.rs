@@ -23,6 +23,9 @@ const FUNCTIONS: &[&str] = &[
     "ncclCommInitRankScalable",
     "ncclCommSplit",
     "ncclCommShrink",
+    "ncclCommRevoke",
+    "ncclCommGetUniqueId",
+    "ncclCommGrow",
     "ncclCommFinalize",
     "ncclCommDestroy",
     "ncclCommAbort",
@@ -333,6 +336,26 @@ fn every_collective_with_result_checks_3_ranks_tcp() {
         &[("WEFT_TRANSPORT", "tcp")],
         Duration::from_secs(120),
     );
+}
+
+#[test]
+fn survivors_shrink_around_a_dead_rank_then_grow_back_and_revoke() {
+    let bin = compile("shrink_grow", false);
+    for outs in [
+        run_ranks(&bin, 4, &[], &[], Duration::from_secs(60)),
+        run_ranks(
+            &bin,
+            3,
+            &[],
+            &[("WEFT_TRANSPORT", "tcp")],
+            Duration::from_secs(60),
+        ),
+    ] {
+        let n = outs.len();
+        for (r, out) in outs.iter().enumerate().take(n - 1) {
+            assert!(out.contains(&format!("rank {r}: shrink_grow ok")), "{out}");
+        }
+    }
 }
 
 #[test]

@@ -37,6 +37,7 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 pub use output::RankOutput;
+pub use supervise::Replaced;
 
 /// What to launch and how. Build with [`LaunchSpec::new`] and set fields.
 #[derive(Debug, Clone)]
@@ -71,6 +72,10 @@ pub struct LaunchSpec {
     pub subreaper: bool,
     /// Start of our own messages on stderr, e.g. `weft run`.
     pub label: String,
+    /// `--replace-failed[=N]`: restart a failed rank's process with the same
+    /// rank, at most N times in all, instead of stopping the job; the ranks
+    /// get a recovery board (`WEFT_RECOVERY_DIR`, docs/FAULT-TOLERANCE.md).
+    pub replace_failed: Option<usize>,
 }
 
 impl LaunchSpec {
@@ -91,6 +96,7 @@ impl LaunchSpec {
             forward_signals: false,
             subreaper: false,
             label: "weft run".into(),
+            replace_failed: None,
         }
     }
 }
@@ -132,6 +138,8 @@ pub struct LaunchOutcome {
     /// Leftover `/dev/shm/weft-<job>-*` files that were removed.
     pub shm_removed: Vec<PathBuf>,
     pub elapsed: Duration,
+    /// Processes replaced under [`LaunchSpec::replace_failed`], in order.
+    pub replaced: Vec<Replaced>,
 }
 
 impl LaunchOutcome {
@@ -293,12 +301,36 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     let mps_vars = mps.as_ref().map(|d| d.vars()).unwrap_or_default();
     let start = Instant::now();
 
+    // The recovery board of --replace-failed: a private directory.
+    let board = match spec.replace_failed {
+        Some(_) => Some(
+            recovery_board(&job.job).map_err(|source| LaunchError::Setup {
+                what: "creating the recovery board",
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    let rank_vars = |rank: usize, inc: u32| {
+        let mut vars = job.rank_vars(rank);
+        vars.extend(mps_vars.iter().cloned());
+        if let Some(b) = &board {
+            vars.push((
+                weft_contract::params::WEFT_RECOVERY_DIR.name().into(),
+                b.to_string_lossy().into_owned(),
+            ));
+            vars.push((
+                weft_contract::params::WEFT_INCARNATION.name().into(),
+                inc.to_string(),
+            ));
+        }
+        vars.extend(spec.env_extra.iter().cloned());
+        vars
+    };
     let mut live: Vec<libc::pid_t> = Vec::with_capacity(spec.ranks);
     let mut pipes = Vec::with_capacity(spec.ranks);
     for rank in 0..spec.ranks {
-        let mut vars = job.rank_vars(rank);
-        vars.extend(mps_vars.iter().cloned());
-        vars.extend(spec.env_extra.iter().cloned());
+        let vars = rank_vars(rank, 0);
         match process::spawn_rank(&spec.program, &spec.args, &vars) {
             Ok(s) => {
                 live.push(s.pid);
@@ -333,8 +365,24 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     let pump = output::Pump::start(pipes, sink);
 
     let pids = live.clone();
-    let supervisor = supervise::Supervisor::new(label, spec.grace, spec.timeout, start, pids);
-    let (statuses, stop) = supervisor.run(signals.as_ref());
+    let mut supervisor = supervise::Supervisor::new(label, spec.grace, spec.timeout, start, pids);
+    if let (Some(budget), Some(b)) = (spec.replace_failed, &board) {
+        let pump = &pump;
+        let rank_vars = &rank_vars;
+        supervisor.replacer = Some(supervise::Replacer {
+            budget,
+            board: b.clone(),
+            spawn: Box::new(move |rank, inc| {
+                let s = process::spawn_rank(&spec.program, &spec.args, &rank_vars(rank, inc))?;
+                pump.add(rank, s.stdout, s.stderr);
+                Ok(s.pid)
+            }),
+            incarnations: vec![0; spec.ranks],
+            deaths: Vec::new(),
+            replaced: Vec::new(),
+        });
+    }
+    let (statuses, stop, replaced, live) = supervisor.run(signals.as_ref());
     // Every rank is reaped: the daemon has no clients left. Stop it before
     // the subreaper's sweep, which would otherwise kill it as an escapee.
     drop(mps);
@@ -353,6 +401,9 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
     }
     let outputs = pump.finish();
     let shm_removed = shm::remove_job_segments(std::path::Path::new(shm::SHM_DIR), &job.job);
+    if let Some(b) = &board {
+        let _ = std::fs::remove_dir_all(b);
+    }
     drop(signals);
     let ranks = live
         .into_iter()
@@ -373,5 +424,21 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchOutcome, LaunchError> {
         stop,
         shm_removed,
         elapsed: start.elapsed(),
+        replaced,
     })
+}
+
+/// A fresh private directory (0700) for the recovery board.
+fn recovery_board(job: &str) -> io::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let d = base.join(format!("weft-recovery-{job}-{}-{i}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other("no free name for the recovery board"))
 }

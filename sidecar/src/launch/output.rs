@@ -52,6 +52,8 @@ struct Stream {
 pub struct Pump {
     done: Arc<AtomicBool>,
     handle: JoinHandle<Vec<RankOutput>>,
+    /// Pipes of ranks started later (a replaced rank), picked up by the thread.
+    added: Arc<std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>>,
 }
 
 impl Pump {
@@ -73,6 +75,8 @@ impl Pump {
         }
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
+        let added: Arc<std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>> = Default::default();
+        let incoming = added.clone();
         let handle = std::thread::Builder::new()
             .name("weft-output".into())
             .spawn(move || {
@@ -82,11 +86,24 @@ impl Pump {
                     out: vec![RankOutput::default(); ranks],
                     broken: [false; 2],
                 };
-                pump(&mut streams, &mut w, &flag);
+                pump(&mut streams, &mut w, &flag, &incoming);
                 w.out
             })
             .expect("spawn output thread");
-        Pump { done, handle }
+        Pump {
+            done,
+            handle,
+            added,
+        }
+    }
+
+    /// Pumps the pipes of a rank started again (its output goes on under
+    /// the same rank).
+    pub fn add(&self, rank: usize, stdout: OwnedFd, stderr: OwnedFd) {
+        self.added
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((rank, stdout, stderr));
     }
 
     /// Call once every rank has ended: drains what is left (bounded by
@@ -106,13 +123,32 @@ fn digits(mut n: usize) -> usize {
     d
 }
 
-fn pump(streams: &mut [Stream], w: &mut Writer, done: &AtomicBool) {
+type Added = std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>;
+
+fn pump(streams: &mut Vec<Stream>, w: &mut Writer, done: &AtomicBool, added: &Added) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut deadline: Option<Instant> = None;
     loop {
+        for (rank, out, err) in added.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            for (fd, is_stderr) in [(out, false), (err, true)] {
+                streams.push(Stream {
+                    fd,
+                    rank,
+                    is_stderr,
+                    pending: Vec::new(),
+                    mid_line: false,
+                    open: true,
+                });
+            }
+        }
         let open: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].open).collect();
         if open.is_empty() {
-            return;
+            // A replaced rank's pipes may still come while the job runs.
+            if done.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
         }
         if done.load(Ordering::SeqCst) {
             let d = *deadline.get_or_insert_with(|| Instant::now() + DRAIN);

@@ -38,6 +38,72 @@ pub(crate) struct Supervisor<'a> {
     kill_at: Option<Instant>,
     killed: bool,
     interrupts: usize,
+    /// `--replace-failed`: restarts a failed rank instead of stopping the job.
+    pub replacer: Option<Replacer<'a>>,
+}
+
+/// A replaced rank: which, its pid, how it ended, when.
+#[derive(Debug, Clone)]
+pub struct Replaced {
+    pub rank: usize,
+    pub pid: u32,
+    pub status: ExitStatus,
+    pub incarnation: u32,
+    /// Time since the launch started.
+    pub at: Duration,
+}
+
+/// Restarts failed ranks with the same rank (`weft run --replace-failed`)
+/// and keeps the recovery board (docs/FAULT-TOLERANCE.md).
+pub(crate) struct Replacer<'a> {
+    /// Replacements left.
+    pub budget: usize,
+    pub board: std::path::PathBuf,
+    /// Starts rank `r`, incarnation `i`: its pid (its pipes go to the pump).
+    pub spawn: Box<dyn FnMut(usize, u32) -> std::io::Result<libc::pid_t> + 'a>,
+    pub incarnations: Vec<u32>,
+    /// (rank, incarnation, replaced) of every death, as written to `dead`.
+    pub deaths: Vec<(usize, u32, bool)>,
+    pub replaced: Vec<Replaced>,
+}
+
+impl Replacer<'_> {
+    fn write_deaths(&self) {
+        let body: String = self
+            .deaths
+            .iter()
+            .map(|(r, i, rep)| format!("{r} {i} {}\n", if *rep { "replaced" } else { "final" }))
+            .collect();
+        let tmp = self.board.join(".dead.tmp");
+        let _ =
+            std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, self.board.join("dead")));
+    }
+
+    /// Ranks' reports of failures they could not explain (a frozen peer).
+    fn take_reports(&self) -> bool {
+        let Ok(rd) = std::fs::read_dir(&self.board) else {
+            return false;
+        };
+        let mut any = false;
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().starts_with("report-") {
+                let _ = std::fs::remove_file(e.path());
+                any = true;
+            }
+        }
+        any
+    }
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, or traced).
+fn stopped(pid: libc::pid_t) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    s.rfind(')')
+        .and_then(|i| s[i + 1..].trim_start().chars().next())
+        .is_some_and(|c| c == 'T' || c == 't')
 }
 
 impl<'a> Supervisor<'a> {
@@ -60,11 +126,21 @@ impl<'a> Supervisor<'a> {
             kill_at: None,
             killed: false,
             interrupts: 0,
+            replacer: None,
         }
     }
 
-    /// Runs until every rank has been reaped; returns their statuses by rank.
-    pub fn run(mut self, signals: Option<&SignalGuard>) -> (Vec<ExitStatus>, Option<StopReason>) {
+    /// Runs until every rank has been reaped; returns their statuses by rank
+    /// (of each rank's last process), the stop reason, the replacements.
+    pub fn run(
+        mut self,
+        signals: Option<&SignalGuard>,
+    ) -> (
+        Vec<ExitStatus>,
+        Option<StopReason>,
+        Vec<Replaced>,
+        Vec<libc::pid_t>,
+    ) {
         loop {
             if let Some(g) = signals {
                 for (sig, n) in g.take() {
@@ -72,6 +148,7 @@ impl<'a> Supervisor<'a> {
                 }
             }
             self.reap_exited();
+            self.check_reports();
             if self.running() == 0 {
                 break;
             }
@@ -83,7 +160,87 @@ impl<'a> Supervisor<'a> {
             .into_iter()
             .map(|s| s.expect("reaped"))
             .collect();
-        (statuses, self.stop)
+        let replaced = self.replacer.map(|r| r.replaced).unwrap_or_default();
+        (statuses, self.stop, replaced, self.pids)
+    }
+
+    /// A rank reported a failure it could not explain: a rank of ours that
+    /// is stopped (SIGSTOP) is frozen; kill it, so it is replaced.
+    fn check_reports(&mut self) {
+        if self.stop.is_some() {
+            return;
+        }
+        let Some(rep) = &self.replacer else { return };
+        if !rep.take_reports() {
+            return;
+        }
+        for rank in 0..self.pids.len() {
+            let pid = self.pids[rank];
+            if self.statuses[rank].is_none() && stopped(pid) {
+                diag(
+                    self.label,
+                    &format!(
+                        "rank {rank} (pid {pid}) is stopped and its peers timed out on it; killing it"
+                    ),
+                );
+                process::signal_group(pid, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// `--replace-failed`: records the death and starts the rank again, if
+    /// replacements are left. False when the job must stop instead.
+    fn replace(&mut self, rank: usize, status: ExitStatus) -> bool {
+        let Some(rep) = self.replacer.as_mut() else {
+            return false;
+        };
+        if self.stop.is_some() {
+            return false;
+        }
+        let inc = rep.incarnations[rank];
+        let pid = self.pids[rank];
+        let what = process::describe(&status);
+        if rep.budget == 0 {
+            rep.deaths.push((rank, inc, false));
+            rep.write_deaths();
+            diag(
+                self.label,
+                &format!("rank {rank} (pid {pid}) {what}; no replacements left (--replace-failed)"),
+            );
+            return false;
+        }
+        rep.deaths.push((rank, inc, true));
+        rep.write_deaths();
+        rep.budget -= 1;
+        rep.replaced.push(Replaced {
+            rank,
+            pid: pid as u32,
+            status,
+            incarnation: inc,
+            at: self.start.elapsed(),
+        });
+        match (rep.spawn)(rank, inc + 1) {
+            Ok(new) => {
+                rep.incarnations[rank] = inc + 1;
+                diag(
+                    self.label,
+                    &format!(
+                        "rank {rank} (pid {pid}) {what}; replaced by pid {new} ({} replacement(s) left)",
+                        rep.budget
+                    ),
+                );
+                self.pids[rank] = new;
+                self.statuses[rank] = None;
+                true
+            }
+            Err(e) => {
+                diag(
+                    self.label,
+                    &format!("rank {rank}: cannot start a replacement: {e}"),
+                );
+                false
+            }
+        }
     }
 
     fn running(&self) -> usize {
@@ -149,7 +306,7 @@ impl<'a> Supervisor<'a> {
             process::signal_group(pid, libc::SIGKILL);
             let status = process::reap(pid);
             self.statuses[rank] = Some(status);
-            if !status.success() && self.stop.is_none() {
+            if !status.success() && self.stop.is_none() && !self.replace(rank, status) {
                 failed.push((rank, status));
             }
         }

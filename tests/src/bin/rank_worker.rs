@@ -10,6 +10,8 @@ use weft_tests::matrix::{self, COLLS, Coll};
 
 #[path = "sidecar/modes.rs"]
 mod sidecar_modes;
+#[path = "recovery/train.rs"]
+mod train;
 
 fn fail(msg: impl std::fmt::Display) -> ! {
     eprintln!("FAIL: {msg}");
@@ -55,6 +57,12 @@ fn main() {
         "sc_bw" => sidecar_modes::bandwidth(),
         "sc_hol" => sidecar_modes::head_of_line(),
         "sc_capi" => sidecar_modes::capi(),
+        "train" => {
+            let a: Vec<String> = std::env::args().skip(2).collect();
+            if let Err(e) = train::run(&a) {
+                fail(e)
+            }
+        }
         other => fail(format!("unknown mode '{other}'")),
     }
 }
