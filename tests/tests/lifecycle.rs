@@ -155,11 +155,16 @@ fn init_warns_once_about_a_misspelt_variable() {
 #[test]
 fn a_peer_killed_while_idle_shows_in_async_error_shm() {
     let n = 3;
+    let ctl = std::env::temp_dir().join(format!("weft-idle-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ctl);
+    std::fs::create_dir_all(&ctl).unwrap();
     let run = job::run(
         JobSpec::new(common::worker(), n, &["idle_kill"])
             .env("WEFT_TRANSPORT", "shm")
+            .env("WEFT_TEST_CTL", &ctl.display().to_string())
             .timeout(Duration::from_secs(60)),
     );
+    let _ = std::fs::remove_dir_all(&ctl);
     let victim = n - 1;
     assert_eq!(
         run.ranks[victim].signal,

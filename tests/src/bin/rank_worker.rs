@@ -349,7 +349,16 @@ fn mode_idle_kill() {
     let victim = w.count() - 1;
     let mut buf = vec![1.0f32; 1024];
     ok(w.all_reduce_in_place(&mut buf, ReduceOp::Sum), "all_reduce");
+    // Every rank is done with it (outside the library: a failure raised
+    // while a peer still finishes the all-reduce would fail that instead).
+    let dir = std::path::PathBuf::from(
+        std::env::var("WEFT_TEST_CTL").unwrap_or_else(|_| fail("WEFT_TEST_CTL is not set")),
+    );
+    publish(&dir.join(format!("done.{}", w.rank())), "");
     if w.rank() == victim {
+        for r in 0..w.count() {
+            wait_file(&dir.join(format!("done.{r}")));
+        }
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
     let t = Instant::now();
