@@ -304,9 +304,11 @@ fn a_flood_of_slow_and_silent_connections_is_closed_in_time_and_health_answers()
         max_health < Duration::from_secs(1),
         "/healthz took {max_health:?}"
     );
-    // Proxy handshakes hold a thread each: at most 8 per source here.
+    // Proxy handshakes hold a thread each: at most 8 per source here; the
+    // runtime may add a few blocking-pool threads on demand (seen: +13 on
+    // a loaded 2-core machine). Never one per attacking connection (~140).
     assert!(
-        max_threads <= threads_before + 12,
+        max_threads <= threads_before + 16,
         "threads {threads_before} -> {max_threads}"
     );
     let mut worst = Duration::ZERO;
