@@ -303,12 +303,13 @@ impl std::str::FromStr for AlgoOverride {
 /// latency slots take all-reduce up to their size (`LL_MAX`): one shot while
 /// reading the n buffers costs less than a second synchronisation (up to
 /// `LL_ONESHOT_READ` bytes read, and always with 2 ranks), two shots above.
-/// Measured with 4 ranks on 2 cores (docs/PERFORMANCE.md): two shots win
-/// from 16 KiB (15 vs 19 us) even there, where every synchronisation costs
-/// context switches.
+/// Measured on 16 idle cores (docs/PERFORMANCE.md): one shot reading 16-32
+/// KiB lost to two shots (8 ranks: 11.6 us at 4 KiB one shot, 4.5 us two
+/// shots), so one shot stops at 8 KiB read; on 2 oversubscribed cores the
+/// two shots cost more per synchronisation but stay under MPI there too.
 const TINY_ALLREDUCE: usize = 4 << 10;
 const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
-const LL_ONESHOT_READ: usize = 32 << 10;
+const LL_ONESHOT_READ: usize = 8 << 10;
 const DIRECT_MAX_RANKS: usize = 16;
 const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
@@ -439,7 +440,9 @@ mod tests {
         let o = AlgoOverride::default();
         let s = one_host(4, 16);
         assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Ll);
-        assert_eq!(choose_in(Coll::AllReduce, 8 << 10, &s, &o), Algo::Ll);
+        // One shot while the n inputs read are at most 8 KiB.
+        assert_eq!(choose_in(Coll::AllReduce, 2 << 10, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 4 << 10, &s, &o), Algo::Ll2);
         assert_eq!(choose_in(Coll::AllReduce, 16 << 10, &s, &o), Algo::Ll2);
         assert_eq!(choose_in(Coll::AllReduce, 64 << 10, &s, &o), Algo::Ll2);
         assert_eq!(choose_in(Coll::AllReduce, 128 << 10, &s, &o), Algo::Ring);
@@ -451,7 +454,11 @@ mod tests {
             Algo::Ll
         );
         assert_eq!(
-            choose_in(Coll::AllReduce, 8 << 10, &one_host(8, 16), &o),
+            choose_in(Coll::AllReduce, 1 << 10, &one_host(8, 16), &o),
+            Algo::Ll
+        );
+        assert_eq!(
+            choose_in(Coll::AllReduce, 2 << 10, &one_host(8, 16), &o),
             Algo::Ll2
         );
         // Two ranks: one shot.
