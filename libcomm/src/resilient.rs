@@ -600,14 +600,19 @@ impl Resilient {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        self.adopt_shrunk(child, gone)
+    }
+
+    /// Makes `child` (the shrink without `gone`) the communicator. The old
+    /// one is aborted, not just destroyed: its device side (if any) stays to
+    /// the end of the process, as after any abort, since a survivor's kernel
+    /// that has not seen the failure yet may still read it. The members are
+    /// known without asking (the survivors in order), so a failure of the
+    /// all-gather in `refresh_members` leaves a consistent view to recover from.
+    fn adopt_shrunk(&mut self, child: Communicator, gone: &[usize]) -> Result<()> {
         let old = std::mem::replace(&mut self.comm, child);
-        // Aborted, not just destroyed: its device side (if any) stays to the
-        // end of the process, as after any abort, since a survivor's kernel
-        // that has not seen the failure yet may still read it.
         let _ = old.abort();
         let _ = old.destroy();
-        // Known without asking (the survivors in order), so a failure of
-        // the all-gather below leaves a consistent view to recover from.
         self.members = (0..self.members.len())
             .filter(|i| !gone.contains(i))
             .map(|i| self.members[i])
@@ -621,19 +626,7 @@ impl Resilient {
         let child = self
             .comm
             .shrink(gone, Some(self.cfg.clone()), ShrinkMode::Abort)?;
-        let old = std::mem::replace(&mut self.comm, child);
-        // Aborted, not just destroyed: its device side (if any) stays to the
-        // end of the process, as after any abort, since a survivor's kernel
-        // that has not seen the failure yet may still read it.
-        let _ = old.abort();
-        let _ = old.destroy();
-        // Known without asking (the survivors in order), so a failure of
-        // the all-gather below leaves a consistent view to recover from.
-        self.members = (0..self.members.len())
-            .filter(|i| !gone.contains(i))
-            .map(|i| self.members[i])
-            .collect();
-        self.refresh_members()
+        self.adopt_shrunk(child, gone)
     }
 
     /// At a step boundary: when every member sees the same replacements

@@ -94,10 +94,7 @@ pub(crate) fn all_reduce(
     op: ReduceOp,
     two_shot: bool,
 ) -> Result<()> {
-    match all_reduce_inner(c, send, recv, count, dt, op, two_shot) {
-        Ok(()) => Ok(()),
-        Err(e) => Err(c.fail(e)),
-    }
+    all_reduce_inner(c, send, recv, count, dt, op, two_shot).map_err(|e| c.fail(e))
 }
 
 /// Every rank's segment, by rank (ours for ourselves), without borrowing
