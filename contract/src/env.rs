@@ -31,6 +31,7 @@ pub mod names {
     pub const WEFT_JOB_SECRET_FILE: &str = params::WEFT_JOB_SECRET_FILE.name();
     pub const WEFT_RESTART_EPOCH: &str = params::WEFT_RESTART_EPOCH.name();
     pub const WEFT_INCARNATION: &str = params::WEFT_INCARNATION.name();
+    pub const WEFT_RECOVERY_DIR: &str = params::WEFT_RECOVERY_DIR.name();
     pub const WEFT_TRANSPORT: &str = params::WEFT_TRANSPORT.name();
     pub const WEFT_NET_IF: &str = params::WEFT_NET_IF.name();
     pub const WEFT_LOG: &str = params::WEFT_LOG.name();
@@ -67,6 +68,7 @@ pub mod names {
         WEFT_JOB_SECRET_FILE,
         WEFT_RESTART_EPOCH,
         WEFT_INCARNATION,
+        WEFT_RECOVERY_DIR,
         WEFT_TRANSPORT,
         WEFT_NET_IF,
         WEFT_LOG,
@@ -212,6 +214,9 @@ pub struct PodEnv {
     /// n-th replacement of this pod within the epoch (onRankFailure:
     /// ReplaceRank). Read as 0 when unset (pods of older operators).
     pub incarnation: u32,
+    /// `WEFT_RECOVERY_DIR`: the pod's recovery board, which its sidecar
+    /// relays to the other pods' (onRankFailure: ReplaceRank only).
+    pub recovery_dir: Option<String>,
     /// `WEFT_TRANSPORT`.
     pub transport: String,
     /// `WEFT_NET_IF`, when the job names an interface.
@@ -243,6 +248,9 @@ impl PodEnv {
         if let Some(i) = &self.net_if {
             v.push((WEFT_NET_IF, i.clone()));
         }
+        if let Some(d) = &self.recovery_dir {
+            v.push((WEFT_RECOVERY_DIR, d.clone()));
+        }
         if let Some(ep) = &self.otlp_endpoint {
             v.push((OTEL_EXPORTER_OTLP_ENDPOINT, ep.clone()));
         }
@@ -273,6 +281,7 @@ impl PodEnv {
                 .parse()
                 .map_err(|_| bad(WEFT_RESTART_EPOCH, &epoch, "a whole number"))?,
             incarnation: params::WEFT_INCARNATION.try_get_from(lookup)?.unwrap_or(0),
+            recovery_dir: lookup(WEFT_RECOVERY_DIR),
             transport: text(lookup, WEFT_TRANSPORT)?,
             net_if: lookup(WEFT_NET_IF),
             otlp_endpoint: lookup(OTEL_EXPORTER_OTLP_ENDPOINT),

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use weft_contract::env::{PodEnv, TorchRunEnv, names};
 
-use crate::crd::{CollectiveJob, TORCH_MASTER_PORT, Transport};
+use crate::crd::{CollectiveJob, FailureAction, TORCH_MASTER_PORT, Transport};
 
 /// Label carrying the job name on every owned object (pods are selected by it).
 pub const LABEL_JOB: &str = "weft.dev/job-name";
@@ -35,6 +35,9 @@ pub const KUEUE_GROUP_COUNT: &str = "kueue.x-k8s.io/pod-group-total-count";
 
 pub const SIDECAR_NAME: &str = "weft-sidecar";
 pub const SOCKET_DIR: &str = "/run/weft";
+/// The pod's recovery board under `onRankFailure: ReplaceRank`, in the
+/// volume the sidecar shares with the workload (it relays it to the others).
+pub const BOARD_DIR: &str = "/run/weft/board";
 pub const SOCKET_PATH: &str = "/run/weft/sidecar.sock";
 pub const SECRET_DIR: &str = "/etc/weft/secret";
 pub const SECRET_KEY: &str = "token";
@@ -205,6 +208,13 @@ fn count(n: i32) -> u32 {
     n.max(0) as u32
 }
 
+/// Whether the job replaces failed pods in place (`onRankFailure:
+/// ReplaceRank`): its pods keep a recovery board and share one process
+/// namespace (the sidecar stops a frozen rank).
+pub fn replaces_ranks(job: &CollectiveJob) -> bool {
+    job.spec.failure_policy.on_rank_failure == FailureAction::ReplaceRank
+}
+
 /// The operator -> pod environment contract (`weft_contract::env::PodEnv`),
 /// for pod `index` in `epoch`, first incarnation.
 pub fn pod_env(job: &CollectiveJob, index: i32, epoch: i32, cfg: &OperatorConfig) -> PodEnv {
@@ -234,6 +244,7 @@ pub fn pod_env_incarnation(
         secret_file: format!("{SECRET_DIR}/{SECRET_KEY}"),
         restart_epoch: count(epoch),
         incarnation: count(incarnation),
+        recovery_dir: replaces_ranks(job).then(|| BOARD_DIR.to_string()),
         transport: s.network.transport.as_str().into(),
         net_if: s.network.interface.clone(),
         otlp_endpoint: s
@@ -532,6 +543,12 @@ pub fn desired_pod_incarnation(
     // The operator restarts the whole job; a kubelet restarting one rank in
     // place would rejoin a world that no longer exists.
     spec.restart_policy = Some("Never".into());
+    // Under ReplaceRank the sidecar SIGKILLs a frozen (stopped) rank that a
+    // survivor's timeout reported, so its pod is replaced: it must see the
+    // workload's processes. A template that says false keeps false.
+    if replaces_ranks(job) && spec.share_process_namespace.is_none() {
+        spec.share_process_namespace = Some(true);
+    }
     spec.hostname = Some(name.clone());
     spec.subdomain = Some(service_name(job));
 
@@ -904,6 +921,36 @@ pub(crate) mod tests {
         assert_eq!(ports, [29400, 9464, 30001]);
         let peers = sc.command.as_ref().unwrap().last().unwrap();
         assert_eq!(peers, "p-0.p.ml.svc:30001,p-1.p.ml.svc:30001");
+    }
+
+    /// ReplaceRank pods keep a recovery board (both containers name it) and
+    /// share one process namespace; RestartJob pods do neither.
+    #[test]
+    fn replace_rank_pods_keep_a_board_and_share_processes() {
+        let mut j = job("rr", 3, 1);
+        let cfg = OperatorConfig::default();
+        let plain = desired_pod(&j, 1, 0, &cfg).spec.unwrap();
+        assert_eq!(plain.share_process_namespace, None);
+        assert!(!env_of(&plain.containers[0]).contains_key("WEFT_RECOVERY_DIR"));
+        j.spec.failure_policy.on_rank_failure = FailureAction::ReplaceRank;
+        let pod = desired_pod_incarnation(&j, 1, 0, 2, &cfg).spec.unwrap();
+        assert_eq!(pod.share_process_namespace, Some(true));
+        let sidecar = &pod.init_containers.as_ref().unwrap()[0];
+        for c in [&pod.containers[0], sidecar] {
+            let e = env_of(c);
+            assert_eq!(e["WEFT_RECOVERY_DIR"], BOARD_DIR);
+            assert_eq!(e["WEFT_INCARNATION"], "2");
+            assert!(BOARD_DIR.starts_with(SOCKET_DIR), "in the shared volume");
+        }
+        // A template that turns the shared namespace off keeps it off.
+        j.spec
+            .template
+            .spec
+            .as_mut()
+            .unwrap()
+            .share_process_namespace = Some(false);
+        let pod = desired_pod(&j, 0, 0, &cfg).spec.unwrap();
+        assert_eq!(pod.share_process_namespace, Some(false));
     }
 
     #[test]

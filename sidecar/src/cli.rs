@@ -42,6 +42,12 @@ WEFT_RANK_OFFSET, WEFT_NNODES, WEFT_NODE_RANK, WEFT_BOOTSTRAP, NCCL_COMM_ID,
 WEFT_JOB, WEFT_JOB_SECRET, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT and torchrun's PET_* variables.
 
+Inside a pod of a CollectiveJob (the operator's pod contract, WEFT_RESTART_EPOCH
+and the rest, in the environment) -n must equal WEFT_LOCAL_RANKS, and the ranks
+are the pod's share of the job: rank WEFT_RANK_OFFSET + i of WEFT_WORLD_SIZE,
+the job's rendezvous, name and secret file; WEFT_INCARNATION and
+WEFT_RECOVERY_DIR pass through.
+
 When a rank fails the others get SIGTERM, then SIGKILL after --grace; with
 --replace-failed the rank's process is started again with the same rank
 (WEFT_INCARNATION counts them) and the job goes on.

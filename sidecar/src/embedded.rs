@@ -39,7 +39,7 @@ fn start(hello: Hello, commands: Commands) -> Arc<dyn Embedded> {
         }
     }
     tokio::spawn(e.state.clone().publisher());
-    let conn = e.add_proc(hello, commands);
+    let conn = e.add_proc(hello, None, commands);
     Arc::new(Local { engine: e, conn })
 }
 

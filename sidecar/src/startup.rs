@@ -7,8 +7,8 @@
 use crate::engine::limits::Gate;
 use crate::engine::{
     self, Engine, KEEPALIVE_ACK, MAX_MESSAGE, MAX_PROXY_HANDSHAKES,
-    MAX_PROXY_HANDSHAKES_PER_SOURCE, MAX_STREAMS, SidecarArgs, auth, host_name, http, listen,
-    peers, service, telemetry,
+    MAX_PROXY_HANDSHAKES_PER_SOURCE, MAX_STREAMS, SidecarArgs, auth, board, host_name, http,
+    listen, peers, service, telemetry,
 };
 use crate::log::RateLog;
 use crate::log::log;
@@ -207,6 +207,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
         let svc = tonic::service::interceptor::InterceptedService::new(
             rpc::sidecar_server::SidecarServer::new(service::Service {
                 engine: engine.clone(),
+                peer_port: true,
             })
             .max_decoding_message_size(MAX_MESSAGE),
             move |req: tonic::Request<()>| peers::check(&e2, &req).map(|_| req),
@@ -224,6 +225,26 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
         ));
     }
     let _ = engine.peers.set(args.peers.clone());
+    match board::Board::from_env() {
+        Ok(None) => {}
+        Ok(Some(b)) => {
+            let b = Arc::new(b);
+            log(&format!(
+                "recovery board {}: ranks {}..{} incarnation {}, relayed to {} peer(s)",
+                b.dir().display(),
+                b.me.offset,
+                b.me.offset + b.me.count,
+                b.me.incarnation,
+                args.peers.len()
+            ));
+            let _ = engine.board.set(b.clone());
+            board::start_relay(engine.clone(), b, args.peers.clone());
+        }
+        Err(e) => {
+            log(&format!("cannot keep the recovery board: {e}"));
+            return 1;
+        }
+    }
     if !args.peers.is_empty() {
         let timeout = Duration::from_millis(args.peer_timeout_ms.max(100));
         tokio::spawn(peers::heartbeat_loop(
@@ -236,6 +257,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
     }
     let svc = rpc::sidecar_server::SidecarServer::new(service::Service {
         engine: engine.clone(),
+        peer_port: false,
     })
     .max_decoding_message_size(MAX_MESSAGE);
     let mut stop = stop_rx.clone();

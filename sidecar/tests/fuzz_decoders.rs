@@ -74,7 +74,7 @@ proptest! {
         if let Ok(r) = rpc::RankMessage::decode(b.as_slice()) {
             let e = Engine::new("j".into(), "h".into(), None);
             let (tx, _rx) = tokio::sync::mpsc::channel(4);
-            let conn = e.add_proc(rpc::Hello::default(), tx);
+            let conn = e.add_proc(rpc::Hello::default(), None, tx);
             if let Some(m) = r.msg { e.on_message(conn, m) }
         }
     }
@@ -83,7 +83,7 @@ proptest! {
     fn any_message_sequence_leaves_a_consistent_snapshot(ms in proptest::collection::vec(arb_msg(), 0..64)) {
         let e = Engine::new("j".into(), "h".into(), None);
         let (tx, _rx) = tokio::sync::mpsc::channel(4);
-        let conn = e.add_proc(rpc::Hello { pid: 7, ..Default::default() }, tx);
+        let conn = e.add_proc(rpc::Hello { pid: 7, ..Default::default() }, None, tx);
         let mut last = e.state.snapshot().snapshot_seq;
         for m in ms {
             e.on_message(conn, m);

@@ -166,6 +166,7 @@ pub fn spawn(spec: JobSpec<'_>) -> Running {
         bootstrap: format!("127.0.0.1:{}", ports[0]),
         master_port: ports[1],
         secret: Some(fresh_secret().expect("randomness")),
+        pod: None,
     };
     let start = Instant::now();
     let mut guard = Guard(Vec::new());

@@ -37,14 +37,31 @@ impl Sidecar {
         env: &[(&str, &str)],
         same_job_as: Option<&Sidecar>,
     ) -> Sidecar {
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (job, secret) = match same_job_as {
             Some(o) => (o.job.clone(), o.secret.clone()),
             None => (
-                format!("sc{}x{n}", std::process::id()),
+                format!(
+                    "sc{}x{}",
+                    std::process::id(),
+                    N.load(std::sync::atomic::Ordering::Relaxed)
+                ),
                 weft::launch::env::fresh_secret().expect("randomness"),
             ),
         };
+        Self::start_in_job(cli, netns, extra, env, &job, &secret)
+    }
+
+    /// Starts one of job `job` with secret `secret` (as [`start_with`](Self::start_with)).
+    pub fn start_in_job(
+        cli: &Path,
+        netns: Option<&str>,
+        extra: &[String],
+        env: &[(&str, &str)],
+        job: &str,
+        secret: &str,
+    ) -> Sidecar {
+        let (job, secret) = (job.to_string(), secret.to_string());
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let host = match netns {
             Some(ns) => ns.to_string(),
             None => format!("host-{job}"),

@@ -144,6 +144,7 @@ fn pod_env(net_if: Option<&str>, otlp: Option<&str>) -> PodEnv {
         secret_file: "/etc/weft/secret/token".into(),
         restart_epoch: 7,
         incarnation: 2,
+        recovery_dir: net_if.map(|_| "/run/weft/board".to_string()),
         transport: "auto".into(),
         net_if: net_if.map(str::to_string),
         otlp_endpoint: otlp.map(str::to_string),
@@ -178,6 +179,7 @@ fn pod_vars_in_the_operator_order() {
             "WEFT_INCARNATION",
             "WEFT_TRANSPORT",
             "WEFT_NET_IF",
+            "WEFT_RECOVERY_DIR",
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "PET_NNODES",
             "PET_NODE_RANK",
@@ -188,9 +190,9 @@ fn pod_vars_in_the_operator_order() {
     );
     let plain = pod_env(None, None).to_vars();
     assert!(
-        !plain
-            .iter()
-            .any(|(k, _)| *k == "WEFT_NET_IF" || k.starts_with("OTEL_"))
+        !plain.iter().any(|(k, _)| *k == "WEFT_NET_IF"
+            || *k == "WEFT_RECOVERY_DIR"
+            || k.starts_with("OTEL_"))
     );
 }
 

@@ -177,8 +177,8 @@ params! {
         "a file holding the job secret (read when `WEFT_JOB_SECRET` is unset); the operator mounts one";
     WEFT_RESTART_EPOCH: String = Str, Unset(""), Launch, [Libcomm, Operator],
         "the job's restart epoch (a fresh bootstrap id per restart)";
-    WEFT_RECOVERY_DIR: String = Path, Unset(""), Launch, [Libcomm, Run],
-        "set by `weft run --replace-failed`: the private directory where the launcher and the ranks meet to recover from a lost rank (deaths, replacements ready, grow ids); read by libcomm's `Resilient` (docs/FAULT-TOLERANCE.md)";
+    WEFT_RECOVERY_DIR: String = Path, Unset(""), Launch, [Libcomm, Run, Operator],
+        "the recovery board: the directory where the launcher (or, in pods, the sidecars) and the ranks meet to recover from a lost rank (deaths, replacements ready, grow ids); set by `weft run --replace-failed`, and by the operator under `onRankFailure: ReplaceRank` (each pod's own, relayed between pods by the sidecars); read by libcomm's `Resilient` (docs/FAULT-TOLERANCE.md)";
     WEFT_INCARNATION: u32 = Int, Value("0"), Launch, [Libcomm, Run, Operator],
         "how many times this rank's process (`weft run --replace-failed`) or pod (the operator, `failurePolicy.onRankFailure: ReplaceRank`, same epoch, same ranks) was replaced: 1 or more joins the running job by grow instead of the bootstrap";
 

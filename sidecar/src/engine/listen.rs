@@ -40,6 +40,10 @@ pub enum Io {
 pub struct ConnInfo {
     pub slot: Arc<Slot>,
     pub from: Option<SocketAddr>,
+    /// A Unix connection's process as this sidecar's pid namespace sees it
+    /// (SO_PEERCRED; none when it is in another namespace). Only this pid
+    /// may be signalled: the one a process claims in its Hello is its own view.
+    pub peer_pid: Option<u32>,
 }
 
 /// A connection whose first bytes (the preface and frame header we
@@ -252,9 +256,19 @@ pub async fn accept_loop(
                 (Ok(true), _) if buf[..PREFACE_LEN] == PREFACE[..] => {
                     match read_by(&mut s, &mut buf[PREFACE_LEN..], deadline).await {
                         Ok(true) if is_settings(&buf[PREFACE_LEN..]) => {
+                            let peer_pid = match &s {
+                                Io::Unix(u) => u
+                                    .peer_cred()
+                                    .ok()
+                                    .and_then(|c| c.pid())
+                                    .and_then(|p| u32::try_from(p).ok())
+                                    .filter(|&p| p > 0),
+                                Io::Tcp(_) => None,
+                            };
                             let info = ConnInfo {
                                 slot: ticket.slot.clone(),
                                 from,
+                                peer_pid,
                             };
                             let fix = matches!(s, Io::Unix(_)).then(Box::default);
                             let _ = tx

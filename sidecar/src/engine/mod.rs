@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod authority;
+pub mod board;
 pub mod http;
 pub mod limits;
 pub mod listen;
@@ -38,6 +39,9 @@ pub struct Engine {
     /// The network proxy's connections to other hosts (with
     /// `--peer-listen`, unless `--no-proxy`), for the status.
     pub host_views: OnceLock<Arc<dyn HostViews>>,
+    /// This pod's recovery board, relayed to the peers (`WEFT_RECOVERY_DIR`
+    /// set: `onRankFailure: ReplaceRank`).
+    pub board: OnceLock<Arc<board::Board>>,
 }
 
 impl Engine {
@@ -49,6 +53,7 @@ impl Engine {
             telemetry: OnceLock::new(),
             peers: OnceLock::new(),
             host_views: OnceLock::new(),
+            board: OnceLock::new(),
         })
     }
 

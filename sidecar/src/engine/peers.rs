@@ -15,6 +15,10 @@ use tonic::transport::{Channel, Endpoint};
 const MAX_SKEW_MS: u64 = 30_000;
 pub const AUTH_HEADER: &str = "weft-peer-auth";
 pub const TS_HEADER: &str = "weft-peer-ts";
+/// A random value per request: requests signed within the same millisecond
+/// (a heartbeat and a board post) differ, so the replay guard refuses only
+/// true replays.
+pub const NONCE_HEADER: &str = "weft-peer-nonce";
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -23,21 +27,38 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// HMAC-SHA256(secret, "weft-peer\0" job "\0" ts), hex.
-pub fn peer_mac(secret: &str, job: &str, ts: u64) -> String {
-    handshake::tag_hex(
-        secret.as_bytes(),
-        &[format!("weft-peer\0{job}\0{ts}").as_bytes()],
-    )
+/// HMAC-SHA256(secret, "weft-peer\0" job "\0" ts "\0" nonce), hex.
+pub fn peer_mac(secret: &str, job: &str, ts: u64, nonce: &str) -> String {
+    handshake::tag_hex(secret.as_bytes(), &[peer_label(job, ts, nonce).as_bytes()])
+}
+
+fn peer_label(job: &str, ts: u64, nonce: &str) -> String {
+    format!("weft-peer\0{job}\0{ts}\0{nonce}")
+}
+
+/// A fresh nonce (16 hex digits).
+pub fn fresh_nonce() -> String {
+    let mut b = [0u8; 8];
+    // A failing getrandom leaves zeros: requests then collide within a
+    // millisecond and the later one is refused as a replay (retried).
+    let _ = getrandom::fill(&mut b);
+    format!("{:016x}", u64::from_le_bytes(b))
 }
 
 /// Adds our credentials to a request to a peer.
 pub fn sign<T>(e: &Engine, mut req: tonic::Request<T>) -> tonic::Request<T> {
     let ts = now_ms();
-    let mac = peer_mac(e.auth.secret.as_deref().unwrap_or(""), &e.auth.job, ts);
-    if let (Ok(m), Ok(t)) = (mac.parse(), ts.to_string().parse()) {
+    let nonce = fresh_nonce();
+    let mac = peer_mac(
+        e.auth.secret.as_deref().unwrap_or(""),
+        &e.auth.job,
+        ts,
+        &nonce,
+    );
+    if let (Ok(m), Ok(t), Ok(n)) = (mac.parse(), ts.to_string().parse(), nonce.parse()) {
         req.metadata_mut().insert(AUTH_HEADER, m);
         req.metadata_mut().insert(TS_HEADER, t);
+        req.metadata_mut().insert(NONCE_HEADER, n);
     }
     req
 }
@@ -48,11 +69,11 @@ static SEEN: ReplayGuard = ReplayGuard::new(MAX_SKEW_MS, 100_000);
 
 /// Checks a peer request's timestamp and MAC: fresh, of this job's secret,
 /// not seen before.
-fn check_request(e: &Engine, ts: u64, mac: &str) -> Result<(), HandshakeError> {
+fn check_request(e: &Engine, ts: u64, nonce: &str, mac: &str) -> Result<(), HandshakeError> {
     let now = now_ms();
     handshake::check_fresh(ts, now, MAX_SKEW_MS)?;
     let secret = e.auth.secret.as_deref().unwrap_or("");
-    let label = format!("weft-peer\0{}\0{ts}", e.auth.job);
+    let label = peer_label(&e.auth.job, ts, nonce);
     handshake::check_hex(secret.as_bytes(), &[label.as_bytes()], mac)?;
     SEEN.first_use(mac, ts, now)
 }
@@ -65,8 +86,12 @@ pub fn check(e: &Engine, req: &tonic::Request<()>) -> Result<(), tonic::Status> 
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok());
     let mac = md.get(AUTH_HEADER).and_then(|v| v.to_str().ok());
-    let why = match (ts, mac) {
-        (Some(ts), Some(mac)) => match check_request(e, ts, mac) {
+    let nonce = md
+        .get(NONCE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|n| n.len() <= 64);
+    let why = match (ts, mac, nonce) {
+        (Some(ts), Some(mac), Some(nonce)) => match check_request(e, ts, nonce, mac) {
             Ok(()) => None,
             Err(HandshakeError::BadTag) => Some("wrong job secret (HMAC mismatch)"),
             Err(HandshakeError::Stale) => Some("stale or future timestamp"),
@@ -100,7 +125,7 @@ struct Peer {
     client: Option<SidecarClient<Channel>>,
 }
 
-async fn client(addr: &str) -> Option<SidecarClient<Channel>> {
+pub(super) async fn client(addr: &str) -> Option<SidecarClient<Channel>> {
     let ep = Endpoint::from_shared(format!("http://{addr}"))
         .ok()?
         .connect_timeout(Duration::from_secs(1))
@@ -139,7 +164,31 @@ pub async fn heartbeat_loop(
                 }),
             );
             match tokio::time::timeout(rpc_limit, c.heartbeat(req)).await {
-                Ok(Ok(r)) => e.state.peer_seen(&p.addr, &r.into_inner().host),
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    if let Some(b) = e.board.get() {
+                        let before = e.comm_ids();
+                        let gone = b.peer_ranks(
+                            &p.addr,
+                            super::board::PodRanks {
+                                offset: r.rank_offset,
+                                count: r.local_ranks,
+                                incarnation: r.incarnation,
+                            },
+                        );
+                        if !gone.is_empty() {
+                            // Nobody said these were dead, yet a replacement
+                            // answers in their place: their node was lost.
+                            let reason = format!(
+                                "host {} at {} answers as incarnation {}: ranks (rank, incarnation) {gone:?} are gone",
+                                r.host, p.addr, r.incarnation
+                            );
+                            super::log(&reason);
+                            e.fail_comms_named_dead(&before, &reason);
+                        }
+                    }
+                    e.state.peer_seen(&p.addr, &r.host)
+                }
                 _ => {
                     // Silence counts from the last answer (or the first attempt, so
                     // a peer that never came is lost too).
@@ -150,7 +199,20 @@ pub async fn heartbeat_loop(
                             timeout.as_millis()
                         );
                         super::log(&reason);
-                        e.host_lost(&reason);
+                        // With a recovery board the lost pod's ranks are
+                        // named dead first, so the ranks whose calls now
+                        // fail find out who to shrink away. When its death
+                        // is known already (its sidecar said so while
+                        // terminating) the survivors may have shrunk: their
+                        // new communicators must not be failed for it.
+                        let before = e.comm_ids();
+                        match e.board.get().and_then(|b| b.peer_lost(&p.addr)) {
+                            Some(false) => super::log(&format!(
+                                "{host}: its ranks were already known dead; nothing to abort"
+                            )),
+                            Some(true) => e.fail_comms_named_dead(&before, &reason),
+                            None => e.host_lost(&reason),
+                        }
                     }
                 }
             }
@@ -161,7 +223,29 @@ pub async fn heartbeat_loop(
 
 /// Tells every peer that this host is going away (their ranks fail now
 /// rather than at their peer timeout). Bounded: 1 s in all.
+///
+/// With a recovery board this pod's ranks are named dead instead (when they
+/// had not all finished cleanly): the survivors' own calls fail as the
+/// ranks' connections close, and a blanket abort arriving after they have
+/// shrunk around this pod would fail their new communicators.
 pub async fn tell_peers(e: &Arc<Engine>, addrs: &[String], reason: &str) {
+    if let Some(b) = e.board.get() {
+        let clean = {
+            let reg = e.state.lock();
+            // Processes that exited cleanly are removed from the registry;
+            // an empty registry at SIGTERM is a finished pod only if some
+            // process had attached (else its workload failed before it did).
+            reg.procs.is_empty() && b.had_attach()
+        };
+        if !clean && b.own_death() {
+            super::log(&format!(
+                "recovery board: {reason}: this pod's ranks {:?} are named dead",
+                b.me.deaths()
+            ));
+        }
+        b.flush(addrs, Duration::from_secs(1)).await;
+        return;
+    }
     let calls = addrs.iter().map(|a| {
         let (e, a, reason) = (e.clone(), a.clone(), reason.to_string());
         async move {

@@ -21,6 +21,9 @@ const MAX_STR: usize = 4096;
 
 pub struct Service {
     pub engine: Arc<Engine>,
+    /// Serving the peer port (other sidecars, authenticated by the job
+    /// secret) rather than the pod's Unix socket.
+    pub peer_port: bool,
 }
 
 fn clip(mut s: String) -> String {
@@ -70,24 +73,29 @@ impl Engine {
     }
 
     /// Registers an attached process; returns its connection id.
-    pub fn add_proc(&self, hello: rpc::Hello, tx: super::state::CmdTx) -> u64 {
+    pub fn add_proc(&self, hello: rpc::Hello, os_pid: Option<u32>, tx: super::state::CmdTx) -> u64 {
         let conn = self.state.conn_id();
         let mut reg = self.state.lock();
         reg.procs.insert(
             conn,
             Proc {
                 pid: hello.pid,
+                os_pid,
                 host: clip(hello.hostname),
                 gpus: hello.gpus.into_iter().take(64).map(clip).collect(),
                 alive: true,
                 tx,
                 dropped: 0,
+                registered: 0,
             },
         );
         self.state.publish(&reg);
         self.metrics
             .peers_up
             .set(reg.procs.values().filter(|p| p.alive).count() as i64);
+        if let Some(b) = self.board.get() {
+            b.attached();
+        }
         conn
     }
 
@@ -103,6 +111,9 @@ impl Engine {
                     .get(&conn)
                     .map(|p| (p.pid, p.host.clone()))
                     .unwrap_or_default();
+                if let Some(p) = reg.procs.get_mut(&conn) {
+                    p.registered += 1;
+                }
                 let c = reg.comms.entry(clip(r.comm_id)).or_default();
                 c.nranks = r.nranks;
                 c.ranks.insert(
@@ -221,7 +232,7 @@ impl Engine {
             return;
         };
         p.alive = false;
-        let (pid, host) = (p.pid, p.host.clone());
+        let (pid, host, registered) = (p.pid, p.host.clone(), p.registered);
         let mut lost: Vec<(String, u32)> = Vec::new();
         for (id, c) in reg.comms.iter() {
             for (r, e) in c.ranks.iter() {
@@ -244,6 +255,17 @@ impl Engine {
             .peers_up
             .set(reg.procs.values().filter(|p| p.alive).count() as i64);
         drop(reg);
+        // Gone unclean: with communicators left, or before it registered
+        // any (a replacement dying while it joins).
+        if (!lost.is_empty() || registered == 0)
+            && let Some(b) = self.board.get()
+            && b.own_death()
+        {
+            super::log(&format!(
+                "recovery board: pid {pid} died ({why}): this pod's ranks {:?} are named dead",
+                b.me.deaths()
+            ));
+        }
         for (id, r) in lost {
             let reason = format!("rank {r} (pid {pid} on host {host}) of comm {id} died ({why})");
             let n = self.fail_comm(&id, &reason, conn);
@@ -268,6 +290,10 @@ impl Sidecar for Service {
             .extensions()
             .get::<super::listen::ConnInfo>()
             .map(|c| c.slot.clone());
+        let os_pid = req
+            .extensions()
+            .get::<super::listen::ConnInfo>()
+            .and_then(|c| c.peer_pid);
         let mut inbound = req.into_inner();
         let engine = self.engine.clone();
         let hello = match inbound.message().await {
@@ -305,7 +331,7 @@ impl Sidecar for Service {
             s.hold(true);
         }
         let (tx, rx) = mpsc::channel(CMD_QUEUE);
-        let conn = engine.add_proc(hello, tx);
+        let conn = engine.add_proc(hello, os_pid, tx);
         tokio::spawn(async move {
             let why = loop {
                 match inbound.message().await {
@@ -372,10 +398,54 @@ impl Sidecar for Service {
         &self,
         _req: Request<rpc::HeartbeatRequest>,
     ) -> Result<Response<rpc::HeartbeatReply>, Status> {
+        let me = self.engine.board.get().map(|b| b.me);
         Ok(Response::new(rpc::HeartbeatReply {
             host: self.engine.state.host.clone(),
             time_unix_nano: now_nanos(),
+            rank_offset: me.map_or(0, |m| m.offset),
+            local_ranks: me.map_or(0, |m| m.count),
+            incarnation: me.map_or(0, |m| m.incarnation),
         }))
+    }
+
+    async fn post_board(
+        &self,
+        req: Request<rpc::BoardPost>,
+    ) -> Result<Response<rpc::BoardReply>, Status> {
+        let e = &self.engine;
+        if !self.peer_port {
+            return Err(Status::permission_denied(
+                "PostBoard is for peer sidecars, on the peer port",
+            ));
+        }
+        let Some(b) = e.board.get() else {
+            return Err(Status::failed_precondition(
+                "this pod keeps no recovery board (WEFT_RECOVERY_DIR is unset: the job's onRankFailure is not ReplaceRank)",
+            ));
+        };
+        let post = req.into_inner();
+        match b.accept(&post) {
+            Ok((reports, deaths)) => {
+                if !deaths.is_empty() {
+                    super::log(&format!(
+                        "recovery board: {} says ranks (rank, incarnation) {deaths:?} are dead",
+                        clip(post.from_host)
+                    ));
+                }
+                if !reports.is_empty() {
+                    e.kill_stopped_ranks(&reports);
+                }
+                Ok(Response::new(rpc::BoardReply { boot: b.boot }))
+            }
+            Err(why) => {
+                e.metrics.reject("peer", "board");
+                super::log(&format!(
+                    "refused a recovery board post from {}: {why}",
+                    clip(post.from_host)
+                ));
+                Err(Status::invalid_argument(why))
+            }
+        }
     }
 }
 
@@ -399,8 +469,8 @@ mod tests {
     fn a_cleanly_exited_rank_shows_as_exited_with_its_pid() {
         let e = Engine::new("j".into(), "h".into(), None);
         let (tx, _rx) = mpsc::channel(4);
-        let a = e.add_proc(hello(111), tx.clone());
-        let b = e.add_proc(hello(222), tx);
+        let a = e.add_proc(hello(111), None, tx.clone());
+        let b = e.add_proc(hello(222), None, tx);
         for (conn, rank) in [(a, 0), (b, 1)] {
             e.on_message(
                 conn,

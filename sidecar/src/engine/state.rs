@@ -26,11 +26,18 @@ pub fn now_nanos() -> u64 {
 /// One attached rank process (one Attach stream).
 pub struct Proc {
     pub pid: u32,
+    /// Its pid in this sidecar's namespace, when it shares ours (see
+    /// `ConnInfo::peer_pid`).
+    pub os_pid: Option<u32>,
     pub host: String,
     pub gpus: Vec<String>,
     pub alive: bool,
     pub tx: CmdTx,
     pub dropped: u64,
+    /// Communicator ranks it registered: a process that ends with all of
+    /// them destroyed exited; one that never registered any did not get far
+    /// enough to finish anything (a replacement dying while it joins).
+    pub registered: u64,
 }
 
 #[derive(Default, Clone)]

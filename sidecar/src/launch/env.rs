@@ -25,30 +25,60 @@ pub struct JobEnv {
     /// `WEFT_JOB_SECRET`: `None` when the launcher's own environment already
     /// has one (the ranks inherit it).
     pub secret: Option<String>,
+    /// Inside a pod of an operator job: this pod's place in the job (its
+    /// ranks are `rank_offset..rank_offset + world_size` of `global_world`).
+    pub pod: Option<PodPlace>,
+}
+
+/// Where the ranks `weft run` starts inside an operator pod sit in the job:
+/// the pod contract (`weft_contract::env::PodEnv`) the operator set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPlace {
+    /// `WEFT_WORLD_SIZE`: every pod's ranks.
+    pub global_world: usize,
+    /// `WEFT_RANK_OFFSET`: this pod's first rank.
+    pub rank_offset: usize,
+    /// `WEFT_NNODES`, `WEFT_NODE_RANK`.
+    pub nnodes: usize,
+    pub node_rank: usize,
+    /// `PET_MASTER_ADDR` (pod 0's DNS name): torch's store lives there.
+    pub master_addr: String,
 }
 
 impl JobEnv {
-    /// The contract for rank `rank` (all ranks on this node).
-    pub fn rank_env(&self, rank: usize) -> RankEnv {
+    /// The contract for the `local`-th rank this launcher starts (in a pod:
+    /// global rank `rank_offset + local` of the pod's job).
+    pub fn rank_env(&self, local: usize) -> RankEnv {
+        let (offset, world, nnodes, node_rank, master_addr) = match &self.pod {
+            Some(p) => (
+                p.rank_offset,
+                p.global_world,
+                p.nnodes,
+                p.node_rank,
+                p.master_addr.clone(),
+            ),
+            None => (0, self.world_size, 1, 0, LOCALHOST.into()),
+        };
         RankEnv {
-            rank,
-            local_rank: rank,
-            world_size: self.world_size,
+            rank: offset + local,
+            local_rank: local,
+            world_size: world,
             local_ranks: self.world_size,
-            rank_offset: 0,
-            nnodes: 1,
-            node_rank: 0,
+            rank_offset: offset,
+            nnodes,
+            node_rank,
             bootstrap: self.bootstrap.clone(),
             job: self.job.clone(),
-            master_addr: LOCALHOST.into(),
+            master_addr,
             master_port: self.master_port,
             secret: self.secret.clone(),
         }
     }
 
-    /// The variables for rank `rank`, to be set on top of the inherited environment.
-    pub fn rank_vars(&self, rank: usize) -> Vec<(String, String)> {
-        self.rank_env(rank)
+    /// The variables for the `local`-th rank, to be set on top of the
+    /// inherited environment.
+    pub fn rank_vars(&self, local: usize) -> Vec<(String, String)> {
+        self.rank_env(local)
             .to_vars()
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
@@ -126,6 +156,7 @@ mod tests {
             bootstrap: "127.0.0.1:7000".into(),
             master_port: 7001,
             secret: Some("s".into()),
+            pod: None,
         };
         let got = job.rank_vars(1);
         let want = [
@@ -162,6 +193,45 @@ mod tests {
             ..job
         };
         assert_eq!(inherited.rank_vars(0).len(), want.len() - 1);
+    }
+
+    /// Inside a pod, the local ranks are the pod's slice of the job.
+    #[test]
+    fn rank_vars_in_a_pod_are_the_pods_slice() {
+        let job = JobEnv {
+            job: "j".into(),
+            world_size: 2,
+            bootstrap: "j-0.j.ns.svc:29400".into(),
+            master_port: 29500,
+            secret: None,
+            pod: Some(PodPlace {
+                global_world: 8,
+                rank_offset: 4,
+                nnodes: 4,
+                node_rank: 2,
+                master_addr: "j-0.j.ns.svc".into(),
+            }),
+        };
+        let v: std::collections::BTreeMap<String, String> = job.rank_vars(1).into_iter().collect();
+        for (k, want) in [
+            ("WEFT_RANK", "5"),
+            ("RANK", "5"),
+            ("WEFT_LOCAL_RANK", "1"),
+            ("WEFT_WORLD_SIZE", "8"),
+            ("WEFT_LOCAL_RANKS", "2"),
+            ("WEFT_RANK_OFFSET", "4"),
+            ("WEFT_NNODES", "4"),
+            ("WEFT_NODE_RANK", "2"),
+            ("WEFT_BOOTSTRAP", "j-0.j.ns.svc:29400"),
+            ("MASTER_ADDR", "j-0.j.ns.svc"),
+            ("PET_MASTER_PORT", "29500"),
+        ] {
+            assert_eq!(v[k], want, "{k}");
+        }
+        assert!(
+            !v.contains_key("WEFT_JOB_SECRET"),
+            "the pod's secret file is inherited"
+        );
     }
 
     #[test]

@@ -223,12 +223,64 @@ fn diag(label: &str, msg: &str) {
     let _ = output::write_all(2, format!("{label}: {msg}\n").as_bytes());
 }
 
+/// The operator's pod contract, when `weft run` runs inside one of its pods
+/// (`WEFT_RESTART_EPOCH` is the operator's mark: `weft run` never sets it).
+fn pod_env() -> Result<Option<weft_contract::env::PodEnv>, LaunchError> {
+    if weft_contract::params::WEFT_RESTART_EPOCH.raw_os().is_none() {
+        return Ok(None);
+    }
+    weft_contract::env::PodEnv::from_env()
+        .map(Some)
+        .map_err(|e| LaunchError::InvalidSpec(format!("inside an operator pod: {e}")))
+}
+
+/// Inside a pod the ranks are the pod's slice of the job: the job's name,
+/// world, rendezvous and secret (file) come from the operator, and the rank
+/// of each process is the pod's offset plus its local index; its incarnation
+/// and recovery board (`ReplaceRank`) are inherited as they are.
+fn pod_job_env(
+    spec: &LaunchSpec,
+    pod: weft_contract::env::PodEnv,
+) -> Result<env::JobEnv, LaunchError> {
+    if spec.ranks != pod.local_ranks as usize {
+        return Err(LaunchError::InvalidSpec(format!(
+            "-n {} inside a pod of {} rank(s) per replica (WEFT_LOCAL_RANKS): start exactly the pod's ranks, e.g. -n $(WEFT_LOCAL_RANKS)",
+            spec.ranks, pod.local_ranks
+        )));
+    }
+    if spec.replace_failed.is_some() && pod.nnodes > 1 {
+        return Err(LaunchError::InvalidSpec(
+            "--replace-failed inside a pod of a several-pod job: the operator replaces a failed pod (failurePolicy.onRankFailure: ReplaceRank) and the sidecars relay the recovery board".into(),
+        ));
+    }
+    Ok(env::JobEnv {
+        job: pod.job,
+        world_size: spec.ranks,
+        bootstrap: pod.bootstrap,
+        master_port: pod.torch.master_port,
+        secret: None,
+        pod: Some(env::PodPlace {
+            global_world: pod.world_size as usize,
+            rank_offset: pod.rank_offset as usize,
+            nnodes: pod.nnodes as usize,
+            node_rank: pod.node_rank as usize,
+            master_addr: pod.torch.master_addr,
+        }),
+    })
+}
+
 /// Works out the job-wide environment from the spec.
 fn job_env(spec: &LaunchSpec) -> Result<env::JobEnv, LaunchError> {
     if spec.ranks == 0 {
         return Err(LaunchError::InvalidSpec(
             "the number of ranks must be at least 1".into(),
         ));
+    }
+    if spec.job.is_none()
+        && spec.bootstrap.is_none()
+        && let Some(pod) = pod_env()?
+    {
+        return pod_job_env(spec, pod);
     }
     let job = spec
         .job
@@ -256,6 +308,7 @@ fn job_env(spec: &LaunchSpec) -> Result<env::JobEnv, LaunchError> {
         bootstrap,
         master_port: ports[0],
         secret,
+        pod: None,
     })
 }
 

@@ -201,6 +201,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             }
         });
     }
+    // In a pod (WEFT_SIDECAR_SOCKET set) the process attaches to its
+    // sidecar, as C ABI programs do by themselves: the sidecar learns of
+    // its death (and relays it) when its attach stream closes.
+    if std::env::var_os("WEFT_SIDECAR_SOCKET").is_some() {
+        weft::agent::install_from_env().map_err(|e| format!("attaching to the sidecar: {e}"))?;
+    }
     let mut r = Resilient::from_env().map_err(|e| format!("start: {e}"))?;
     let world = r.world();
     let mut model = Model { w: vec![0.0; D] };

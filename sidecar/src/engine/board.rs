@@ -1,0 +1,877 @@
+//! The recovery board across pods (`onRankFailure: ReplaceRank`).
+//!
+//! Ranks that use libcomm's `Resilient` meet on a directory, the recovery
+//! board (`WEFT_RECOVERY_DIR`, docs/FAULT-TOLERANCE.md): who died (`dead`),
+//! who is up and waiting to join (`ready-R-I`), the grow a replacement
+//! should join (`grow-R-I`), an unexplained timeout (`report-R-I`). Under
+//! `weft run --replace-failed` every rank sees one directory on one host.
+//! In pods each pod has its own (in the volume the sidecar shares with the
+//! workload), and the sidecars keep them the same:
+//!
+//! - files the pod's ranks write are sent to every peer sidecar, which
+//!   writes them into its own pod's board;
+//! - deaths are learnt by the sidecars: the pod's own ranks gone without
+//!   destroying their communicators, the pod terminating while its ranks
+//!   run, a peer sidecar gone silent. Each is written into `dead` and sent
+//!   to every peer;
+//! - a peer whose sidecar restarted (a replacement pod behind the same
+//!   address: its [`BoardReply::boot`] changed) is sent everything again;
+//! - a `report` makes every sidecar SIGKILL its pod's stopped (SIGSTOPped)
+//!   ranks, so a frozen rank becomes a dead one that its pod replaces.
+//!
+//! A pod is the unit: the operator replaces a failed pod as a whole, so
+//! when one of its ranks dies, all of them are named dead at the pod's
+//! incarnation.
+
+use crate::rpc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use weft_contract::params;
+
+/// Most entries and deaths one post may carry (a hostile peer's post is
+/// refused beyond); a real board holds a few per rank.
+pub const MAX_POST_ITEMS: usize = 4096;
+/// Longest entry body accepted (a grow id line is ~300 bytes; a report a
+/// clipped error message).
+pub const MAX_BODY: usize = 4096;
+/// Highest incarnation accepted in a name or death.
+const MAX_INCARNATION: u32 = 1 << 20;
+
+/// A pod's ranks and incarnation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodRanks {
+    pub offset: u32,
+    pub count: u32,
+    pub incarnation: u32,
+}
+
+impl PodRanks {
+    /// The deaths that name this pod gone.
+    pub fn deaths(&self) -> Vec<(u32, u32)> {
+        (self.offset..self.offset.saturating_add(self.count))
+            .map(|r| (r, self.incarnation))
+            .collect()
+    }
+}
+
+/// What kind of board file a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Ready,
+    Grow,
+    Report,
+}
+
+/// Parses `ready-R-I` / `grow-R-I` / `report-R-I` with R < `world`.
+pub fn parse_name(name: &str, world: u32) -> Option<(Kind, u32, u32)> {
+    let (kind, rest) = name.split_once('-')?;
+    let kind = match kind {
+        "ready" => Kind::Ready,
+        "grow" => Kind::Grow,
+        "report" => Kind::Report,
+        _ => return None,
+    };
+    let (r, i) = rest.split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(r) || !digits(i) {
+        return None;
+    }
+    let (r, i): (u32, u32) = (r.parse().ok()?, i.parse().ok()?);
+    (r < world && i <= MAX_INCARNATION).then_some((kind, r, i))
+}
+
+/// Whether `new` should replace `old` for the entry `name`. A grow file is
+/// rewritten when the survivors abandon a grow and start another: the one
+/// with the higher sequence number (its first field) is the newer. Other
+/// files never change once written.
+fn newer(kind: Kind, old: Option<&str>, new: &str) -> bool {
+    let seq = |s: &str| {
+        s.split_whitespace()
+            .next()
+            .and_then(|w| w.parse::<u64>().ok())
+    };
+    match (old, kind) {
+        (None, _) => true,
+        (Some(o), Kind::Grow) => seq(new) > seq(o),
+        (Some(_), _) => false,
+    }
+}
+
+/// What this sidecar knows, and what each peer has acknowledged.
+#[derive(Default)]
+struct Known {
+    entries: BTreeMap<String, String>,
+    deaths: BTreeSet<(u32, u32)>,
+    /// Per peer address: the entries and deaths it has acknowledged, and
+    /// the boot id of the sidecar that acknowledged them.
+    sent: HashMap<String, Sent>,
+    /// Per peer address: its pod's ranks, from its heartbeats.
+    peers: HashMap<String, PodRanks>,
+    /// Our own pod has been named dead (said once).
+    own_death_said: bool,
+}
+
+#[derive(Default, Clone)]
+struct Sent {
+    boot: u64,
+    entries: BTreeMap<String, String>,
+    deaths: BTreeSet<(u32, u32)>,
+}
+
+/// One pod's board and its relay state.
+pub struct Board {
+    dir: PathBuf,
+    /// This pod's ranks.
+    pub me: PodRanks,
+    /// The job's world size (names with a larger rank are refused).
+    world: u32,
+    /// Random per sidecar start (see [`rpc::BoardReply::boot`]).
+    pub boot: u64,
+    known: Mutex<Known>,
+    /// Bumped on every change: the senders wait on it.
+    version: tokio::sync::watch::Sender<u64>,
+    /// A rank process of this pod has attached (see [`Board::had_attach`]).
+    attached: std::sync::atomic::AtomicBool,
+}
+
+/// What a peer's post brought: reports and deaths new to this sidecar.
+pub type Accepted = (Vec<String>, Vec<(u32, u32)>);
+
+/// What a post to a peer should carry.
+pub struct Outgoing {
+    pub post: rpc::BoardPost,
+    entries: BTreeMap<String, String>,
+    deaths: BTreeSet<(u32, u32)>,
+}
+
+impl Board {
+    /// The board of this pod when the pod keeps one (`WEFT_RECOVERY_DIR`
+    /// set: the operator sets it under `ReplaceRank`), with the pod's ranks
+    /// from the pod contract. Creates the directory, open to the pod's
+    /// containers (they may run as different users; the volume is the
+    /// pod's own).
+    pub fn from_env() -> Result<Option<Board>, String> {
+        let Some(dir) = params::WEFT_RECOVERY_DIR.raw() else {
+            return Ok(None);
+        };
+        let num = |p: params::Param<usize>| -> Result<u32, String> {
+            let v = p.try_get().map_err(|e| e.to_string())?.ok_or_else(|| {
+                format!(
+                    "{} is set but {} is not",
+                    params::WEFT_RECOVERY_DIR.name(),
+                    p.name()
+                )
+            })?;
+            u32::try_from(v).map_err(|_| format!("{} = {v} is too large", p.name()))
+        };
+        let me = PodRanks {
+            offset: num(params::WEFT_RANK_OFFSET)?,
+            count: num(params::WEFT_LOCAL_RANKS)?,
+            incarnation: params::WEFT_INCARNATION
+                .try_get()
+                .map_err(|e| e.to_string())?
+                .unwrap_or(0),
+        };
+        let world = num(params::WEFT_WORLD_SIZE)?;
+        Board::new(PathBuf::from(dir), me, world).map(Some)
+    }
+
+    pub fn new(dir: PathBuf, me: PodRanks, world: u32) -> Result<Board, String> {
+        if me.count == 0 || me.offset.saturating_add(me.count) > world {
+            return Err(format!(
+                "this pod's ranks {}..{} are not within the world of {world}",
+                me.offset,
+                me.offset.saturating_add(me.count)
+            ));
+        }
+        create_dir(&dir)
+            .map_err(|e| format!("creating the recovery board {}: {e}", dir.display()))?;
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).map_err(|e| format!("getrandom: {e}"))?;
+        let (version, _) = tokio::sync::watch::channel(0);
+        let board = Board {
+            dir,
+            me,
+            world,
+            boot: u64::from_le_bytes(b) | 1,
+            known: Mutex::new(Known::default()),
+            version,
+            attached: std::sync::atomic::AtomicBool::new(false),
+        };
+        // Deaths already on the board (a restarted sidecar) are known.
+        board.lock().deaths = read_dead(&board.dir);
+        Ok(board)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+
+    /// A receiver that changes whenever there is something new to send.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Reads the files this pod's ranks wrote; returns the names of reports
+    /// new to this sidecar. Files written from peers read back unchanged.
+    pub fn scan(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for e in rd.flatten() {
+            let Ok(name) = e.file_name().into_string() else {
+                continue;
+            };
+            let Some((kind, ..)) = parse_name(&name, self.world) else {
+                continue;
+            };
+            let Ok(body) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            if body.len() <= MAX_BODY {
+                found.push((name, kind, body));
+            }
+        }
+        let mut reports = Vec::new();
+        let mut k = self.lock();
+        let mut changed = false;
+        for (name, kind, body) in found {
+            if newer(kind, k.entries.get(&name).map(String::as_str), &body) {
+                if kind == Kind::Report {
+                    reports.push(name.clone());
+                }
+                k.entries.insert(name, body);
+                changed = true;
+            }
+        }
+        drop(k);
+        if changed {
+            self.bump();
+        }
+        reports
+    }
+
+    /// Takes a peer's post: writes what is new into this pod's board.
+    /// Returns the names of reports and the deaths new to this sidecar.
+    pub fn accept(&self, post: &rpc::BoardPost) -> Result<Accepted, String> {
+        if post.entries.len() + post.deaths.len() > MAX_POST_ITEMS {
+            return Err(format!("more than {MAX_POST_ITEMS} entries in one post"));
+        }
+        let mut ok = Vec::new();
+        for e in &post.entries {
+            let kind = parse_name(&e.name, self.world)
+                .ok_or_else(|| format!("not a board entry name: {:?}", clip(&e.name)))?
+                .0;
+            if e.body.len() > MAX_BODY {
+                return Err(format!("entry {} is over {MAX_BODY} bytes", e.name));
+            }
+            ok.push((e.name.clone(), kind, e.body.clone()));
+        }
+        for d in &post.deaths {
+            if d.rank >= self.world || d.incarnation > MAX_INCARNATION {
+                return Err(format!(
+                    "death of rank {} incarnation {}: not a rank of this job",
+                    d.rank, d.incarnation
+                ));
+            }
+        }
+        let mut reports = Vec::new();
+        let mut writes = Vec::new();
+        {
+            let mut k = self.lock();
+            for (name, kind, body) in ok {
+                if newer(kind, k.entries.get(&name).map(String::as_str), &body) {
+                    if kind == Kind::Report {
+                        reports.push(name.clone());
+                    }
+                    k.entries.insert(name.clone(), body.clone());
+                    writes.push((name, body));
+                }
+            }
+        }
+        for (name, body) in writes {
+            if let Err(e) = libcomm::resilient::write_atomic(&self.dir, &name, &body) {
+                super::log(&format!("recovery board: {e}"));
+            }
+        }
+        let deaths: Vec<(u32, u32)> = post
+            .deaths
+            .iter()
+            .map(|d| (d.rank, d.incarnation))
+            .collect();
+        let new = self.add_deaths(&deaths);
+        if !reports.is_empty() || !new.is_empty() {
+            self.bump();
+        }
+        Ok((reports, new))
+    }
+
+    /// Records deaths; rewrites `dead` when any is new. Returns the new ones.
+    pub fn add_deaths(&self, deaths: &[(u32, u32)]) -> Vec<(u32, u32)> {
+        let mut k = self.lock();
+        let new: Vec<(u32, u32)> = deaths
+            .iter()
+            .copied()
+            .filter(|d| k.deaths.insert(*d))
+            .collect();
+        if new.is_empty() {
+            return new;
+        }
+        // Written under the lock: two writers never interleave their files.
+        let body: String = k
+            .deaths
+            .iter()
+            .map(|(r, i)| format!("{r} {i} replaced\n"))
+            .collect();
+        if let Err(e) = libcomm::resilient::write_atomic(&self.dir, "dead", &body) {
+            super::log(&format!("recovery board: {e}"));
+        }
+        drop(k);
+        self.bump();
+        new
+    }
+
+    /// Names this pod's ranks dead (once): one of them died, or the pod is
+    /// going away with them running. Returns whether this was news.
+    pub fn own_death(&self) -> bool {
+        {
+            let mut k = self.lock();
+            if k.own_death_said {
+                return false;
+            }
+            k.own_death_said = true;
+        }
+        !self.add_deaths(&self.me.deaths()).is_empty()
+    }
+
+    /// A rank process of this pod attached to the sidecar.
+    pub fn attached(&self) {
+        self.attached
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a rank process of this pod ever attached: a pod whose ranks
+    /// all exited cleanly finished; one whose workload never attached failed
+    /// before it could (or was deleted first).
+    pub fn had_attach(&self) -> bool {
+        self.attached.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits (at most `limit`) until every peer in `addrs` has taken
+    /// everything this sidecar knows: before it exits.
+    pub async fn flush(&self, addrs: &[String], limit: std::time::Duration) {
+        let until = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < until {
+            if addrs.iter().all(|a| self.outgoing(a, "").is_none()) {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A peer's heartbeat said which ranks it holds. A higher incarnation
+    /// than before at the same address is a replacement pod: its
+    /// predecessor is gone (even if nobody said so: its node was lost and
+    /// the replacement came up before the heartbeats timed out). Returns
+    /// the deaths that were news.
+    pub fn peer_ranks(&self, addr: &str, r: PodRanks) -> Vec<(u32, u32)> {
+        if r.count == 0 || r.offset.saturating_add(r.count) > self.world {
+            return Vec::new();
+        }
+        let before = self.lock().peers.insert(addr.to_string(), r);
+        let gone: Vec<(u32, u32)> = match before {
+            Some(b) if b.incarnation < r.incarnation => (b.incarnation..r.incarnation)
+                .flat_map(|i| {
+                    PodRanks {
+                        incarnation: i,
+                        ..b
+                    }
+                    .deaths()
+                })
+                .collect(),
+            // First sight of a replacement: every earlier incarnation is gone.
+            None if r.incarnation > 0 => (0..r.incarnation)
+                .flat_map(|i| {
+                    PodRanks {
+                        incarnation: i,
+                        ..r
+                    }
+                    .deaths()
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        if gone.is_empty() {
+            return gone;
+        }
+        self.add_deaths(&gone)
+    }
+
+    /// The peer at `addr` went silent: names its pod's ranks dead. Returns
+    /// `Some(true)` when that was news, `Some(false)` when its death was
+    /// already known (said by its own sidecar while terminating, or by
+    /// another peer), `None` when its ranks are unknown (it never answered).
+    pub fn peer_lost(&self, addr: &str) -> Option<bool> {
+        let r = *self.lock().peers.get(addr)?;
+        Some(!self.add_deaths(&r.deaths()).is_empty())
+    }
+
+    /// What `addr` has not acknowledged yet (None: nothing).
+    pub fn outgoing(&self, addr: &str, from_host: &str) -> Option<Outgoing> {
+        let k = self.lock();
+        let sent = k.sent.get(addr).cloned().unwrap_or_default();
+        let entries: BTreeMap<String, String> = k
+            .entries
+            .iter()
+            .filter(|(n, b)| sent.entries.get(*n) != Some(*b))
+            .map(|(n, b)| (n.clone(), b.clone()))
+            .take(MAX_POST_ITEMS / 2)
+            .collect();
+        let deaths: BTreeSet<(u32, u32)> = k
+            .deaths
+            .difference(&sent.deaths)
+            .copied()
+            .take(MAX_POST_ITEMS / 2)
+            .collect();
+        if entries.is_empty() && deaths.is_empty() {
+            return None;
+        }
+        let post = rpc::BoardPost {
+            from_host: from_host.to_string(),
+            entries: entries
+                .iter()
+                .map(|(n, b)| rpc::BoardEntry {
+                    name: n.clone(),
+                    body: b.clone(),
+                })
+                .collect(),
+            deaths: deaths
+                .iter()
+                .map(|&(rank, incarnation)| rpc::Death { rank, incarnation })
+                .collect(),
+        };
+        Some(Outgoing {
+            post,
+            entries,
+            deaths,
+        })
+    }
+
+    /// `addr` (whose sidecar has boot id `boot`) took `out`. A new boot id
+    /// means a new sidecar with an empty board: forget what the old one had.
+    /// Returns whether everything must be sent again.
+    pub fn acknowledged(&self, addr: &str, boot: u64, out: Outgoing) -> bool {
+        let mut k = self.lock();
+        let s = k.sent.entry(addr.to_string()).or_default();
+        let restarted = s.boot != 0 && s.boot != boot;
+        if restarted || s.boot == 0 {
+            *s = Sent {
+                boot,
+                ..Sent::default()
+            };
+        }
+        if restarted {
+            return true;
+        }
+        s.entries.extend(out.entries);
+        s.deaths.extend(out.deaths);
+        false
+    }
+
+    /// Makes the next send to `addr` carry everything (its sidecar may have
+    /// restarted while unreachable).
+    pub fn forget_peer(&self, addr: &str) {
+        self.lock().sent.remove(addr);
+    }
+}
+
+fn clip(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o777)
+        .create(dir)
+    {
+        Ok(()) => {
+            // The umask narrowed it; the pod's other containers write here too.
+            let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777));
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn read_dead(dir: &Path) -> BTreeSet<(u32, u32)> {
+    std::fs::read_to_string(dir.join("dead"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// How often the pod's board is read for files its ranks wrote. A grow or
+/// a readiness waits at most this long before it leaves the pod.
+const SCAN_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+/// A peer that did not take a post is retried after this long.
+const RETRY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// A peer that refused a post's content is tried again after this long.
+const REFUSED_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// One post may take this long (a silent peer must not hold the others up:
+/// each peer has its own sender).
+const POST_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Runs the relay of `board` to `peers` until the process ends: a reader of
+/// the pod's board and one sender per peer.
+pub fn start_relay(
+    e: std::sync::Arc<super::Engine>,
+    board: std::sync::Arc<Board>,
+    peers: Vec<String>,
+) {
+    let (e2, b2) = (e.clone(), board.clone());
+    tokio::spawn(async move {
+        loop {
+            let reports = {
+                let b = b2.clone();
+                tokio::task::spawn_blocking(move || b.scan())
+                    .await
+                    .unwrap_or_default()
+            };
+            if !reports.is_empty() {
+                e2.kill_stopped_ranks(&reports);
+            }
+            tokio::time::sleep(SCAN_EVERY).await;
+        }
+    });
+    for addr in peers {
+        tokio::spawn(send_loop(e.clone(), board.clone(), addr));
+    }
+}
+
+/// Sends `addr` what it has not acknowledged, whenever there is something.
+async fn send_loop(e: std::sync::Arc<super::Engine>, board: std::sync::Arc<Board>, addr: String) {
+    let mut changes = board.subscribe();
+    let mut client = None;
+    loop {
+        let mut failed = None;
+        while let Some(out) = board.outgoing(&addr, &e.state.host) {
+            if client.is_none() {
+                client = super::peers::client(&addr).await;
+            }
+            let Some(c) = client.as_mut() else { break };
+            let req = super::peers::sign(&e, tonic::Request::new(out.post.clone()));
+            match tokio::time::timeout(POST_LIMIT, c.post_board(req)).await {
+                Ok(Ok(r)) => {
+                    if board.acknowledged(&addr, r.into_inner().boot, out) {
+                        super::log(&format!(
+                            "recovery board: the sidecar at {addr} restarted: sending it the whole board"
+                        ));
+                    }
+                }
+                Ok(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                    // It refused the post's content (a peer of another
+                    // world size?): resending the same cannot help.
+                    super::log(&format!(
+                        "recovery board: {addr} refused a post: {}",
+                        status.message()
+                    ));
+                    failed = Some(REFUSED_RETRY);
+                    break;
+                }
+                _ => {
+                    // Unreachable (a pod being replaced): whoever answers
+                    // there next may be a new sidecar; it gets everything.
+                    client = None;
+                    board.forget_peer(&addr);
+                    failed = Some(RETRY_EVERY);
+                    break;
+                }
+            }
+        }
+        if let Some(pause) = failed {
+            tokio::time::sleep(pause).await;
+            changes.mark_unchanged();
+        } else {
+            let _ = tokio::time::timeout(RETRY_EVERY, changes.changed()).await;
+        }
+    }
+}
+
+/// Whether process `pid` (of this namespace) is stopped (`T`, `t` in
+/// /proc/PID/stat).
+fn is_stopped(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (COMM) STATE ...": COMM may hold anything, so look after the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|s| s == "T" || s == "t")
+}
+
+impl super::Engine {
+    /// The communicators registered now.
+    pub fn comm_ids(&self) -> Vec<String> {
+        self.state.lock().comms.keys().cloned().collect()
+    }
+
+    /// Deaths nobody had said were just written to the board: fails the
+    /// communicators `before` held (read before the write), so ranks that
+    /// wait on a silent peer learn it now. Not the ones registered since:
+    /// those were built by survivors that already read the deaths (a shrink
+    /// around them), and failing them would undo the recovery.
+    pub fn fail_comms_named_dead(&self, before: &[String], reason: &str) {
+        {
+            let mut reg = self.state.lock();
+            reg.push_error(reason.to_string());
+            self.state.publish(&reg);
+        }
+        let n: usize = before.iter().map(|id| self.fail_comm(id, reason, 0)).sum();
+        super::log(&format!(
+            "{reason}: failing {} communicator(s) registered before ({n} process command(s))",
+            before.len()
+        ));
+    }
+
+    /// A survivor reported a failure nobody's death explains (`report-R-I`:
+    /// its operation timed out): SIGKILLs this pod's stopped ranks, whose
+    /// deaths the pod's replacement then repairs. Only processes whose pid
+    /// this sidecar sees (the pod shares one process namespace: the operator
+    /// sets `shareProcessNamespace` under `ReplaceRank`).
+    pub fn kill_stopped_ranks(&self, reports: &[String]) {
+        let pids: Vec<u32> = self
+            .state
+            .lock()
+            .procs
+            .values()
+            .filter(|p| p.alive)
+            .filter_map(|p| p.os_pid)
+            .collect();
+        let stopped: Vec<u32> = pids.iter().copied().filter(|&p| is_stopped(p)).collect();
+        if stopped.is_empty() {
+            super::log(&format!(
+                "recovery board: {reports:?}: none of this pod's {} rank process(es) is stopped",
+                pids.len()
+            ));
+        }
+        for pid in stopped {
+            {
+                super::log(&format!(
+                    "recovery board: {reports:?}: pid {pid} of this pod is stopped: SIGKILL"
+                ));
+                // SAFETY: kill(2) on a pid read from SO_PEERCRED of a live
+                // attach connection (the process cannot have been reaped and
+                // its pid reused while its socket is open).
+                unsafe {
+                    libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(world: u32, offset: u32) -> (Board, PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "weft-board-test-{}-{offset}-{}",
+            std::process::id(),
+            rand_tag()
+        ));
+        let me = PodRanks {
+            offset,
+            count: 1,
+            incarnation: 0,
+        };
+        (Board::new(dir.clone(), me, world).unwrap(), dir)
+    }
+
+    fn rand_tag() -> u64 {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).unwrap();
+        u64::from_le_bytes(b)
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(parse_name("ready-3-1", 4), Some((Kind::Ready, 3, 1)));
+        assert_eq!(parse_name("grow-0-12", 4), Some((Kind::Grow, 0, 12)));
+        assert_eq!(parse_name("report-2-0", 4), Some((Kind::Report, 2, 0)));
+        for bad in [
+            "ready-4-0",
+            "dead",
+            "ready-1",
+            "ready--1-0",
+            "ready-1-x",
+            "../ready-1-0",
+            "ready-1-0/..",
+            "grow-1-99999999999",
+            ".ready-1-0.123",
+            "other-1-0",
+        ] {
+            assert_eq!(parse_name(bad, 4), None, "{bad}");
+        }
+    }
+
+    /// Two pods' boards converge through posts; a rewritten grow wins only
+    /// with a higher sequence; deaths are a union written to `dead`.
+    #[test]
+    fn two_boards_converge() {
+        let (a, da) = board(4, 0);
+        let (b, db) = board(4, 1);
+        std::fs::write(da.join("ready-0-1"), "").unwrap();
+        std::fs::write(da.join("grow-2-1"), "1 4 3 7 abcd").unwrap();
+        std::fs::write(da.join("junk"), "x").unwrap();
+        assert!(a.scan().is_empty());
+        let out = a.outgoing("b", "A").unwrap();
+        assert_eq!(out.post.entries.len(), 2);
+        b.accept(&out.post).unwrap();
+        assert!(!a.acknowledged("b", b.boot, out));
+        assert!(a.outgoing("b", "A").is_none(), "all acknowledged");
+        assert_eq!(
+            std::fs::read_to_string(db.join("grow-2-1")).unwrap(),
+            "1 4 3 7 abcd"
+        );
+        assert!(db.join("ready-0-1").exists());
+        assert!(!db.join("junk").exists());
+
+        // An older grow does not overwrite a newer one; a newer one does.
+        std::fs::write(db.join("grow-2-1"), "2 4 3 8 ef").unwrap();
+        b.scan();
+        let stale = rpc::BoardPost {
+            entries: vec![rpc::BoardEntry {
+                name: "grow-2-1".into(),
+                body: "1 4 3 7 abcd".into(),
+            }],
+            ..Default::default()
+        };
+        b.accept(&stale).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(db.join("grow-2-1")).unwrap(),
+            "2 4 3 8 ef"
+        );
+        let out = b.outgoing("a", "B").unwrap();
+        a.accept(&out.post).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(da.join("grow-2-1")).unwrap(),
+            "2 4 3 8 ef"
+        );
+
+        // Deaths: a union, `dead` in the launcher's format, news said once.
+        assert_eq!(a.add_deaths(&[(2, 0)]), vec![(2, 0)]);
+        assert!(a.add_deaths(&[(2, 0)]).is_empty());
+        let out = a.outgoing("b", "A").unwrap();
+        let (_, new) = b.accept(&out.post).unwrap();
+        assert_eq!(new, vec![(2, 0)]);
+        assert_eq!(
+            std::fs::read_to_string(db.join("dead")).unwrap(),
+            "2 0 replaced\n"
+        );
+        assert!(b.own_death());
+        assert!(!b.own_death(), "said once");
+        assert_eq!(
+            std::fs::read_to_string(db.join("dead")).unwrap(),
+            "1 0 replaced\n2 0 replaced\n"
+        );
+        let _ = (std::fs::remove_dir_all(da), std::fs::remove_dir_all(db));
+    }
+
+    /// A peer that restarted (new boot id) is sent everything again.
+    #[test]
+    fn a_restarted_peer_gets_everything() {
+        let (a, da) = board(2, 0);
+        a.add_deaths(&[(1, 0)]);
+        let out = a.outgoing("p", "A").unwrap();
+        assert!(!a.acknowledged("p", 7, out));
+        assert!(a.outgoing("p", "A").is_none());
+        let out = a.outgoing("p", "A");
+        assert!(out.is_none());
+        // The same address answers with another boot id.
+        a.add_deaths(&[(1, 1)]);
+        let out = a.outgoing("p", "A").unwrap();
+        assert!(a.acknowledged("p", 9, out), "restarted");
+        let out = a.outgoing("p", "A").unwrap();
+        assert_eq!(out.post.deaths.len(), 2, "everything again");
+        let _ = std::fs::remove_dir_all(da);
+    }
+
+    /// Hostile posts are refused whole, and nothing of them is written.
+    #[test]
+    fn hostile_posts_are_refused() {
+        let (a, da) = board(4, 0);
+        let post = |name: &str, body: usize| rpc::BoardPost {
+            entries: vec![rpc::BoardEntry {
+                name: name.into(),
+                body: "x".repeat(body),
+            }],
+            ..Default::default()
+        };
+        assert!(a.accept(&post("../../etc/passwd", 1)).is_err());
+        assert!(a.accept(&post("dead", 1)).is_err());
+        assert!(a.accept(&post("ready-9-0", 1)).is_err());
+        assert!(a.accept(&post("report-1-0", MAX_BODY + 1)).is_err());
+        let many = rpc::BoardPost {
+            deaths: vec![rpc::Death::default(); MAX_POST_ITEMS + 1],
+            ..Default::default()
+        };
+        assert!(a.accept(&many).is_err());
+        let far = rpc::BoardPost {
+            deaths: vec![rpc::Death {
+                rank: 4,
+                incarnation: 0,
+            }],
+            ..Default::default()
+        };
+        assert!(a.accept(&far).is_err());
+        let names: Vec<_> = std::fs::read_dir(&da).unwrap().flatten().collect();
+        assert!(names.is_empty(), "nothing written");
+        let _ = std::fs::remove_dir_all(da);
+    }
+
+    #[test]
+    fn peers_named_dead_on_silence() {
+        let (a, da) = board(4, 0);
+        assert_eq!(a.peer_lost("x:1"), None, "never answered: ranks unknown");
+        let pod = PodRanks {
+            offset: 2,
+            count: 2,
+            incarnation: 3,
+        };
+        // First seen at incarnation 3: incarnations 0..3 are gone.
+        assert_eq!(a.peer_ranks("x:1", pod).len(), 6);
+        assert!(a.peer_ranks("x:1", pod).is_empty());
+        assert_eq!(a.peer_lost("x:1"), Some(true));
+        assert_eq!(a.peer_lost("x:1"), Some(false), "already known");
+        let dead = std::fs::read_to_string(da.join("dead")).unwrap();
+        assert!(
+            dead.contains("2 3 replaced\n") && dead.contains("3 3 replaced\n"),
+            "{dead}"
+        );
+        assert_eq!(dead.lines().count(), 8, "{dead}");
+        // The replacement answers: nothing new about incarnation 3.
+        let next = PodRanks {
+            incarnation: 4,
+            ..pod
+        };
+        assert!(a.peer_ranks("x:1", next).is_empty(), "3 was known dead");
+        let _ = std::fs::remove_dir_all(da);
+    }
+}
