@@ -230,6 +230,9 @@ class Trainer:
         # Before any ProcessGroupNCCL exists (see the module docs, point 1).
         os.environ["TORCH_NCCL_BLOCKING_WAIT"] = "1"
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        # A blocking communicator: torch's non-blocking mode polls the
+        # parent's async error (a failed one) before it shrinks it.
+        os.environ["TORCH_NCCL_USE_COMM_NONBLOCKING"] = "0"
         import torch
         import torch.distributed as dist
 
@@ -332,13 +335,14 @@ class Trainer:
                 dist.destroy_process_group()
             elif self.nccl:
                 c10d._abort_process_group()
-            else:
-                pg = c10d._get_default_group()
-                self.set_aside.append(pg)
-                c10d._cleanup_process_group_global_state(pg)
-                c10d._update_default_pg(None)
         except Exception as e:  # noqa: BLE001 -- the group is being replaced anyway
             say(f"resilient: rank {self.logical}: dropping the old group: {type(e).__name__}: {e}")
+        if dist.is_initialized():
+            # gloo, or what a failed shrink_group or abort left registered.
+            pg = c10d._get_default_group()
+            self.set_aside.append(pg)
+            c10d._cleanup_process_group_global_state(pg)
+            c10d._update_default_pg(None)
         self.comm_ptr = None
 
     @staticmethod
@@ -379,6 +383,7 @@ class Trainer:
             work = issue()
         except Exception as e:  # noqa: BLE001 -- e.g. the communicator already failed
             raise PeerFailure(f"{what}: {type(e).__name__}: {e}") from e
+        next_look = t0  # the board and the async error: every few ms
         while True:
             if work.is_completed():
                 err = self._async_error()
@@ -391,19 +396,22 @@ class Trainer:
                         raise
                     raise PeerFailure(f"{what}: {type(e).__name__}: {e}") from e
                 return
-            err = self._async_error()
-            if err not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
-                raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}")
-            if self._member_died():
-                raise PeerFailure(f"{what}: the board names a lost member")
-            waited = time.monotonic() - t0
-            if self.board and not reported and waited > self.args.report_after_s:
-                # A frozen peer: the launcher looks for a stopped rank and kills it.
-                self.board.write(f"report-{self.logical}-{self.inc}", f"{what} stuck for {waited:.1f}s\n")
-                reported = True
-            if waited > self.args.recovery_timeout_s + self.args.report_after_s:
-                raise RuntimeError(f"{what}: no progress for {waited:.0f}s and no death on the board")
-            time.sleep(0.0002)
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + 0.002
+                err = self._async_error()
+                if err not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
+                    raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}")
+                if self._member_died():
+                    raise PeerFailure(f"{what}: the board names a lost member")
+                waited = now - t0
+                if self.board and not reported and waited > self.args.report_after_s:
+                    # A frozen peer: the launcher looks for a stopped rank and kills it.
+                    self.board.write(f"report-{self.logical}-{self.inc}", f"{what} stuck for {waited:.1f}s\n")
+                    reported = True
+                if waited > self.args.recovery_timeout_s + self.args.report_after_s:
+                    raise RuntimeError(f"{what}: no progress for {waited:.0f}s and no death on the board")
+            time.sleep(0.0001)
 
     def all_reduce(self, t, op, what: str) -> None:
         self._run(what, lambda: self.dist.all_reduce(t, op=op, async_op=True))
@@ -660,7 +668,7 @@ def run_job(args, name: str, extra: list[str], replace: bool):
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=args.run_timeout_s + 30, start_new_session=True)
+                           timeout=args.run_timeout_s + 15, start_new_session=True)
         rc, out = p.returncode, p.stdout
     except subprocess.TimeoutExpired as e:
         rc, out = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
