@@ -24,8 +24,10 @@ When a peer dies (docs/FAULT-TOLERANCE.md has the recovery board's protocol):
    `Work.wait()` aborts the communicator before it raises (an aborted
    communicator cannot be shrunk), and the watchdog (without blocking wait)
    aborts it or ends the process. So this program sets
-   TORCH_NCCL_BLOCKING_WAIT=1 (no watchdog thread at all) and
-   TORCH_NCCL_ASYNC_ERROR_HANDLING=0, and never waits on a failed work.
+   TORCH_NCCL_BLOCKING_WAIT=1 (no watchdog thread at all),
+   TORCH_NCCL_ASYNC_ERROR_HANDLING=0 and TORCH_NCCL_USE_COMM_NONBLOCKING=0
+   (torch checks a non-blocking parent's async error, which reports the
+   failure, before it shrinks it), and never waits on a failed work.
 2. Each survivor restores the weights saved before the step, reads `dead`
    until it names members of the group, and calls
    `torch.distributed.shrink_group(dead, shrink_flags=SHRINK_ABORT)`
