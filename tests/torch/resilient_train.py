@@ -99,7 +99,7 @@ NCCL_SUCCESS, NCCL_IN_PROGRESS = 0, 7
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--step-ms", type=float, default=150.0,
+    ap.add_argument("--step-ms", type=float, default=250.0,
                     help="extra time per step (a stand-in for compute), so the replacement joins mid-run")
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"], help="gloo: CPU tensors (test-only)")
     ap.add_argument("--kill-rank", type=int, default=-1, help="logical rank that SIGKILLs itself (-1: none; --drive: the last)")
@@ -283,12 +283,15 @@ class Trainer:
         self._refresh_comm_ptr()
 
     def _refresh_comm_ptr(self) -> None:
+        """The default group's ncclComm_t (0 until torch has made it)."""
+        self.comm_ptr = None
         if not self.nccl:
             return
-        pg = self.dist.distributed_c10d._get_default_group()
-        self.comm_ptr = pg._get_backend(self.dev)._comm_ptr()
-        if not self.comm_ptr:
-            raise RuntimeError("the process group has no NCCL communicator (init without device_id?)")
+        try:
+            pg = self.dist.distributed_c10d._get_default_group()
+            self.comm_ptr = pg._get_backend(self.dev)._comm_ptr() or None
+        except Exception as e:  # noqa: BLE001 -- then errors are taken from wait()
+            say(f"resilient: rank {self.logical}: no communicator handle: {type(e).__name__}: {e}")
 
     def my_index(self) -> int:
         return [m[0] for m in self.members].index(self.logical)
@@ -354,8 +357,12 @@ class Trainer:
     # -- collectives that notice a lost peer ------------------------------
 
     def _async_error(self) -> int:
-        if not self.nccl or not self.comm_ptr:
+        if not self.nccl:
             return NCCL_SUCCESS
+        if not self.comm_ptr:
+            self._refresh_comm_ptr()
+            if not self.comm_ptr:
+                return NCCL_SUCCESS
         if self._get_async_error is None:
             fn = getattr(ctypes.CDLL(None), "ncclCommGetAsyncError", None)
             if fn is None:
@@ -391,11 +398,14 @@ class Trainer:
                 err = self._async_error()
                 if err not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
                     raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}")
+                if self.nccl and self.comm_ptr:
+                    # Completed on the GPU (its end event has passed), so no
+                    # wait(): that would re-check the communicator and, had a
+                    # peer died just now, abort it before raising.
+                    return
                 try:
-                    work.wait()  # NCCL: orders the current stream after the collective
-                except Exception as e:  # noqa: BLE001 -- gloo reports the failure here
-                    if self.nccl:
-                        raise
+                    work.wait()  # gloo reports a failure here (NCCL: only without a handle)
+                except Exception as e:  # noqa: BLE001
                     raise PeerFailure(f"{what}: {type(e).__name__}: {e}") from e
                 return
             now = time.monotonic()
