@@ -109,6 +109,7 @@ def parse(argv=None):
     ap.add_argument("--report-after-s", type=float, default=10.0,
                     help="a collective stuck this long with no death on the board: write report-R-I (a frozen peer)")
     ap.add_argument("--no-shrink-group", action="store_true", help="NCCL: skip shrink_group, use the new-group path")
+    ap.add_argument("--expect-nccl", default=None, help="NCCL: fail unless torch's NCCL calls bind to this library")
     # Driver
     ap.add_argument("--drive", action="store_true", help="run the reference and the kill run and compare")
     ap.add_argument("--weft", default="weft", help="--drive: the weft binary")
@@ -625,8 +626,22 @@ class Trainer:
             time.sleep(0.02)
 
 
+def check_library(args) -> None:
+    """Which libnccl torch's calls bind to (Weft's, under `weft run`)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import nccl_provider
+
+    got = nccl_provider("ncclCommShrink")
+    if os.environ.get("WEFT_RANK", os.environ.get("RANK")) == "0" and os.environ.get("WEFT_INCARNATION", "0") == "0":
+        say(f"resilient: ncclCommShrink from {got}")
+    if args.expect_nccl and got != os.path.realpath(args.expect_nccl):
+        raise SystemExit(f"torch's NCCL calls bind to {got}, not {os.path.realpath(args.expect_nccl)}")
+
+
 def worker(args) -> int:
     t = Trainer(args)
+    if t.nccl:
+        check_library(args)
     if t.inc == 0:
         t.init_first()
     else:
@@ -676,6 +691,8 @@ def run_job(args, name: str, extra: list[str], replace: bool):
             "--pg-timeout-s", str(args.pg_timeout_s), "--recovery-timeout-s", str(args.recovery_timeout_s)] + extra
     if args.no_shrink_group:
         cmd.append("--no-shrink-group")
+    if args.expect_nccl:
+        cmd += ["--expect-nccl", args.expect_nccl]
     say(f"resilient: {name}: {' '.join(cmd)}")
     t0 = time.monotonic()
     try:

@@ -137,7 +137,7 @@ print('libnccl loaded:', loaded_nccl())
       $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" "$HERE/suite.py" --backend gloo $SUITE_ARGS >"$f" 2>&1 ;;
     resilient)
       WEFT_PRELOAD="$WEFT_LIB" $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
-        --backend nccl --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
+        --backend nccl --expect-nccl "$WEFT_LIB" --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
     resilient-gloo)
       WEFT_PRELOAD=off $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
         --backend gloo --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
