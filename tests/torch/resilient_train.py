@@ -104,6 +104,8 @@ def parse(argv=None):
     ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"], help="gloo: CPU tensors (test-only)")
     ap.add_argument("--kill-rank", type=int, default=-1, help="logical rank that SIGKILLs itself (-1: none; --drive: the last)")
     ap.add_argument("--kill-step", type=int, default=4, help="the step it dies in (after its gradient, before the all-reduce)")
+    ap.add_argument("--kill-after", action="store_true",
+                    help="die after that step's all-reduce instead (the next collective fails; the last step: the end's)")
     ap.add_argument("--pg-timeout-s", type=float, default=60.0, help="process groups' timeout")
     ap.add_argument("--recovery-timeout-s", type=float, default=60.0, help="bound on each wait of a recovery")
     ap.add_argument("--report-after-s", type=float, default=10.0,
@@ -262,7 +264,7 @@ class Trainer:
         self.grows = 0  # grows so far (agreed by every member)
         self.shrinks = 0
         self.stores = []  # TCPStore servers this process serves (kept alive)
-        self.set_aside = []  # gloo groups left with a failed collective in flight
+        self.set_aside = []  # failed groups not destroyed (gloo: a collective still in flight)
         self.comm_ptr = None
         self._get_async_error = None
         # Data of every shard (any rank may compute any shard), on the device.
@@ -460,7 +462,7 @@ class Trainer:
                 if self.args.step_ms > 0:
                     time.sleep(self.args.step_ms / 1e3)
                 a = self.args
-                if self.inc == 0 and self.logical == a.kill_rank and self.done == a.kill_step:
+                if self.inc == 0 and self.logical == a.kill_rank and self.done == a.kill_step and not a.kill_after:
                     if self.nccl:
                         torch.cuda.synchronize(self.dev)
                     say(f"@ kill t={now_ms()} step={self.done}")
@@ -469,6 +471,9 @@ class Trainer:
                 self.w -= self.lr * g.to(torch.float64) / SCALE
                 self.done += 1
                 self.prev = snapshot
+                if self.inc == 0 and self.logical == a.kill_rank and self.done == a.kill_step + 1 and a.kill_after:
+                    say(f"@ kill t={now_ms()} after_step={a.kill_step}")
+                    os.kill(os.getpid(), signal.SIGKILL)
                 return
             except PeerFailure as e:
                 say(f"resilient: rank {self.logical}: {e}; recovering")
@@ -606,8 +611,10 @@ class Trainer:
                 return True
         return False
 
-    def finish(self) -> None:
-        """Waits (bounded) until every replaced rank has joined."""
+    def finish(self, steps: int) -> bool:
+        """Waits (bounded) until every replaced rank has joined. False when a
+        recovery rolled the last step back (a survivor had not finished it):
+        then step again."""
         torch, dist = self.torch, self.dist
         until = time.monotonic() + self.args.recovery_timeout_s
         while True:
@@ -618,9 +625,11 @@ class Trainer:
             except PeerFailure as e:
                 say(f"resilient: rank {self.logical}: {e}; recovering")
                 self.recover()
+                if self.done < steps:
+                    return False
                 continue
             if int(v[0]) == 0:
-                return
+                return True
             if time.monotonic() > until:
                 raise RuntimeError("replacements did not join before the end")
             time.sleep(0.02)
@@ -646,9 +655,11 @@ def worker(args) -> int:
         t.init_first()
     else:
         t.join()
-    while t.done < args.steps:
-        t.step()
-    t.finish()
+    while True:
+        while t.done < args.steps:
+            t.step()
+        if t.finish(args.steps):
+            break
     w = t.w.cpu().tolist()
     say(f"@ final w={hex_weights(w)}")
     say(f"@ steps={t.done} size={len(t.members)}")
@@ -734,13 +745,14 @@ def drive(args) -> int:
         return 2
     victim = args.kill_rank if args.kill_rank >= 0 else args.nproc - 1
     say(f"resilient: {args.nproc} ranks, backend {args.backend}, {args.steps} steps; "
-        f"rank {victim} SIGKILLs itself in step {args.kill_step}")
+        f"rank {victim} SIGKILLs itself {'after' if args.kill_after else 'in'} step {args.kill_step}")
     problems: list[str] = []
     rc, out, dt0 = run_job(args, "reference", [], replace=False)
     _, ref = finals("reference", rc, out, args, problems)
     if problems:
         say(out[-6000:])
-    rc, out, dt1 = run_job(args, "kill", ["--kill-rank", str(victim), "--kill-step", str(args.kill_step)], replace=True)
+    kill = ["--kill-rank", str(victim), "--kill-step", str(args.kill_step)] + (["--kill-after"] if args.kill_after else [])
+    rc, out, dt1 = run_job(args, "kill", kill, replace=True)
     n_before = len(problems)
     f, got = finals("kill", rc, out, args, problems)
     kills = [int(kv["t"]) for r, ev, kv in f if ev == "kill"]
