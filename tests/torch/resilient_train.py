@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Survive a lost rank in PyTorch: shrink, redo the step, grow back (Weft's recovery board).
 
-    weft run -n 4 --replace-failed -- python tests/torch/resilient_train.py --kill-rank 3 --kill-step 5
+    weft run -n 4 --replace-failed -- python tests/torch/resilient_train.py --kill-rank 3 --kill-step 4
     python tests/torch/resilient_train.py --drive --weft bench/gpu/weft/weft       # the check: see below
     python tests/torch/resilient_train.py --drive --weft target/debug/weft --backend gloo   # CPU, no GPU
 
