@@ -13,6 +13,12 @@
 #     kill            kill_test.py --mode blocking (TORCH_NCCL_BLOCKING_WAIT=1: a Python exception)
 #     kill-watchdog   kill_test.py --mode watchdog (torch's defaults: the process ends)
 #     gloo            the suite with --backend gloo on CPU (the test logic, no library involved)
+#     resilient       resilient_train.py --drive: $RES_NPROC ranks under `weft run`, a failure-free
+#                     run, then one where rank RES_NPROC-1 SIGKILLs itself mid-training under
+#                     `weft run --replace-failed`: the survivors shrink_group (ncclCommShrink),
+#                     redo the step, grow back with the replacement; final weights must match
+#     resilient-gloo  the same with --backend gloo on CPU (the recovery logic; the shrink is a
+#                     new group of the survivors, not shrink_group; no library involved)
 # Environment (or the defaults):
 #   WEFT_LIB   our libnccl.so.2 (--lib)  (bench/gpu/weft/libnccl.so.2)
 #   WEFT_BIN   the weft binary (--weft)  (bench/gpu/weft/weft)
@@ -22,6 +28,8 @@
 #   STEP_TIMEOUT  seconds per step       (540); every run is bounded by `timeout`
 #   SUITE_ARGS extra suite.py arguments  (e.g. "--only all_reduce,p2p --trace")
 #   KILL_TIMEOUT  the kill test's collective timeout in seconds (20)
+#   RES_NPROC  ranks of the resilient steps (4); RES_ARGS extra resilient_train.py arguments
+#              (e.g. "--kill-step 7 --steps 30"); RES_RUN_TIMEOUT  seconds per weft run (120)
 # Exit status: 0 when every step passed, else 1.
 #
 # With one GPU, ranks share it (Weft allows several ranks per GPU; NCCL does
@@ -35,7 +43,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --lib) WEFT_LIB=$2; shift 2 ;;
     --weft) WEFT_BIN=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -45,6 +53,9 @@ PYTHON=${PYTHON:-python3}
 STEP_TIMEOUT=${STEP_TIMEOUT:-540}
 SUITE_ARGS=${SUITE_ARGS:-}
 KILL_TIMEOUT=${KILL_TIMEOUT:-20}
+RES_NPROC=${RES_NPROC:-4}
+RES_ARGS=${RES_ARGS:-}
+RES_RUN_TIMEOUT=${RES_RUN_TIMEOUT:-120}
 steps="${*:-info weft torchrun kill kill-watchdog}"
 
 # Multicast (NVLS) stays off on the lent machines.
@@ -75,7 +86,7 @@ failed=0
 # record STEP RC LOG: one line per step in summary.txt
 record() {
   local s=$1 rc=$2 f=$3 last
-  last=$(grep -E '^(\[ ?0\] )?SUMMARY: (kill_test|[0-9]+ passed)' "$f" | tail -1)
+  last=$(grep -E '^(\[ ?0\] )?SUMMARY: (kill_test|resilient|[0-9]+ passed)' "$f" | tail -1)
   [ "$rc" = 0 ] || failed=1
   echo "$s: rc=$rc ${last:-no summary line (see $f)}" | tee -a "$SUMMARY"
 }
@@ -124,12 +135,18 @@ print('libnccl loaded:', loaded_nccl())
       LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" "$HERE/kill_test.py" --nproc "$NPROC" --mode watchdog --pg-timeout-s "$KILL_TIMEOUT" >"$f" 2>&1 ;;
     gloo)
       $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" "$HERE/suite.py" --backend gloo $SUITE_ARGS >"$f" 2>&1 ;;
+    resilient)
+      WEFT_PRELOAD="$WEFT_LIB" $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
+        --backend nccl --expect-nccl "$WEFT_LIB" --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
+    resilient-gloo)
+      WEFT_PRELOAD=off $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
+        --backend gloo --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
     *)
       echo "run.sh: unknown step '$s'"; failed=1; continue ;;
   esac
   rc=$?
   [ $rc = 124 ] && echo "run.sh: step $s stopped by timeout after ${STEP_TIMEOUT}s" >>"$f"
-  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS kill_test|suite: )' "$f" | head -60
+  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: )' "$f" | head -60
   record "$s" $rc "$f"
 done
 log "summary (appended to $SUMMARY)"
