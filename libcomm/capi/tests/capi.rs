@@ -365,9 +365,10 @@ fn survivors_shrink_around_a_dead_rank_then_grow_back_and_revoke() {
 #[test]
 fn one_thread_shrinks_grows_and_splits_several_ranks_in_groups() {
     let bin = compile("group_reconf", false);
-    let env = [("WEFT_INIT_TIMEOUT_MS", "20000")];
-    for p in [2, 1] {
-        let out = run_ranks(&bin, p, &[], &env, Duration::from_secs(90));
+    let shm = [("WEFT_INIT_TIMEOUT_MS", "20000")];
+    let tcp = [("WEFT_INIT_TIMEOUT_MS", "20000"), ("WEFT_TRANSPORT", "tcp")];
+    for (p, env) in [(2, &shm[..]), (1, &shm[..]), (2, &tcp[..])] {
+        let out = run_ranks(&bin, p, &[], env, Duration::from_secs(90));
         for (r, o) in out.iter().enumerate() {
             assert!(o.contains(&format!("rank {r}: group_reconf ok")), "{o}");
         }
