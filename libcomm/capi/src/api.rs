@@ -297,6 +297,8 @@ nccl_api! {
     /// A NULL config inherits the parent's. With a non-blocking config the
     /// exchange with the parent's ranks completes before returning and the
     /// child may still be initialising: `ncclInProgress`, poll the child.
+    /// Allowed on a revoked communicator once this rank is quiescent (see
+    /// `ncclCommRevoke`). Inside a group it runs at `ncclGroupEnd`.
     fn ncclCommSplit / pncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig) {
         let color = match color {
             -1 => None,
