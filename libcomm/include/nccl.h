@@ -314,7 +314,7 @@ WEFT_NCCL_API(ncclResult_t, ncclCommShrink,
               (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
                ncclConfig_t* config, int shrinkFlags));
 /* Stops in-flight operations on every rank; ncclInProgress until quiescent,
- * then only shrink and destroy are allowed. revokeFlags must be 0. */
+ * then only split, shrink and destroy are allowed. revokeFlags must be 0. */
 WEFT_NCCL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags));
 /* Grow: the existing root calls ncclCommGetUniqueId, then every existing rank
  * ncclCommGrow(comm, nRanks, root ? &id : NULL, -1, ...); new ranks

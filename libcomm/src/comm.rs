@@ -583,12 +583,22 @@ impl Communicator {
     /// Split with a configuration for the child; non-blocking configurations
     /// return a child still `Initializing` (the exchange with the parent's ranks
     /// is done before returning, so calls on the parent stay ordered).
+    ///
+    /// A [revoked](Self::revoke) communicator can be split too (as in NCCL),
+    /// once this rank is quiescent ([`async_error`](Self::async_error) reads
+    /// `Ok`; before, this returns `Error::InProgress`): the colors are then
+    /// exchanged on a temporary communicator of all its ranks built from its
+    /// table of peers, with no message on the revoked one (see
+    /// `recovery.rs`). Every rank must call it, as any split.
     pub fn split_with_config(
         &self,
         color: Option<u32>,
         key: i32,
         cfg: Config,
     ) -> Result<Option<Communicator>> {
+        if self.s.reconf.revoked() {
+            return self.split_revoked(color, key, cfg);
+        }
         let plan = self.with_resources("split", |core| {
             let n = core.ctx.nranks;
             let seq = core.split_seq();

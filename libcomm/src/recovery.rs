@@ -105,6 +105,7 @@ impl Communicator {
     /// this rank), and refuses new ones. [`async_error`](Self::async_error)
     /// reports `InProgress` until this rank is quiescent (no call of ours
     /// still inside the communicator), then `Ok`; afterwards only
+    /// [`split`](Self::split) (every rank calls it, as any split),
     /// [`shrink`](Self::shrink) and destroy are allowed. Idempotent.
     pub fn revoke(&self) -> Result<()> {
         let s = &self.s;
@@ -126,7 +127,7 @@ impl Communicator {
         }
         let why = format!("rank {} revoked communicator {}", s.rank, s.label);
         s.set_async_error(Error::InvalidUsage(format!(
-            "{} was revoked (by rank {}): only shrink and destroy are allowed",
+            "{} was revoked (by rank {}): only split, shrink and destroy are allowed",
             self.describe(),
             s.rank
         )));
@@ -209,7 +210,7 @@ impl Communicator {
                 "{who}: this rank is in the exclude list; excluded ranks do not call shrink"
             )));
         }
-        let Some((ctx, endpoint)) = s.built.get().cloned() else {
+        let Some((ctx, _)) = s.built.get().cloned() else {
             return Err(s.state_error(st, "shrink"));
         };
         let _busy = Busy::take(&s.reconf.shrinking, "shrink", &who)?;
@@ -246,16 +247,32 @@ impl Communicator {
             h.finalize()[..16].try_into().unwrap()
         });
         let members: Vec<usize> = (0..n).filter(|&r| !ex[r]).collect();
+        let cfg = cfg.unwrap_or_else(|| s.cfg.clone());
+        crate::log::info_log!(
+            "comm {} rank {}: shrinking to {} rank(s) without {excluded:?} (new id {})",
+            s.label,
+            s.rank,
+            members.len(),
+            cfg.name.clone().unwrap_or_else(|| hex(&id[..4]))
+        );
+        self.build_members(&members, id, cfg)
+    }
+
+    /// The communicator of the parent's ranks `members` (in that order,
+    /// this rank among them) with id `id`, built from the parent's table of
+    /// peers without a message on the parent: every member calls it with
+    /// the same arguments (shrink, and the exchange of a split after
+    /// revoke). A blocking `cfg` returns it Ready.
+    fn build_members(&self, members: &[usize], id: [u8; 16], cfg: Config) -> Result<Communicator> {
+        let s = &self.s;
+        let st = s.state.get();
+        let Some((ctx, endpoint)) = s.built.get().cloned() else {
+            return Err(s.state_error(st, "building a communicator from this one"));
+        };
         let rank = members.iter().position(|&r| r == s.rank).expect("a member");
         let peers: Vec<_> = members.iter().map(|&r| ctx.peers[r].clone()).collect();
-        let cfg = cfg.unwrap_or_else(|| s.cfg.clone());
         let label = cfg.name.clone().unwrap_or_else(|| hex(&id[..4]));
         let nranks = peers.len();
-        crate::log::info_log!(
-            "comm {} rank {}: shrinking to {nranks} rank(s) without {excluded:?} (new id {label})",
-            s.label,
-            s.rank
-        );
         let child = CommShared::new(label.clone(), rank, nranks, cfg.clone());
         let (secret, job) = (ctx.secret, ctx.job.clone());
         child.run_or_spawn(cfg.blocking, move |c| {
@@ -276,6 +293,86 @@ impl Communicator {
             c.wait_ready(None)?;
         }
         Ok(c)
+    }
+
+    /// [`split_with_config`](Self::split_with_config) of a revoked
+    /// communicator (NCCL allows split after revoke). The parent's channels
+    /// are gone, so the colors are exchanged on a temporary communicator of
+    /// all its ranks, built from the parent's table of peers as a shrink
+    /// with nothing excluded would be (its id from the parent's id and split
+    /// count, the same on every rank); the children are split from it as
+    /// from a healthy parent, then it is destroyed. Every rank of the parent
+    /// must call it, as any split. Before this rank is quiescent (the
+    /// revoke of a non-blocking communicator still waits for a call of ours
+    /// to return; `async_error` reads `InProgress`) it returns
+    /// `Error::InProgress` and does nothing: split again once `async_error`
+    /// reads `Ok`.
+    pub(crate) fn split_revoked(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        cfg: Config,
+    ) -> Result<Option<Communicator>> {
+        let s = &self.s;
+        let st = s.state.get();
+        if st != CommState::Failed {
+            return Err(s.state_error(st, "split"));
+        }
+        match s.reconf.revoke_status() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                crate::log::warn_log!(
+                    "comm {} rank {}: split while the revoke is still in progress (an operation of this rank has not returned yet): poll the async error until it reads success, then split",
+                    s.label,
+                    s.rank
+                );
+                return Err(e);
+            }
+            None => {
+                return Err(Error::Internal(
+                    "split_revoked on a communicator that was not revoked".into(),
+                ));
+            }
+        }
+        let Some((ctx, _)) = s.built.get().cloned() else {
+            return Err(s.state_error(st, "split"));
+        };
+        // The parent's split count, as a split of the healthy parent would
+        // take it (the same on every rank).
+        let seq = match lock(&s.resources).as_mut() {
+            Some(core) => core.split_seq(),
+            None => return Err(s.state_error(s.state.get(), "split")),
+        };
+        let mut h = Sha256::new();
+        h.update(ctx.id);
+        h.update(b"split after revoke");
+        h.update(seq.to_le_bytes());
+        let id: [u8; 16] = h.finalize()[..16].try_into().unwrap();
+        let mut tmp_cfg = s.cfg.clone().blocking(true);
+        tmp_cfg.name = None;
+        crate::log::info_log!(
+            "comm {} rank {}: split after revoke: exchanging colors on a temporary communicator {}",
+            s.label,
+            s.rank,
+            hex(&id[..4])
+        );
+        let all: Vec<usize> = (0..s.nranks).collect();
+        let tmp = self
+            .build_members(&all, id, tmp_cfg)
+            .map_err(|e| match e {
+                Error::Remote { comm, rank, detail } => Error::Remote {
+                    comm,
+                    rank,
+                    detail: format!(
+                        "split after revoke of {}: {detail} (every rank of the revoked communicator must call split)",
+                        s.label
+                    ),
+                },
+                e => e,
+            })?;
+        let r = tmp.split_with_config(color, key, cfg);
+        drop(tmp);
+        r
     }
 
     /// NCCL's `ncclCommGetUniqueId`: an id for growing this communicator,

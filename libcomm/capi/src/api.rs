@@ -279,14 +279,11 @@ unsafe fn split_impl(
     *newcomm = std::ptr::null_mut();
     let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
     if group::in_group() {
-        group::add_split(group::PendingSplit {
-            parent,
-            color,
-            key,
-            cfg,
-            blocking,
+        let p = parent.clone();
+        group::add_comm(group::PendingComm {
+            parent: Some(parent),
             out: newcomm as usize,
-            what,
+            run: Box::new(move || do_split(&p, color, key, cfg, blocking, what)),
         });
         return Ok(SUCCESS);
     }
@@ -300,6 +297,8 @@ nccl_api! {
     /// A NULL config inherits the parent's. With a non-blocking config the
     /// exchange with the parent's ranks completes before returning and the
     /// child may still be initialising: `ncclInProgress`, poll the child.
+    /// Allowed on a revoked communicator once this rank is quiescent (see
+    /// `ncclCommRevoke`). Inside a group it runs at `ncclGroupEnd`.
     fn ncclCommSplit / pncclCommSplit(comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig) {
         let color = match color {
             -1 => None,
@@ -345,8 +344,11 @@ nccl_api! {
     /// inherits the parent's; a non-blocking one returns `ncclInProgress`
     /// with the child still initialising. A survivor that dies meanwhile
     /// fails the others' shrink (`ncclRemoteError`, bounded by
-    /// `WEFT_INIT_TIMEOUT_MS`): shrink the parent again without it. Not
-    /// deferred by `ncclGroupStart` (it runs at once).
+    /// `WEFT_INIT_TIMEOUT_MS`): shrink the parent again without it. Between
+    /// `ncclGroupStart` and `ncclGroupEnd` the arguments are checked at once
+    /// and the shrink runs at `ncclGroupEnd` (concurrently with the group's
+    /// other shrinks, grows and splits of other communicators), which writes
+    /// `*newcomm`: one thread can shrink several ranks of one communicator.
     fn ncclCommShrink / pncclCommShrink(comm: ncclComm_t, exclude_ranks_list: *mut c_int, exclude_ranks_count: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig, shrink_flags: c_int) {
         let parent = handles::get(h(comm), "ncclCommShrink")?;
         non_null(newcomm, "newcomm")?;
@@ -380,11 +382,25 @@ nccl_api! {
             )));
         }
         let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
-        let child = parent
-            .comm
-            .shrink(&excluded, Some(cfg.clone()), mode)
-            .map_err(|e| Fail::from(e).context(parent.describe()))?;
-        let (hd, code) = adopt(child, blocking, cfg, "ncclCommShrink", &parent.describe())?;
+        let run = {
+            let parent = parent.clone();
+            move || {
+                let child = parent
+                    .comm
+                    .shrink(&excluded, Some(cfg.clone()), mode)
+                    .map_err(|e| Fail::from(e).context(parent.describe()))?;
+                adopt(child, blocking, cfg, "ncclCommShrink", &parent.describe())
+            }
+        };
+        if group::in_group() {
+            group::add_comm(group::PendingComm {
+                parent: Some(parent),
+                out: newcomm as usize,
+                run: Box::new(run),
+            });
+            return Ok(SUCCESS);
+        }
+        let (hd, code) = run()?;
         *newcomm = hd as ncclComm_t;
         Ok(code)
     }
@@ -395,9 +411,13 @@ nccl_api! {
     /// rank of it (theirs return `ncclRemoteError` naming this rank), and
     /// refuses new ones. `ncclCommGetAsyncError` reports `ncclInProgress`
     /// until this rank is quiescent, then `ncclSuccess`; then only
-    /// `ncclCommShrink` and `ncclCommDestroy`/`ncclCommAbort` are allowed
-    /// (`ncclCommSplit` and `ncclCommFinalize` are refused). `revokeFlags`
-    /// must be `NCCL_REVOKE_DEFAULT` (0).
+    /// `ncclCommSplit` (every rank calls it, as any split: the colors are
+    /// exchanged on a temporary communicator of all the ranks, not on the
+    /// revoked one), `ncclCommShrink` and `ncclCommDestroy`/`ncclCommAbort`
+    /// are allowed (`ncclCommFinalize` is refused). A split before this rank
+    /// is quiescent returns `ncclInProgress` and makes nothing (`*newcomm`
+    /// NULL): split again once `ncclCommGetAsyncError` reads `ncclSuccess`.
+    /// `revokeFlags` must be `NCCL_REVOKE_DEFAULT` (0).
     fn ncclCommRevoke / pncclCommRevoke(comm: ncclComm_t, revoke_flags: c_int) {
         let e = handles::get(h(comm), "ncclCommRevoke")?;
         if revoke_flags != 0 {
@@ -429,7 +449,10 @@ nccl_api! {
     /// ranks: `comm` NULL, the id, and `rank` from the old size to
     /// `nRanks - 1`. A new rank that never arrives fails the grow with
     /// `ncclRemoteError` after `WEFT_INIT_TIMEOUT_MS` (or at once when the
-    /// non-blocking child is aborted); `comm` stays usable.
+    /// non-blocking child is aborted); `comm` stays usable. Between
+    /// `ncclGroupStart` and `ncclGroupEnd` the arguments are checked at once
+    /// and the grow runs at `ncclGroupEnd`, which writes `*newcomm`: one
+    /// thread can grow several ranks, existing and new, of one communicator.
     fn ncclCommGrow / pncclCommGrow(comm: ncclComm_t, n_ranks: c_int, unique_id: *const ncclUniqueId, rank: c_int, newcomm: *mut ncclComm_t, config: *mut NcclConfig) {
         non_null(newcomm, "newcomm")?;
         *newcomm = std::ptr::null_mut();
@@ -451,9 +474,16 @@ nccl_api! {
             }
             let (cfg, blocking) = config::resolve(config, None)?;
             crate::attach::ensure();
-            let c = Communicator::join(&uid, n_ranks as usize, rank as usize, cfg.clone())
-                .map_err(|e| Fail::from(e).context(format!("ncclCommGrow: new rank {rank} of {n_ranks}")))?;
-            let (hd, code) = adopt(c, blocking, cfg, "ncclCommGrow", "a unique id")?;
+            let run = move || {
+                let c = Communicator::join(&uid, n_ranks as usize, rank as usize, cfg.clone())
+                    .map_err(|e| Fail::from(e).context(format!("ncclCommGrow: new rank {rank} of {n_ranks}")))?;
+                adopt(c, blocking, cfg, "ncclCommGrow", "a unique id")
+            };
+            if group::in_group() {
+                group::add_comm(group::PendingComm { parent: None, out: newcomm as usize, run: Box::new(run) });
+                return Ok(SUCCESS);
+            }
+            let (hd, code) = run()?;
             *newcomm = hd as ncclComm_t;
             return Ok(code);
         }
@@ -465,11 +495,25 @@ nccl_api! {
             )));
         }
         let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
-        let child = parent
-            .comm
-            .grow(n_ranks as usize, uid.as_ref(), Some(cfg.clone()))
-            .map_err(|e| Fail::from(e).context(parent.describe()))?;
-        let (hd, code) = adopt(child, blocking, cfg, "ncclCommGrow", &parent.describe())?;
+        let run = {
+            let parent = parent.clone();
+            move || {
+                let child = parent
+                    .comm
+                    .grow(n_ranks as usize, uid.as_ref(), Some(cfg.clone()))
+                    .map_err(|e| Fail::from(e).context(parent.describe()))?;
+                adopt(child, blocking, cfg, "ncclCommGrow", &parent.describe())
+            }
+        };
+        if group::in_group() {
+            group::add_comm(group::PendingComm {
+                parent: Some(parent),
+                out: newcomm as usize,
+                run: Box::new(run),
+            });
+            return Ok(SUCCESS);
+        }
+        let (hd, code) = run()?;
         *newcomm = hd as ncclComm_t;
         Ok(code)
     }

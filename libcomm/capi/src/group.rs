@@ -6,9 +6,15 @@
 //!   outermost `ncclGroupEnd` waits for the blocking ones (so one thread can
 //!   create several ranks, as nccl-tests does) and returns `ncclInProgress`
 //!   while a non-blocking one is still initialising.
-//! - `ncclCommSplit` is recorded and run at `ncclGroupEnd` (`ncclCommShrink`
-//!   and `ncclCommGrow` run at once),
-//!   concurrently across parents (one thread each); `*newcomm` is written then.
+//! - `ncclCommSplit`, `ncclCommShrink` and `ncclCommGrow` are checked at call
+//!   time (a bad argument is refused then), recorded, and run at
+//!   `ncclGroupEnd`: in order for one parent, concurrently across parents and
+//!   for each new rank of a grow (one thread each), so one thread can
+//!   reconfigure several ranks of one communicator, even with a blocking
+//!   configuration; `*newcomm` is NULL until then and written then (NULL for
+//!   one that failed). With a non-blocking configuration `ncclGroupEnd`
+//!   returns `ncclInProgress` while a new communicator still initialises
+//!   (poll it with `ncclCommGetAsyncError`).
 //! - collectives and send/recv are validated at call time (a bad argument is
 //!   refused then, and also makes `ncclGroupEnd` fail and discard the group, as
 //!   in NCCL), recorded, and run at `ncclGroupEnd` through libcomm's `Group`:
@@ -21,19 +27,20 @@
 
 use crate::errors::{CResult, Fail, IN_PROGRESS, NcclResult, SUCCESS};
 use crate::handles::CommEntry;
-use libcomm::{CommState, Config, Group, Memory, Op, OpKind};
+use libcomm::{CommState, Group, Memory, Op, OpKind};
 use std::cell::RefCell;
 use std::sync::Arc;
 
-pub struct PendingSplit {
-    pub parent: Arc<CommEntry>,
-    pub color: Option<u32>,
-    pub key: i32,
-    pub cfg: Config,
-    pub blocking: bool,
+/// A split, shrink or grow recorded in a group, run at `ncclGroupEnd`.
+pub struct PendingComm {
+    /// The communicator it is made from (`None`: a new rank of a grow): the
+    /// calls on one parent run in order, on one thread.
+    pub parent: Option<Arc<CommEntry>>,
     /// Where to write the new handle (`ncclComm_t*`, as an address).
     pub out: usize,
-    pub what: &'static str,
+    /// Makes the communicator: its handle (0 for none, as
+    /// `NCCL_SPLIT_NOCOLOR`) and `ncclSuccess` / `ncclInProgress`.
+    pub run: Box<dyn FnOnce() -> CResult<(usize, NcclResult)> + Send>,
 }
 
 struct PendingOp {
@@ -47,7 +54,7 @@ struct PendingOp {
 struct State {
     depth: u32,
     inits: Vec<Arc<CommEntry>>,
-    splits: Vec<PendingSplit>,
+    comms: Vec<PendingComm>,
     ops: Vec<PendingOp>,
     error: Option<Fail>,
 }
@@ -85,8 +92,9 @@ pub fn add_init(e: Arc<CommEntry>) {
     G.with(|g| g.borrow_mut().inits.push(e))
 }
 
-pub fn add_split(s: PendingSplit) {
-    G.with(|g| g.borrow_mut().splits.push(s))
+/// Records a split, shrink or grow for `ncclGroupEnd`.
+pub fn add_comm(p: PendingComm) {
+    G.with(|g| g.borrow_mut().comms.push(p))
 }
 
 /// Validates `op` on `entry` now and records it for `ncclGroupEnd`.
@@ -121,7 +129,7 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
     };
     let State {
         inits,
-        splits,
+        comms,
         ops,
         error,
         ..
@@ -140,9 +148,10 @@ pub fn end(simulate: bool) -> CResult<(NcclResult, f32)> {
     let mut first: Option<Fail> = None;
     let mut in_progress = false;
 
-    // 1. Splits, concurrently across parents (sequentially for one parent).
-    if !splits.is_empty() {
-        match run_splits(splits) {
+    // 1. Splits, shrinks and grows, concurrently across parents
+    //    (sequentially for one parent).
+    if !comms.is_empty() {
+        match run_comms(comms) {
             Ok(p) => in_progress |= p,
             Err(e) => {
                 first.get_or_insert(e);
@@ -254,17 +263,19 @@ fn estimate_us(nranks: usize, op: &Op) -> f32 {
 
 struct SendPtr(usize);
 
-/// Runs deferred splits; returns whether a non-blocking child is still initialising.
-fn run_splits(splits: Vec<PendingSplit>) -> CResult<bool> {
-    // Group by parent, preserving order.
-    let mut by_parent: Vec<Vec<PendingSplit>> = Vec::new();
-    for s in splits {
-        match by_parent
-            .iter_mut()
-            .find(|v| Arc::ptr_eq(&v[0].parent, &s.parent))
-        {
-            Some(v) => v.push(s),
-            None => by_parent.push(vec![s]),
+/// Runs deferred splits, shrinks and grows; returns whether a non-blocking
+/// child is still initialising.
+fn run_comms(comms: Vec<PendingComm>) -> CResult<bool> {
+    // Group by parent, preserving order; each new rank of a grow alone.
+    let mut by_parent: Vec<Vec<PendingComm>> = Vec::new();
+    for p in comms {
+        let same = |v: &Vec<PendingComm>| match (&v[0].parent, &p.parent) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        match by_parent.iter_mut().find(|v| same(v)) {
+            Some(v) => v.push(p),
+            None => by_parent.push(vec![p]),
         }
     }
     let results: Vec<CResult<bool>> = std::thread::scope(|sc| {
@@ -274,11 +285,9 @@ fn run_splits(splits: Vec<PendingSplit>) -> CResult<bool> {
                 sc.spawn(move || -> CResult<bool> {
                     let mut pending = false;
                     let mut first = None;
-                    for s in v {
-                        let out = SendPtr(s.out);
-                        match crate::lifecycle::do_split(
-                            &s.parent, s.color, s.key, s.cfg, s.blocking, s.what,
-                        ) {
+                    for p in v {
+                        let out = SendPtr(p.out);
+                        match (p.run)() {
                             Ok((h, code)) => {
                                 pending |= code == IN_PROGRESS;
                                 unsafe { *(out.0 as *mut usize) = h };
@@ -298,7 +307,7 @@ fn run_splits(splits: Vec<PendingSplit>) -> CResult<bool> {
                 h.join().unwrap_or_else(|_| {
                     Err(Fail::new(
                         crate::errors::INTERNAL_ERROR,
-                        "split thread panicked",
+                        "a thread of ncclGroupEnd making a communicator panicked",
                     ))
                 })
             })

@@ -106,7 +106,18 @@ pub fn do_split(
     let child = parent
         .comm
         .split_with_config(color, key, cfg.clone())
-        .map_err(|e| Fail::from(e).context(parent.describe()))?;
+        .map_err(|e| {
+            let revoking = e.kind() == libcomm::ErrorKind::InProgress;
+            let f = Fail::from(e).context(parent.describe());
+            if revoking {
+                // A revoked communicator not quiescent yet: nothing was made.
+                f.context(format!(
+                    "{what}: the revoke of this communicator is still in progress (ncclCommGetAsyncError reads ncclInProgress); split again once it reads ncclSuccess"
+                ))
+            } else {
+                f
+            }
+        })?;
     let Some(c) = child else {
         return Ok((0, SUCCESS));
     };

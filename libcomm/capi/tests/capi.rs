@@ -358,6 +358,23 @@ fn survivors_shrink_around_a_dead_rank_then_grow_back_and_revoke() {
     }
 }
 
+/// Shrink, grow and split after revoke inside groups, one thread holding
+/// two ranks (blocking configurations: without the deferral to
+/// ncclGroupEnd the first shrink would wait for its own thread's second
+/// rank until the init timeout, bounded here to 20 s).
+#[test]
+fn one_thread_shrinks_grows_and_splits_several_ranks_in_groups() {
+    let bin = compile("group_reconf", false);
+    let shm = [("WEFT_INIT_TIMEOUT_MS", "20000")];
+    let tcp = [("WEFT_INIT_TIMEOUT_MS", "20000"), ("WEFT_TRANSPORT", "tcp")];
+    for (p, env) in [(2, &shm[..]), (1, &shm[..]), (2, &tcp[..])] {
+        let out = run_ranks(&bin, p, &[], env, Duration::from_secs(90));
+        for (r, o) in out.iter().enumerate() {
+            assert!(o.contains(&format!("rank {r}: group_reconf ok")), "{o}");
+        }
+    }
+}
+
 #[test]
 fn unsupported_functions_fail_cleanly_and_windows_come_back_null() {
     let bin = compile("unsupported", false);

@@ -3,7 +3,8 @@
  * its communicator; the survivors see ncclRemoteError, shrink without it
  * (NCCL_SHRINK_ABORT, survivors only), check the smaller communicator, then
  * grow back to the full size with a new rank (a thread of rank 0, joining
- * with ncclCommGrow(NULL, ..., &id, rank)), and revoke the shrunk one. */
+ * with ncclCommGrow(NULL, ..., &id, rank)), revoke the shrunk one and
+ * split it by parity after the revoke. */
 #include <pthread.h>
 #include <unistd.h>
 
@@ -98,6 +99,18 @@ int main(void) {
   for (int i = 0; i < 100000 && st == ncclInProgress; i++) NCCLCHECK(ncclCommGetAsyncError(small, &st));
   ASSERT(st == ncclSuccess, "revoked async error %d", (int)st);
   EXPECT_ERR(ncclAllReduce(&v, &out, 1, ncclInt32, ncclSum, small, NULL), ncclInvalidUsage, "revoked");
+  /* Split after revoke (NCCL allows it; every rank of small calls it): by
+   * parity, each half checked on random data. */
+  int m = nranks - 1;
+  ncclComm_t half = NULL;
+  NCCLCHECK(ncclCommSplit(small, me % 2, me, &half, &blk));
+  int hn = 0, hr = -1;
+  NCCLCHECK(ncclCommCount(half, &hn));
+  NCCLCHECK(ncclCommUserRank(half, &hr));
+  ASSERT(hn == (me % 2 ? m / 2 : (m + 1) / 2) && hr == me / 2, "half after revoke: count %d rank %d", hn,
+         hr);
+  check_random_sum(&half, 1, 17, "split after revoke");
+  NCCLCHECK(ncclCommDestroy(half));
   NCCLCHECK(ncclCommDestroy(small));
   NCCLCHECK(ncclCommDestroy(grown));
   printf("rank %d: shrink_grow ok\n", g_rank);
