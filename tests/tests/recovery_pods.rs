@@ -52,6 +52,8 @@ struct Job {
     /// Output of every incarnation of every pod, in order.
     logs: Vec<Vec<Arc<Mutex<String>>>>,
     tag: String,
+    /// `WEFT_TIMEOUT_MS` of the ranks (a frozen peer is noticed after it).
+    timeout_ms: &'static str,
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
@@ -72,6 +74,7 @@ impl Job {
             args,
             logs: vec![Vec::new(); n],
             tag,
+            timeout_ms: "1500",
         }
     }
 
@@ -118,7 +121,7 @@ impl Job {
             .envs(contract)
             .env("WEFT_SIDECAR_SOCKET", &sidecar.socket)
             .env("WEFT_HOSTNAME", format!("{host}-{inc}"))
-            .env("WEFT_TIMEOUT_MS", "1500")
+            .env("WEFT_TIMEOUT_MS", self.timeout_ms)
             .env("WEFT_PEER_TIMEOUT_MS", "1000")
             .env("WEFT_INIT_TIMEOUT_MS", "30000")
             .stdin(Stdio::null())
@@ -380,7 +383,19 @@ fn scenario_with(
     node_loss: Option<Duration>,
     memory: &str,
 ) -> (u128, u128) {
-    let mut reference = Job::new(n, vec![STEPS.to_string(), "none".into()]);
+    // The reference also warms the GPU kernel cache (with no operation
+    // timeout: a first compilation may take longer than the scenario's).
+    let mut reference = Job::new(
+        n,
+        vec![
+            STEPS.to_string(),
+            "none".into(),
+            "0".into(),
+            "0".into(),
+            memory.to_string(),
+        ],
+    );
+    reference.timeout_ms = "0";
     let (outs, r) = run(&mut reference, 0, None);
     assert_eq!(r, 0);
     let want = final_weights(&reference, &outs);

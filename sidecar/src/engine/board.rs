@@ -384,37 +384,29 @@ impl Board {
     /// predecessor is gone (even if nobody said so: its node was lost and
     /// the replacement came up before the heartbeats timed out). Returns
     /// the deaths that were news.
+    ///
+    /// Only deaths of an incarnation this sidecar had seen alive are
+    /// returned (its ranks may be waiting on them); a replacement seen for
+    /// the first time names its predecessors dead on the board all the same.
     pub fn peer_ranks(&self, addr: &str, r: PodRanks) -> Vec<(u32, u32)> {
         if r.count == 0 || r.offset.saturating_add(r.count) > self.world {
             return Vec::new();
         }
         let before = self.lock().peers.insert(addr.to_string(), r);
-        let gone: Vec<(u32, u32)> = match before {
-            Some(b) if b.incarnation < r.incarnation => (b.incarnation..r.incarnation)
-                .flat_map(|i| {
-                    PodRanks {
-                        incarnation: i,
-                        ..b
-                    }
-                    .deaths()
-                })
-                .collect(),
-            // First sight of a replacement: every earlier incarnation is gone.
-            None if r.incarnation > 0 => (0..r.incarnation)
-                .flat_map(|i| {
-                    PodRanks {
-                        incarnation: i,
-                        ..r
-                    }
-                    .deaths()
-                })
-                .collect(),
-            _ => Vec::new(),
+        let of = |p: PodRanks, incs: std::ops::Range<u32>| -> Vec<(u32, u32)> {
+            incs.flat_map(|incarnation| PodRanks { incarnation, ..p }.deaths())
+                .collect()
         };
-        if gone.is_empty() {
-            return gone;
+        match before {
+            Some(b) if b.incarnation < r.incarnation => {
+                self.add_deaths(&of(b, b.incarnation..r.incarnation))
+            }
+            None if r.incarnation > 0 => {
+                self.add_deaths(&of(r, 0..r.incarnation));
+                Vec::new()
+            }
+            _ => Vec::new(),
         }
-        self.add_deaths(&gone)
     }
 
     /// The peer at `addr` went silent: names its pod's ranks dead. Returns
@@ -855,8 +847,10 @@ mod tests {
             count: 2,
             incarnation: 3,
         };
-        // First seen at incarnation 3: incarnations 0..3 are gone.
-        assert_eq!(a.peer_ranks("x:1", pod).len(), 6);
+        // First seen at incarnation 3: incarnations 0..3 are named dead on
+        // the board, but nothing here waited on them.
+        assert!(a.peer_ranks("x:1", pod).is_empty());
+        assert_eq!(read_dead(&da).len(), 6);
         assert!(a.peer_ranks("x:1", pod).is_empty());
         assert_eq!(a.peer_lost("x:1"), Some(true));
         assert_eq!(a.peer_lost("x:1"), Some(false), "already known");

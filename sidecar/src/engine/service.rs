@@ -426,6 +426,11 @@ impl Sidecar for Service {
         let post = req.into_inner();
         match b.accept(&post) {
             Ok((reports, deaths)) => {
+                // Recorded, not acted on: the ranks' own calls fail on the
+                // dead peer (a closed connection, their timeout). Failing the
+                // communicators here would also fail survivors in their last
+                // collective when a rank that ended cleanly had its exit
+                // taken for a death (its last deregistration still queued).
                 if !deaths.is_empty() {
                     super::log(&format!(
                         "recovery board: {} says ranks (rank, incarnation) {deaths:?} are dead",
