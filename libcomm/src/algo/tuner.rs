@@ -313,8 +313,13 @@ const TINY_ALLREDUCE: usize = 4 << 10;
 const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
 const LL_ONESHOT_READ: usize = 8 << 10;
 /// Reduce-scatter and all-gather take the latency slots (one step) while
-/// the whole buffer (the n blocks) is at most this.
-const LL_GATHER_MAX: usize = 64 << 10;
+/// the whole buffer (the n blocks) is at most this. Measured on 2 cores
+/// (docs/PERFORMANCE.md, 2 and 4 ranks): reduce-scatter through the slots
+/// wins at every size to 64 KiB (4 ranks, 64 KiB: 17 vs 28 us); all-gather
+/// wins to 16 KiB (4 ranks, 16 KiB: 6.5 vs 26 us) and loses 10-35% to the
+/// rings from 32 KiB.
+const LL_REDUCE_SCATTER_MAX: usize = 64 << 10;
+const LL_ALL_GATHER_MAX: usize = 16 << 10;
 const DIRECT_MAX_RANKS: usize = 16;
 const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
@@ -387,7 +392,8 @@ pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo 
                 let one = n == 2 || bytes * n <= LL_ONESHOT_READ;
                 return if one { Algo::Ll } else { Algo::Ll2 };
             }
-            _ if bytes <= LL_GATHER_MAX => return Algo::Ll,
+            Coll::ReduceScatter if bytes <= LL_REDUCE_SCATTER_MAX => return Algo::Ll,
+            Coll::AllGather if bytes <= LL_ALL_GATHER_MAX => return Algo::Ll,
             _ => {}
         }
     }
@@ -496,14 +502,17 @@ mod tests {
         assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
         assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Direct);
         // Reduce-scatter and all-gather: one step through the slots while
-        // the whole buffer is at most 64 KiB, on one host only.
+        // the whole buffer is at most 64 KiB (reduce-scatter), 16 KiB
+        // (all-gather), on one host only.
         for c in [Coll::ReduceScatter, Coll::AllGather] {
             assert_eq!(choose_in(c, 8, &s, &o), Algo::Ll);
-            assert_eq!(choose_in(c, 64 << 10, &s, &o), Algo::Ll);
+            assert_eq!(choose_in(c, 16 << 10, &s, &o), Algo::Ll);
             assert_eq!(choose_in(c, 128 << 10, &s, &o), Algo::Ring);
             assert_eq!(choose_in(c, 8, &two, &o), Algo::Direct);
             assert_eq!(choose(c, 8, 4, &o), Algo::Direct);
         }
+        assert_eq!(choose_in(Coll::ReduceScatter, 64 << 10, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllGather, 32 << 10, &s, &o), Algo::Direct);
         // Other collectives keep theirs.
         assert_eq!(choose_in(Coll::Broadcast, 8, &s, &o), Algo::Tree);
         assert_eq!(Shape::local(8, 3).hosts, 3);
