@@ -102,9 +102,11 @@ fn abort_wakes_a_blocked_peer() {
 /// Communicators of `n` ranks as threads with `algo` as `WEFT_ALGO`.
 fn init_with_algo(n: usize, algo: &str) -> Vec<Communicator> {
     let id = libcomm::UniqueId::new().unwrap();
-    let mut cfg = libcomm::Config::default();
-    cfg.algo = algo.parse().unwrap();
-    cfg.timeout = Some(std::time::Duration::from_secs(30));
+    let cfg = libcomm::Config {
+        algo: algo.parse().unwrap(),
+        timeout: Some(std::time::Duration::from_secs(30)),
+        ..Default::default()
+    };
     thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
