@@ -313,13 +313,14 @@ const TINY_ALLREDUCE: usize = 4 << 10;
 const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
 const LL_ONESHOT_READ: usize = 8 << 10;
 /// Reduce-scatter and all-gather take the latency slots (one step) while
-/// the whole buffer (the n blocks) is at most this. Measured on 2 cores
-/// (docs/PERFORMANCE.md, 2 and 4 ranks): reduce-scatter through the slots
-/// wins at every size to 64 KiB (4 ranks, 64 KiB: 17 vs 28 us); all-gather
-/// wins to 16 KiB (4 ranks, 16 KiB: 6.5 vs 26 us) and loses 10-35% to the
-/// rings from 32 KiB.
-const LL_REDUCE_SCATTER_MAX: usize = 64 << 10;
-const LL_ALL_GATHER_MAX: usize = 16 << 10;
+/// the whole buffer (the n blocks) is at most `LL_GATHER_MAX` and one rank's
+/// block at most `LL_GATHER_BLOCK`. Measured on 2 cores (docs/PERFORMANCE.md,
+/// best of 5 rounds): with 4 ranks the slots win at every size to 64 KiB
+/// (all-gather 64 KiB: 8.5 us, ring 12.6, direct 15.7; reduce-scatter 16
+/// KiB: 5.6 us, direct 26); with 2 ranks, blocks of 32 KiB are as fast or
+/// faster through the rings (all-gather 64 KiB: 5.1 us, direct 4.4).
+const LL_GATHER_MAX: usize = 64 << 10;
+const LL_GATHER_BLOCK: usize = 16 << 10;
 const DIRECT_MAX_RANKS: usize = 16;
 const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
@@ -392,8 +393,7 @@ pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo 
                 let one = n == 2 || bytes * n <= LL_ONESHOT_READ;
                 return if one { Algo::Ll } else { Algo::Ll2 };
             }
-            Coll::ReduceScatter if bytes <= LL_REDUCE_SCATTER_MAX => return Algo::Ll,
-            Coll::AllGather if bytes <= LL_ALL_GATHER_MAX => return Algo::Ll,
+            _ if bytes <= LL_GATHER_MAX && bytes / n <= LL_GATHER_BLOCK => return Algo::Ll,
             _ => {}
         }
     }
@@ -502,17 +502,18 @@ mod tests {
         assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
         assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Direct);
         // Reduce-scatter and all-gather: one step through the slots while
-        // the whole buffer is at most 64 KiB (reduce-scatter), 16 KiB
-        // (all-gather), on one host only.
+        // the whole buffer is at most 64 KiB and a block at most 16 KiB, on
+        // one host only.
         for c in [Coll::ReduceScatter, Coll::AllGather] {
             assert_eq!(choose_in(c, 8, &s, &o), Algo::Ll);
-            assert_eq!(choose_in(c, 16 << 10, &s, &o), Algo::Ll);
+            assert_eq!(choose_in(c, 64 << 10, &s, &o), Algo::Ll);
             assert_eq!(choose_in(c, 128 << 10, &s, &o), Algo::Ring);
+            assert_eq!(choose_in(c, 64 << 10, &one_host(8, 16), &o), Algo::Ll);
+            assert_eq!(choose_in(c, 32 << 10, &one_host(2, 16), &o), Algo::Ll);
+            assert_eq!(choose_in(c, 64 << 10, &one_host(2, 16), &o), Algo::Direct);
             assert_eq!(choose_in(c, 8, &two, &o), Algo::Direct);
             assert_eq!(choose(c, 8, 4, &o), Algo::Direct);
         }
-        assert_eq!(choose_in(Coll::ReduceScatter, 64 << 10, &s, &o), Algo::Ll);
-        assert_eq!(choose_in(Coll::AllGather, 32 << 10, &s, &o), Algo::Direct);
         // Other collectives keep theirs.
         assert_eq!(choose_in(Coll::Broadcast, 8, &s, &o), Algo::Tree);
         assert_eq!(Shape::local(8, 3).hosts, 3);
