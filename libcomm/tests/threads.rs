@@ -98,3 +98,110 @@ fn abort_wakes_a_blocked_peer() {
     assert_eq!(comms[0].state(), CommState::Aborted);
     assert_eq!(comms[1].state(), CommState::Failed);
 }
+
+/// Communicators of `n` ranks as threads with `algo` as `WEFT_ALGO`.
+fn init_with_algo(n: usize, algo: &str) -> Vec<Communicator> {
+    let id = libcomm::UniqueId::new().unwrap();
+    let cfg = libcomm::Config {
+        algo: algo.parse().unwrap(),
+        timeout: Some(std::time::Duration::from_secs(30)),
+        ..Default::default()
+    };
+    thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, cfg) = (&id, cfg.clone());
+                s.spawn(move || Communicator::init_with_config(id, n, r, cfg).unwrap())
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Reduce-scatter and all-gather through the latency slots (one step) and
+/// by the tuner's default (the slots at these sizes), in place and out of
+/// place, on random integers (exact for every op) at odd counts and odd and
+/// even rank counts, against a reference.
+#[test]
+fn reduce_scatter_and_all_gather_through_latency_slots_in_threads() {
+    for algo in ["reducescatter:ll,allgather:ll", ""] {
+        for n in [3, 4, 5] {
+            let comms = init_with_algo(n, algo);
+            for count in [0usize, 1, 7, 1023, 3000] {
+                let input = |r: usize, i: usize| -> i64 {
+                    (splitmix((count * 131 + r) as u64 * 1_000_003 + i as u64) % 2001) as i64 - 1000
+                };
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Prod] {
+                    let want: Vec<i64> = (0..n * count)
+                        .map(|i| {
+                            (1..n).fold(input(0, i), |a, r| {
+                                let b = input(r, i);
+                                match op {
+                                    ReduceOp::Sum => a.wrapping_add(b),
+                                    ReduceOp::Max => a.max(b),
+                                    ReduceOp::Min => a.min(b),
+                                    _ => a.wrapping_mul(b),
+                                }
+                            })
+                        })
+                        .collect();
+                    each(&comms, |c| {
+                        let r = c.rank();
+                        let send: Vec<i64> = (0..n * count).map(|i| input(r, i)).collect();
+                        let mine = &want[r * count..(r + 1) * count];
+                        let mut recv = vec![-7i64; count];
+                        c.reduce_scatter(&send, &mut recv, op).unwrap();
+                        assert_eq!(recv, mine, "{algo}: n={n} count={count} {op:?}");
+                        let mut buf = send.clone();
+                        c.reduce_scatter_in_place(&mut buf, op).unwrap();
+                        assert_eq!(
+                            &buf[r * count..(r + 1) * count],
+                            mine,
+                            "{algo}: in place n={n} count={count} {op:?}"
+                        );
+                    });
+                }
+                let want: Vec<i64> = (0..n)
+                    .flat_map(|r| (0..count).map(move |i| input(r, i)))
+                    .collect();
+                each(&comms, |c| {
+                    let r = c.rank();
+                    let mine: Vec<i64> = (0..count).map(|i| input(r, i)).collect();
+                    let mut recv = vec![-7i64; n * count];
+                    c.all_gather(&mine, &mut recv).unwrap();
+                    assert_eq!(recv, want, "{algo}: all-gather n={n} count={count}");
+                    let mut buf = vec![-7i64; n * count];
+                    buf[r * count..(r + 1) * count].copy_from_slice(&mine);
+                    c.all_gather_in_place(&mut buf).unwrap();
+                    assert_eq!(buf, want, "{algo}: in-place all-gather n={n} count={count}");
+                });
+            }
+        }
+    }
+}
+
+/// Counts that differ between ranks, so that some reduce-scatter through
+/// the latency slots and the others through the rings, or with another size
+/// through the slots: an error on every rank, soon, not a hang.
+#[test]
+fn mismatched_reduce_scatter_through_latency_slots_fails() {
+    for other in [1 << 16, 100] {
+        let comms = init_with_algo(3, "");
+        let t = std::time::Instant::now();
+        each(&comms, |c| {
+            let count = if c.rank() == 0 { 10 } else { other };
+            let send = vec![1i32; 3 * count];
+            let mut recv = vec![0i32; count];
+            let e = c.reduce_scatter(&send, &mut recv, ReduceOp::Sum);
+            assert!(e.is_err(), "rank {}: a mismatch must fail", c.rank());
+        });
+        assert!(t.elapsed().as_secs() < 10, "took {:?}", t.elapsed());
+    }
+}

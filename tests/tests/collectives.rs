@@ -20,10 +20,26 @@ fn matrix_of(
     types: Option<&str>,
     cases: usize,
 ) {
+    matrix_colls(n, extra, per_rank_host, None, types, cases)
+}
+
+/// [`matrix_of`] restricted to `colls` too (comma-separated, as the
+/// worker's `matrix` mode spells them).
+fn matrix_colls(
+    n: usize,
+    extra: &[(&str, &str)],
+    per_rank_host: Option<usize>,
+    colls: Option<&str>,
+    types: Option<&str>,
+    cases: usize,
+) {
     let seed = common::seed().to_string();
     let mut args = vec!["matrix", seed.as_str()];
+    if colls.is_some() || types.is_some() {
+        args.push(colls.unwrap_or("all"));
+    }
     if let Some(t) = types {
-        args.extend(["all", t]);
+        args.push(t);
     }
     // The largest count is just above the ring (see `matrix::big_bytes`):
     // 256 KiB, the transport's piece, rather than the default 1 MiB keeps
@@ -133,8 +149,9 @@ fn matrix_6_ranks_forced_latency_algorithms() {
 }
 
 /// Every collective with `WEFT_ALGO=ll`: all-reduce through the latency
-/// slots in one shot (every count up to the slot size), on 4 ranks (more
-/// ranks than cores on a 2-core machine: the oversubscribed waits).
+/// slots in one shot (every count up to the slot size), reduce-scatter and
+/// all-gather through them in one step, on 4 ranks (more ranks than cores on
+/// a 2-core machine: the oversubscribed waits).
 #[test]
 fn matrix_4_ranks_forced_ll_one_shot() {
     matrix_of(
@@ -178,4 +195,33 @@ fn matrix_3_ranks_forced_ll_two_shots() {
 #[test]
 fn matrix_4_ranks_two_hosts_ll_falls_back() {
     matrix_of(4, &[("WEFT_ALGO", "ll")], Some(2), Some("float,int8"), 480);
+}
+
+/// Reduce-scatter and all-gather forced through the latency slots (one
+/// step) at every count that fits (the largest takes the rings), every data
+/// type and op, in place and out of place, on 3, 4 and 5 ranks.
+fn matrix_ll_reduce_scatter_all_gather(n: usize) {
+    matrix_colls(
+        n,
+        &[("WEFT_ALGO", "reducescatter:ll,allgather:ll")],
+        None,
+        Some("ReduceScatter,AllGather"),
+        None,
+        840,
+    );
+}
+
+#[test]
+fn matrix_3_ranks_ll_reduce_scatter_all_gather() {
+    matrix_ll_reduce_scatter_all_gather(3);
+}
+
+#[test]
+fn matrix_4_ranks_ll_reduce_scatter_all_gather() {
+    matrix_ll_reduce_scatter_all_gather(4);
+}
+
+#[test]
+fn matrix_5_ranks_ll_reduce_scatter_all_gather() {
+    matrix_ll_reduce_scatter_all_gather(5);
 }

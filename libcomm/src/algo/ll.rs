@@ -1,5 +1,5 @@
-//! The latency path for small host all-reduces with every rank on one host:
-//! the LL idea on the CPU.
+//! The latency path for small host all-reduces, reduce-scatters and
+//! all-gathers with every rank on one host: the LL idea on the CPU.
 //!
 //! Each rank's shared-memory segment carries two buffers (even and odd
 //! operations) of an input slot and an output slot (`transport/shm.rs`,
@@ -19,6 +19,14 @@
 //!   one step (rank r reduces chunk r of the n input slots into its output
 //!   slot), then all-gather in one step (every rank copies chunk p out of
 //!   rank p's output slot). Reads 2x the buffer instead of n x.
+//! - **Reduce-scatter** in one step: every rank copies its n blocks into its
+//!   input slot, then reduces block r of the n input slots straight into its
+//!   output buffer, in rank order.
+//! - **All-gather** in one step: every rank copies its block into its input
+//!   slot, then copies block p out of rank p's input slot.
+//!
+//! In place and out of place cost the same in every one of them: the input
+//! is in the slot before the output buffer is written.
 //!
 //! Reuse without acknowledgements: a slot of buffer `e mod 2` is rewritten
 //! at epoch e+2 only. Before that its owner has waited, at epoch e+1, for
@@ -45,7 +53,46 @@ use crate::types::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
 
-/// Whether the latency slots can carry an all-reduce of `bytes` on `c`.
+/// What runs through the latency slots: it travels in the top bits of each
+/// published slot's tag, so ranks that chose differently get an error, not
+/// a hang or a wrong result.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Kind {
+    AllReduce = 0,
+    AllReduce2 = 1,
+    ReduceScatter = 2,
+    AllGather = 3,
+}
+
+impl Kind {
+    const SHIFT: u32 = 60;
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "an all-reduce (one shot)",
+            Kind::AllReduce2 => "an all-reduce (two shots)",
+            Kind::ReduceScatter => "a reduce-scatter",
+            Kind::AllGather => "an all-gather",
+        }
+    }
+
+    fn of_tag(tag: u64) -> &'static str {
+        match tag >> Kind::SHIFT {
+            0 => Kind::AllReduce.name(),
+            1 => Kind::AllReduce2.name(),
+            2 => Kind::ReduceScatter.name(),
+            3 => Kind::AllGather.name(),
+            _ => "an unknown operation",
+        }
+    }
+
+    fn tag(self, bytes: usize) -> u64 {
+        bytes as u64 | (self as u64) << Kind::SHIFT
+    }
+}
+
+/// Whether the latency slots can carry an operation that publishes `bytes`
+/// per rank on `c` (the all-reduce or reduce-scatter input, the all-gather block).
 pub(crate) fn usable(c: &Resources, bytes: usize) -> bool {
     let n = c.ctx.nranks;
     bytes <= LL_SLOT_BYTES
@@ -54,13 +101,15 @@ pub(crate) fn usable(c: &Resources, bytes: usize) -> bool {
         && (0..n).all(|p| matches!(c.kinds[p], PeerKind::Me | PeerKind::Shm))
 }
 
-/// Records an all-reduce of `bytes` (whatever its algorithm) where local
-/// peers waiting in the latency slots can see it (see [`Mapping::ll_call`]).
-pub(crate) fn note_all_reduce(c: &Resources, bytes: usize) {
+/// Records a collective that may run through the latency slots (all-reduce,
+/// reduce-scatter, all-gather: `kind` says which, `AllReduce` for every
+/// all-reduce) of `bytes` per rank, whatever its algorithm, where local peers
+/// waiting in the slots can see it (see [`Mapping::ll_call`]).
+pub(crate) fn note_call(c: &Resources, kind: Kind, bytes: usize) {
     let own = &c.fault.own;
     if own.has_ll() {
         let (seq, len) = own.ll_call();
-        len.store(bytes as u64, Ordering::Relaxed);
+        len.store(kind.tag(bytes), Ordering::Relaxed);
         seq.store(seq.load(Ordering::Relaxed) + 1, Ordering::Release);
     }
 }
@@ -150,13 +199,14 @@ fn all_reduce_inner(
     let maps = Maps::of(c);
     let map = |p: usize| maps.get(p);
     let own = map(r);
-    let ep = own.ll_epoch();
-    let e = ep.load(Ordering::Relaxed) + 1;
-    ep.store(e, Ordering::Relaxed);
-    let b = (e & 1) as usize;
+    let (e, b) = next_epoch(own);
     let comb = op.combine();
-    let mut w = Waiter::new(c);
-    w.two_shot = two_shot;
+    let kind = if two_shot {
+        Kind::AllReduce2
+    } else {
+        Kind::AllReduce
+    };
+    let mut w = Waiter::new(c, kind);
 
     // Publish our input.
     let (hdr, mine) = own.ll_slot(b, false);
@@ -164,7 +214,7 @@ fn all_reduce_inner(
         ReduceOp::PreMulSum(s) => unsafe { reduce::scale(dt, mine, send, count, s) },
         _ => unsafe { std::ptr::copy_nonoverlapping(send, mine, bytes) },
     }
-    let tag = bytes as u64 | (two_shot as u64) << 63;
+    let tag = kind.tag(bytes);
     publish(maps, hdr, e, tag);
 
     if !two_shot {
@@ -218,9 +268,115 @@ fn all_reduce_inner(
     Ok(())
 }
 
+/// One rank's reduce-scatter through the latency slots (the caller checked
+/// [`usable`] for the n blocks): `send` holds n blocks of `count` elements,
+/// `recv` gets the reduction of block r (it may be block r of `send`).
+pub(crate) fn reduce_scatter(
+    c: &mut Resources,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    reduce_scatter_inner(c, send, recv, count, dt, op).map_err(|e| c.fail(e))
+}
+
+/// The next epoch of our latency slots and its buffer (0 or 1).
+fn next_epoch(own: &Mapping) -> (u64, usize) {
+    let ep = own.ll_epoch();
+    let e = ep.load(Ordering::Relaxed) + 1;
+    ep.store(e, Ordering::Relaxed);
+    (e, (e & 1) as usize)
+}
+
+fn reduce_scatter_inner(
+    c: &mut Resources,
+    send: *const u8,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    c.check_raised()?;
+    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
+    let (bytes, total) = (count * es, count * es * n);
+    debug_assert!(usable(c, total));
+    let maps = Maps::of(c);
+    let map = |p: usize| maps.get(p);
+    let own = map(r);
+    let (e, b) = next_epoch(own);
+    let kind = Kind::ReduceScatter;
+    let mut w = Waiter::new(c, kind);
+
+    // Publish our n blocks (in place, `recv` is one of them: it is read here,
+    // before it is written below).
+    let (hdr, mine) = own.ll_slot(b, false);
+    match op {
+        ReduceOp::PreMulSum(s) => unsafe { reduce::scale(dt, mine, send, count * n, s) },
+        _ => unsafe { std::ptr::copy_nonoverlapping(send, mine, total) },
+    }
+    publish(maps, hdr, e, kind.tag(total));
+
+    // Block r of the n inputs, in rank order, straight into `recv`.
+    let comb = op.combine();
+    let block = |p: usize| {
+        let (h, d) = map(p).ll_slot(b, false);
+        (h, unsafe { d.add(r * bytes) })
+    };
+    w.wait(c, maps, block(0).0, e, total, 0)?;
+    for p in 1..n {
+        w.wait(c, maps, block(p).0, e, total, p)?;
+        let a = if p == 1 { block(0).1 } else { recv };
+        unsafe { reduce::combine(dt, comb, recv, a, block(p).1, count) };
+    }
+    if op == ReduceOp::Avg {
+        unsafe { reduce::divide(dt, recv, count, n) };
+    }
+    Ok(())
+}
+
+/// One rank's all-gather through the latency slots (the caller checked
+/// [`usable`] for one block of `bytes`): block p of `recv` comes from rank
+/// p, ours from `send` (which may be block r of `recv`).
+pub(crate) fn all_gather(
+    c: &mut Resources,
+    send: *const u8,
+    recv: *mut u8,
+    bytes: usize,
+) -> Result<()> {
+    all_gather_inner(c, send, recv, bytes).map_err(|e| c.fail(e))
+}
+
+fn all_gather_inner(c: &mut Resources, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+    c.check_raised()?;
+    let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    debug_assert!(usable(c, bytes));
+    let maps = Maps::of(c);
+    let map = |p: usize| maps.get(p);
+    let own = map(r);
+    let (e, b) = next_epoch(own);
+    let kind = Kind::AllGather;
+    let mut w = Waiter::new(c, kind);
+
+    let (hdr, mine) = own.ll_slot(b, false);
+    unsafe { std::ptr::copy_nonoverlapping(send, mine, bytes) };
+    publish(maps, hdr, e, kind.tag(bytes));
+    // Our own block while the peers copy theirs in (nothing in place).
+    super::copy(unsafe { recv.add(r * bytes) }, send, bytes);
+    // Then block p from rank p's slot, starting after us (the peers publish
+    // in no particular order; starting at r+1 spreads the readers).
+    for k in 1..n {
+        let p = (r + k) % n;
+        let (h, d) = map(p).ll_slot(b, false);
+        w.wait(c, maps, h, e, bytes, p)?;
+        unsafe { std::ptr::copy_nonoverlapping(d, recv.add(p * bytes), bytes) };
+    }
+    Ok(())
+}
+
 /// Publishes a slot of ours for epoch `e`, then wakes the peers that sleep.
-/// `tag` is the length, with the top bit set for two shots (ranks that chose
-/// differently get an error, not a hang).
+/// `tag` is the length and the [`Kind`].
 fn publish(maps: Maps, hdr: &SlotHdr, e: u64, tag: u64) {
     hdr.len.store(tag, Ordering::Relaxed);
     hdr.epoch.store(e, Ordering::Release);
@@ -240,16 +396,16 @@ struct Waiter {
     oversubscribed: bool,
     yields: u32,
     timeout: Option<Duration>,
-    two_shot: bool,
+    kind: Kind,
 }
 
 impl Waiter {
-    fn new(c: &Resources) -> Waiter {
+    fn new(c: &Resources, kind: Kind) -> Waiter {
         Waiter {
             oversubscribed: c.oversubscribed,
             yields: c.wait_budget().1,
             timeout: c.ctx.cfg.timeout,
-            two_shot: false,
+            kind,
         }
     }
 
@@ -319,20 +475,26 @@ impl Waiter {
                     return Ok(());
                 }
                 c.check_peers(std::iter::once(peer))?;
-                // The peer in this same all-reduce with another size took
+                // The peer in this same collective with another size took
                 // another algorithm: it will never publish.
                 let (mseq, mlen) = c.fault.own.ll_call();
                 let (pseq, plen) = maps.get(peer).ll_call();
                 let ps = pseq.load(Ordering::Acquire);
-                let pl = plen.load(Ordering::Relaxed) as usize;
+                let pl = plen.load(Ordering::Relaxed);
+                let ml = mlen.load(Ordering::Relaxed);
                 if ps == mseq.load(Ordering::Relaxed)
-                    && pl != mlen.load(Ordering::Relaxed) as usize
+                    && pl != ml
                     && pseq.load(Ordering::Acquire) == ps
                 {
+                    let size = |t: u64| t & ((1 << Kind::SHIFT) - 1);
                     return Err(c.peer_error(
                         peer,
                         &format!(
-                            "the peer all-reduces {pl} bytes where this rank all-reduces {bytes}: count or data type differs between ranks"
+                            "the peer runs {} of {} bytes where this rank runs {} of {}: count, data type or collective differs between ranks",
+                            Kind::of_tag(pl),
+                            size(pl),
+                            Kind::of_tag(ml),
+                            size(ml)
                         ),
                     ));
                 }
@@ -343,7 +505,10 @@ impl Waiter {
                         comm: c.ctx.label.clone(),
                         rank: c.ctx.rank,
                         after_ms: t.as_millis() as u64,
-                        waiting_for: format!("rank {peer} (all-reduce through the latency slots)"),
+                        waiting_for: format!(
+                            "rank {peer} ({} through the latency slots)",
+                            self.kind.name()
+                        ),
                     });
                 }
             }
@@ -355,18 +520,22 @@ impl Waiter {
         let got = h.epoch.load(Ordering::Acquire);
         if got == e {
             let tag = h.len.load(Ordering::Relaxed);
-            let len = (tag & !(1 << 63)) as usize;
-            if (tag >> 63 == 1) != self.two_shot {
+            let len = (tag & ((1 << Kind::SHIFT) - 1)) as usize;
+            if tag >> Kind::SHIFT != self.kind as u64 {
                 return Err(c.peer_error(
                     peer,
-                    "the peer ran the other variant of the latency all-reduce (one shot / two shots): set WEFT_ALGO alike on every rank",
+                    &format!(
+                        "the peer ran {} through the latency slots where this rank ran {}: set WEFT_ALGO alike on every rank, and issue the same collectives in the same order",
+                        Kind::of_tag(tag),
+                        self.kind.name()
+                    ),
                 ));
             }
             if len != bytes {
                 return Err(c.peer_error(
                     peer,
                     &format!(
-                        "the peer all-reduced {len} bytes where this rank expected {bytes}: count or data type differs between ranks"
+                        "the peer published {len} bytes where this rank expected {bytes}: count or data type differs between ranks"
                     ),
                 ));
             }

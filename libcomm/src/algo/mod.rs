@@ -77,7 +77,7 @@ pub(crate) fn all_reduce(
     algo: Algo,
 ) -> Result<()> {
     let n = c.ctx.nranks;
-    ll::note_all_reduce(c, count * dt.size());
+    ll::note_call(c, ll::Kind::AllReduce, count * dt.size());
     if matches!(algo, Algo::Ll | Algo::Ll2) && ll::usable(c, count * dt.size()) {
         return ll::all_reduce(c, send, recv, count, dt, op, algo == Algo::Ll2);
     }
@@ -400,12 +400,16 @@ pub(crate) fn all_gather(
     algo: Algo,
 ) -> Result<()> {
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
+    ll::note_call(c, ll::Kind::AllGather, bytes);
+    if algo == Algo::Ll && ll::usable(c, bytes) {
+        return ll::all_gather(c, send, recv, bytes);
+    }
     copy(unsafe { recv.add(r * bytes) }, send, bytes);
     if n == 1 {
         return Ok(());
     }
     match algo {
-        Algo::Direct => {
+        Algo::Direct | Algo::Ll => {
             let mut xs = Vec::with_capacity(2 * n);
             for p in (0..n).filter(|&p| p != r) {
                 xs.push(Xfer::send(p, unsafe { recv.add(r * bytes) }, bytes));
@@ -432,6 +436,10 @@ pub(crate) fn reduce_scatter(
 ) -> Result<()> {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
+    ll::note_call(c, ll::Kind::ReduceScatter, bytes * n);
+    if algo == Algo::Ll && ll::usable(c, bytes * n) {
+        return ll::reduce_scatter(c, send, recv, count, dt, op);
+    }
     let mut hold = Vec::new();
     let src = prepared_input(op, dt, send, count * n, &mut hold);
     let comb = op.combine();
@@ -441,7 +449,7 @@ pub(crate) fn reduce_scatter(
         return Ok(());
     }
     match algo {
-        Algo::Direct => {
+        Algo::Direct | Algo::Ll => {
             // Receive every peer's block, then combine in rank order so the
             // result does not depend on arrival order.
             let tmp = c.scratch(bytes * n);

@@ -181,9 +181,11 @@ pub enum Algo {
     Direct,
     /// n-1 steps of pairwise exchange (large all-to-all).
     Pairwise,
-    /// Latency slots in shared memory, one shot (all-reduce, every rank on
-    /// one host, up to the slot size): every rank publishes its buffer in its
-    /// slot and reduces all n slots itself (`algo/ll.rs`).
+    /// Latency slots in shared memory, one step (every rank on one host, up
+    /// to the slot size): every rank publishes its buffer in its slot and
+    /// reduces all n slots itself (all-reduce), reduces its block of the n
+    /// slots (reduce-scatter) or copies the n blocks out (all-gather)
+    /// (`algo/ll.rs`).
     Ll,
     /// Latency slots, two shots: reduce-scatter then all-gather through the
     /// slots, each one step (reads 2x the buffer instead of n x).
@@ -221,7 +223,7 @@ impl Coll {
         match self {
             Coll::AllReduce => matches!(a, Ring | RecursiveDoubling | Direct | Ll | Ll2),
             Coll::Broadcast | Coll::Reduce => matches!(a, Ring | Tree),
-            Coll::AllGather | Coll::ReduceScatter => matches!(a, Ring | Direct),
+            Coll::AllGather | Coll::ReduceScatter => matches!(a, Ring | Direct | Ll),
             Coll::AllToAll => matches!(a, Pairwise | Direct),
         }
     }
@@ -310,6 +312,15 @@ impl std::str::FromStr for AlgoOverride {
 const TINY_ALLREDUCE: usize = 4 << 10;
 const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
 const LL_ONESHOT_READ: usize = 8 << 10;
+/// Reduce-scatter and all-gather take the latency slots (one step) while
+/// the whole buffer (the n blocks) is at most `LL_GATHER_MAX` and one rank's
+/// block at most `LL_GATHER_BLOCK`. Measured on 2 cores (docs/PERFORMANCE.md,
+/// best of 5 rounds): with 4 ranks the slots win at every size to 64 KiB
+/// (all-gather 64 KiB: 8.5 us, ring 12.6, direct 15.7; reduce-scatter 16
+/// KiB: 5.6 us, direct 26); with 2 ranks, blocks of 32 KiB are as fast or
+/// faster through the rings (all-gather 64 KiB: 5.1 us, direct 4.4).
+const LL_GATHER_MAX: usize = 64 << 10;
+const LL_GATHER_BLOCK: usize = 16 << 10;
 const DIRECT_MAX_RANKS: usize = 16;
 const SMALL_ALLREDUCE: usize = 32 << 10;
 const SMALL_OTHER: usize = 32 << 10;
@@ -321,14 +332,22 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, o: &AlgoOverride) -> Algo {
     choose_in(coll, bytes, &Shape::ranks(n), o)
 }
 
-/// Whether the latency slots can carry this operation.
+/// Whether the latency slots can carry this operation: each rank publishes
+/// its all-reduce buffer, its n reduce-scatter blocks (`bytes`), or its
+/// all-gather block (`bytes / n`).
 fn ll_fits(coll: Coll, bytes: usize, s: &Shape) -> bool {
-    coll == Coll::AllReduce && s.all_local() && bytes <= LL_MAX
+    s.all_local()
+        && match coll {
+            Coll::AllReduce | Coll::ReduceScatter => bytes <= LL_MAX,
+            Coll::AllGather => bytes <= LL_MAX * s.n,
+            _ => false,
+        }
 }
 
 /// [`choose`] on a communicator of shape `s`. An override naming the latency
-/// slots (`ll`, `ll2`) applies where they can run (all-reduce, every rank on
-/// this host, up to the slot size); elsewhere the size rules choose.
+/// slots (`ll`, `ll2`) applies where they can run (all-reduce, reduce-scatter
+/// and all-gather, every rank on this host, up to the slot size; `ll2` is
+/// `ll` for the latter two); elsewhere the size rules choose.
 pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo {
     let n = s.n;
     let is_ll = |a: Algo| matches!(a, Algo::Ll | Algo::Ll2);
@@ -340,7 +359,8 @@ pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo 
     if let Some(a) = o.global {
         if is_ll(a) {
             if ll_fits(coll, bytes, s) {
-                return a;
+                // Reduce-scatter and all-gather have one latency-slot algorithm.
+                return if coll == Coll::AllReduce { a } else { Algo::Ll };
             }
         } else if coll.supports(a) {
             return a;
@@ -368,8 +388,14 @@ pub fn choose_in(coll: Coll, bytes: usize, s: &Shape, o: &AlgoOverride) -> Algo 
         _ => bytes <= SMALL_OTHER,
     };
     if ll_fits(coll, bytes, s) {
-        let one = n == 2 || bytes * n <= LL_ONESHOT_READ;
-        return if one { Algo::Ll } else { Algo::Ll2 };
+        match coll {
+            Coll::AllReduce => {
+                let one = n == 2 || bytes * n <= LL_ONESHOT_READ;
+                return if one { Algo::Ll } else { Algo::Ll2 };
+            }
+            _ if bytes <= LL_GATHER_MAX && bytes / n <= LL_GATHER_BLOCK => return Algo::Ll,
+            _ => {}
+        }
     }
     if coll == Coll::AllReduce && bytes <= TINY_ALLREDUCE && (3..=DIRECT_MAX_RANKS).contains(&n) {
         return Algo::Direct;
@@ -475,6 +501,19 @@ mod tests {
         };
         assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
         assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Direct);
+        // Reduce-scatter and all-gather: one step through the slots while
+        // the whole buffer is at most 64 KiB and a block at most 16 KiB, on
+        // one host only.
+        for c in [Coll::ReduceScatter, Coll::AllGather] {
+            assert_eq!(choose_in(c, 8, &s, &o), Algo::Ll);
+            assert_eq!(choose_in(c, 64 << 10, &s, &o), Algo::Ll);
+            assert_eq!(choose_in(c, 128 << 10, &s, &o), Algo::Ring);
+            assert_eq!(choose_in(c, 64 << 10, &one_host(8, 16), &o), Algo::Ll);
+            assert_eq!(choose_in(c, 32 << 10, &one_host(2, 16), &o), Algo::Ll);
+            assert_eq!(choose_in(c, 64 << 10, &one_host(2, 16), &o), Algo::Direct);
+            assert_eq!(choose_in(c, 8, &two, &o), Algo::Direct);
+            assert_eq!(choose(c, 8, 4, &o), Algo::Direct);
+        }
         // Other collectives keep theirs.
         assert_eq!(choose_in(Coll::Broadcast, 8, &s, &o), Algo::Tree);
         assert_eq!(Shape::local(8, 3).hosts, 3);
@@ -494,9 +533,22 @@ mod tests {
             cores: 16,
         };
         assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
-        // Other collectives: the latency algorithm of each.
+        // Other collectives: the latency algorithm of each (reduce-scatter
+        // and all-gather: the slots while each rank's part fits in one).
         assert_eq!(choose_in(Coll::Broadcast, 1 << 20, &s, &o), Algo::Tree);
         assert_eq!(choose_in(Coll::AllGather, 1 << 20, &s, &o), Algo::Direct);
+        assert_eq!(choose_in(Coll::AllGather, 256 << 10, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::ReduceScatter, 64 << 10, &s, &o), Algo::Ll);
+        assert_eq!(
+            choose_in(Coll::ReduceScatter, 128 << 10, &s, &o),
+            Algo::Direct
+        );
+        assert_eq!(choose_in(Coll::ReduceScatter, 8, &two, &o), Algo::Direct);
+        let o: AlgoOverride = "reducescatter:ll,allgather:ll".parse().unwrap();
+        assert_eq!(choose_in(Coll::ReduceScatter, 8, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllGather, 8, &s, &o), Algo::Ll);
+        assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Ll);
+        assert!("reducescatter:ll2".parse::<AlgoOverride>().is_err());
         let o: AlgoOverride = "allreduce:ll2".parse().unwrap();
         assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Ll2);
         assert_eq!(
