@@ -58,19 +58,45 @@ impl PodRanks {
 /// What kind of board file a name is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
+    /// `ready-R-I`, `grow-R-I`: `Resilient`'s own.
     Ready,
     Grow,
+    /// `report-R-I`: a survivor's unexplained failure (see
+    /// [`super::Engine::kill_stopped_ranks`]).
     Report,
+    /// Any other file a program keeps on the board (e.g. the PyTorch
+    /// example's `torch-store-*`, `torch-grow-R-I`): relayed as it is.
+    Other,
 }
 
-/// Parses `ready-R-I` / `grow-R-I` / `report-R-I` with R < `world`.
+/// Longest board file name relayed.
+const MAX_NAME: usize = 128;
+/// Most board entries one sidecar keeps (a hostile peer cannot fill the
+/// pod's volume): a real board holds a few per rank and recovery.
+pub const MAX_ENTRIES: usize = 16384;
+
+/// Classifies a board file name: `ready-R-I` / `grow-R-I` / `report-R-I`
+/// with R < `world`, or another name of `[A-Za-z0-9._-]` (at most
+/// [`MAX_NAME`], not starting with a dot: temporary files, not `dead`: the
+/// sidecars' own). `None`: not relayed.
 pub fn parse_name(name: &str, world: u32) -> Option<(Kind, u32, u32)> {
-    let (kind, rest) = name.split_once('-')?;
+    let safe = |c: u8| c.is_ascii_alphanumeric() || c == b'.' || c == b'_' || c == b'-';
+    if name.is_empty()
+        || name.len() > MAX_NAME
+        || name.starts_with('.')
+        || name == "dead"
+        || !name.bytes().all(safe)
+    {
+        return None;
+    }
+    let Some((kind, rest)) = name.split_once('-') else {
+        return Some((Kind::Other, 0, 0));
+    };
     let kind = match kind {
         "ready" => Kind::Ready,
         "grow" => Kind::Grow,
         "report" => Kind::Report,
-        _ => return None,
+        _ => return Some((Kind::Other, 0, 0)),
     };
     let (r, i) = rest.split_once('-')?;
     let digits = |s: &str| !s.is_empty() && s.len() <= 10 && s.bytes().all(|b| b.is_ascii_digit());
@@ -81,20 +107,19 @@ pub fn parse_name(name: &str, world: u32) -> Option<(Kind, u32, u32)> {
     (r < world && i <= MAX_INCARNATION).then_some((kind, r, i))
 }
 
-/// Whether `new` should replace `old` for the entry `name`. A grow file is
-/// rewritten when the survivors abandon a grow and start another: the one
-/// with the higher sequence number (its first field) is the newer. Other
-/// files never change once written.
-fn newer(kind: Kind, old: Option<&str>, new: &str) -> bool {
+/// Whether `new` should replace `old`. A file whose content starts with a
+/// sequence number is rewritten with a larger one (a grow file when the
+/// survivors abandon a grow and start another); other files never change
+/// once written.
+fn newer(_kind: Kind, old: Option<&str>, new: &str) -> bool {
     let seq = |s: &str| {
         s.split_whitespace()
             .next()
             .and_then(|w| w.parse::<u64>().ok())
     };
-    match (old, kind) {
-        (None, _) => true,
-        (Some(o), Kind::Grow) => seq(new) > seq(o),
-        (Some(_), _) => false,
+    match old {
+        None => true,
+        Some(o) => matches!((seq(o), seq(new)), (Some(a), Some(b)) if b > a),
     }
 }
 
@@ -246,6 +271,9 @@ impl Board {
         let mut k = self.lock();
         let mut changed = false;
         for (name, kind, body) in found {
+            if !k.entries.contains_key(&name) && k.entries.len() >= MAX_ENTRIES {
+                continue;
+            }
             if newer(kind, k.entries.get(&name).map(String::as_str), &body) {
                 if kind == Kind::Report {
                     reports.push(name.clone());
@@ -289,6 +317,12 @@ impl Board {
         let mut writes = Vec::new();
         {
             let mut k = self.lock();
+            let fresh = ok.iter().filter(|e| !k.entries.contains_key(&e.0)).count();
+            if k.entries.len() + fresh > MAX_ENTRIES {
+                return Err(format!(
+                    "the board would hold more than {MAX_ENTRIES} entries"
+                ));
+            }
             for (name, kind, body) in ok {
                 if newer(kind, k.entries.get(&name).map(String::as_str), &body) {
                     if kind == Kind::Report {
@@ -717,9 +751,20 @@ mod tests {
             "ready-1-0/..",
             "grow-1-99999999999",
             ".ready-1-0.123",
-            "other-1-0",
+            "a b",
+            "",
+            &"x".repeat(129),
         ] {
             assert_eq!(parse_name(bad, 4), None, "{bad}");
+        }
+        // A program's own files are relayed as they are.
+        for other in [
+            "torch-store-grow4-0.0-1.0",
+            "torch-grow-2-1",
+            "notes",
+            "other-1-0",
+        ] {
+            assert_eq!(parse_name(other, 4), Some((Kind::Other, 0, 0)), "{other}");
         }
     }
 
@@ -731,10 +776,11 @@ mod tests {
         let (b, db) = board(4, 1);
         std::fs::write(da.join("ready-0-1"), "").unwrap();
         std::fs::write(da.join("grow-2-1"), "1 4 3 7 abcd").unwrap();
-        std::fs::write(da.join("junk"), "x").unwrap();
+        std::fs::write(da.join(".grow-2-1.123"), "x").unwrap(); // a temporary file
+        std::fs::write(da.join("torch-store-k"), "host 29500").unwrap();
         assert!(a.scan().is_empty());
         let out = a.outgoing("b", "A").unwrap();
-        assert_eq!(out.post.entries.len(), 2);
+        assert_eq!(out.post.entries.len(), 3);
         b.accept(&out.post).unwrap();
         assert!(!a.acknowledged("b", b.boot, out));
         assert!(a.outgoing("b", "A").is_none(), "all acknowledged");
@@ -743,7 +789,11 @@ mod tests {
             "1 4 3 7 abcd"
         );
         assert!(db.join("ready-0-1").exists());
-        assert!(!db.join("junk").exists());
+        assert_eq!(
+            std::fs::read_to_string(db.join("torch-store-k")).unwrap(),
+            "host 29500"
+        );
+        assert!(!db.join(".grow-2-1.123").exists());
 
         // An older grow does not overwrite a newer one; a newer one does.
         std::fs::write(db.join("grow-2-1"), "2 4 3 8 ef").unwrap();
