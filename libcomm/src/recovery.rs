@@ -392,7 +392,21 @@ impl Communicator {
                 self.describe()
             )));
         }
-        let id = UniqueId::new()?;
+        // The root listens where this rank is reached in this communicator
+        // (loopback when every rank is on this host): the existing ranks
+        // reach it there, and so does a replacement in the same network.
+        // The route-based guess of a fresh ncclGetUniqueId may pick an
+        // interface the job does not use (and that may vanish).
+        let ip = self
+            .s
+            .built
+            .get()
+            .map(|(ctx, _)| ctx.peers[self.s.rank].addr.ip())
+            .filter(|ip| !ip.is_unspecified());
+        let id = match ip {
+            Some(ip) => UniqueId::new_at(ip)?,
+            None => UniqueId::new()?,
+        };
         *g = Some(id.clone());
         Ok(id)
     }

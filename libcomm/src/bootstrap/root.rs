@@ -22,7 +22,17 @@ impl UniqueId {
     pub fn new() -> Result<UniqueId> {
         // Bound to the one address the id advertises (WEFT_LISTEN_ADDR, else
         // the address of the route out), not to every interface.
-        let ip = advertised_ip();
+        Self::new_at(advertised_ip())
+    }
+
+    /// [`UniqueId::new`] advertising `ip` (`WEFT_LISTEN_ADDR` still wins):
+    /// a grow's id is served where the communicator's ranks already reach
+    /// this rank.
+    pub fn new_at(ip: IpAddr) -> Result<UniqueId> {
+        let ip = params::WEFT_LISTEN_ADDR
+            .raw()
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(ip);
         let bind = SocketAddr::new(ip, 0);
         let listener = TcpListener::bind(bind)
             .or_else(|e| {
