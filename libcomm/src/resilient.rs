@@ -748,24 +748,53 @@ impl Resilient {
             });
             return Ok(false);
         }
-        self.adopt_grown(grown, state, &joiners).map(|_| true)
+        self.adopt_grown(grown, state, &joiners)
     }
 
     /// After a grow: order the ranks by logical rank again (a split) and
-    /// send the state to the joiners.
+    /// send the state to the joiners. The members agree over the current
+    /// communicator whether the split worked: a joiner can fail it without
+    /// dying (it gave the grow up), and then no death would ever explain
+    /// the failure; the grow is given up instead (false) and tried again.
     fn adopt_grown(
         &mut self,
         grown: Communicator,
         state: &mut impl State,
         joiners: &[(usize, u32)],
-    ) -> Result<()> {
-        let ordered = grown
-            .split_with_config(
-                Some(0),
-                self.logical as i32,
-                self.cfg.clone().blocking(true),
-            )?
-            .ok_or_else(|| Error::Internal("the ordering split gave no communicator".into()))?;
+    ) -> Result<bool> {
+        let split = grown.split_with_config(
+            Some(0),
+            self.logical as i32,
+            self.cfg.clone().blocking(true),
+        );
+        let ordered = match split {
+            Ok(Some(o)) => Some(o),
+            Ok(None) => {
+                return Err(Error::Internal(
+                    "the ordering split gave no communicator".into(),
+                ));
+            }
+            Err(e) if is_peer_failure(&e) => {
+                crate::log::warn_log!("resilient: the grown communicator failed its split: {e}");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let mut v = [ordered.is_some() as i32];
+        let agreed = self.comm.all_reduce_in_place(&mut v, ReduceOp::Min);
+        if agreed.is_err() || v[0] == 0 {
+            if let Some(o) = ordered {
+                let _ = o.abort();
+            }
+            abandon(grown);
+            agreed?;
+            self.events.push(RecoveryEvent::GrowFailed {
+                rank: joiners[0].0,
+                at: SystemTime::now(),
+            });
+            return Ok(false);
+        }
+        let ordered = ordered.expect("agreed: the split worked here");
         let _ = grown.destroy();
         let old = std::mem::replace(&mut self.comm, ordered);
         let _ = old.destroy();
@@ -781,7 +810,7 @@ impl Resilient {
             size: self.members.len(),
             at: SystemTime::now(),
         });
-        Ok(())
+        Ok(true)
     }
 
     /// The lowest-ranked member that is not joining broadcasts the step
@@ -861,7 +890,6 @@ impl Resilient {
                 continue;
             }
             last_seq = seq;
-            let ndead = board.deaths().len();
             let c = Communicator::join(&id, nranks, rank, cfg.clone().blocking(false))?;
             // 0: ready, 1: failed (dropped here), 2: to abandon.
             let outcome = loop {
@@ -870,13 +898,17 @@ impl Resilient {
                     CommState::Initializing => {}
                     _ => break 1,
                 }
-                // A death, or a newer grow for us (the survivors gave this
-                // one up: a survivor died before it started): leave it.
+                // A newer grow for us: the survivors gave this one up (one
+                // of them or another joiner died) and started another. Not
+                // any death on the board: this board is fresh, and deaths
+                // from before the grow (our predecessor's) arrive after the
+                // grow file; leaving then closed the survivors' connections
+                // mid-bootstrap and failed a grow that was going well.
                 let newer = std::fs::read_to_string(&grow_file)
                     .ok()
                     .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
                     .is_some_and(|q| q > seq);
-                if newer || board.deaths().len() != ndead || Instant::now() >= until {
+                if newer || Instant::now() >= until {
                     break 2;
                 }
                 std::thread::sleep(Duration::from_millis(1));

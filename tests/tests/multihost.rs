@@ -797,8 +797,10 @@ fn a_stalled_channel_does_not_block_others_on_the_shared_connection() {
     assert!(big_sent >= recv_start, "{big_sent} < {recv_start}");
     for r in [1, 3] {
         let done = fact(r, "small_done_ms");
+        // The same millisecond is possible: rank 2 starts right after the
+        // marker written after this timestamp.
         assert!(
-            done < recv_start,
+            done <= recv_start,
             "rank {r} finished at {done}, after the stalled receive began at {recv_start}"
         );
         eprintln!(

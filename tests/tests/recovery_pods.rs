@@ -56,8 +56,26 @@ struct Job {
     timeout_ms: &'static str,
 }
 
+/// Ports a pod keeps across its incarnations: below the kernel's ephemeral
+/// range (32768 and up), so that while a replacement is starting no other
+/// process's outgoing connection or port-0 listener can take its port.
 fn free_ports(n: usize) -> Vec<u16> {
-    weft::launch::env::free_ports(n, None).expect("free ports")
+    let mut ports: Vec<u16> = Vec::new();
+    for _ in 0..1000 {
+        if ports.len() == n {
+            return ports;
+        }
+        // Randomly keyed per call: tests running at once pick apart.
+        use std::hash::{BuildHasher, Hasher};
+        let r = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let p = 20000 + (r % 12000) as u16;
+        if !ports.contains(&p) && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            ports.push(p);
+        }
+    }
+    panic!("no {n} free ports in 20000..32000 on 127.0.0.1");
 }
 
 impl Job {
@@ -200,6 +218,29 @@ impl Job {
     }
 }
 
+/// A pod's board as it is now (names and the start of each body): which
+/// relay fell behind when a recovery did not happen.
+fn board_listing(root: &Path) -> String {
+    let dir = root.join("board");
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    names.sort();
+    let mut s = format!("board {}:\n", dir.display());
+    for n in names {
+        let body = std::fs::read_to_string(dir.join(&n)).unwrap_or_default();
+        // A report is a survivor's error: whole; other bodies are long ids.
+        let keep = if n.to_string_lossy().starts_with("report-") {
+            600
+        } else {
+            60
+        };
+        let head: String = body.replace('\n', " | ").chars().take(keep).collect();
+        s.push_str(&format!("  {}: {head}\n", n.to_string_lossy()));
+    }
+    s
+}
+
 impl Drop for Job {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.secret_file);
@@ -300,7 +341,7 @@ fn run(
                 old.sidecar.log()
             );
             let inc = old.incarnation + 1;
-            let old_log = old.sidecar.log();
+            let old_log = format!("{}{}", old.sidecar.log(), board_listing(&old.root));
             eprintln!(
                 "pod {} incarnation {} failed ({st}) after {:?}: replacing it",
                 old.index,
@@ -312,7 +353,14 @@ fn run(
                 let sidecars: String = pods
                     .iter()
                     .flatten()
-                    .map(|p| format!("--- pod {}'s sidecar:\n{}", p.index, p.sidecar.log()))
+                    .map(|p| {
+                        format!(
+                            "--- pod {}'s sidecar:\n{}{}",
+                            p.index,
+                            p.sidecar.log(),
+                            board_listing(&p.root)
+                        )
+                    })
                     .collect();
                 panic!(
                     "more failures than expected:\n{}\n--- pod {i}'s stopped sidecar:\n{}{sidecars}",
