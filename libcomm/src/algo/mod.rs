@@ -91,11 +91,24 @@ pub(crate) fn all_reduce(
     match algo {
         Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
         Algo::Direct | Algo::Ll => all_reduce_direct(c, src, recv, count, dt, op),
-        _ => {
+        _ if op == ReduceOp::Avg => {
+            // The owned chunk is divided between the two halves.
             let owned = ring_reduce_scatter(c, src, recv, count, dt, op.combine(), 1)?;
             let (lo, hi) = (bound(owned, count, n), bound(owned + 1, count, n));
             finish_avg(op, dt, unsafe { recv.add(lo * dt.size()) }, hi - lo, n);
             ring_all_gather_chunks(c, recv, count, dt, 1)
+        }
+        _ => {
+            // Both halves in one batch: the all-gather forwards this rank's
+            // chunk as its last reduce-scatter receive completes it. In
+            // place, an all-gather receive writes chunk (r+k-1) after the
+            // reduce-scatter's first send read it: its bytes come back round
+            // the ring only after that send put them on their way.
+            let mut xs = Vec::with_capacity(4 * (n - 1));
+            ring_reduce_scatter_steps(c, &mut xs, src, recv, count, dt, op.combine(), 1);
+            let last = xs.len() - 1;
+            ring_all_gather_steps(c, &mut xs, recv, count, dt, 1, Some(last));
+            c.exec(&mut xs)
         }
     }
 }
@@ -146,6 +159,14 @@ fn all_reduce_direct(
 /// Ring reduce-scatter over `work` (which must be writable for the whole
 /// buffer): after n-1 steps rank r holds the full reduction of chunk
 /// `(r + k) mod n` in `work`. Returns that chunk's index.
+///
+/// All steps are one batch: the send of step s+1 forwards the chunk that
+/// step s's receive reduced, gated on the bytes reduced so far, so a slice
+/// moves on while it is still in cache and no rank waits at a step
+/// boundary for the slowest. Safe in place (`src == work`): the receives
+/// write n-1 distinct chunks, none of which a send still has to read (a
+/// send reads chunk (k+r-1) from `src`, never received, or the previous
+/// receive's chunk, only as far as that receive got).
 fn ring_reduce_scatter(
     c: &mut Resources,
     src: *const u8,
@@ -155,6 +176,25 @@ fn ring_reduce_scatter(
     op: Combine,
     k: usize,
 ) -> Result<usize> {
+    let mut xs = Vec::with_capacity(2 * (c.ctx.nranks - 1));
+    let owned = ring_reduce_scatter_steps(c, &mut xs, src, work, count, dt, op, k);
+    c.exec(&mut xs)?;
+    Ok(owned)
+}
+
+/// The transfers of [`ring_reduce_scatter`], appended to `xs`; returns the
+/// chunk this rank ends up owning (its last receive, the last of `xs`).
+#[allow(clippy::too_many_arguments)]
+fn ring_reduce_scatter_steps(
+    c: &Resources,
+    xs: &mut Vec<Xfer>,
+    src: *const u8,
+    work: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: Combine,
+    k: usize,
+) -> usize {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let at = |ch: usize| bound(ch, count, n) * es;
@@ -162,23 +202,28 @@ fn ring_reduce_scatter(
     for s in 0..n - 1 {
         let sc = (k + r + 2 * n - 1 - s) % n;
         let rc = (k + r + 2 * n - 2 - s) % n;
-        let sptr = if s == 0 {
-            unsafe { src.add(at(sc)) }
+        let send = if s == 0 {
+            Xfer::send(right, unsafe { src.add(at(sc)) }, len(sc))
         } else {
-            unsafe { work.add(at(sc)) as *const u8 }
+            // The previous receive (just pushed) reduced this chunk.
+            let gate = xs.len() - 1;
+            Xfer::send(right, unsafe { work.add(at(sc)) as *const u8 }, len(sc)).gated(gate)
         };
-        let rptr = unsafe { work.add(at(rc)) };
+        xs.push(send);
         let other = unsafe { src.add(at(rc)) };
-        c.exec(&mut [
-            Xfer::send(right, sptr, len(sc)),
-            Xfer::recv_reduce(left, rptr, len(rc), red(dt, op, other)),
-        ])?;
+        xs.push(Xfer::recv_reduce(
+            left,
+            unsafe { work.add(at(rc)) },
+            len(rc),
+            red(dt, op, other),
+        ));
     }
-    Ok((k + r) % n)
+    (k + r) % n
 }
 
 /// Ring all-gather of the chunks of a `count`-element buffer where rank r
-/// starts with chunk `(r + k) mod n` in place.
+/// starts with chunk `(r + k) mod n` in place. One batch, each forward
+/// gated on the receive before it (as in [`ring_reduce_scatter`]).
 fn ring_all_gather_chunks(
     c: &mut Resources,
     buf: *mut u8,
@@ -186,6 +231,23 @@ fn ring_all_gather_chunks(
     dt: DataType,
     k: usize,
 ) -> Result<()> {
+    let mut xs = Vec::with_capacity(2 * (c.ctx.nranks - 1));
+    ring_all_gather_steps(c, &mut xs, buf, count, dt, k, None);
+    c.exec(&mut xs)
+}
+
+/// The transfers of [`ring_all_gather_chunks`], appended to `xs`; the first
+/// send is gated on `xs[first_gate]` when given (the receive that completes
+/// this rank's chunk, in a batch that reduce-scatters first).
+fn ring_all_gather_steps(
+    c: &Resources,
+    xs: &mut Vec<Xfer>,
+    buf: *mut u8,
+    count: usize,
+    dt: DataType,
+    k: usize,
+    first_gate: Option<usize>,
+) {
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let at = |ch: usize| bound(ch, count, n) * es;
@@ -193,12 +255,18 @@ fn ring_all_gather_chunks(
     for s in 0..n - 1 {
         let sc = (k + r + n - s) % n;
         let rc = (k + r + 2 * n - 1 - s) % n;
-        c.exec(&mut [
-            Xfer::send(right, unsafe { buf.add(at(sc)) }, len(sc)),
-            Xfer::recv(left, unsafe { buf.add(at(rc)) }, len(rc)),
-        ])?;
+        let send = Xfer::send(right, unsafe { buf.add(at(sc)) }, len(sc));
+        let gate = if s == 0 {
+            first_gate
+        } else {
+            Some(xs.len() - 1)
+        };
+        xs.push(match gate {
+            Some(g) => send.gated(g),
+            None => send,
+        });
+        xs.push(Xfer::recv(left, unsafe { buf.add(at(rc)) }, len(rc)));
     }
-    Ok(())
 }
 
 /// Recursive doubling, with the usual fold of the ranks beyond the largest
