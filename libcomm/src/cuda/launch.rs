@@ -29,6 +29,9 @@ impl DevComm {
         if p.count == 0 {
             return Ok(());
         }
+        if p.copy {
+            return unsafe { self.launch_copy(p, stream) };
+        }
         let f = function(self.dev, p.func)?;
         use_device(self.dev)?;
         let (blocks, mut a, seqs) = if p.ll {
@@ -59,6 +62,26 @@ impl DevComm {
                     std::ptr::null_mut(),
                 ),
                 "cuLaunchKernel",
+            )
+        }
+    }
+
+    /// A one-rank collective: the input copied to the output on `stream`
+    /// (nothing in place). No kernel, so no sequence number is used.
+    unsafe fn launch_copy(&mut self, p: &Plan, stream: *mut c_void) -> CudaResult<()> {
+        if p.input == p.output {
+            return Ok(());
+        }
+        use_device(self.dev)?;
+        unsafe {
+            check(
+                sys::cuMemcpyDtoDAsync_v2(
+                    p.output,
+                    p.input,
+                    p.count * p.elem,
+                    stream as sys::CUstream,
+                ),
+                "cuMemcpyDtoDAsync (one-rank collective)",
             )
         }
     }
