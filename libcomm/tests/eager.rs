@@ -4,8 +4,11 @@
 //! more calls still delivers, destroy with a send nobody receives returns an
 //! error in bounded time. The same across processes: `tests/tests/p2p.rs`.
 
-use libcomm::{Communicator, Config, Error, Group, TransportPref, UniqueId};
+use libcomm::{Communicator, Config, Error, Group, TransportPref};
 use std::thread;
+
+mod common;
+use common::comms;
 use std::time::{Duration, Instant};
 
 fn splitmix(mut x: u64) -> u64 {
@@ -39,19 +42,6 @@ fn data(seed: u64, round: u64, rank: usize, n: usize) -> Vec<f32> {
             1.0 + (r >> 40) as f32 / (1u64 << 24) as f32 * 1000.0
         })
         .collect()
-}
-
-fn comms(n: usize, cfg: Config) -> Vec<Communicator> {
-    let id = UniqueId::new().unwrap();
-    thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (id, cfg) = (&id, cfg.clone());
-                s.spawn(move || Communicator::init_with_config(id, n, r, cfg).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 fn each<F>(comms: &[Communicator], f: F)

@@ -6,25 +6,15 @@
 
 use libcomm::{CommState, Communicator, Config, ErrorKind, ReduceOp, ShrinkMode, UniqueId};
 use std::thread;
+
+mod common;
+use common::comms;
 use std::time::{Duration, Instant};
 
 fn cfg() -> Config {
     Config::default()
         .timeout(Some(Duration::from_secs(30)))
         .init_timeout(Duration::from_secs(30))
-}
-
-fn comms(n: usize, cfg: Config) -> Vec<Communicator> {
-    let id = UniqueId::new().unwrap();
-    thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (id, cfg) = (&id, cfg.clone());
-                s.spawn(move || Communicator::init_with_config(id, n, r, cfg).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
 }
 
 /// All-reduce of (rank + 1) on every communicator given, checked.

@@ -4,6 +4,9 @@
 use libcomm::{CommState, Communicator, Error, Group, ReduceOp};
 use std::thread;
 
+mod common;
+use common::comms;
+
 fn each<F>(comms: &[Communicator], f: F)
 where
     F: Fn(&Communicator) + Sync,
@@ -101,21 +104,14 @@ fn abort_wakes_a_blocked_peer() {
 
 /// Communicators of `n` ranks as threads with `algo` as `WEFT_ALGO`.
 fn init_with_algo(n: usize, algo: &str) -> Vec<Communicator> {
-    let id = libcomm::UniqueId::new().unwrap();
-    let cfg = libcomm::Config {
-        algo: algo.parse().unwrap(),
-        timeout: Some(std::time::Duration::from_secs(30)),
-        ..Default::default()
-    };
-    thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (id, cfg) = (&id, cfg.clone());
-                s.spawn(move || Communicator::init_with_config(id, n, r, cfg).unwrap())
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    comms(
+        n,
+        libcomm::Config {
+            algo: algo.parse().unwrap(),
+            timeout: Some(std::time::Duration::from_secs(30)),
+            ..Default::default()
+        },
+    )
 }
 
 fn splitmix(mut x: u64) -> u64 {

@@ -266,6 +266,27 @@ nccl_api! {
     }
 }
 
+/// Makes a communicator with `run` now, writing its handle to `newcomm`;
+/// inside ncclGroupStart/End the call is deferred to ncclGroupEnd instead
+/// (as NCCL does for split, shrink and grow), which writes the handle then.
+unsafe fn make_now_or_at_group_end(
+    parent: Option<std::sync::Arc<crate::handles::CommEntry>>,
+    newcomm: *mut ncclComm_t,
+    run: impl FnOnce() -> CResult<(usize, NcclResult)> + Send + 'static,
+) -> CResult<NcclResult> {
+    if group::in_group() {
+        group::add_comm(group::PendingComm {
+            parent,
+            out: newcomm as usize,
+            run: Box::new(run),
+        });
+        return Ok(SUCCESS);
+    }
+    let (hd, code) = run()?;
+    unsafe { *newcomm = hd as ncclComm_t };
+    Ok(code)
+}
+
 unsafe fn split_impl(
     comm: ncclComm_t,
     color: Option<u32>,
@@ -278,18 +299,10 @@ unsafe fn split_impl(
     non_null(newcomm, "newcomm")?;
     *newcomm = std::ptr::null_mut();
     let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
-    if group::in_group() {
-        let p = parent.clone();
-        group::add_comm(group::PendingComm {
-            parent: Some(parent),
-            out: newcomm as usize,
-            run: Box::new(move || do_split(&p, color, key, cfg, blocking, what)),
-        });
-        return Ok(SUCCESS);
-    }
-    let (hd, code) = do_split(&parent, color, key, cfg, blocking, what)?;
-    *newcomm = hd as ncclComm_t;
-    Ok(code)
+    let p = parent.clone();
+    make_now_or_at_group_end(Some(parent), newcomm, move || {
+        do_split(&p, color, key, cfg, blocking, what)
+    })
 }
 
 nccl_api! {
@@ -392,17 +405,7 @@ nccl_api! {
                 adopt(child, blocking, cfg, "ncclCommShrink", &parent.describe())
             }
         };
-        if group::in_group() {
-            group::add_comm(group::PendingComm {
-                parent: Some(parent),
-                out: newcomm as usize,
-                run: Box::new(run),
-            });
-            return Ok(SUCCESS);
-        }
-        let (hd, code) = run()?;
-        *newcomm = hd as ncclComm_t;
-        Ok(code)
+        make_now_or_at_group_end(Some(parent), newcomm, run)
     }
 }
 
@@ -479,13 +482,7 @@ nccl_api! {
                     .map_err(|e| Fail::from(e).context(format!("ncclCommGrow: new rank {rank} of {n_ranks}")))?;
                 adopt(c, blocking, cfg, "ncclCommGrow", "a unique id")
             };
-            if group::in_group() {
-                group::add_comm(group::PendingComm { parent: None, out: newcomm as usize, run: Box::new(run) });
-                return Ok(SUCCESS);
-            }
-            let (hd, code) = run()?;
-            *newcomm = hd as ncclComm_t;
-            return Ok(code);
+            return make_now_or_at_group_end(None, newcomm, run);
         }
         let parent = handles::get(h(comm), "ncclCommGrow")?;
         if rank != -1 {
@@ -505,17 +502,7 @@ nccl_api! {
                 adopt(child, blocking, cfg, "ncclCommGrow", &parent.describe())
             }
         };
-        if group::in_group() {
-            group::add_comm(group::PendingComm {
-                parent: Some(parent),
-                out: newcomm as usize,
-                run: Box::new(run),
-            });
-            return Ok(SUCCESS);
-        }
-        let (hd, code) = run()?;
-        *newcomm = hd as ncclComm_t;
-        Ok(code)
+        make_now_or_at_group_end(Some(parent), newcomm, run)
     }
 }
 

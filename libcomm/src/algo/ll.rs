@@ -194,42 +194,25 @@ fn all_reduce_inner(
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
     debug_assert!(usable(c, bytes));
-    // The mappings live as long as `c` (they are dropped with it); raw
-    // pointers let the waits below borrow `c` mutably (eager sends).
-    let maps = Maps::of(c);
-    let map = |p: usize| maps.get(p);
-    let own = map(r);
-    let (e, b) = next_epoch(own);
     let comb = op.combine();
     let kind = if two_shot {
         Kind::AllReduce2
     } else {
         Kind::AllReduce
     };
-    let mut w = Waiter::new(c, kind);
+    let Start { maps, e, b, mut w } = Start::new(c, kind);
+    let map = |p: usize| maps.get(p);
+    let own = map(r);
 
     // Publish our input.
     let (hdr, mine) = own.ll_slot(b, false);
-    match op {
-        ReduceOp::PreMulSum(s) => unsafe { reduce::scale(dt, mine, send, count, s) },
-        _ => unsafe { std::ptr::copy_nonoverlapping(send, mine, bytes) },
-    }
+    unsafe { fill_slot(mine, send, count, dt, op) };
     let tag = kind.tag(bytes);
     publish(maps, hdr, e, tag);
 
     if !two_shot {
         // Reduce the n inputs in rank order straight into `recv`.
-        let slot = |p: usize| map(p).ll_slot(b, false);
-        w.wait(c, maps, slot(0).0, e, bytes, 0)?;
-        for p in 1..n {
-            w.wait(c, maps, slot(p).0, e, bytes, p)?;
-            let a = if p == 1 { slot(0).1 } else { recv };
-            unsafe { reduce::combine(dt, comb, recv, a, slot(p).1, count) };
-        }
-        if op == ReduceOp::Avg {
-            unsafe { reduce::divide(dt, recv, count, n) };
-        }
-        return Ok(());
+        return reduce_slots_in_rank_order(c, &mut w, maps, (e, b), bytes, 0, recv, count, dt, op);
     }
 
     // Two shots. Reduce-scatter: our chunk of every input into our output slot.
@@ -290,6 +273,74 @@ fn next_epoch(own: &Mapping) -> (u64, usize) {
     (e, (e & 1) as usize)
 }
 
+/// What every operation through the slots starts with: the mappings (they
+/// live as long as `c`, which drops them; raw pointers let the waits borrow
+/// `c` mutably for eager sends), this operation's epoch `e` and slot buffer
+/// `b` (even or odd), and its waiter.
+struct Start {
+    maps: Maps,
+    e: u64,
+    b: usize,
+    w: Waiter,
+}
+
+impl Start {
+    fn new(c: &Resources, kind: Kind) -> Start {
+        let maps = Maps::of(c);
+        let (e, b) = next_epoch(maps.get(c.ctx.rank));
+        Start {
+            maps,
+            e,
+            b,
+            w: Waiter::new(c, kind),
+        }
+    }
+}
+
+/// Copies `count` elements of `send` into a slot, scaled by the rank's
+/// factor for PreMulSum.
+unsafe fn fill_slot(mine: *mut u8, send: *const u8, count: usize, dt: DataType, op: ReduceOp) {
+    match op {
+        ReduceOp::PreMulSum(s) => unsafe { reduce::scale(dt, mine, send, count, s) },
+        _ => unsafe { std::ptr::copy_nonoverlapping(send, mine, count * dt.size()) },
+    }
+}
+
+/// Waits for each rank's input slot of epoch `e` (`published` bytes) in
+/// turn and reduces `count` elements at `offset` of them into `recv` in
+/// rank order, so every rank computes bit-identical results; divides for
+/// Avg.
+#[allow(clippy::too_many_arguments)]
+fn reduce_slots_in_rank_order(
+    c: &mut Resources,
+    w: &mut Waiter,
+    maps: Maps,
+    (e, b): (u64, usize),
+    published: usize,
+    offset: usize,
+    recv: *mut u8,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let n = c.ctx.nranks;
+    let comb = op.combine();
+    let input = |p: usize| {
+        let (h, d) = maps.get(p).ll_slot(b, false);
+        (h, unsafe { d.add(offset) })
+    };
+    w.wait(c, maps, input(0).0, e, published, 0)?;
+    for p in 1..n {
+        w.wait(c, maps, input(p).0, e, published, p)?;
+        let a = if p == 1 { input(0).1 } else { recv };
+        unsafe { reduce::combine(dt, comb, recv, a, input(p).1, count) };
+    }
+    if op == ReduceOp::Avg {
+        unsafe { reduce::divide(dt, recv, count, n) };
+    }
+    Ok(())
+}
+
 fn reduce_scatter_inner(
     c: &mut Resources,
     send: *const u8,
@@ -302,38 +353,28 @@ fn reduce_scatter_inner(
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (bytes, total) = (count * es, count * es * n);
     debug_assert!(usable(c, total));
-    let maps = Maps::of(c);
-    let map = |p: usize| maps.get(p);
-    let own = map(r);
-    let (e, b) = next_epoch(own);
     let kind = Kind::ReduceScatter;
-    let mut w = Waiter::new(c, kind);
+    let Start { maps, e, b, mut w } = Start::new(c, kind);
 
     // Publish our n blocks (in place, `recv` is one of them: it is read here,
     // before it is written below).
-    let (hdr, mine) = own.ll_slot(b, false);
-    match op {
-        ReduceOp::PreMulSum(s) => unsafe { reduce::scale(dt, mine, send, count * n, s) },
-        _ => unsafe { std::ptr::copy_nonoverlapping(send, mine, total) },
-    }
+    let (hdr, mine) = maps.get(r).ll_slot(b, false);
+    unsafe { fill_slot(mine, send, count * n, dt, op) };
     publish(maps, hdr, e, kind.tag(total));
 
     // Block r of the n inputs, in rank order, straight into `recv`.
-    let comb = op.combine();
-    let block = |p: usize| {
-        let (h, d) = map(p).ll_slot(b, false);
-        (h, unsafe { d.add(r * bytes) })
-    };
-    w.wait(c, maps, block(0).0, e, total, 0)?;
-    for p in 1..n {
-        w.wait(c, maps, block(p).0, e, total, p)?;
-        let a = if p == 1 { block(0).1 } else { recv };
-        unsafe { reduce::combine(dt, comb, recv, a, block(p).1, count) };
-    }
-    if op == ReduceOp::Avg {
-        unsafe { reduce::divide(dt, recv, count, n) };
-    }
-    Ok(())
+    reduce_slots_in_rank_order(
+        c,
+        &mut w,
+        maps,
+        (e, b),
+        total,
+        r * bytes,
+        recv,
+        count,
+        dt,
+        op,
+    )
 }
 
 /// One rank's all-gather through the latency slots (the caller checked
@@ -352,12 +393,10 @@ fn all_gather_inner(c: &mut Resources, send: *const u8, recv: *mut u8, bytes: us
     c.check_raised()?;
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     debug_assert!(usable(c, bytes));
-    let maps = Maps::of(c);
+    let kind = Kind::AllGather;
+    let Start { maps, e, b, mut w } = Start::new(c, kind);
     let map = |p: usize| maps.get(p);
     let own = map(r);
-    let (e, b) = next_epoch(own);
-    let kind = Kind::AllGather;
-    let mut w = Waiter::new(c, kind);
 
     let (hdr, mine) = own.ll_slot(b, false);
     unsafe { std::ptr::copy_nonoverlapping(send, mine, bytes) };

@@ -76,31 +76,17 @@ impl DevComm {
             OpKind::AllToAll => (K_ALLTOALL, 0, n),
             _ => return None,
         };
-        if n == 1 {
-            // One rank: every collective's result is its input (an average
-            // of one value is that value), so it is one device-to-device
-            // copy, at the copy engine's speed (a collective kernel moved
-            // 446 GB/s where cudaMemcpy moves ~1450 on an H100), and none
-            // in place. PreMulSum scales: it stays staged, as below.
-            return Some(Plan {
-                kind,
-                func: func_name(dtype, rop)?,
-                input: send as u64,
-                output: recv as u64,
-                count,
-                elem: dtype.size(),
-                root: root as i32,
-                parts: 1,
-                ll: false,
-                chain: 0,
-                copy: true,
-            });
-        }
-        if matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2) && self.cc < (8, 9) {
+        // One rank: every collective's result is its input (an average of
+        // one value is that value), so it is one device-to-device copy, at
+        // the copy engine's speed (a collective kernel moved 446 GB/s where
+        // cudaMemcpy moves ~1450 on an H100), and none in place. PreMulSum
+        // scales: `func_name` has no kernel for it, so it stays staged.
+        let copy = n == 1;
+        if !copy && matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2) && self.cc < (8, 9) {
             return None;
         }
         let bytes = count * dtype.size();
-        let ll = self.tuning.ll(bytes, n, self.direct);
+        let ll = !copy && self.tuning.ll(bytes, n, self.direct);
         // The LL kernel is a one-shot whatever the size rule picked.
         let kind = if ll && kind == K_ALLREDUCE_2SHOT {
             K_ALLREDUCE
@@ -117,8 +103,8 @@ impl DevComm {
             root: root as i32,
             parts,
             ll,
-            copy: false,
-            chain: if ll {
+            copy,
+            chain: if ll || copy {
                 0
             } else if self.tuning.lines(kind, bytes, n, self.lines) {
                 CHAIN_LINES
