@@ -195,10 +195,15 @@ fn read_secret(src: Option<&SecretSource>) -> Result<Option<String>> {
     }
 }
 
+/// `WEFT_LISTEN_ADDR` when set to an IP address.
+pub(crate) fn listen_addr() -> Option<IpAddr> {
+    params::WEFT_LISTEN_ADDR.raw().and_then(|a| a.parse().ok())
+}
+
 /// The address other hosts should use for us: `WEFT_LISTEN_ADDR`, else the
 /// source address of a route towards a public range (no packet is sent), else loopback.
 pub(crate) fn advertised_ip() -> IpAddr {
-    if let Some(ip) = params::WEFT_LISTEN_ADDR.raw().and_then(|a| a.parse().ok()) {
+    if let Some(ip) = listen_addr() {
         return ip;
     }
     std::net::UdpSocket::bind("0.0.0.0:0")

@@ -9,7 +9,7 @@ use super::{Hello, PeerInfo, encode_table};
 use crate::error::{Error, Result};
 use crate::handshake::random;
 use crate::log::{info_log, warn_log};
-use crate::unique_id::{UniqueId, advertised_ip};
+use crate::unique_id::{UniqueId, advertised_ip, listen_addr};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use weft_contract::params;
@@ -29,10 +29,7 @@ impl UniqueId {
     /// a grow's id is served where the communicator's ranks already reach
     /// this rank.
     pub fn new_at(ip: IpAddr) -> Result<UniqueId> {
-        let ip = params::WEFT_LISTEN_ADDR
-            .raw()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(ip);
+        let ip = listen_addr().unwrap_or(ip);
         let bind = SocketAddr::new(ip, 0);
         let listener = TcpListener::bind(bind)
             .or_else(|e| {
@@ -245,10 +242,7 @@ pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
 /// hold, such as a Service's).
 fn root_bind(id: &UniqueId) -> SocketAddr {
     let port = id.root.port();
-    if let Some(ip) = params::WEFT_LISTEN_ADDR
-        .raw()
-        .and_then(|a| a.parse::<IpAddr>().ok())
-    {
+    if let Some(ip) = listen_addr() {
         return SocketAddr::new(ip, port);
     }
     let ip = id.root.ip();
