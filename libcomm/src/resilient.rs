@@ -27,8 +27,9 @@ use crate::state::CommState;
 use crate::types::ReduceOp;
 use crate::unique_id::{UniqueId, hex};
 use sha2::{Digest, Sha256};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
+use weft_contract::board::{self, RankFile};
 use weft_contract::params;
 
 /// The state a program keeps across steps: saved before each step (rolled
@@ -93,20 +94,14 @@ impl Board {
     }
 
     fn write(&self, name: &str, body: &str) -> Result<()> {
-        write_atomic(&self.dir, name, body)
+        board::write_atomic(&self.dir, name, body)
+            .map_err(|e| Error::sys(format!("writing {}", self.path(name).display()), e))
     }
 
     fn deaths(&self) -> Vec<Death> {
-        let Ok(s) = std::fs::read_to_string(self.path("dead")) else {
-            return Vec::new();
-        };
-        s.lines()
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                let r = w.next()?.parse().ok()?;
-                let i = w.next()?.parse().ok()?;
-                Some((r, i, w.next() == Some("replaced")))
-            })
+        board::read_dead(&self.dir)
+            .into_iter()
+            .map(|d| (d.rank, d.incarnation, d.replaced))
             .collect()
     }
 
@@ -116,23 +111,14 @@ impl Board {
 
     /// The newest incarnation of `rank` that said it is ready, if it is alive.
     fn ready(&self, rank: usize, deaths: &[Death]) -> Option<u32> {
-        let prefix = format!("ready-{rank}-");
         let rd = std::fs::read_dir(&self.dir).ok()?;
         rd.filter_map(|e| {
-            let n = e.ok()?.file_name().into_string().ok()?;
-            n.strip_prefix(&prefix)?.parse::<u32>().ok()
+            let f = RankFile::parse(e.ok()?.file_name().to_str()?)?;
+            (f.kind == board::Kind::Ready && f.rank == rank).then_some(f.incarnation)
         })
         .filter(|&i| !Self::is_dead(deaths, rank, i))
         .max()
     }
-}
-
-/// Writes `dir/name` atomically (a temporary file, then a rename).
-pub fn write_atomic(dir: &Path, name: &str, body: &str) -> Result<()> {
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-    std::fs::write(&tmp, body)
-        .and_then(|_| std::fs::rename(&tmp, dir.join(name)))
-        .map_err(|e| Error::sys(format!("writing {}", dir.join(name).display()), e))
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -447,7 +433,7 @@ impl Resilient {
     fn report(&self, e: &Error) {
         if let Some(b) = &self.board {
             let _ = b.write(
-                &format!("report-{}-{}", self.logical, self.inc),
+                &RankFile::report(self.logical, self.inc).name(),
                 &e.to_string(),
             );
         }
@@ -676,7 +662,7 @@ impl Resilient {
             let id = self.comm.grow_unique_id()?;
             for (i, &(r, inc)) in joiners.iter().enumerate() {
                 board.write(
-                    &format!("grow-{r}-{inc}"),
+                    &RankFile::grow(r, inc).name(),
                     &format!(
                         "{} {} {} {} {}\n",
                         seq,
@@ -856,10 +842,10 @@ impl Resilient {
         cfg: Config,
         timeout: Duration,
     ) -> Result<Resilient> {
-        board.write(&format!("ready-{logical}-{inc}"), "")?;
+        board.write(&RankFile::ready(logical, inc).name(), "")?;
         let until = Instant::now() + timeout;
         let mut last_seq = 0u64;
-        let grow_file = board.path(&format!("grow-{logical}-{inc}"));
+        let grow_file = board.path(&RankFile::grow(logical, inc).name());
         loop {
             if Instant::now() >= until {
                 return Err(Error::Timeout {

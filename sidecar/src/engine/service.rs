@@ -448,7 +448,7 @@ impl Sidecar for Service {
                     "refused a recovery board post from {}: {why}",
                     clip(post.from_host)
                 ));
-                Err(Status::invalid_argument(why))
+                Err(Status::invalid_argument(why.to_string()))
             }
         }
     }
