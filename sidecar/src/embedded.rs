@@ -5,8 +5,8 @@
 //! [`weft_agent::Embedded`].
 
 use crate::engine::{self, Engine};
-use crate::rpc::{Hello, rank_message::Msg};
 use std::sync::Arc;
+use weft_agent::rpc::{Hello, rank_message::Msg};
 use weft_agent::{Agent, Commands, Embedded};
 
 /// The engine of this process, and the connection its messages arrive on.

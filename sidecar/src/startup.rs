@@ -7,16 +7,72 @@
 use crate::engine::limits::Gate;
 use crate::engine::{
     self, Engine, KEEPALIVE_ACK, MAX_MESSAGE, MAX_PROXY_HANDSHAKES,
-    MAX_PROXY_HANDSHAKES_PER_SOURCE, MAX_STREAMS, SidecarArgs, auth, board, host_name, http,
-    listen, peers, service, telemetry,
+    MAX_PROXY_HANDSHAKES_PER_SOURCE, MAX_STREAMS, auth, board, board_relay, host_name, http,
+    listen, peer_rpc, peers, service, telemetry,
 };
 use crate::log::RateLog;
 use crate::log::log;
 use crate::proxy::{self, Proxy};
-use crate::rpc;
 use crate::seams::{JobEvents, Route};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use weft_agent::rpc;
+
+/// `weft sidecar` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SidecarArgs {
+    /// The Unix socket ranks attach to (export it as WEFT_SIDECAR_SOCKET).
+    #[arg(long, env = weft_contract::params::WEFT_SIDECAR_SOCKET.name(), value_name = "PATH")]
+    pub socket: PathBuf,
+    /// HTTP port for /metrics, /healthz, /readyz, /ras (port 0: any free port).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+    pub http: SocketAddr,
+    /// Job name (WEFT_JOB).
+    #[arg(long, env = weft_contract::params::WEFT_JOB.name(), default_value = "anon")]
+    pub job: String,
+    /// Host name reported in RAS (default: this machine's).
+    #[arg(long, env = weft_contract::params::WEFT_HOSTNAME.name())]
+    pub host: Option<String>,
+    /// TCP address peer sidecars reach us on (heartbeats, abort); off when unset.
+    #[arg(long, value_name = "ADDR")]
+    pub peer_listen: Option<SocketAddr>,
+    /// Peer sidecars (other hosts of the job), comma-separated HOST:PORT.
+    #[arg(long, value_name = "ADDRS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// A peer that does not answer heartbeats for this long is a lost host.
+    #[arg(long, value_name = "MS", default_value = "3000")]
+    pub peer_timeout_ms: u64,
+    /// A peer that has never answered is lost only after this long (pods of
+    /// one job start minutes apart when images are pulled); 0: after
+    /// --peer-timeout-ms like any other.
+    #[arg(long, value_name = "MS", default_value = "0")]
+    pub peer_startup_grace_ms: u64,
+    /// Seconds the ranks get to acknowledge an abort on SIGTERM before we exit.
+    #[arg(long, value_name = "SECS", default_value = "2")]
+    pub grace: f64,
+    /// Do not offer the network proxy (ranks then connect to other hosts
+    /// directly over TCP). The proxy needs --peer-listen.
+    #[arg(long)]
+    pub no_proxy: bool,
+    /// Open connections per port (HTTP, socket, peer port) at most; at the
+    /// cap a new one displaces the oldest idle or unauthenticated one.
+    #[arg(long, value_name = "N", default_value = "256")]
+    pub max_connections: usize,
+    /// Open connections per source address and port (HTTP, peer port) at most.
+    #[arg(long, value_name = "N", default_value = "32")]
+    pub max_connections_per_source: usize,
+    /// From accept to the HTTP/2 preface and SETTINGS (gRPC), to the end of
+    /// a proxy handshake, to a complete HTTP request header.
+    #[arg(long, value_name = "MS", default_value = "5000")]
+    pub handshake_timeout_ms: u64,
+    /// An HTTP connection that moves no byte for this long is closed; the
+    /// gRPC servers ping a connection silent for this long (HTTP/2
+    /// keepalive) and close it when the ping is not answered.
+    #[arg(long, value_name = "MS", default_value = "60000")]
+    pub idle_timeout_ms: u64,
+}
 
 /// Raises the descriptor limit to the hard limit: the connection caps, not
 /// the process's limit, decide what a flood gets.
@@ -210,7 +266,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
                 peer_port: true,
             })
             .max_decoding_message_size(MAX_MESSAGE),
-            move |req: tonic::Request<()>| peers::check(&e2, &req).map(|_| req),
+            move |req: tonic::Request<()>| peer_rpc::check(&e2, &req).map(|_| req),
         );
         let mut stop = stop_rx.clone();
         peer_server = Some(tokio::spawn(
@@ -238,7 +294,7 @@ async fn serve(args: SidecarArgs, engine: Arc<Engine>) -> i32 {
                 args.peers.len()
             ));
             let _ = engine.board.set(b.clone());
-            board::start_relay(engine.clone(), b, args.peers.clone());
+            board_relay::start(engine.clone(), b, args.peers.clone());
         }
         Err(e) => {
             log(&format!("cannot keep the recovery board: {e}"));

@@ -624,13 +624,15 @@ fn wrong_secret_garbage_and_oversized_input_are_rejected_and_the_job_runs_on() {
             let mut r = tonic::Request::new(rpc::HeartbeatRequest::default());
             // One nonce for all three: the third is a byte-for-byte replay
             // of the second.
-            let mac = weft::engine::peers::peer_mac(secret, &job, ts, "5eed");
+            let mac = weft::engine::peer_rpc::peer_mac(secret, &job, ts, "5eed");
             r.metadata_mut()
-                .insert(weft::engine::peers::AUTH_HEADER, mac.parse().unwrap());
-            r.metadata_mut()
-                .insert(weft::engine::peers::NONCE_HEADER, "5eed".parse().unwrap());
+                .insert(weft::engine::peer_rpc::AUTH_HEADER, mac.parse().unwrap());
             r.metadata_mut().insert(
-                weft::engine::peers::TS_HEADER,
+                weft::engine::peer_rpc::NONCE_HEADER,
+                "5eed".parse().unwrap(),
+            );
+            r.metadata_mut().insert(
+                weft::engine::peer_rpc::TS_HEADER,
                 ts.to_string().parse().unwrap(),
             );
             r

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use weft_contract::board::{self, Death};
 
+use super::output::diag;
+use super::process;
 use super::signals::{self, SignalGuard};
-use super::{StopReason, diag, process};
 
 /// How often the supervisor checks ranks, signals and deadlines. Bounds how
 /// late a failure is noticed; costs one `waitid` per live rank per tick.
@@ -24,6 +25,21 @@ pub(crate) fn ranks(n: usize) -> String {
     } else {
         format!("{n} ranks")
     }
+}
+
+/// Why the launcher stopped the job early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The first rank to fail (non-zero exit or killed by a signal).
+    RankFailed {
+        rank: usize,
+        pid: u32,
+        status: ExitStatus,
+    },
+    /// The launcher received this signal and forwarded it.
+    Signal(i32),
+    /// The launch's timeout (`LaunchSpec::timeout`) ran out.
+    Timeout(Duration),
 }
 
 /// The state of one launch's ranks.

@@ -8,12 +8,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use weft_contract::params;
 
+/// The running sidecar: SIGTERMed and its directory removed when dropped.
 pub struct LocalSidecar {
     child: Child,
     dir: std::path::PathBuf,
 }
 
-pub fn local(spec: &mut LaunchSpec) -> Result<LocalSidecar, String> {
+/// Starts the sidecar (waiting, at most 20 s, for its ready line) and adds
+/// its socket, the job name and the secret to the ranks' environment.
+pub fn start(spec: &mut LaunchSpec) -> Result<LocalSidecar, String> {
     let job = spec
         .job
         .clone()
