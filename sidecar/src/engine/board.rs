@@ -15,7 +15,7 @@
 //!   run, a peer sidecar gone silent. Each is written into `dead` and sent
 //!   to every peer;
 //! - a peer whose sidecar restarted (a replacement pod behind the same
-//!   address: its [`BoardReply::boot`] changed) is sent everything again;
+//!   address: its [`rpc::BoardReply::boot`] changed) is sent everything again;
 //! - a `report` makes every sidecar SIGKILL its pod's stopped (SIGSTOPped)
 //!   ranks, so a frozen rank becomes a dead one that its pod replaces.
 //!
