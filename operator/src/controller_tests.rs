@@ -1931,3 +1931,45 @@ async fn restart_job_records_no_recoveries() {
     );
     assert_eq!(h.ctx.metrics.rank_replacements.get(), 0);
 }
+
+/// Issue 31 (6): every restart is counted, also one decided while the job is
+/// still Restarting from the previous one (a pod of the new epoch fails
+/// before the whole gang runs): 5 restarts, 2 entries into Restarting.
+#[tokio::test]
+async fn every_restart_is_counted_also_while_restarting() {
+    use crate::telemetry::metrics::PhaseLabels;
+    let h = Harness::new();
+    let mut j = make_job("c", 2, 1);
+    j.spec.failure_policy.max_restarts = 10;
+    h.submit(j);
+    h.settle("c").await;
+    h.set_pods("Running", true, None);
+    h.settle("c").await;
+    h.fail_pod("c-1", 1);
+    h.settle("c").await;
+    for _ in 0..3 {
+        assert_eq!(h.status("c").phase, Some(JobPhase::Restarting));
+        h.fail_pod("c-0", 1);
+        h.settle("c").await;
+    }
+    h.set_pods("Running", true, None);
+    h.settle("c").await;
+    assert_eq!(h.status("c").phase, Some(JobPhase::Running));
+    h.fail_pod("c-1", 137);
+    h.settle("c").await;
+
+    let st = h.status("c");
+    assert_eq!((st.restarts, st.restart_epoch), (5, 5));
+    assert_eq!(h.ctx.metrics.job_restarts.get(), 5);
+    let entered = |phase: &str| {
+        h.ctx
+            .metrics
+            .phase_transitions
+            .get_or_create(&PhaseLabels {
+                phase: phase.into(),
+            })
+            .get()
+    };
+    assert_eq!(entered("Restarting"), 2);
+    assert_eq!(entered("Running"), 2);
+}

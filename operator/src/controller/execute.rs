@@ -231,27 +231,31 @@ async fn write_status(
 /// Phase transitions, restarts and replacements, once the status that
 /// records them is written.
 fn record_metrics(job: &CollectiveJob, ctx: &Context, plan: &Plan) {
-    let old_phase = job.phase();
+    let old = job.status.clone().unwrap_or_default();
     if let Some(new) = plan.status.phase
-        && old_phase != Some(new)
+        && old.phase != Some(new)
     {
-        info!(job = %job.name_any(), namespace = %resources::namespace(job), from = ?old_phase, to = ?new, "phase transition");
+        info!(job = %job.name_any(), namespace = %resources::namespace(job), from = ?old.phase, to = ?new, "phase transition");
         ctx.metrics
             .phase_transitions
             .get_or_create(&PhaseLabels {
                 phase: new.as_str().into(),
             })
             .inc();
-        if new == crate::crd::JobPhase::Restarting {
-            ctx.metrics.job_restarts.inc();
-        }
     }
-    let old_replacements = job.status.as_ref().map_or(0, |s| s.replacements);
-    if plan.status.replacements > old_replacements {
-        ctx.metrics
-            .rank_replacements
-            .inc_by((plan.status.replacements - old_replacements) as u64);
-    }
+    // Every restart (a new epoch after a rank failure) counts, also one
+    // decided while the job is still Restarting from the previous one.
+    ctx.metrics
+        .job_restarts
+        .inc_by(growth(old.restarts, plan.status.restarts));
+    ctx.metrics
+        .rank_replacements
+        .inc_by(growth(old.replacements, plan.status.replacements));
+}
+
+/// How much a status counter grew (it never shrinks; 0 if it seems to).
+fn growth(old: i32, new: i32) -> u64 {
+    u64::try_from(i64::from(new) - i64::from(old)).unwrap_or(0)
 }
 
 /// Deletes the pods of the gang being created: those this pass created and
