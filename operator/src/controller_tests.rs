@@ -1973,3 +1973,59 @@ async fn every_restart_is_counted_also_while_restarting() {
     assert_eq!(entered("Restarting"), 2);
     assert_eq!(entered("Running"), 2);
 }
+
+/// Issue 31 (7): `kill -9` of a rank in pod 1; pod 0 exits 1 in reaction and
+/// is reported first. The operator waits a moment for the cause, then the
+/// event, `lastFailure` and the Restarting condition name pod 1.
+#[tokio::test]
+async fn killed_rank_is_named_not_the_peer_that_exited_in_reaction() {
+    use crate::status::tests::cs_exited_at;
+    let h = Harness::new();
+    h.submit(make_job("k", 2, 2));
+    h.settle("k").await;
+    h.set_pods("Running", true, None);
+    h.settle("k").await;
+    let now = (h.ctx.clock)();
+    let reaction = vec![cs_exited_at("main", 1, now)];
+    h.api
+        .set_pod(with_status(h.api.pod("k-0"), "Failed", false, reaction));
+    let action = h.reconcile("k").await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(policy::FAILURE_GATHER_SECS as u64))
+    );
+    assert_eq!(h.status("k").phase, Some(JobPhase::Running));
+    assert!(!h.api.event_reasons().contains(&"RankFailed".to_string()));
+
+    h.advance(1);
+    let killed = vec![cs_exited_at("main", 137, now)];
+    h.api
+        .set_pod(with_status(h.api.pod("k-1"), "Failed", false, killed));
+    h.reconcile("k").await.unwrap();
+    let st = h.status("k");
+    assert_eq!(st.phase, Some(JobPhase::Restarting));
+    let f = st.last_failure.as_ref().unwrap();
+    assert_eq!((f.pod.as_str(), f.exit_code), ("k-1", Some(137)));
+    let notes: Vec<String> = h
+        .api
+        .0
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e["reason"] == "RankFailed")
+        .map(|e| e["note"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        notes,
+        ["Rank failure in pod k-1 (container main, exit code 137, Error)"]
+    );
+    let restarting = condition(&st, "Restarting");
+    assert!(
+        restarting.message.starts_with(
+            "restart 1/3 after rank failure in pod k-1 (container main, exit code 137"
+        ),
+        "{}",
+        restarting.message
+    );
+}

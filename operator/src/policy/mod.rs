@@ -7,7 +7,8 @@
 //! - `gates`: a finished, invalid, suspended or overdue job is decided before
 //!   anything else (with `lifecycle`: fail, suspend, finish);
 //! - `cleanup`: pods of older epochs and pods being replaced are deleted;
-//! - `failures`: the rank failures of the current epoch, root cause first;
+//! - `failures`: the rank failures of the current epoch, root cause first
+//!   (held a moment while the cause may not be reported yet);
 //! - `verdict`: what the failure policy makes of them (restart, fail or
 //!   replace, with `recovery` for the replacement records);
 //! - `gang`: the missing pods of the current epoch are created;
@@ -41,6 +42,12 @@ pub use refusals::{api_refused, creation_blocked, pod_refused};
 /// Grace beyond a pod's own termination grace period before an old-epoch pod
 /// is force-deleted.
 pub const FORCE_DELETE_AFTER_SECS: i64 = 60;
+
+/// How long after a rank exits with an error its failure waits for those of
+/// its peers, so that the cause (a rank killed a moment earlier, reported a
+/// moment later) is the one named: peers of a dead rank exit with errors of
+/// their own within a second, and the kubelet reports each pod on its own.
+pub const FAILURE_GATHER_SECS: i64 = 3;
 
 pub const COND_READY: &str = "Ready";
 pub const COND_RESTARTING: &str = "Restarting";
@@ -181,6 +188,10 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
     let replacing = recovery::in_progress(&old.recoveries, obs.epoch);
     cleanup::replaced_pods(&obs, &replacing, &mut p);
     let failures = failures::collect(&obs, &replacing);
+    if let Some(left) = failures::gather_time_left(&failures, now) {
+        p.requeue_at_most(left);
+        return p;
+    }
     if !failures.is_empty() && verdict::act(&obs, &failures, &mut p) == verdict::Acted::OnTheJob {
         return p;
     }

@@ -1,3 +1,4 @@
+use k8s_openapi::api::core::v1::ContainerStateTerminated;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
@@ -891,4 +892,137 @@ fn recovery_history_is_bounded() {
     assert_eq!(st.recoveries.len(), MAX_RECOVERY_RECORDS);
     assert_eq!(st.recoveries.last().unwrap().count, st.replacements);
     assert_eq!(st.ranks[0].incarnation, st.replacements);
+}
+
+/// Ends pod `i`'s workload with `code` at `at` (its `finishedAt`).
+fn end_pod_at(pods: &mut [Pod], i: usize, code: i32, at: Timestamp) {
+    pods[i] = with_status(
+        pods[i].clone(),
+        "Failed",
+        false,
+        vec![crate::status::tests::cs_exited_at("main", code, at)],
+    );
+}
+
+/// The failure named by a restart: `lastFailure`, the RankFailed event and
+/// the Restarting condition.
+fn blamed(p: &Plan) -> (String, String, String) {
+    let f = p.status.last_failure.as_ref().unwrap();
+    let note = p
+        .events
+        .iter()
+        .find(|e| e.reason == "RankFailed")
+        .unwrap()
+        .note
+        .clone();
+    let cond = crate::status::condition(&p.status.conditions, COND_RESTARTING).unwrap();
+    (f.pod.clone(), note, cond.message.clone())
+}
+
+/// Issue 31 (7): a rank of pod 1 is killed (SIGKILL, exit 137); pod 0 exits
+/// 1 in reaction, even a moment earlier than the kubelet reports pod 1's end.
+/// The restart names pod 1, not the first pod in replica order.
+#[test]
+fn a_killed_rank_is_blamed_not_the_peer_that_exited_in_reaction() {
+    let (j, mut pods) = running(job("k", 3, 2));
+    end_pod_at(&mut pods, 0, 1, t(10));
+    end_pod_at(&mut pods, 1, 137, t(11));
+    end_pod_at(&mut pods, 2, 1, t(10));
+    let p = plan(&j, &pods, t(12));
+    assert_eq!(phase(&p), JobPhase::Restarting);
+    let (pod, note, cond) = blamed(&p);
+    assert_eq!(pod, "k-1");
+    assert_eq!(p.status.last_failure.as_ref().unwrap().exit_code, Some(137));
+    assert_eq!(
+        note,
+        "Rank failure in pod k-1 (container main, exit code 137, Error)"
+    );
+    assert!(
+        cond.contains("pod k-1 (container main, exit code 137"),
+        "{cond}"
+    );
+    assert_eq!(reasons(&p), ["RankFailed", "Restarting"]);
+}
+
+/// Among ranks that all exited with an error, the one that ended first is the
+/// cause; the OOM killer, SIGTERM, a runtime-reported signal and a pod
+/// deleted by hand each count as "ended from outside".
+#[test]
+fn root_cause_order_of_rank_failures() {
+    // Error exits only: the earliest finishedAt, whatever the replica order.
+    let (j, mut pods) = running(job("e", 3, 1));
+    end_pod_at(&mut pods, 0, 1, t(20));
+    end_pod_at(&mut pods, 1, 2, t(21));
+    end_pod_at(&mut pods, 2, 1, t(19));
+    assert_eq!(blamed(&plan(&j, &pods, t(30))).0, "e-2");
+
+    // Unknown finish times: replica order, as before.
+    let (j, mut pods) = running(job("u", 2, 1));
+    fail_pod(&mut pods, 0, 1);
+    fail_pod(&mut pods, 1, 1);
+    assert_eq!(blamed(&plan(&j, &pods, t(22))).0, "u-0");
+
+    let from_outside = |edit: &dyn Fn(&mut ContainerStateTerminated)| {
+        let (j, mut pods) = running(job("o", 2, 1));
+        end_pod_at(&mut pods, 0, 1, t(5));
+        end_pod_at(&mut pods, 1, 1, t(9));
+        let cs = &mut pods[1]
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap()[0];
+        edit(cs.state.as_mut().unwrap().terminated.as_mut().unwrap());
+        blamed(&plan(&j, &pods, t(10))).0
+    };
+    assert_eq!(from_outside(&|_| {}), "o-0", "both exited: the earlier");
+    assert_eq!(from_outside(&|t| t.exit_code = 143), "o-1", "SIGTERM");
+    assert_eq!(from_outside(&|t| t.signal = Some(9)), "o-1", "signal");
+    assert_eq!(
+        from_outside(&|t| t.reason = Some("OOMKilled".into())),
+        "o-1",
+        "OOM killer"
+    );
+
+    // A pod deleted by hand (its peer exits 1 in reaction) is the cause.
+    let (j, mut pods) = running(job("d", 2, 1));
+    end_pod_at(&mut pods, 0, 1, t(5));
+    pods[1].metadata.deletion_timestamp = Some(Time(t(30)));
+    let (pod, note, _) = blamed(&plan(&j, &pods, t(6)));
+    assert_eq!(pod, "d-1");
+    assert!(note.contains("PodDeleted"), "{note}");
+}
+
+/// Issue 31 (7): a rank that exited with an error is acted on only once its
+/// peers had a moment to report the failure that made it exit.
+#[test]
+fn an_error_exit_waits_a_moment_for_the_cause() {
+    let (j, mut pods) = running(job("w", 2, 1));
+    end_pod_at(&mut pods, 0, 1, t(10));
+    let p = plan(&j, &pods, t(11));
+    assert_eq!(
+        Some(&p.status),
+        j.status.as_ref(),
+        "nothing decided, nothing written"
+    );
+    assert!(p.events.is_empty() && p.delete_pods.is_empty() && p.create_pods.is_empty());
+    assert_eq!(
+        p.requeue_after,
+        Some(Duration::from_secs(FAILURE_GATHER_SECS as u64 - 1))
+    );
+
+    // The killed peer is reported meanwhile: it is named at once.
+    let mut killed = pods.clone();
+    end_pod_at(&mut killed, 1, 137, t(10));
+    assert_eq!(blamed(&plan(&j, &killed, t(11))).0, "w-1");
+
+    // Nobody else failed: once the moment is over, the error exit is the cause.
+    let p = plan(&j, &pods, t(10 + FAILURE_GATHER_SECS));
+    assert_eq!(phase(&p), JobPhase::Restarting);
+    assert_eq!(blamed(&p).0, "w-0");
+
+    // A node clock ahead of the operator's does not stall the job.
+    end_pod_at(&mut pods, 0, 1, t(60));
+    assert_eq!(phase(&plan(&j, &pods, t(11))), JobPhase::Restarting);
 }
