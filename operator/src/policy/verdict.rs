@@ -19,7 +19,7 @@ pub(super) enum Acted {
     ByReplacing,
 }
 
-/// The policy's reading of the failures, in their order.
+/// The policy's reading of the failures, taken root cause first.
 struct Judgement<'f> {
     to_replace: Vec<&'f Failed>,
     /// The first failure the policy does not allow to be replaced.
