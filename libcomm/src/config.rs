@@ -7,8 +7,8 @@
 //! `WEFT_SHM_RING_BYTES`, `WEFT_HOSTNAME`, `WEFT_LISTEN_ADDR`,
 //! `NCCL_COMM_BLOCKING`. README.md's configuration table lists them.
 
-use crate::algo::tuner::AlgoOverride;
 use crate::error::{Error, Result};
+use crate::op::tuner::AlgoOverride;
 use std::time::Duration;
 use weft_contract::params::{self, Param};
 

@@ -9,13 +9,13 @@
 //! the data, with no ring, no header exchange, no doorbell and no system call
 //! on the fast path.
 //!
-//! - **One shot** ([`Algo::Ll`](super::tuner::Algo::Ll)): every rank copies
+//! - **One shot** ([`Algo::Ll`](crate::op::tuner::Algo::Ll)): every rank copies
 //!   its input into its input slot, then reduces the n input slots straight
 //!   into its output buffer, in rank order (bit-identical results on every
 //!   rank). One copy in, one reduction pass reading n buffers; in place and
 //!   out of place cost the same (the input is in the slot before the output
 //!   is written).
-//! - **Two shots** ([`Algo::Ll2`](super::tuner::Algo::Ll2)): reduce-scatter in
+//! - **Two shots** ([`Algo::Ll2`](crate::op::tuner::Algo::Ll2)): reduce-scatter in
 //!   one step (rank r reduces chunk r of the n input slots into its output
 //!   slot), then all-gather in one step (every rank copies chunk p out of
 //!   rank p's output slot). Reads 2x the buffer instead of n x.
@@ -43,13 +43,13 @@
 //! Raised failures are checked as the engine does, peer liveness and
 //! `WEFT_TIMEOUT_MS` every 100 ms, and pending eager sends keep moving.
 
-use crate::core::{PeerKind, Resources};
+use crate::data::reduce;
+use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::Wait;
-use crate::reduce;
+use crate::progress::exec::Wait;
+use crate::progress::resources::{PeerKind, Resources};
 use crate::transport::futex;
 use crate::transport::shm::{LL_SLOT_BYTES, Mapping, SlotHdr};
-use crate::types::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
 

@@ -10,15 +10,14 @@
 //! once by the caller and passed in.
 
 mod ll;
-pub mod tuner;
 
-use crate::core::Resources;
+use crate::data::reduce;
+use crate::data::types::{Combine, DataType, ReduceOp};
 use crate::error::Result;
-use crate::exec::Xfer;
-use crate::reduce;
+use crate::op::tuner::{self, Algo};
+use crate::progress::exec::Xfer;
+use crate::progress::resources::Resources;
 use crate::transport::Reduce;
-use crate::types::{Combine, DataType, ReduceOp};
-use tuner::Algo;
 
 /// Balanced split of `count` elements into `n` chunks: chunk `c` is
 /// `[bound(c), bound(c+1))`.
@@ -119,7 +118,13 @@ impl Resources {
         let nlocal = self
             .kinds
             .iter()
-            .filter(|k| matches!(k, crate::core::PeerKind::Me | crate::core::PeerKind::Shm))
+            .filter(|k| {
+                matches!(
+                    k,
+                    crate::progress::resources::PeerKind::Me
+                        | crate::progress::resources::PeerKind::Shm
+                )
+            })
             .count();
         tuner::Shape::local(self.ctx.nranks, nlocal)
     }

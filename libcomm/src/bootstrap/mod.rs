@@ -7,8 +7,11 @@
 //! child's table from the parent's over the parent communicator itself.
 
 pub(crate) mod client;
+pub(crate) mod ctx;
+pub mod handshake;
 pub(crate) mod root;
 pub(crate) mod server;
+pub(crate) mod unique_id;
 pub(crate) mod wire;
 
 use crate::error::Result;

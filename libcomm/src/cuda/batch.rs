@@ -26,11 +26,11 @@ use super::error::CudaError;
 use super::mapping::DESCRIPTOR_BYTES;
 use super::p2p::{P2p, is_p2p, p2p_pieces};
 use super::staging::Staging;
-use crate::algo::tuner::Decision;
-use crate::backend::{Backend, Comms, DeviceSide, DeviceSlot, Item};
+use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::op::backend::{Backend, Comms, DeviceSide, DeviceSlot, Item};
+use crate::op::tuner::Decision;
 use crate::op::{Memory, Op};
-use crate::types::{DataType, ReduceOp};
 use std::any::Any;
 use std::sync::OnceLock;
 
@@ -47,7 +47,7 @@ impl DeviceSide for DevComm {
     fn abort(&self) {
         DevComm::abort(self)
     }
-    fn abort_word(&self) -> std::sync::Arc<crate::backend::AbortWord> {
+    fn abort_word(&self) -> std::sync::Arc<crate::op::backend::AbortWord> {
         self.word.clone()
     }
     fn finalize(self: Box<Self>) -> std::result::Result<(), String> {

@@ -1,7 +1,7 @@
 //! [`DevComm`]: one rank's device side of a communicator, the state the
 //! kernel path keeps between calls.
 //!
-//! Not to be confused with `crate::backend::DeviceSlot`, the communicator's
+//! Not to be confused with `crate::op::backend::DeviceSlot`, the communicator's
 //! slot that holds it: a `DeviceSlot` says whether the device side was set
 //! up yet and whether the kernel path is on (`Unset`, `Off(device)`,
 //! `On(DevComm)`, held as a `DeviceSide`);
@@ -41,7 +41,7 @@ pub struct DevComm {
     pub(super) status: *mut Status,
     /// `status.abort`, shared with the core (ncclCommAbort, the device watch);
     /// retired before `status` is freed.
-    pub(super) word: std::sync::Arc<crate::backend::AbortWord>,
+    pub(super) word: std::sync::Arc<crate::op::backend::AbortWord>,
     pub(super) tuning: Tuning,
     /// LL operations launched (their flags and parity halves), and what the
     /// next one needs to know to reuse a half (see [`LlHistory`]).

@@ -335,8 +335,8 @@ impl DevComm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::types::DataType;
     use crate::op::Op;
-    use crate::types::DataType;
 
     /// Unbatched sends, groups of sends and a non-root gather are eager;
     /// anything with a receive, a copy or a send to oneself is not.

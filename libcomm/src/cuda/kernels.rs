@@ -8,7 +8,7 @@
 
 use super::driver::{compute_capability, use_device};
 use super::error::{CudaError, CudaResult, check};
-use crate::types::{DataType, ReduceOp};
+use crate::data::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use sha2::{Digest, Sha256};

@@ -25,7 +25,7 @@
 //!
 //! | file | its one job |
 //! |---|---|
-//! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
+//! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::op::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
 //! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors, naming the rank a stalled wait waits for |
 //! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC), release |
 //! | `plan.rs` | which kernel and algorithm a collective runs ([`Plan`]) |
@@ -43,7 +43,7 @@
 //! | `error.rs` | [`CudaError`], this backend's error type |
 //!
 //! `DeviceSlot` and `DevComm` differ as a slot and what it holds: the
-//! communicator's lifecycle record owns a `crate::backend::DeviceSlot`
+//! communicator's lifecycle record owns a `crate::op::backend::DeviceSlot`
 //! (`Unset` until its first operation on device memory, then `Off(device)`
 //! when some rank could not map its peers, or `On(DevComm)` behind the
 //! `DeviceSide` trait), and the `DevComm` inside is the kernel path's state.

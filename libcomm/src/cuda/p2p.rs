@@ -216,7 +216,7 @@ pub(super) fn p2p_rounds(pieces: &[P2p], me: usize) -> CudaResult<Vec<Vec<P2p>>>
 mod tests {
     use super::*;
     use crate::cuda::abi::MAX_RANKS;
-    use crate::types::DataType;
+    use crate::data::types::DataType;
 
     #[test]
     fn p2p_fifo_fits_each_receivers_scratch() {

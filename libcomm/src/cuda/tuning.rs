@@ -7,7 +7,7 @@
 //! (as NCCL reads its variables at init). The rules are pure functions of it,
 //! so every rank that sees the same environment decides the same.
 
-use crate::algo::tuner::DEVICE_ALGOS;
+use crate::op::tuner::DEVICE_ALGOS;
 use weft_contract::params::{self, Param};
 
 use super::abi::{

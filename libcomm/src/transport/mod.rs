@@ -9,12 +9,13 @@
 
 pub(crate) mod futex;
 pub(crate) mod shm;
+pub mod sidecar_link;
 pub(crate) mod sidecar_rings;
 pub(crate) mod tcp;
 
+use crate::data::reduce;
+use crate::data::types::{Combine, DataType};
 use crate::error::Error;
-use crate::reduce;
-use crate::types::{Combine, DataType};
 use shm::{MSG_HDR, RingEnd};
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;

@@ -62,7 +62,7 @@ struct Registry {
     parked: HashMap<(CommId, u32, u32), Parked>,
     ready: HashMap<(CommId, u32, u32), TcpStream>,
     /// Where a peer's failure notice for a communicator is raised.
-    faults: HashMap<CommId, std::sync::Weak<crate::fault::Fault>>,
+    faults: HashMap<CommId, std::sync::Weak<crate::progress::fault::Fault>>,
 }
 
 impl Registry {
@@ -164,7 +164,7 @@ impl Endpoint {
         let bind = SocketAddr::new(ip, 0);
         let l = TcpListener::bind(bind)
             .map_err(|e| Error::sys(format!("peer endpoint: bind {bind}"), e))?;
-        crate::sockets::set_backlog(&l, 4096);
+        crate::sys::sockets::set_backlog(&l, 4096);
         let port = l
             .local_addr()
             .map_err(|e| Error::sys("getsockname", e))?
@@ -224,7 +224,7 @@ impl Endpoint {
     }
 
     /// Failure notices for `comm` (from its remote peers) raise in `fault`.
-    pub fn watch_failures(&self, comm: CommId, fault: &Arc<crate::fault::Fault>) {
+    pub fn watch_failures(&self, comm: CommId, fault: &Arc<crate::progress::fault::Fault>) {
         self.lock().faults.insert(comm, Arc::downgrade(fault));
     }
 
@@ -577,7 +577,7 @@ pub(crate) fn connect(
                 "{addr} is not a Weft peer endpoint"
             )));
         }
-        let client_nonce: [u8; 16] = crate::handshake::random()?;
+        let client_nonce: [u8; 16] = crate::bootstrap::handshake::random()?;
         let msg = ConnectMsg {
             comm,
             src,
@@ -641,8 +641,11 @@ pub(crate) fn connect(
 /// keepalive/user timeouts so a vanished host is noticed within `peer_timeout`.
 pub(crate) fn tune(s: &TcpStream, peer_timeout: Duration) -> Result<()> {
     CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    crate::sockets::tune_data(s, &crate::sockets::DataOpts::between_hosts(peer_timeout))
-        .map_err(|e| Error::sys("fcntl", e))
+    crate::sys::sockets::tune_data(
+        s,
+        &crate::sys::sockets::DataOpts::between_hosts(peer_timeout),
+    )
+    .map_err(|e| Error::sys("fcntl", e))
 }
 
 /// Raises the soft fd limit to the hard one (as MPI runtimes do), once.

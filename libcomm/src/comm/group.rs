@@ -12,12 +12,12 @@
 //! goes whole to the device backend (see `backend.rs`), which runs its
 //! host-memory operations back through here.
 
-use crate::algo::tuner;
-use crate::comm::{Communicator, run_device, run_op};
+use crate::comm::communicator::{Communicator, run_device, run_op};
+use crate::data::types::{Element, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::Xfer;
+use crate::op::tuner;
 use crate::op::{Memory, Op, typed};
-use crate::types::{Element, ReduceOp};
+use crate::progress::exec::Xfer;
 use std::marker::PhantomData;
 
 /// A batch of operations, possibly on several communicators.

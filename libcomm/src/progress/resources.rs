@@ -6,16 +6,16 @@
 //! through [`Fault`] instead. [`Ctx`] (module `ctx`) holds the immutable facts it was built
 //! from.
 
+pub(crate) use crate::bootstrap::ctx::Ctx;
+use crate::bootstrap::unique_id::hex;
 use crate::config::{Config, TransportPref};
-pub(crate) use crate::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::fault::Fault;
 use crate::log::info_log;
+use crate::progress::fault::Fault;
 use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
 use crate::transport::sidecar_rings::ProxyLink;
 use crate::transport::tcp::{self, CommId, Endpoint};
 use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
-use crate::unique_id::hex;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ pub(crate) struct Resources {
     /// Reused by the progress engine (one byte per peer).
     pub busy: Vec<u8>,
     /// Host sends that returned before their peer had everything (`eager.rs`).
-    pub eager: crate::eager::Queue,
+    pub eager: crate::progress::eager::Queue,
     /// Number of collectives issued (for diagnostics).
     pub coll_seq: u64,
     split_count: u64,
@@ -98,7 +98,7 @@ impl Resources {
         // (WEFT_TRANSPORT=tcp keeps every peer on direct TCP).
         let proxy_path =
             if ctx.cfg.transport != TransportPref::Tcp && kinds.contains(&PeerKind::Tcp) {
-                crate::sidecar_link::socket_path()?
+                crate::transport::sidecar_link::socket_path()?
             } else {
                 None
             };
@@ -229,7 +229,7 @@ impl Resources {
             fault,
             local_maps,
             kinds,
-            oversubscribed: nlocal > crate::topology::online_cpus(),
+            oversubscribed: nlocal > crate::sys::topology::online_cpus(),
             endpoint,
             ctx,
             scratch: Vec::new(),
@@ -369,7 +369,7 @@ fn wait_all_mapped(
         if now >= next_liveness {
             next_liveness = now + Duration::from_millis(100);
             for &r in locals.iter().filter(|&&r| r != ctx.rank) {
-                if !crate::topology::pid_alive(ctx.peers[r].pid) {
+                if !crate::sys::topology::pid_alive(ctx.peers[r].pid) {
                     return Err(Error::Remote {
                         comm: ctx.label.clone(),
                         rank: ctx.rank,

@@ -15,9 +15,9 @@
 //! CUDA backend imports `backend`, `op` and the neutral modules (`types`,
 //! `error`, `algo::tuner`'s name list) and nothing that imports it back.
 
-use crate::algo::tuner::Decision;
 use crate::error::Result;
 use crate::op::Op;
+use crate::op::tuner::Decision;
 use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 

@@ -19,7 +19,7 @@
 //! A communicator is dropped from the watch when it is destroyed or its word
 //! was fired; the thread ends when nothing is left to watch.
 
-use crate::comm::CommShared;
+use crate::comm::communicator::CommShared;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 

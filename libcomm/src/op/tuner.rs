@@ -93,18 +93,13 @@ impl Shape {
     pub fn all_local(&self) -> bool {
         self.n >= 2 && self.hosts == 1 && self.nlocal == self.n
     }
-
-    /// More ranks on this host than cores.
-    pub fn oversubscribed(&self) -> bool {
-        self.nlocal > self.cores
-    }
 }
 
 /// Cores this process may run on (read once: it costs system calls).
 fn cores() -> usize {
     use std::sync::OnceLock;
     static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(crate::topology::online_cpus)
+    *CORES.get_or_init(crate::sys::topology::online_cpus)
 }
 
 /// The host decision for `op` on a communicator of shape `s`: the collective

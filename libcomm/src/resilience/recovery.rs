@@ -14,14 +14,14 @@
 //! board, `resilient.rs`). See docs/FAULT-TOLERANCE.md.
 
 use crate::algo;
-use crate::algo::tuner;
-use crate::comm::{CommShared, Communicator, bootstrap};
+use crate::bootstrap::unique_id::{UNIQUE_ID_BYTES, UniqueId, hex};
+use crate::comm::communicator::{CommShared, Communicator, bootstrap};
 use crate::config::Config;
-use crate::core::{Ctx, Resources};
 use crate::error::{Error, Result};
+use crate::op::tuner;
+use crate::progress::resources::{Ctx, Resources};
 use crate::state::CommState;
 use crate::transport::shm::FAIL_ABORT;
-use crate::unique_id::{UNIQUE_ID_BYTES, UniqueId, hex};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -286,7 +286,11 @@ impl Communicator {
                 cfg: c.cfg.clone(),
                 job,
             });
-            Resources::build(ctx, endpoint, crate::core::default_deadline(&c.cfg))
+            Resources::build(
+                ctx,
+                endpoint,
+                crate::progress::resources::default_deadline(&c.cfg),
+            )
         })?;
         let c = Communicator { s: child };
         if cfg.blocking {

@@ -43,10 +43,10 @@
 //!   its peer's ring, as every host send did before (and may then deadlock in
 //!   the unbatched ring pattern: batch such sends with a group).
 
-use crate::comm::CommShared;
-use crate::core::Resources;
+use crate::comm::communicator::CommShared;
 use crate::error::{Error, Result};
-use crate::exec::{Wait, Xfer};
+use crate::progress::exec::{Wait, Xfer};
+use crate::progress::resources::Resources;
 use crate::state::CommState;
 use crate::transport::futex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -281,7 +281,7 @@ enum Next {
     Busy,
     /// Stuck on peers: sleep until the doorbell moves or a socket is ready.
     Sleep {
-        fault: Arc<crate::fault::Fault>,
+        fault: Arc<crate::progress::fault::Fault>,
         seen: u32,
         fds: Vec<libc::pollfd>,
         shm: bool,

@@ -84,8 +84,8 @@ impl Fault {
         self.locals.iter().find_map(|(rank, m)| {
             let c = m.control();
             let pid = c.pid.load(Ordering::Relaxed);
-            let gone =
-                c.state.load(Ordering::Acquire) != ST_DESTROYED && !crate::topology::pid_alive(pid);
+            let gone = c.state.load(Ordering::Acquire) != ST_DESTROYED
+                && !crate::sys::topology::pid_alive(pid);
             gone.then_some((*rank, pid))
         })
     }

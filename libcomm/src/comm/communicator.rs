@@ -19,20 +19,20 @@
 //! (in `device_backend`), and `cuda/` never imports it.
 
 use crate::algo;
-use crate::algo::tuner::{self, Decision};
-use crate::backend::{AbortWord, Backend, Comms, DeviceSlot, Item};
+use crate::bootstrap::unique_id::{UniqueId, hex};
 use crate::bootstrap::{PeerInfo, client, root};
+use crate::comm::group::Group;
 use crate::config::Config;
-use crate::core::{Ctx, Resources, job_label};
+use crate::data::types::{Element, ReduceOp};
 use crate::error::{Error, ErrorKind, Result};
-use crate::fault::Fault;
-use crate::group::Group;
+use crate::op::backend::{AbortWord, Backend, Comms, DeviceSlot, Item};
+use crate::op::tuner::{self, Decision};
 use crate::op::{Memory, Op, OpKind, typed};
+use crate::progress::fault::Fault;
+use crate::progress::resources::{Ctx, Resources, job_label};
 use crate::state::{CommState, StateCell};
 use crate::transport::shm::FAIL_ABORT;
 use crate::transport::tcp;
-use crate::types::{Element, ReduceOp};
-use crate::unique_id::{UniqueId, hex};
 use sha2::{Digest, Sha256};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,7 +49,7 @@ pub(crate) struct CommShared {
     pub state: StateCell,
     pub(crate) resources: Mutex<Option<Resources>>,
     /// Pushes pending eager host sends while the communicator is idle (`eager.rs`).
-    pub(crate) flusher: crate::eager::Flusher,
+    pub(crate) flusher: crate::progress::eager::Flusher,
     fault: OnceLock<Arc<Fault>>,
     async_err: Mutex<Option<Error>>,
     /// Set by abort/destroy to stop a bootstrap in progress.
@@ -70,7 +70,7 @@ pub(crate) struct CommShared {
     /// the survivors' communicator from it without the parent's channels.
     pub(crate) built: OnceLock<(Arc<Ctx>, Arc<tcp::Endpoint>)>,
     /// Reconfiguration bookkeeping (revoke, shrink, grow): `recovery.rs`.
-    pub(crate) reconf: crate::recovery::Reconf,
+    pub(crate) reconf: crate::resilience::recovery::Reconf,
 }
 
 /// One rank's handle on a communicator. Dropping it destroys it.
@@ -304,7 +304,7 @@ impl CommShared {
         // Kernels report waits without progress for this long (0: never).
         word.set_timeout(self.cfg.timeout);
         if self.device_word.set(word).is_ok() {
-            crate::watch::register(self);
+            crate::comm::watch::register(self);
         }
     }
 
@@ -657,7 +657,11 @@ impl Communicator {
                 cfg: s.cfg.clone(),
                 job: job_label(),
             });
-            Resources::build(ctx, endpoint, crate::core::default_deadline(&s.cfg))
+            Resources::build(
+                ctx,
+                endpoint,
+                crate::progress::resources::default_deadline(&s.cfg),
+            )
         })?;
         let c = Communicator { s };
         if blocking {
@@ -844,13 +848,13 @@ pub(crate) fn bootstrap(s: &Arc<CommShared>, id: &UniqueId) -> Result<Resources>
         .cfg
         .hostname
         .clone()
-        .unwrap_or_else(crate::topology::system_hostname);
+        .unwrap_or_else(crate::sys::topology::system_hostname);
     let me = PeerInfo {
-        host_id: crate::topology::host_id(s.cfg.hostname.as_deref()),
+        host_id: crate::sys::topology::host_id(s.cfg.hostname.as_deref()),
         pid: std::process::id(),
         addr: SocketAddr::new(bind_ip, port),
         hostname,
-        proxied: crate::sidecar_link::would_proxy(&s.cfg),
+        proxied: crate::transport::sidecar_link::would_proxy(&s.cfg),
     };
     let (comm_id, peers) =
         client::rendezvous(id, s.rank, s.nranks, me, deadline, &|| s.cancelled())?;
@@ -913,7 +917,7 @@ impl Communicator {
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or
             // copied (eager.rs).
-            let x = crate::exec::Xfer::send(op.peer(), op.send, op.bytes());
+            let x = crate::progress::exec::Xfer::send(op.peer(), op.send, op.bytes());
             self.with_resources(op.name(), |c| {
                 c.coll_seq += 1;
                 c.send_eager(vec![x])
@@ -948,7 +952,7 @@ impl Communicator {
 /// Runs a validated host-memory operation on the live resources, with the
 /// tuner's decision for it.
 pub(crate) unsafe fn run_op(c: &mut Resources, op: &Op, d: Decision) -> Result<()> {
-    use crate::exec::Xfer;
+    use crate::progress::exec::Xfer;
     c.coll_seq += 1;
     let (send, recv, count, dtype, root, a) =
         (op.send, op.recv, op.count, op.dtype, op.root, d.algo());

@@ -13,9 +13,9 @@
 //! local ranks than cores the spin phase is skipped, so oversubscribed jobs
 //! (64 ranks on 2 cores) make progress instead of burning their time slices.
 
-use crate::core::{PeerKind, Resources};
-use crate::eager::Pending;
 use crate::error::{Error, Result};
+use crate::progress::eager::Pending;
+use crate::progress::resources::{PeerKind, Resources};
 use crate::transport::shm::{FAIL_ERROR, ST_DESTROYED};
 use crate::transport::{Progress, Reduce, futex};
 use std::sync::atomic::Ordering;
@@ -394,7 +394,7 @@ impl Resources {
                 match red {
                     None if !std::ptr::eq(src, dst) => std::ptr::copy(src, dst, len),
                     None => {}
-                    Some(rd) => crate::reduce::combine(
+                    Some(rd) => crate::data::reduce::combine(
                         rd.dtype,
                         rd.op,
                         dst,
@@ -543,7 +543,7 @@ impl Resources {
                 ));
             }
             let pid = self.ctx.peers[peer].pid;
-            if !crate::topology::pid_alive(pid) {
+            if !crate::sys::topology::pid_alive(pid) {
                 return Err(self.peer_error(peer, "the process exited"));
             }
         }
