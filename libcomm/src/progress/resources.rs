@@ -214,7 +214,9 @@ impl Resources {
                     .collect(),
             }),
         });
-        endpoint.watch_failures(ctx.id, &fault);
+        // Notices from remote peers raise in this failure domain.
+        let sink = Arc::downgrade(&fault);
+        endpoint.watch_failures(ctx.id, sink);
         info_log!(
             "comm {} rank {me}/{n}: {} local rank(s) over shared memory (ring {} KiB), {ntcp} over TCP, {} through the sidecar proxy",
             ctx.label,

@@ -23,7 +23,7 @@ use crate::log::{info_log, warn_log};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 pub(crate) type CommId = [u8; 16];
@@ -62,7 +62,7 @@ struct Registry {
     parked: HashMap<(CommId, u32, u32), Parked>,
     ready: HashMap<(CommId, u32, u32), TcpStream>,
     /// Where a peer's failure notice for a communicator is raised.
-    faults: HashMap<CommId, std::sync::Weak<crate::progress::fault::Fault>>,
+    faults: HashMap<CommId, Weak<dyn NoticeSink>>,
 }
 
 impl Registry {
@@ -223,9 +223,9 @@ impl Endpoint {
         self.arrived.notify_all();
     }
 
-    /// Failure notices for `comm` (from its remote peers) raise in `fault`.
-    pub fn watch_failures(&self, comm: CommId, fault: &Arc<crate::progress::fault::Fault>) {
-        self.lock().faults.insert(comm, Arc::downgrade(fault));
+    /// Failure notices for `comm` (from its remote peers) go to `sink`.
+    pub fn watch_failures(&self, comm: CommId, sink: Weak<dyn NoticeSink>) {
+        self.lock().faults.insert(comm, sink);
     }
 
     pub fn unregister(&self, comm: CommId) {
@@ -335,6 +335,14 @@ impl EndpointHandler {
             f.learn(m.origin as usize, m.kind, &m.reason);
         }
     }
+}
+
+/// Where the endpoint hands a remote peer's failure notice, once its MAC
+/// checked out: the communicator's failure domain (`progress/fault.rs`,
+/// which builds on this module and is never named here).
+pub(crate) trait NoticeSink: Send + Sync {
+    /// Rank `origin` raised a failure of `kind` for `reason`.
+    fn learn(&self, origin: usize, kind: u32, reason: &str);
 }
 
 /// Why a communicator failed, as its origin tells remote peers.
