@@ -46,8 +46,8 @@
 use crate::data::reduce;
 use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::progress::exec::Wait;
 use crate::progress::resources::{PeerKind, Resources};
+use crate::progress::xfer::Wait;
 use crate::transport::futex;
 use crate::transport::shm::{LL_SLOT_BYTES, Mapping, SlotHdr};
 use std::sync::atomic::{AtomicU32, Ordering, fence};

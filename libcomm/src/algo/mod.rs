@@ -15,8 +15,8 @@ use crate::data::reduce;
 use crate::data::types::{Combine, DataType, ReduceOp};
 use crate::error::Result;
 use crate::op::tuner::{self, Algo};
-use crate::progress::exec::Xfer;
 use crate::progress::resources::Resources;
+use crate::progress::xfer::Xfer;
 use crate::transport::Reduce;
 
 /// Balanced split of `count` elements into `n` chunks: chunk `c` is

@@ -19,9 +19,12 @@
 //! (in `device_backend`), and `cuda/` never imports it.
 
 use crate::algo;
+use crate::bootstrap::ctx::{Ctx, job_label};
 use crate::bootstrap::unique_id::{UniqueId, hex};
 use crate::bootstrap::{PeerInfo, client, root};
+use crate::comm::flusher::{self, Flusher};
 use crate::comm::group::Group;
+use crate::comm::watch::{self, Watched};
 use crate::config::Config;
 use crate::data::types::{Element, ReduceOp};
 use crate::error::{Error, ErrorKind, Result};
@@ -29,7 +32,7 @@ use crate::op::backend::{AbortWord, Backend, Comms, DeviceSlot, Item};
 use crate::op::tuner::{self, Decision};
 use crate::op::{Memory, Op, OpKind, typed};
 use crate::progress::fault::Fault;
-use crate::progress::resources::{Ctx, Resources, job_label};
+use crate::progress::resources::Resources;
 use crate::state::{CommState, StateCell};
 use crate::transport::shm::FAIL_ABORT;
 use crate::transport::tcp;
@@ -49,7 +52,7 @@ pub(crate) struct CommShared {
     pub state: StateCell,
     pub(crate) resources: Mutex<Option<Resources>>,
     /// Pushes pending eager host sends while the communicator is idle (`eager.rs`).
-    pub(crate) flusher: crate::progress::eager::Flusher,
+    pub(crate) flusher: Flusher,
     fault: OnceLock<Arc<Fault>>,
     async_err: Mutex<Option<Error>>,
     /// Set by abort/destroy to stop a bootstrap in progress.
@@ -273,10 +276,11 @@ impl CommShared {
         self.record_failure(&e);
         Err(e)
     }
+}
 
-    /// One look of the device watch (`watch.rs`): false once there is
-    /// nothing left to watch (destroyed, or the word was fired).
-    pub(crate) fn watch_tick(&self) -> bool {
+/// One look of the device watch (`watch.rs`).
+impl Watched for CommShared {
+    fn watch_tick(&self) -> bool {
         let Some(word) = self.device_word.get() else {
             return false;
         };
@@ -298,13 +302,16 @@ impl CommShared {
             CommState::Destroyed => false,
         }
     }
+}
 
+impl CommShared {
     /// Watches the device side once it exists (see `watch.rs`).
     fn watch_device(self: &Arc<Self>, word: Arc<AbortWord>) {
         // Kernels report waits without progress for this long (0: never).
         word.set_timeout(self.cfg.timeout);
         if self.device_word.set(word).is_ok() {
-            crate::comm::watch::register(self);
+            let me = Arc::downgrade(self);
+            watch::register(me);
         }
     }
 
@@ -812,6 +819,25 @@ pub(crate) fn abort_shared(s: &CommShared, reason: &str) -> Result<()> {
     Ok(())
 }
 
+/// The eager-send flusher's view of its communicator.
+impl flusher::Owner for CommShared {
+    fn flusher(&self) -> &Flusher {
+        &self.flusher
+    }
+    fn ready(&self) -> bool {
+        self.state.get() == CommState::Ready
+    }
+    fn resources(&self) -> &Mutex<Option<Resources>> {
+        &self.resources
+    }
+    fn record_failure(&self, e: &Error) {
+        CommShared::record_failure(self, e)
+    }
+    fn who(&self) -> (&str, usize) {
+        (&self.label, self.rank)
+    }
+}
+
 /// The observer's abort handle pulls these.
 impl crate::observe::Lever for CommShared {
     fn abort(&self, reason: &str) {
@@ -917,7 +943,7 @@ impl Communicator {
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or
             // copied (eager.rs).
-            let x = crate::progress::exec::Xfer::send(op.peer(), op.send, op.bytes());
+            let x = crate::progress::xfer::Xfer::send(op.peer(), op.send, op.bytes());
             self.with_resources(op.name(), |c| {
                 c.coll_seq += 1;
                 c.send_eager(vec![x])
@@ -952,7 +978,7 @@ impl Communicator {
 /// Runs a validated host-memory operation on the live resources, with the
 /// tuner's decision for it.
 pub(crate) unsafe fn run_op(c: &mut Resources, op: &Op, d: Decision) -> Result<()> {
-    use crate::progress::exec::Xfer;
+    use crate::progress::xfer::Xfer;
     c.coll_seq += 1;
     let (send, recv, count, dtype, root, a) =
         (op.send, op.recv, op.count, op.dtype, op.root, d.algo());

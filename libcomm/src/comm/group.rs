@@ -17,7 +17,7 @@ use crate::data::types::{Element, ReduceOp};
 use crate::error::{Error, Result};
 use crate::op::tuner;
 use crate::op::{Memory, Op, typed};
-use crate::progress::exec::Xfer;
+use crate::progress::xfer::Xfer;
 use std::marker::PhantomData;
 
 /// A batch of operations, possibly on several communicators.

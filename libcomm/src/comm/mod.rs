@@ -2,6 +2,7 @@
 //! of operations and group calls.
 
 pub(crate) mod communicator;
+pub(crate) mod flusher;
 pub(crate) mod group;
 pub(crate) mod watch;
 

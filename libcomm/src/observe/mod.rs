@@ -164,7 +164,7 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
         (ops[0].name(), ops[0].dtype.name(), ops[0].bytes() as u64)
     };
     let ev = OpEvent {
-        job: crate::progress::resources::job_label(),
+        job: crate::bootstrap::ctx::job_label(),
         comm_id: who.comm_id.to_string(),
         rank: who.rank,
         nranks: who.nranks,

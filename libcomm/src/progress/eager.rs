@@ -43,21 +43,10 @@
 //!   its peer's ring, as every host send did before (and may then deadlock in
 //!   the unbatched ring pattern: batch such sends with a group).
 
-use crate::comm::communicator::CommShared;
 use crate::error::{Error, Result};
-use crate::progress::exec::{Wait, Xfer};
 use crate::progress::resources::Resources;
-use crate::state::CommState;
-use crate::transport::futex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, TryLockError, Weak};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-/// The longest the flusher holds the communicator's lock at a time.
-const FLUSH_SLICE: Duration = Duration::from_millis(2);
-/// The longest the flusher sleeps between two looks at its pending sends.
-const FLUSH_NAP: Duration = Duration::from_millis(100);
+use crate::progress::xfer::{Wait, Xfer};
+use std::time::Duration;
 
 /// `WEFT_EAGER_MAX_BYTES`, read once per process.
 pub(crate) fn max_bytes() -> usize {
@@ -67,80 +56,6 @@ pub(crate) fn max_bytes() -> usize {
         let p = weft_contract::params::WEFT_EAGER_MAX_BYTES;
         p.get().or_else(|| p.default_value()).unwrap_or(1 << 30)
     })
-}
-
-/// A send that returned to its caller before its peer had everything.
-pub(crate) struct Pending {
-    pub x: Xfer,
-    /// The copy `x` sends from (its first bytes, already sent, are never
-    /// touched: for large messages those pages are never even allocated).
-    _buf: Vec<u8>,
-    /// Bytes copied (not yet sent when the call returned).
-    pub bytes: usize,
-}
-
-// SAFETY: `x` points into `_buf`, which moves with it.
-unsafe impl Send for Pending {}
-
-/// A communicator's pending eager sends, in the order they were issued.
-#[derive(Default)]
-pub(crate) struct Queue {
-    pub pending: Vec<Pending>,
-    /// Sum of the pending sends' `bytes`.
-    pub bytes: usize,
-    /// The doorbell value read at the start of the engine's last pass (the
-    /// flusher sleeps while it is unchanged).
-    pub seen: u32,
-}
-
-impl Queue {
-    pub fn is_empty(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// Puts back what the engine took out, dropping the sends now done.
-    pub(crate) fn put_back(&mut self, mut pre: Vec<Pending>) {
-        pre.retain(|p| !p.x.p.done);
-        self.bytes = pre.iter().map(|p| p.bytes).sum();
-        self.pending = pre;
-    }
-
-    /// Copies what `x` has not sent yet and queues it.
-    fn push(&mut self, mut x: Xfer) {
-        let sent = x.p.payload.min(x.len);
-        // Zeroed memory: large blocks come straight from mmap, so the pages
-        // of the part already sent are never touched.
-        let mut buf = vec![0u8; x.len];
-        // SAFETY: the caller's buffer is valid for `x.len` bytes (the
-        // submit contract) and does not overlap our fresh copy.
-        unsafe {
-            std::ptr::copy_nonoverlapping(x.ptr.add(sent), buf.as_mut_ptr().add(sent), x.len - sent)
-        };
-        x.ptr = buf.as_mut_ptr();
-        let bytes = x.len - sent;
-        self.bytes += bytes;
-        self.pending.push(Pending {
-            x,
-            _buf: buf,
-            bytes,
-        });
-    }
-
-    /// "rank P (N bytes)" for each peer with pending sends, for messages.
-    pub(crate) fn describe(&self) -> String {
-        let mut per: Vec<(usize, usize)> = Vec::new();
-        for p in &self.pending {
-            let left = p.x.len - p.x.p.payload.min(p.x.len);
-            match per.iter_mut().find(|(r, _)| *r == p.x.peer) {
-                Some((_, n)) => *n += left,
-                None => per.push((p.x.peer, left)),
-            }
-        }
-        per.iter()
-            .map(|(r, n)| format!("rank {r} ({n} bytes)"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
 }
 
 impl Resources {
@@ -189,7 +104,7 @@ impl Resources {
 
     /// The flusher's checks while its sends make no progress: peers alive,
     /// the communicator's timeout.
-    fn eager_idle_check(&self, idle: Duration) -> Result<()> {
+    pub(crate) fn eager_idle_check(&self, idle: Duration) -> Result<()> {
         self.check_peers(self.eager.pending.iter().map(|p| p.x.peer))?;
         if let Some(t) = self.ctx.cfg.timeout
             && idle >= t
@@ -214,193 +129,6 @@ impl Resources {
                  check that every send has a matching receive on its peer, posted before the peer destroys its communicator",
                 self.eager.describe()
             ),
-        }
-    }
-}
-
-/// A communicator's background progress thread (see the module docs).
-#[derive(Default)]
-pub(crate) struct Flusher {
-    thread: Mutex<Option<JoinHandle<()>>>,
-    stop: AtomicBool,
-}
-
-impl Flusher {
-    /// Wakes the flusher (starting it the first time): something is pending.
-    pub(crate) fn kick(&self, s: &Arc<CommShared>) {
-        let mut g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        if self.stop.load(Ordering::Acquire) {
-            return;
-        }
-        if let Some(h) = g.as_ref()
-            && !h.is_finished()
-        {
-            h.thread().unpark();
-            return;
-        }
-        let w = Arc::downgrade(s);
-        match std::thread::Builder::new()
-            .name(format!("weft-eager-{}", s.rank))
-            .spawn(move || run(w))
-        {
-            Ok(h) => *g = Some(h),
-            // Pending sends still progress in the next call on the
-            // communicator, and destroy flushes them.
-            Err(e) => crate::log::warn_log!(
-                "comm {} rank {}: could not start the eager-send flusher thread: {e}",
-                s.label,
-                s.rank
-            ),
-        }
-    }
-
-    /// Ends the flusher (destroy, abort); later kicks start nothing.
-    pub(crate) fn stop(&self) {
-        self.stop.store(true, Ordering::Release);
-        let h = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(h) = h {
-            h.thread().unpark();
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
-            }
-        }
-    }
-
-    fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Acquire)
-    }
-}
-
-/// What the flusher does after one look at the communicator.
-enum Next {
-    /// Progress was made: look again at once.
-    Again,
-    /// Nothing pending: sleep until kicked.
-    Park,
-    /// The caller holds the lock (its `exec` pushes pending sends).
-    Busy,
-    /// Stuck on peers: sleep until the doorbell moves or a socket is ready.
-    Sleep {
-        fault: Arc<crate::progress::fault::Fault>,
-        seen: u32,
-        fds: Vec<libc::pollfd>,
-        shm: bool,
-    },
-    Exit,
-}
-
-fn run(w: Weak<CommShared>) {
-    let mut last_progress = Instant::now();
-    let mut last_check = Instant::now();
-    loop {
-        let next = {
-            let Some(s) = w.upgrade() else { return };
-            look(&s, &mut last_progress, &mut last_check)
-        };
-        match next {
-            Next::Again => {}
-            Next::Exit => return,
-            Next::Park => std::thread::park_timeout(Duration::from_secs(1)),
-            Next::Busy => std::thread::park_timeout(Duration::from_millis(20)),
-            Next::Sleep {
-                fault,
-                seen,
-                mut fds,
-                shm,
-            } => {
-                if fds.is_empty() {
-                    let ctrl = fault.own.control();
-                    ctrl.sleepers.fetch_add(1, Ordering::SeqCst);
-                    futex::wait(&ctrl.doorbell, seen, FLUSH_NAP);
-                    ctrl.sleepers.fetch_sub(1, Ordering::SeqCst);
-                } else {
-                    // Mixed shared memory and TCP: poll in short slices so
-                    // the shared-memory sends are looked at too.
-                    let ms = if shm { 5 } else { FLUSH_NAP.as_millis() as i32 };
-                    // SAFETY: the fds belong to channels of the communicator's
-                    // resources, which destroy and abort drop only after
-                    // stopping (joining) this thread.
-                    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-                }
-            }
-        }
-    }
-}
-
-fn look(s: &Arc<CommShared>, last_progress: &mut Instant, last_check: &mut Instant) -> Next {
-    if s.flusher.stopped() || s.state.get() != CommState::Ready {
-        return Next::Exit;
-    }
-    // The timeout counts only time this thread alone waited on stuck sends
-    // (a caller's operation applies its own).
-    let mut g = match s.resources.try_lock() {
-        Ok(g) => g,
-        Err(TryLockError::WouldBlock) => {
-            *last_progress = Instant::now();
-            return Next::Busy;
-        }
-        Err(TryLockError::Poisoned(p)) => p.into_inner(),
-    };
-    let Some(core) = g.as_mut() else {
-        return Next::Exit;
-    };
-    if core.eager.is_empty() {
-        *last_progress = Instant::now();
-        return Next::Park;
-    }
-    let r = core
-        .exec_with(
-            &mut [],
-            Wait::NoSleep {
-                until: Some(Instant::now() + FLUSH_SLICE),
-            },
-        )
-        .and_then(|made| {
-            if made {
-                *last_progress = Instant::now();
-                *last_check = Instant::now();
-            } else if last_check.elapsed() >= FLUSH_NAP {
-                *last_check = Instant::now();
-                core.eager_idle_check(last_progress.elapsed())
-                    .map_err(|e| core.fail(e))?;
-            }
-            Ok(made)
-        });
-    match r {
-        Err(e) => {
-            if !matches!(e, Error::Aborted { .. }) && !s.flusher.stopped() {
-                let e = core.eager_error("delivering eager sends in the background", &e);
-                crate::log::warn_log!("comm {} rank {}: {e}", s.label, s.rank);
-                drop(g);
-                s.record_failure(&e);
-            }
-            Next::Exit
-        }
-        Ok(_) if core.eager.is_empty() => Next::Park,
-        Ok(true) => Next::Again,
-        Ok(false) => {
-            let fds: Vec<libc::pollfd> = core
-                .eager
-                .pending
-                .iter()
-                .filter_map(|p| {
-                    core.chans[p.x.peer]
-                        .as_ref()
-                        .and_then(|c| c.fd())
-                        .map(|fd| libc::pollfd {
-                            fd,
-                            events: libc::POLLOUT,
-                            revents: 0,
-                        })
-                })
-                .collect();
-            let shm = fds.len() < core.eager.pending.len();
-            Next::Sleep {
-                fault: core.fault.clone(),
-                seen: core.eager.seen,
-                fds,
-                shm,
-            }
         }
     }
 }

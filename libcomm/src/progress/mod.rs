@@ -5,3 +5,4 @@ pub(crate) mod eager;
 pub(crate) mod exec;
 pub(crate) mod fault;
 pub(crate) mod resources;
+pub(crate) mod xfer;

@@ -6,15 +6,16 @@
 //! through [`Fault`] instead. [`Ctx`] (module `ctx`) holds the immutable facts it was built
 //! from.
 
-pub(crate) use crate::bootstrap::ctx::Ctx;
+use crate::bootstrap::ctx::{CommId, Ctx};
 use crate::bootstrap::unique_id::hex;
 use crate::config::{Config, TransportPref};
 use crate::error::{Error, Result};
 use crate::log::info_log;
 use crate::progress::fault::Fault;
+use crate::progress::xfer::Queue;
 use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
 use crate::transport::sidecar_rings::ProxyLink;
-use crate::transport::tcp::{self, CommId, Endpoint};
+use crate::transport::tcp::{self, Endpoint};
 use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -47,21 +48,10 @@ pub(crate) struct Resources {
     /// Reused by the progress engine (one byte per peer).
     pub busy: Vec<u8>,
     /// Host sends that returned before their peer had everything (`eager.rs`).
-    pub eager: crate::progress::eager::Queue,
+    pub eager: Queue,
     /// Number of collectives issued (for diagnostics).
     pub coll_seq: u64,
     split_count: u64,
-}
-
-pub(crate) fn job_label() -> String {
-    let j: String = weft_contract::params::WEFT_JOB
-        .raw()
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-        .take(40)
-        .collect();
-    if j.is_empty() { "anon".into() } else { j }
 }
 
 /// The name of a rank's segment: its memfd's label and its offer's abstract

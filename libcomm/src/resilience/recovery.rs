@@ -14,12 +14,13 @@
 //! board, `resilient.rs`). See docs/FAULT-TOLERANCE.md.
 
 use crate::algo;
+use crate::bootstrap::ctx::Ctx;
 use crate::bootstrap::unique_id::{UNIQUE_ID_BYTES, UniqueId, hex};
 use crate::comm::communicator::{CommShared, Communicator, bootstrap};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::op::tuner;
-use crate::progress::resources::{Ctx, Resources};
+use crate::progress::resources::Resources;
 use crate::state::CommState;
 use crate::transport::shm::FAIL_ABORT;
 use sha2::{Digest, Sha256};

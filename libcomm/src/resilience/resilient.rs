@@ -552,7 +552,7 @@ impl Resilient {
         // (one finished a shrink that another gave up) meet in one child.
         let mut h = Sha256::new();
         h.update(b"weft-resilient-shrink");
-        h.update(crate::progress::resources::job_label().as_bytes());
+        h.update(crate::bootstrap::ctx::job_label().as_bytes());
         // The secret every communicator since the last grow shares (a
         // shrink keeps its parent's): two jobs with one name never meet.
         if let Some((ctx, _)) = self.comm.s.built.get() {

@@ -16,6 +16,7 @@
 //! parking lot. Parked connections are bounded in number and age.
 
 use crate::bootstrap::client::connect_retry;
+use crate::bootstrap::ctx::CommId;
 use crate::bootstrap::server::{self, Accepted, Counters, Handler, Limits};
 use crate::bootstrap::wire::{self, Dec, Enc, Kind};
 use crate::error::{Error, Result};
@@ -26,7 +27,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-pub(crate) type CommId = [u8; 16];
 /// Data connections this process has opened or accepted (for tests and stats).
 pub(crate) static CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
