@@ -1,23 +1,19 @@
 //! Group calls (NCCL's `ncclGroupStart`/`ncclGroupEnd`): operations collected,
 //! then run together.
 //!
-//! Within one communicator, all sends and receives of the group progress
-//! together (so matched pairs never deadlock, whatever their order), then the
-//! collectives run in the order they were added. Operations on different
-//! communicators run concurrently, one thread per communicator: that is what
-//! lets one thread drive several ranks (several communicators of one job, as
-//! `nccl-tests -g 4` does).
-//!
-//! A group holds operation descriptors ([`Op`]); one holding device memory
-//! goes whole to the device backend (see `backend.rs`), which runs its
-//! host-memory operations back through here.
+//! A group holds operation descriptors ([`Op`]). On host memory it runs as
+//! one batch per communicator, the communicators concurrently (`host.rs`:
+//! within one, the sends and receives progress together, then the
+//! collectives run in the order they were added); one holding device memory
+//! goes whole to the device backend (`device.rs`), which hands its
+//! host-memory operations back to the same host path.
 
-use crate::comm::communicator::{Communicator, run_device, run_op};
+use crate::comm::communicator::Communicator;
+use crate::comm::device::run_device;
+use crate::comm::host::run_host;
 use crate::data::types::{Element, ReduceOp};
-use crate::error::{Error, Result};
-use crate::op::tuner;
+use crate::error::Result;
 use crate::op::{Memory, Op, typed};
-use crate::progress::xfer::Xfer;
 use std::marker::PhantomData;
 
 /// A batch of operations, possibly on several communicators.
@@ -26,10 +22,6 @@ pub struct Group<'a> {
     ops: Vec<(&'a Communicator, Op)>,
     _borrows: PhantomData<&'a mut ()>,
 }
-
-/// Lets a batch for one communicator move to its worker thread.
-struct Batch<'a>(&'a Communicator, Vec<Op>);
-unsafe impl Send for Batch<'_> {}
 
 impl<'a> Group<'a> {
     pub fn new() -> Self {
@@ -127,77 +119,7 @@ impl<'a> Group<'a> {
             // SAFETY: `push`'s contract.
             return unsafe { run_device(&self.ops) };
         }
-        let mut batches: Vec<Batch<'a>> = Vec::new();
-        for (comm, op) in self.ops {
-            match batches.iter_mut().find(|b| std::ptr::eq(b.0, comm)) {
-                Some(b) => b.1.push(op),
-                None => batches.push(Batch(comm, vec![op])),
-            }
-        }
-        match batches.len() {
-            0 => Ok(()),
-            1 => run_batch(batches.pop().unwrap()),
-            _ => std::thread::scope(|sc| {
-                let handles: Vec<_> = batches
-                    .into_iter()
-                    .map(|b| {
-                        std::thread::Builder::new()
-                            .name("weft-group".into())
-                            .spawn_scoped(sc, move || run_batch(b))
-                    })
-                    .collect();
-                let mut first: Option<Error> = None;
-                for h in handles {
-                    let r = match h {
-                        Ok(h) => h.join().unwrap_or_else(|_| {
-                            Err(Error::Internal("a group worker panicked".into()))
-                        }),
-                        Err(e) => Err(Error::sys("spawning a group worker", e)),
-                    };
-                    if let Err(e) = r {
-                        first.get_or_insert(e);
-                    }
-                }
-                first.map_or(Ok(()), Err)
-            }),
-        }
+        // SAFETY: `push`'s contract.
+        unsafe { run_host(self.ops) }
     }
-}
-
-fn run_batch(b: Batch<'_>) -> Result<()> {
-    let Batch(comm, ops) = b;
-    let obs = crate::observe::start(&comm.s.who(), &ops, true, "group");
-    // A batch of sends only goes eager, as a lone send does (eager.rs).
-    if ops.iter().all(|op| op.kind == crate::op::OpKind::Send) {
-        let xs: Vec<Xfer> = ops
-            .iter()
-            .map(|op| Xfer::send(op.peer(), op.send, op.bytes()))
-            .collect();
-        let r = comm
-            .with_resources("group", |c| c.send_eager(xs))
-            .map(|pending| comm.kick_if(pending));
-        crate::observe::finish(obs, &r);
-        return r;
-    }
-    let r = comm.with_resources("group", |c| {
-        let mut xs: Vec<Xfer> = ops
-            .iter()
-            .filter(|op| op.is_send_recv())
-            .map(|op| match op.kind {
-                crate::op::OpKind::Send => Xfer::send(op.peer(), op.send, op.bytes()),
-                _ => Xfer::recv(op.peer(), op.recv, op.bytes()),
-            })
-            .collect();
-        if !xs.is_empty() {
-            c.exec(&mut xs)?;
-        }
-        let shape = c.shape();
-        for op in ops.iter().filter(|o| !o.is_send_recv() && !o.is_empty()) {
-            let d = tuner::decide(op, &shape, &c.ctx.cfg.algo);
-            unsafe { run_op(c, op, d)? };
-        }
-        Ok(())
-    });
-    crate::observe::finish(obs, &r);
-    r
 }

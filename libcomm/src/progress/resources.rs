@@ -8,7 +8,7 @@
 
 use crate::bootstrap::ctx::{CommId, Ctx};
 use crate::bootstrap::unique_id::hex;
-use crate::config::{Config, TransportPref};
+use crate::config::TransportPref;
 use crate::error::{Error, Result};
 use crate::log::info_log;
 use crate::progress::fault::Fault;
@@ -377,8 +377,4 @@ fn wait_all_mapped(
         backoff = (backoff * 2).min(Duration::from_millis(2));
     }
     Ok(())
-}
-
-pub(crate) fn default_deadline(cfg: &Config) -> Instant {
-    Instant::now() + cfg.init_timeout.max(Duration::from_millis(100))
 }
