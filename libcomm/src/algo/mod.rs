@@ -18,6 +18,7 @@ use crate::op::tuner::{self, Algo};
 use crate::progress::resources::Resources;
 use crate::progress::xfer::Xfer;
 use crate::transport::Reduce;
+use crate::transport::shm::LL_SLOT_BYTES;
 
 /// Balanced split of `count` elements into `n` chunks: chunk `c` is
 /// `[bound(c), bound(c+1))`.
@@ -126,7 +127,7 @@ impl Resources {
                 )
             })
             .count();
-        tuner::Shape::local(self.ctx.nranks, nlocal)
+        tuner::Shape::local(self.ctx.nranks, nlocal).with_slots(LL_SLOT_BYTES)
     }
 }
 
