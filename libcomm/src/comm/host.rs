@@ -1,7 +1,6 @@
-//! Operations on host memory: one on the live resources, by the host
-//! algorithms with the tuner's decision ([`run_op`]), and a batch of them on
-//! one or more communicators (a group's, or the host part of a device
-//! batch: [`run_host`]).
+//! A batch of operations on host memory, on one or more communicators (a
+//! group's, or the host part of a device batch: [`run_host`]); each runs by
+//! the host algorithms (`algo::run`) with the tuner's decision.
 //!
 //! Within one communicator, all sends and receives of a batch progress
 //! together (so matched pairs never deadlock, whatever their order), then
@@ -14,32 +13,9 @@ use crate::algo;
 use crate::comm::communicator::Communicator;
 use crate::error::{Error, Result};
 use crate::observe;
-use crate::op::tuner::{self, Decision};
+use crate::op::tuner;
 use crate::op::{Op, OpKind};
-use crate::progress::resources::Resources;
 use crate::progress::xfer::Xfer;
-
-/// Runs a validated host-memory operation on the live resources, with the
-/// tuner's decision for it.
-pub(crate) unsafe fn run_op(c: &mut Resources, op: &Op, d: Decision) -> Result<()> {
-    c.coll_seq += 1;
-    let (send, recv, count, dtype, root, a) =
-        (op.send, op.recv, op.count, op.dtype, op.root, d.algo());
-    let bytes = op.bytes();
-    let redop = || op.redop.expect("a reduction carries its operator");
-    match op.kind {
-        OpKind::AllReduce => algo::all_reduce(c, send, recv, count, dtype, redop(), a),
-        OpKind::Broadcast => algo::broadcast(c, send, recv, bytes, root, a),
-        OpKind::Reduce => algo::reduce(c, send, recv, count, dtype, redop(), root, a),
-        OpKind::AllGather => algo::all_gather(c, send, recv, bytes, a),
-        OpKind::ReduceScatter => algo::reduce_scatter(c, send, recv, count, dtype, redop(), a),
-        OpKind::AllToAll => algo::all_to_all(c, send, recv, bytes, a),
-        OpKind::Gather => algo::gather(c, send, recv, bytes, root),
-        OpKind::Scatter => algo::scatter(c, send, recv, bytes, root),
-        OpKind::Send => c.exec(&mut [Xfer::send(root, send, bytes)]),
-        OpKind::Recv => c.exec(&mut [Xfer::recv(root, recv, bytes)]),
-    }
-}
 
 /// Lets a batch for one communicator move to its worker thread.
 struct Batch<'a>(&'a Communicator, Vec<Op>);
@@ -118,7 +94,7 @@ fn run_batch(b: Batch<'_>) -> Result<()> {
         let shape = c.shape();
         for op in ops.iter().filter(|o| !o.is_send_recv() && !o.is_empty()) {
             let d = tuner::decide(op, &shape, &c.ctx.cfg.algo);
-            unsafe { run_op(c, op, d)? };
+            algo::run(c, op, d)?;
         }
         Ok(())
     });

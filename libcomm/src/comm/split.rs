@@ -11,7 +11,9 @@ use crate::bootstrap::unique_id::hex;
 use crate::comm::communicator::Communicator;
 use crate::comm::shared::lock;
 use crate::config::Config;
+use crate::data::types::DataType;
 use crate::error::{Error, Result};
+use crate::op::Op;
 use crate::op::tuner;
 use crate::progress::resources::Resources;
 use crate::state::CommState;
@@ -94,7 +96,8 @@ impl Communicator {
             mine[8..12].copy_from_slice(&key.to_le_bytes());
             let mut all = vec![0u8; 16 * n];
             let a = tuner::choose(tuner::Coll::AllGather, 16 * n, n, &core.ctx.cfg.algo);
-            algo::all_gather(core, mine.as_ptr(), all.as_mut_ptr(), 16, a)?;
+            let op = Op::all_gather(mine.as_ptr(), all.as_mut_ptr(), 16, DataType::U8);
+            algo::all_gather(core, &op, a)?;
             let Some(color) = color else { return Ok(None) };
             let mut members: Vec<(i32, usize)> = (0..n)
                 .filter_map(|r| {

@@ -1,12 +1,12 @@
 //! The one entry point of operations: the typed methods, the C ABI and a
 //! lone call all come to [`Communicator::submit`] (a group to
 //! `Group::execute`): validate, check the state, then host memory on the
-//! host algorithms (`host.rs`) or device memory on the device backend
+//! host algorithms (`algo::run`) or device memory on the device backend
 //! (`device.rs`).
 
+use crate::algo;
 use crate::comm::communicator::Communicator;
 use crate::comm::device::run_device;
-use crate::comm::host::run_op;
 use crate::comm::shared::lock;
 use crate::error::Result;
 use crate::observe;
@@ -48,7 +48,7 @@ impl Communicator {
             })
             .map(|pending| self.kick_if(pending))
         } else {
-            self.with_resources(op.name(), |c| unsafe { run_op(c, &op, d) })
+            self.with_resources(op.name(), |c| algo::run(c, &op, d))
         };
         observe::finish(obs, &r);
         r

@@ -18,7 +18,9 @@ use crate::bootstrap::unique_id::{UNIQUE_ID_BYTES, UniqueId, hex};
 use crate::comm::communicator::Communicator;
 use crate::comm::shared::{CommShared, lock};
 use crate::config::Config;
+use crate::data::types::DataType;
 use crate::error::{Error, Result};
+use crate::op::Op;
 use crate::op::tuner;
 use crate::state::CommState;
 use crate::transport::shm::FAIL_ABORT;
@@ -256,7 +258,8 @@ impl Communicator {
         let all = self.with_resources("grow", |core| {
             let mut all = vec![0u8; W * n];
             let a = tuner::choose(tuner::Coll::AllGather, W * n, n, &core.ctx.cfg.algo);
-            algo::all_gather(core, mine.as_ptr(), all.as_mut_ptr(), W, a)?;
+            let op = Op::all_gather(mine.as_ptr(), all.as_mut_ptr(), W, DataType::U8);
+            algo::all_gather(core, &op, a)?;
             Ok(all)
         })?;
         let holders: Vec<usize> = (0..n).filter(|&r| all[r * W] == 1).collect();
