@@ -20,11 +20,12 @@
 //!   is kept; the `exec` returns when *its* transfers are done, and pending
 //!   sends progress alongside (the `recv(prev)` after an eager `send(next)`
 //!   pushes the send while it receives: no deadlock).
-//! - **Background flusher.** A rank that sends and then makes no more calls
-//!   must still deliver: a progress thread per communicator (started on the
-//!   first pending send, ended by destroy or abort) pushes pending sends
-//!   while the communicator is idle. It only takes the communicator's lock
-//!   with `try_lock`, holds it for at most [`FLUSH_SLICE`] at a time, and
+//! - **Background flusher** (`comm/flusher.rs`). A rank that sends and then
+//!   makes no more calls must still deliver: a progress thread per
+//!   communicator (started on the first pending send, ended by destroy or
+//!   abort) pushes pending sends while the communicator is idle. It only
+//!   takes the communicator's lock with `try_lock`, holds it for at most
+//!   `FLUSH_SLICE` at a time, and
 //!   sleeps on the rank's futex doorbell (shared memory) or in poll(2) (TCP)
 //!   between attempts: it never busy-spins and never starves the caller (a
 //!   caller's `exec` pushes pending sends itself).

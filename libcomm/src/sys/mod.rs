@@ -1,5 +1,6 @@
-//! The operating system: socket options, descriptor passing, host identity
-//! and processes.
+//! The operating system: socket options in one place (`sockets.rs`),
+//! descriptors over Unix sockets (`fdpass.rs`), host identity, process
+//! liveness and cores (`topology.rs`).
 
 pub(crate) mod fdpass;
 pub mod sockets;
