@@ -49,7 +49,7 @@ impl Communicator {
         &self.s.cfg
     }
 
-    /// "communicator <id> (rank r of n)", for messages.
+    /// `communicator <id> (rank r of n)`, for messages.
     pub fn describe(&self) -> String {
         format!(
             "communicator {} (rank {} of {})",
@@ -119,7 +119,7 @@ impl Drop for Communicator {
 }
 
 /// Typed, safe collectives on slices: the descriptors (and their length
-/// checks) come from [`typed`], shared with `Group`'s typed methods.
+/// checks) come from `typed`, shared with `Group`'s typed methods.
 impl Communicator {
     /// Runs a descriptor built by [`typed`] from the caller's slices.
     fn submit_typed(&self, op: Result<Op>) -> Result<()> {

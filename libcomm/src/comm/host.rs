@@ -67,7 +67,7 @@ pub(crate) unsafe fn run_host(ops: Vec<(&Communicator, Op)>) -> Result<()> {
 fn run_batch(b: Batch<'_>) -> Result<()> {
     let Batch(comm, ops) = b;
     let obs = observe::start(&comm.s.who(), &ops, true, "group");
-    // A batch of sends only goes eager, as a lone send does (eager.rs).
+    // A batch of sends only goes eager, as a lone send does (`progress/eager.rs`).
     if ops.iter().all(|op| op.kind == OpKind::Send) {
         let xs: Vec<Xfer> = ops
             .iter()

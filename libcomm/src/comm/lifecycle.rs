@@ -221,7 +221,7 @@ impl Communicator {
             self.s.cancel_init();
         }
         // Eager host sends still pending are delivered first (bounded: see
-        // eager.rs); the flusher thread ends before the resources go.
+        // progress/eager.rs); the flusher thread ends before the resources go.
         self.s.flusher.stop();
         let flushed = match lock(&self.s.resources).as_mut() {
             Some(c) if from == CommState::Ready && !c.eager.is_empty() => {

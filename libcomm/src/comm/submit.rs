@@ -40,7 +40,7 @@ impl Communicator {
         let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or
-            // copied (eager.rs).
+            // copied (`progress/eager.rs`).
             let x = Xfer::send(op.peer(), op.send, op.bytes());
             self.with_resources(op.name(), |c| {
                 c.coll_seq += 1;

@@ -2,7 +2,7 @@
 //! for communicators whose work runs in GPU kernels.
 //!
 //! On host memory a rank learns of a dead peer while it waits for it: the
-//! waiting thread checks the fault domain (`fault.rs`). Work on device
+//! waiting thread checks the fault domain (`progress/fault.rs`). Work on device
 //! memory has no waiting host thread: the kernel spins on the peer's flags
 //! and the host is elsewhere (often blocked in `cudaStreamSynchronize` or a
 //! tensor's `.item()`, where nothing of ours runs). Unless someone polls

@@ -17,7 +17,7 @@
 //!    correct, slow, logged once.
 //!
 //! The core hands this backend validated operations of ready communicators
-//! and lends it only [`Comms`] (see `backend.rs`).
+//! and lends it only `Comms` (see `op/backend.rs`).
 
 use super::devcomm::DevComm;
 use super::driver::{ContextGuard, stream_capturing};

@@ -1,9 +1,9 @@
 //! [`Resources`]: the live resources of a Ready communicator: its table of
 //! peers, the shared-memory segments of its local ranks, its channels and the
 //! failure domain. Owned by the communicator's lifecycle record
-//! (`comm::CommShared`) behind one mutex, so every operation on a
+//! (`comm/shared.rs`'s `CommShared`) behind one mutex, so every operation on a
 //! communicator is serialized; everything lock-free (abort, status) goes
-//! through [`Fault`] instead. [`Ctx`] (module `ctx`) holds the immutable facts it was built
+//! through [`Fault`] instead. [`Ctx`] (`bootstrap/ctx.rs`) holds the immutable facts it was built
 //! from.
 
 use crate::bootstrap::ctx::{CommId, Ctx};
