@@ -1,14 +1,14 @@
 //! The CUDA C++ kernels (top-level `kernels/`): embedded in the binary,
 //! named, compiled with NVRTC and loaded. Each kernel the runtime needs
 //! (`weft_coll_<type>_<op>` or `weft_p2p`) is compiled alone, on first use,
-//! for the device's architecture, and loaded once per device ([`function`]).
+//! for the device's architecture, and loaded once per device (`function`).
 //! The PTX is cached per process and on disk (`$WEFT_KERNEL_CACHE`, else
 //! `$XDG_CACHE_HOME/weft/kernels`, else `~/.cache/weft/kernels`), keyed by the
 //! source's SHA-256 and the architecture.
 
 use super::driver::{compute_capability, use_device};
 use super::error::{CudaError, CudaResult, check};
-use crate::types::{DataType, ReduceOp};
+use crate::data::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
 use sha2::{Digest, Sha256};
@@ -173,7 +173,7 @@ pub(super) fn function(dev: i32, name: &'static str) -> CudaResult<sys::CUfuncti
     Ok(f)
 }
 
-/// Compiles one kernel the way [`function`] does, without a device (tests).
+/// Compiles one kernel the way `function` does, without a device (tests).
 pub fn compile_single(name: &str, arch: &str) -> CudaResult<String> {
     compile_uncached(name, &single_source(name), arch)
 }

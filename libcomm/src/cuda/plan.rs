@@ -9,8 +9,8 @@ use super::abi::{
 };
 use super::devcomm::DevComm;
 use super::kernels::{func_name, nvrtc_available};
+use crate::data::types::DataType;
 use crate::op::{Op, OpKind};
-use crate::types::DataType;
 
 /// How one operation runs on the kernel path.
 #[derive(Clone, Copy, Debug)]

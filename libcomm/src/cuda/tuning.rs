@@ -1,5 +1,6 @@
-//! The kernel path's tuning: every `WEFT_CUDA_*` variable (and `WEFT_ALGO`
-//! where it names a device algorithm), read in one place into [`Tuning`],
+//! The kernel path's tuning: every `WEFT_CUDA_*` variable (and the device
+//! algorithm `WEFT_ALGO` names, through the tuner's one parser of it,
+//! `tuner::device_override`), read in one place into [`Tuning`],
 //! and the size rules that pick an algorithm and cut the work (LL, lines
 //! chain, FIFO chain, broadcast pipeline, blocks per kernel).
 //!
@@ -7,7 +8,7 @@
 //! (as NCCL reads its variables at init). The rules are pure functions of it,
 //! so every rank that sees the same environment decides the same.
 
-use crate::algo::tuner::DEVICE_ALGOS;
+use crate::op::tuner;
 use weft_contract::params::{self, Param};
 
 use super::abi::{
@@ -121,7 +122,7 @@ impl Tuning {
         Tuning {
             parity_bytes: params::WEFT_CUDA_SCRATCH_MB.value().max(1) << 20,
             allow_direct: params::WEFT_CUDA_DIRECT.get().unwrap_or(true),
-            algo: algo_override(),
+            algo: tuner::device_override(),
             oneshot_max: params::WEFT_CUDA_ONESHOT_MAX.value(),
             threads: params::WEFT_CUDA_THREADS.value().clamp(32, 512),
             p2p_blocks: params::WEFT_CUDA_P2P_BLOCKS.value().clamp(1, MAX_BLOCKS),
@@ -317,19 +318,6 @@ impl Tuning {
         let share = bytes.div_ceil(blocks.max(1) * nranks.saturating_sub(1).max(1));
         (share.div_ceil(16) * 16).clamp(512, self.reduce_chunk)
     }
-}
-
-/// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it
-/// names a device algorithm (oneshot | twoshot | ll | staged; the host algorithm
-/// names of `WEFT_ALGO`, such as ring, only steer host memory).
-fn algo_override() -> Option<&'static str> {
-    [params::WEFT_CUDA_ALGO, params::WEFT_ALGO]
-        .iter()
-        .filter_map(|p| p.raw())
-        .find_map(|s| {
-            let s = s.trim().to_ascii_lowercase();
-            DEVICE_ALGOS.iter().copied().find(|a| *a == s)
-        })
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //! another thread) and the progress engine.
 
 use crate::transport::shm::{FAIL_ABORT, Mapping, ST_DESTROYED};
+use crate::transport::tcp::{FailNotify, NoticeSink};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,7 @@ pub(crate) struct Fault {
     pub locals: Vec<(usize, Arc<Mapping>)>,
     pub tcp: Mutex<Vec<TcpStream>>,
     /// Where to tell remote peers why, when a failure starts here.
-    pub notify: Option<crate::transport::tcp::FailNotify>,
+    pub notify: Option<FailNotify>,
 }
 
 /// A failure seen by this rank: who raised it, whether it was an abort, why.
@@ -84,8 +85,8 @@ impl Fault {
         self.locals.iter().find_map(|(rank, m)| {
             let c = m.control();
             let pid = c.pid.load(Ordering::Relaxed);
-            let gone =
-                c.state.load(Ordering::Acquire) != ST_DESTROYED && !crate::topology::pid_alive(pid);
+            let gone = c.state.load(Ordering::Acquire) != ST_DESTROYED
+                && !crate::sys::topology::pid_alive(pid);
             gone.then_some((*rank, pid))
         })
     }
@@ -109,5 +110,12 @@ impl Fault {
             abort: kind == FAIL_ABORT,
             reason,
         })
+    }
+}
+
+/// A remote peer's failure notice, from this process's TCP endpoint.
+impl NoticeSink for Fault {
+    fn learn(&self, origin: usize, kind: u32, reason: &str) {
+        Fault::learn(self, origin, kind, reason)
     }
 }

@@ -13,11 +13,11 @@
 //! local ranks than cores the spin phase is skipped, so oversubscribed jobs
 //! (64 ranks on 2 cores) make progress instead of burning their time slices.
 
-use crate::core::{PeerKind, Resources};
-use crate::eager::Pending;
 use crate::error::{Error, Result};
+use crate::progress::resources::{PeerKind, Resources};
+use crate::progress::xfer::{Pending, Wait, Xfer};
+use crate::transport::futex;
 use crate::transport::shm::{FAIL_ERROR, ST_DESTROYED};
-use crate::transport::{Progress, Reduce, futex};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -29,64 +29,7 @@ const BLAME_PROBE: Duration = Duration::from_millis(500);
 const NOTICE_GRACE: Duration = Duration::from_millis(300);
 const NOTICE_GRACE_GONE: Duration = Duration::from_millis(50);
 
-pub(crate) struct Xfer {
-    pub peer: usize,
-    pub send: bool,
-    pub ptr: *mut u8,
-    pub len: usize,
-    pub red: Option<Reduce>,
-    /// Index of a receive in the same batch whose delivered bytes bound this send.
-    pub gate: Option<usize>,
-    pub p: Progress,
-    started: bool,
-}
-
-impl Xfer {
-    pub fn send(peer: usize, ptr: *const u8, len: usize) -> Xfer {
-        Xfer {
-            peer,
-            send: true,
-            ptr: ptr as *mut u8,
-            len,
-            red: None,
-            gate: None,
-            p: Progress::default(),
-            started: false,
-        }
-    }
-    pub fn recv(peer: usize, ptr: *mut u8, len: usize) -> Xfer {
-        Xfer {
-            send: false,
-            ..Xfer::send(peer, ptr, len)
-        }
-    }
-    pub fn recv_reduce(peer: usize, ptr: *mut u8, len: usize, red: Reduce) -> Xfer {
-        Xfer {
-            red: Some(red),
-            ..Xfer::recv(peer, ptr, len)
-        }
-    }
-    pub fn gated(mut self, on: usize) -> Xfer {
-        self.gate = Some(on);
-        self
-    }
-}
-
 const SLICE: Duration = Duration::from_millis(100);
-
-/// How long an `exec` waits.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Wait {
-    /// Until the batch is done (the communicator's pending eager sends
-    /// progress alongside but need not finish).
-    Batch,
-    /// Until the batch and every pending eager send are done, giving up after
-    /// `timeout` without progress.
-    All { timeout: Option<Duration> },
-    /// Never sleeps: returns once a pass over the batch and the pending sends
-    /// makes no progress, everything is done, or `until` has passed.
-    NoSleep { until: Option<Instant> },
-}
 
 impl Resources {
     /// Runs `xs` to completion, or fails the communicator and returns why.
@@ -394,7 +337,7 @@ impl Resources {
                 match red {
                     None if !std::ptr::eq(src, dst) => std::ptr::copy(src, dst, len),
                     None => {}
-                    Some(rd) => crate::reduce::combine(
+                    Some(rd) => crate::data::reduce::combine(
                         rd.dtype,
                         rd.op,
                         dst,
@@ -543,7 +486,7 @@ impl Resources {
                 ));
             }
             let pid = self.ctx.peers[peer].pid;
-            if !crate::topology::pid_alive(pid) {
+            if !crate::sys::topology::pid_alive(pid) {
                 return Err(self.peer_error(peer, "the process exited"));
             }
         }

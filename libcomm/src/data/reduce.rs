@@ -6,7 +6,7 @@
 //! `a` or `b` exactly (never partially). Each op is matched outside its loop so
 //! the loops stay tight enough for LLVM to vectorise.
 
-use crate::types::{Combine, DataType, F8E4M3, F8E5M2};
+use crate::data::types::{Combine, DataType, F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 trait Num: Copy {

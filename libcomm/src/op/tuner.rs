@@ -5,22 +5,46 @@
 //!
 //! The tuner decides once per operation ([`decide`]) from the operation's
 //! size and the communicator's [`Shape`] (ranks, ranks on this host, hosts,
-//! cores); the [`Decision`] travels with the operation to the host algorithm
-//! that runs it and to the observer that labels its span (and, with
-//! `WEFT_DEBUG=INFO`, to one log line per collective, size class and choice).
+//! cores, latency slots); the [`Decision`] travels with the operation to the
+//! host algorithm that runs it and to the observer that labels its span
+//! (and, with `WEFT_DEBUG=INFO`, to one log line per collective, size class
+//! and choice).
+//!
+//! `WEFT_ALGO` is read here only ([`AlgoOverride::from_env`]), by one parser
+//! for both backends: the host's choice, and the device algorithm it names
+//! ([`device_override`], for the CUDA backend). The device algorithm names
+//! are the parameter registry's (`weft_contract::params::CUDA_ALGOS`).
 
 use crate::error::{Error, Result};
 use crate::op::{Op, OpKind};
+use weft_contract::params;
 
 /// Algorithm names only the device (CUDA) backend knows: `WEFT_ALGO` /
-/// `WEFT_CUDA_ALGO` may give them; host memory keeps choosing by size.
-pub const DEVICE_ALGOS: &[&str] = &["oneshot", "twoshot", "ll", "staged"];
+/// `WEFT_CUDA_ALGO` may give them; host memory keeps choosing by size. The
+/// registry's list, which documents `WEFT_CUDA_ALGO`.
+pub const DEVICE_ALGOS: &[&str] = params::CUDA_ALGOS;
+
+/// The device algorithm `name` names, if any (case and spaces aside).
+fn device_algo(name: &str) -> Option<&'static str> {
+    let name = name.trim().to_ascii_lowercase();
+    DEVICE_ALGOS.iter().copied().find(|a| *a == name)
+}
 
 /// Whether `name` names a device algorithm (the host tuner leaves those it
 /// does not know itself to the device backend).
 pub fn is_device_algo(name: &str) -> bool {
-    let name = name.trim().to_ascii_lowercase();
-    DEVICE_ALGOS.contains(&name.as_str())
+    device_algo(name).is_some()
+}
+
+/// The device backend's algorithm override: `WEFT_CUDA_ALGO` when it names
+/// a device algorithm, else the one a valid `WEFT_ALGO` names as a whole
+/// (oneshot | twoshot | ll | staged; host names such as `ring` only steer
+/// host memory).
+pub fn device_override() -> Option<&'static str> {
+    params::WEFT_CUDA_ALGO
+        .raw()
+        .and_then(|s| device_algo(&s))
+        .or_else(|| AlgoOverride::from_env().ok()?.device())
 }
 
 /// How one operation runs, decided once: what the host algorithms execute
@@ -65,6 +89,8 @@ pub struct Shape {
     pub hosts: usize,
     /// Cores this process may run on.
     pub cores: usize,
+    /// Bytes one latency slot of a local rank carries (0: no slots).
+    pub slot_bytes: usize,
 }
 
 impl Shape {
@@ -75,6 +101,7 @@ impl Shape {
             nlocal: 1,
             hosts: n,
             cores: 1,
+            slot_bytes: 0,
         }
     }
 
@@ -86,6 +113,15 @@ impl Shape {
             nlocal,
             hosts: n.div_ceil(nlocal),
             cores: cores(),
+            slot_bytes: 0,
+        }
+    }
+
+    /// This shape, with latency slots of `bytes` on every local rank.
+    pub fn with_slots(self, bytes: usize) -> Shape {
+        Shape {
+            slot_bytes: bytes,
+            ..self
         }
     }
 
@@ -93,18 +129,13 @@ impl Shape {
     pub fn all_local(&self) -> bool {
         self.n >= 2 && self.hosts == 1 && self.nlocal == self.n
     }
-
-    /// More ranks on this host than cores.
-    pub fn oversubscribed(&self) -> bool {
-        self.nlocal > self.cores
-    }
 }
 
 /// Cores this process may run on (read once: it costs system calls).
 fn cores() -> usize {
     use std::sync::OnceLock;
     static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(crate::topology::online_cpus)
+    *CORES.get_or_init(crate::sys::topology::online_cpus)
 }
 
 /// The host decision for `op` on a communicator of shape `s`: the collective
@@ -193,6 +224,17 @@ pub enum Algo {
 }
 
 impl Algo {
+    /// Every host algorithm (their names are `WEFT_ALGO`'s words).
+    pub const ALL: [Algo; 7] = [
+        Algo::Ring,
+        Algo::RecursiveDoubling,
+        Algo::Tree,
+        Algo::Direct,
+        Algo::Pairwise,
+        Algo::Ll,
+        Algo::Ll2,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
@@ -239,32 +281,55 @@ impl Coll {
 }
 
 fn parse_algo(s: &str) -> Result<Algo> {
-    Ok(match s.trim().to_ascii_lowercase().as_str() {
-        "ring" => Algo::Ring,
-        "rd" | "recursive_doubling" | "recursivedoubling" => Algo::RecursiveDoubling,
-        "tree" => Algo::Tree,
-        "direct" | "oneshot" | "one_shot" => Algo::Direct,
-        "pairwise" => Algo::Pairwise,
-        "ll" => Algo::Ll,
-        "ll2" => Algo::Ll2,
+    let s = s.trim().to_ascii_lowercase();
+    if let Some(a) = Algo::ALL.into_iter().find(|a| a.name() == s) {
+        return Ok(a);
+    }
+    Ok(match s.as_str() {
+        "recursive_doubling" | "recursivedoubling" => Algo::RecursiveDoubling,
+        "oneshot" | "one_shot" => Algo::Direct,
         other => {
+            let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
             return Err(Error::arg(format!(
-                "WEFT_ALGO: unknown algorithm '{other}' (ring, rd, tree, direct, pairwise, ll, ll2; for device memory also oneshot, twoshot, ll, staged)"
+                "WEFT_ALGO: unknown algorithm '{other}' ({}; for device memory also {})",
+                names.join(", "),
+                DEVICE_ALGOS.join(", ")
             )));
         }
     })
 }
 
+/// What `WEFT_ALGO` asks for (parsed by `FromStr`, read by [`from_env`](Self::from_env)).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AlgoOverride {
     global: Option<Algo>,
     per: Vec<(Coll, Algo)>,
+    /// The device algorithm the whole value names, if it names one.
+    device: Option<&'static str>,
+}
+
+impl AlgoOverride {
+    /// `WEFT_ALGO` (unset or blank: no override): the one place it is read.
+    pub fn from_env() -> Result<AlgoOverride> {
+        match params::WEFT_ALGO.raw().filter(|v| !v.trim().is_empty()) {
+            Some(v) => v.parse(),
+            None => Ok(AlgoOverride::default()),
+        }
+    }
+
+    /// The device algorithm the value names as a whole (`WEFT_ALGO=twoshot`).
+    pub fn device(&self) -> Option<&'static str> {
+        self.device
+    }
 }
 
 impl std::str::FromStr for AlgoOverride {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        let mut o = AlgoOverride::default();
+        let mut o = AlgoOverride {
+            device: device_algo(s),
+            ..AlgoOverride::default()
+        };
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part.split_once(':') {
                 None => match parse_algo(part) {
@@ -302,7 +367,7 @@ impl std::str::FromStr for AlgoOverride {
 /// (measured with `weft bench`, see docs/PERFORMANCE.md): one-step direct
 /// all-reduce for tiny buffers, recursive doubling up to where the ring wins
 /// (16 KiB on 16 cores, 32-64 KiB on 2). With every rank on one host the
-/// latency slots take all-reduce up to their size (`LL_MAX`): one shot while
+/// latency slots take all-reduce up to their size (`Shape::slot_bytes`): one shot while
 /// reading the n buffers costs less than a second synchronisation (up to
 /// `LL_ONESHOT_READ` bytes read, and always with 2 ranks), two shots above.
 /// Measured on 16 idle cores (docs/PERFORMANCE.md): one shot reading 16-32
@@ -310,7 +375,6 @@ impl std::str::FromStr for AlgoOverride {
 /// shots), so one shot stops at 8 KiB read; on 2 oversubscribed cores the
 /// two shots cost more per synchronisation but stay under MPI there too.
 const TINY_ALLREDUCE: usize = 4 << 10;
-const LL_MAX: usize = crate::transport::shm::LL_SLOT_BYTES;
 const LL_ONESHOT_READ: usize = 8 << 10;
 /// Reduce-scatter and all-gather take the latency slots (one step) while
 /// the whole buffer (the n blocks) is at most `LL_GATHER_MAX` and one rank's
@@ -338,8 +402,8 @@ pub fn choose(coll: Coll, bytes: usize, n: usize, o: &AlgoOverride) -> Algo {
 fn ll_fits(coll: Coll, bytes: usize, s: &Shape) -> bool {
     s.all_local()
         && match coll {
-            Coll::AllReduce | Coll::ReduceScatter => bytes <= LL_MAX,
-            Coll::AllGather => bytes <= LL_MAX * s.n,
+            Coll::AllReduce | Coll::ReduceScatter => bytes <= s.slot_bytes,
+            Coll::AllGather => bytes <= s.slot_bytes * s.n,
             _ => false,
         }
 }
@@ -443,14 +507,31 @@ mod tests {
         assert_eq!(choose(Coll::Broadcast, 8, 4, &o), Algo::Ring);
         assert!("allreduce:pairwise".parse::<AlgoOverride>().is_err());
         assert!("warp".parse::<AlgoOverride>().is_err());
-        // Device-only names leave host memory to the size rules.
-        for d in ["twoshot", "staged"] {
-            assert_eq!(d.parse::<AlgoOverride>().unwrap(), AlgoOverride::default());
+        // Device-only names leave host memory to the size rules, and steer
+        // the device backend.
+        for d in ["twoshot", " Staged "] {
+            let o: AlgoOverride = d.parse().unwrap();
+            assert_eq!((o.global, o.per.len()), (None, 0));
+            assert_eq!(o.device(), Some(d.trim().to_ascii_lowercase().as_str()));
+        }
+        // `ll` and `oneshot` steer both; a list or a host name, the host only.
+        let o: AlgoOverride = "ll".parse().unwrap();
+        assert_eq!((o.global, o.device()), (Some(Algo::Ll), Some("ll")));
+        let o: AlgoOverride = "oneshot".parse().unwrap();
+        assert_eq!(
+            (o.global, o.device()),
+            (Some(Algo::Direct), Some("oneshot"))
+        );
+        for h in ["ring", "allreduce:ll", "ll,ring"] {
+            assert_eq!(h.parse::<AlgoOverride>().unwrap().device(), None, "{h}");
         }
         // `ll` names the latency slots on host memory too (all-reduce only).
         assert!("allreduce:ll".parse::<AlgoOverride>().is_ok());
         assert!("broadcast:ll".parse::<AlgoOverride>().is_err());
     }
+
+    /// The latency slots' size on host memory (`transport::shm::LL_SLOT_BYTES`).
+    const SLOT: usize = 64 << 10;
 
     fn one_host(n: usize, cores: usize) -> Shape {
         Shape {
@@ -458,7 +539,38 @@ mod tests {
             nlocal: n,
             hosts: 1,
             cores,
+            slot_bytes: SLOT,
         }
+    }
+
+    #[test]
+    fn the_names_are_the_registry_s() {
+        // The host names are the words WEFT_ALGO's documentation lists...
+        let help = params::find("WEFT_ALGO").unwrap().help;
+        for a in Algo::ALL {
+            assert!(help.contains(&format!("`{}`", a.name())), "{}", a.name());
+            assert_eq!(parse_algo(a.name()).unwrap(), a);
+        }
+        // ... and the device names its list for WEFT_CUDA_ALGO.
+        assert_eq!(DEVICE_ALGOS, params::CUDA_ALGOS);
+        let e = parse_algo("warp").unwrap_err().to_string();
+        assert!(
+            e.contains("ring, rd, tree, direct, pairwise, ll, ll2"),
+            "{e}"
+        );
+        assert!(e.contains("oneshot, twoshot, ll, staged"), "{e}");
+    }
+
+    #[test]
+    fn without_slots_the_latency_path_is_never_chosen() {
+        let o = AlgoOverride::default();
+        let s = Shape {
+            slot_bytes: 0,
+            ..one_host(4, 16)
+        };
+        assert_eq!(choose_in(Coll::AllReduce, 8, &s, &o), Algo::Direct);
+        assert_eq!(choose_in(Coll::AllGather, 8, &s, &o), Algo::Direct);
+        assert_eq!(Shape::local(4, 4).with_slots(SLOT), one_host(4, cores()));
     }
 
     #[test]
@@ -498,6 +610,7 @@ mod tests {
             nlocal: 4,
             hosts: 2,
             cores: 16,
+            slot_bytes: SLOT,
         };
         assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
         assert_eq!(choose(Coll::AllReduce, 8, 4, &o), Algo::Direct);
@@ -531,6 +644,7 @@ mod tests {
             nlocal: 2,
             hosts: 2,
             cores: 16,
+            slot_bytes: SLOT,
         };
         assert_eq!(choose_in(Coll::AllReduce, 8, &two, &o), Algo::Direct);
         // Other collectives: the latency algorithm of each (reduce-scatter

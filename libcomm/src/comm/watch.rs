@@ -2,7 +2,7 @@
 //! for communicators whose work runs in GPU kernels.
 //!
 //! On host memory a rank learns of a dead peer while it waits for it: the
-//! waiting thread checks the fault domain (`fault.rs`). Work on device
+//! waiting thread checks the fault domain (`progress/fault.rs`). Work on device
 //! memory has no waiting host thread: the kernel spins on the peer's flags
 //! and the host is elsewhere (often blocked in `cudaStreamSynchronize` or a
 //! tensor's `.item()`, where nothing of ours runs). Unless someone polls
@@ -19,7 +19,6 @@
 //! A communicator is dropped from the watch when it is destroyed or its word
 //! was fired; the thread ends when nothing is left to watch.
 
-use crate::comm::CommShared;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -27,24 +26,32 @@ use std::time::Duration;
 /// every rank's work is on the GPU (a look costs a few microseconds per peer).
 pub(crate) const INTERVAL: Duration = Duration::from_millis(20);
 
-struct Watched {
-    comms: Vec<Weak<CommShared>>,
+/// What the watch looks at: a communicator's lifecycle record implements it
+/// (`shared.rs`), so the watch never names the record.
+pub(crate) trait Watched: Send + Sync {
+    /// One look: false once there is nothing left to watch (destroyed, or
+    /// the word was fired).
+    fn watch_tick(&self) -> bool;
+}
+
+struct Registry {
+    comms: Vec<Weak<dyn Watched>>,
     running: bool,
 }
 
-static WATCHED: Mutex<Watched> = Mutex::new(Watched {
+static WATCHED: Mutex<Registry> = Mutex::new(Registry {
     comms: Vec::new(),
     running: false,
 });
 
-fn watched() -> std::sync::MutexGuard<'static, Watched> {
+fn watched() -> std::sync::MutexGuard<'static, Registry> {
     WATCHED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Starts watching `comm` (its device word is set).
-pub(crate) fn register(comm: &Arc<CommShared>) {
+pub(crate) fn register(comm: Weak<dyn Watched>) {
     let mut w = watched();
-    w.comms.push(Arc::downgrade(comm));
+    w.comms.push(comm);
     if !w.running {
         let started = std::thread::Builder::new()
             .name("weft-watch".into())
@@ -63,7 +70,7 @@ fn run() {
         std::thread::sleep(INTERVAL);
         // Upgrade outside the look: a tick may take the communicator's own
         // locks, never this registry's.
-        let live: Vec<Arc<CommShared>> = {
+        let live: Vec<Arc<dyn Watched>> = {
             let mut w = watched();
             w.comms.retain(|c| c.strong_count() > 0);
             if w.comms.is_empty() {
@@ -75,11 +82,13 @@ fn run() {
         let mut done = Vec::new();
         for c in &live {
             if !c.watch_tick() {
-                done.push(Arc::as_ptr(c));
+                done.push(Arc::downgrade(c));
             }
         }
         if !done.is_empty() {
-            watched().comms.retain(|c| !done.contains(&Weak::as_ptr(c)));
+            watched()
+                .comms
+                .retain(|c| !done.iter().any(|d| d.ptr_eq(c)));
         }
     }
 }

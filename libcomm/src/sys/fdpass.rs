@@ -1,6 +1,6 @@
 //! Descriptors over Unix sockets (SCM_RIGHTS): the one place that builds and
 //! parses the control messages, for the shared-memory offers
-//! (`transport/shm.rs`) and the rank <-> sidecar proxy link (`sidecar_link.rs`).
+//! (`transport/shm.rs`) and the rank <-> sidecar proxy link (`transport/sidecar_link.rs`).
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 

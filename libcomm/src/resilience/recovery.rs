@@ -7,25 +7,24 @@
 //! the parent's table of peers (`CommShared::built`, kept past a failure),
 //! so the survivors derive the same child (its id from the parent's id, the
 //! excluded ranks and how many shrinks with that list came before) and
-//! build it directly, like a split without the exchange. A grow runs a
+//! build it directly, like a split without the exchange (`comm/split.rs`). A grow runs a
 //! fresh bootstrap rendezvous whose root lives in the process that called
 //! `grow_unique_id`; the existing ranks learn the id over the parent (one
 //! all-gather), the new ranks get it out of band (the launcher's recovery
 //! board, `resilient.rs`). See docs/FAULT-TOLERANCE.md.
 
 use crate::algo;
-use crate::algo::tuner;
-use crate::comm::{CommShared, Communicator, bootstrap};
+use crate::bootstrap::unique_id::{UNIQUE_ID_BYTES, UniqueId, hex};
+use crate::comm::communicator::Communicator;
+use crate::comm::shared::{CommShared, lock};
 use crate::config::Config;
-use crate::core::{Ctx, Resources};
+use crate::data::types::DataType;
 use crate::error::{Error, Result};
+use crate::op::Op;
+use crate::op::tuner;
 use crate::state::CommState;
 use crate::transport::shm::FAIL_ABORT;
-use crate::unique_id::{UNIQUE_ID_BYTES, UniqueId, hex};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How a shrink treats operations still running on the parent (NCCL's
@@ -39,64 +38,6 @@ pub enum ShrinkMode {
     /// `NCCL_SHRINK_ABORT`: revoke the parent first (in-flight operations
     /// on every rank return), then shrink. For a parent with a dead rank.
     Abort,
-}
-
-const REVOKE_NONE: u8 = 0;
-const REVOKE_RUNNING: u8 = 1;
-const REVOKE_DONE: u8 = 2;
-
-/// A communicator's reconfiguration bookkeeping (in `CommShared`).
-#[derive(Default)]
-pub(crate) struct Reconf {
-    revoke: AtomicU8,
-    shrinking: AtomicBool,
-    growing: AtomicBool,
-    /// Shrinks so far per excluded list: part of the child's id, so a second
-    /// shrink with the same list makes a different communicator.
-    shrinks: Mutex<HashMap<Vec<usize>, u64>>,
-    /// The id from `grow_unique_id`, until a grow consumes it.
-    grow_id: Mutex<Option<UniqueId>>,
-}
-
-impl Reconf {
-    /// `Some` once revoked: `InProgress` until quiescent, then `Ok` (as
-    /// `ncclCommGetAsyncError` after `ncclCommRevoke`).
-    pub(crate) fn revoke_status(&self) -> Option<Result<()>> {
-        match self.revoke.load(Ordering::Acquire) {
-            REVOKE_NONE => None,
-            REVOKE_RUNNING => Some(Err(Error::InProgress)),
-            _ => Some(Ok(())),
-        }
-    }
-
-    pub(crate) fn revoked(&self) -> bool {
-        self.revoke.load(Ordering::Acquire) != REVOKE_NONE
-    }
-}
-
-/// Clears a busy flag when dropped.
-struct Busy<'a>(&'a AtomicBool);
-
-impl<'a> Busy<'a> {
-    fn take(flag: &'a AtomicBool, what: &str, who: &str) -> Result<Busy<'a>> {
-        if flag.swap(true, Ordering::AcqRel) {
-            return Err(Error::InvalidUsage(format!(
-                "{who}: a {what} of this communicator is already running on another thread; \
-                 call it once per rank"
-            )));
-        }
-        Ok(Busy(flag))
-    }
-}
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Communicator {
@@ -113,16 +54,7 @@ impl Communicator {
         if !matches!(st, CommState::Ready | CommState::Failed) {
             return Err(s.state_error(st, "revoke"));
         }
-        if s.reconf
-            .revoke
-            .compare_exchange(
-                REVOKE_NONE,
-                REVOKE_RUNNING,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_err()
-        {
+        if !s.reconf.start_revoke() {
             return Ok(());
         }
         let why = format!("rank {} revoked communicator {}", s.rank, s.label);
@@ -146,7 +78,7 @@ impl Communicator {
             // releases the lock.
             s.flusher.stop();
             drop(lock(&s.resources));
-            s.reconf.revoke.store(REVOKE_DONE, Ordering::Release);
+            s.reconf.end_revoke();
         };
         if s.cfg.blocking {
             quiesce(s);
@@ -213,11 +145,11 @@ impl Communicator {
         let Some((ctx, _)) = s.built.get().cloned() else {
             return Err(s.state_error(st, "shrink"));
         };
-        let _busy = Busy::take(&s.reconf.shrinking, "shrink", &who)?;
+        let _busy = s.reconf.shrinking(&who)?;
         if mode == ShrinkMode::Abort {
             self.revoke()?;
             let until = Instant::now() + s.cfg.init_timeout;
-            while s.reconf.revoke.load(Ordering::Acquire) != REVOKE_DONE {
+            while !s.reconf.revoke_ended() {
                 if Instant::now() >= until {
                     return Err(Error::Timeout {
                         comm: s.label.clone(),
@@ -231,12 +163,7 @@ impl Communicator {
         }
         let excluded: Vec<usize> = (0..n).filter(|&r| ex[r]).collect();
         let id = given_id.unwrap_or_else(|| {
-            let tag = {
-                let mut m = lock(&s.reconf.shrinks);
-                let c = m.entry(excluded.clone()).or_insert(0);
-                *c += 1;
-                *c - 1
-            };
+            let tag = s.reconf.next_shrink(&excluded);
             let mut h = Sha256::new();
             h.update(ctx.id);
             h.update(b"shrink");
@@ -258,123 +185,6 @@ impl Communicator {
         self.build_members(&members, id, cfg)
     }
 
-    /// The communicator of the parent's ranks `members` (in that order,
-    /// this rank among them) with id `id`, built from the parent's table of
-    /// peers without a message on the parent: every member calls it with
-    /// the same arguments (shrink, and the exchange of a split after
-    /// revoke). A blocking `cfg` returns it Ready.
-    fn build_members(&self, members: &[usize], id: [u8; 16], cfg: Config) -> Result<Communicator> {
-        let s = &self.s;
-        let st = s.state.get();
-        let Some((ctx, endpoint)) = s.built.get().cloned() else {
-            return Err(s.state_error(st, "building a communicator from this one"));
-        };
-        let rank = members.iter().position(|&r| r == s.rank).expect("a member");
-        let peers: Vec<_> = members.iter().map(|&r| ctx.peers[r].clone()).collect();
-        let label = cfg.name.clone().unwrap_or_else(|| hex(&id[..4]));
-        let nranks = peers.len();
-        let child = CommShared::new(label.clone(), rank, nranks, cfg.clone());
-        let (secret, job) = (ctx.secret, ctx.job.clone());
-        child.run_or_spawn(cfg.blocking, move |c| {
-            let ctx = Arc::new(Ctx {
-                id,
-                label,
-                rank,
-                nranks,
-                secret,
-                peers,
-                cfg: c.cfg.clone(),
-                job,
-            });
-            Resources::build(ctx, endpoint, crate::core::default_deadline(&c.cfg))
-        })?;
-        let c = Communicator { s: child };
-        if cfg.blocking {
-            c.wait_ready(None)?;
-        }
-        Ok(c)
-    }
-
-    /// [`split_with_config`](Self::split_with_config) of a revoked
-    /// communicator (NCCL allows split after revoke). The parent's channels
-    /// are gone, so the colors are exchanged on a temporary communicator of
-    /// all its ranks, built from the parent's table of peers as a shrink
-    /// with nothing excluded would be (its id from the parent's id and split
-    /// count, the same on every rank); the children are split from it as
-    /// from a healthy parent, then it is destroyed. Every rank of the parent
-    /// must call it, as any split. Before this rank is quiescent (the
-    /// revoke of a non-blocking communicator still waits for a call of ours
-    /// to return; `async_error` reads `InProgress`) it returns
-    /// `Error::InProgress` and does nothing: split again once `async_error`
-    /// reads `Ok`.
-    pub(crate) fn split_revoked(
-        &self,
-        color: Option<u32>,
-        key: i32,
-        cfg: Config,
-    ) -> Result<Option<Communicator>> {
-        let s = &self.s;
-        let st = s.state.get();
-        if st != CommState::Failed {
-            return Err(s.state_error(st, "split"));
-        }
-        match s.reconf.revoke_status() {
-            Some(Ok(())) => {}
-            Some(Err(e)) => {
-                crate::log::warn_log!(
-                    "comm {} rank {}: split while the revoke is still in progress (an operation of this rank has not returned yet): poll the async error until it reads success, then split",
-                    s.label,
-                    s.rank
-                );
-                return Err(e);
-            }
-            None => {
-                return Err(Error::Internal(
-                    "split_revoked on a communicator that was not revoked".into(),
-                ));
-            }
-        }
-        let Some((ctx, _)) = s.built.get().cloned() else {
-            return Err(s.state_error(st, "split"));
-        };
-        // The parent's split count, as a split of the healthy parent would
-        // take it (the same on every rank).
-        let seq = match lock(&s.resources).as_mut() {
-            Some(core) => core.split_seq(),
-            None => return Err(s.state_error(s.state.get(), "split")),
-        };
-        let mut h = Sha256::new();
-        h.update(ctx.id);
-        h.update(b"split after revoke");
-        h.update(seq.to_le_bytes());
-        let id: [u8; 16] = h.finalize()[..16].try_into().unwrap();
-        let mut tmp_cfg = s.cfg.clone().blocking(true);
-        tmp_cfg.name = None;
-        crate::log::info_log!(
-            "comm {} rank {}: split after revoke: exchanging colors on a temporary communicator {}",
-            s.label,
-            s.rank,
-            hex(&id[..4])
-        );
-        let all: Vec<usize> = (0..s.nranks).collect();
-        let tmp = self
-            .build_members(&all, id, tmp_cfg)
-            .map_err(|e| match e {
-                Error::Remote { comm, rank, detail } => Error::Remote {
-                    comm,
-                    rank,
-                    detail: format!(
-                        "split after revoke of {}: {detail} (every rank of the revoked communicator must call split)",
-                        s.label
-                    ),
-                },
-                e => e,
-            })?;
-        let r = tmp.split_with_config(color, key, cfg);
-        drop(tmp);
-        r
-    }
-
     /// NCCL's `ncclCommGetUniqueId`: an id for growing this communicator,
     /// whose bootstrap root is served by this process. This rank then passes
     /// it to [`grow`](Self::grow) (the "root" of the grow); the new ranks get
@@ -385,7 +195,7 @@ impl Communicator {
         if st != CommState::Ready {
             return Err(self.s.state_error(st, "getting a unique id for grow"));
         }
-        let mut g = lock(&self.s.reconf.grow_id);
+        let mut g = self.s.reconf.grow_id();
         if g.is_some() {
             return Err(Error::InvalidUsage(format!(
                 "{}: the unique id from an earlier ncclCommGetUniqueId was not consumed by a grow yet",
@@ -431,9 +241,9 @@ impl Communicator {
                 "{who}: grow to {nranks} ranks: nRanks must be larger than the current {n} (and at most 1048576)"
             )));
         }
-        let _busy = Busy::take(&self.s.reconf.growing, "grow", &who)?;
+        let _busy = self.s.reconf.growing(&who)?;
         if let Some(id) = id
-            && lock(&self.s.reconf.grow_id).as_ref() != Some(id)
+            && self.s.reconf.grow_id().as_ref() != Some(id)
         {
             return Err(Error::InvalidUsage(format!(
                 "{who}: the unique id passed to grow was not made by ncclCommGetUniqueId on this communicator (or was consumed already)"
@@ -448,7 +258,8 @@ impl Communicator {
         let all = self.with_resources("grow", |core| {
             let mut all = vec![0u8; W * n];
             let a = tuner::choose(tuner::Coll::AllGather, W * n, n, &core.ctx.cfg.algo);
-            algo::all_gather(core, mine.as_ptr(), all.as_mut_ptr(), W, a)?;
+            let op = Op::all_gather(mine.as_ptr(), all.as_mut_ptr(), W, DataType::U8);
+            algo::all_gather(core, &op, a)?;
             Ok(all)
         })?;
         let holders: Vec<usize> = (0..n).filter(|&r| all[r * W] == 1).collect();
@@ -461,10 +272,10 @@ impl Communicator {
         let h = holders[0];
         let gid = UniqueId::from_bytes(&all[h * W + 1..(h + 1) * W])?;
         if id.is_some() {
-            lock(&self.s.reconf.grow_id).take();
+            self.s.reconf.grow_id().take();
         }
         let cfg = cfg.unwrap_or_else(|| self.s.cfg.clone());
-        Self::join_impl(&gid, nranks, self.s.rank, cfg)
+        Self::rendezvous(&gid, nranks, self.s.rank, cfg)
     }
 
     /// NCCL's `ncclCommGrow` for a new rank (`comm` NULL): joins the
@@ -476,19 +287,7 @@ impl Communicator {
                 "grow: rank {rank} is out of range for {nranks} ranks"
             )));
         }
-        Self::join_impl(id, nranks, rank, cfg)
-    }
-
-    fn join_impl(id: &UniqueId, nranks: usize, rank: usize, cfg: Config) -> Result<Communicator> {
-        let label = cfg.name.clone().unwrap_or_else(|| hex(&id.nonce[..4]));
-        let s = CommShared::new(label, rank, nranks, cfg.clone());
-        let id = id.clone();
-        s.run_or_spawn(cfg.blocking, move |s| bootstrap(s, &id))?;
-        let c = Communicator { s };
-        if cfg.blocking {
-            c.wait_ready(None)?;
-        }
-        Ok(c)
+        Self::rendezvous(id, nranks, rank, cfg)
     }
 
     /// Whether [`revoke`](Self::revoke) was called on this communicator.

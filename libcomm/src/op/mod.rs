@@ -11,8 +11,11 @@
 //! what an operation means: [`Op::bytes`], [`Op::buffers`] (what it reads and
 //! writes on a rank) and [`Op::validate`] (every argument check).
 
+pub(crate) mod backend;
+pub mod tuner;
+
+use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::types::{DataType, ReduceOp};
 use std::ffi::c_void;
 
 /// The operation's kind.
@@ -436,8 +439,8 @@ impl Op {
 /// [`Group`]: crate::Group
 pub mod typed {
     use super::Op;
+    use crate::data::types::{Element, ReduceOp};
     use crate::error::{Error, Result};
-    use crate::types::{Element, ReduceOp};
 
     /// `what`'s length error unless `ok`; `detail` says what was wrong.
     fn lengths(ok: bool, what: &str, detail: impl FnOnce() -> String) -> Result<()> {

@@ -231,7 +231,7 @@ pub fn send_msg(fd: RawFd, kind: u8, payload: &[u8], fds: &[RawFd]) -> std::io::
     assert!(fds.len() <= MAX_FDS);
     let h = header(kind, payload.len());
     let total = HEADER + payload.len();
-    let n = crate::fdpass::send(fd, &[&h, payload], fds)?;
+    let n = crate::sys::fdpass::send(fd, &[&h, payload], fds)?;
     // The rest (rare: a large Open) without descriptors.
     let mut done = n as usize;
     while done < total {
@@ -264,7 +264,7 @@ pub fn send_msg(fd: RawFd, kind: u8, payload: &[u8], fds: &[RawFd]) -> std::io::
 /// payload and the descriptors that came with it.
 pub fn recv_msg(fd: RawFd) -> Result<(u8, Vec<u8>, Vec<OwnedFd>)> {
     let mut h = [0u8; HEADER];
-    let got = crate::fdpass::recv(fd, &mut h)
+    let got = crate::sys::fdpass::recv(fd, &mut h)
         .map_err(|e| Error::sys("reading from the proxy socket", e))?;
     let (n, fds) = (got.len, got.fds);
     if n == 0 {
@@ -303,7 +303,7 @@ fn read_exact(fd: RawFd, mut b: &mut [u8]) -> Result<()> {
 }
 
 /// Bounds blocking reads on `fd` (the handshake must not hang either side).
-pub use crate::sockets::set_read_timeout;
+pub use crate::sys::sockets::set_read_timeout;
 
 // ---- The sidecar's side -------------------------------------------------
 

@@ -19,13 +19,13 @@
 //! (`report-R-I`, for a frozen rank that only a timeout reveals). The
 //! protocol is in docs/FAULT-TOLERANCE.md.
 
-use crate::comm::Communicator;
+use crate::bootstrap::unique_id::{UniqueId, hex};
+use crate::comm::communicator::Communicator;
 use crate::config::Config;
+use crate::data::types::ReduceOp;
 use crate::error::{Error, ErrorKind, Result};
-use crate::recovery::ShrinkMode;
+use crate::resilience::recovery::ShrinkMode;
 use crate::state::CommState;
-use crate::types::ReduceOp;
-use crate::unique_id::{UniqueId, hex};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
@@ -538,7 +538,7 @@ impl Resilient {
         // (one finished a shrink that another gave up) meet in one child.
         let mut h = Sha256::new();
         h.update(b"weft-resilient-shrink");
-        h.update(crate::core::job_label().as_bytes());
+        h.update(crate::bootstrap::ctx::job_label().as_bytes());
         // The secret every communicator since the last grow shares (a
         // shrink keeps its parent's): two jobs with one name never meet.
         if let Some((ctx, _)) = self.comm.s.built.get() {

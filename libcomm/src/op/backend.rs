@@ -15,9 +15,9 @@
 //! CUDA backend imports `backend`, `op` and the neutral modules (`types`,
 //! `error`, `algo::tuner`'s name list) and nothing that imports it back.
 
-use crate::algo::tuner::Decision;
 use crate::error::Result;
 use crate::op::Op;
+use crate::op::tuner::Decision;
 use std::any::Any;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// in pinned host memory mapped into the device), reachable without the
 /// communicator's device slot: an operation may hold that slot's lock while
 /// the kernels it launched spin on a dead peer, and the abort must still get
-/// through (ncclCommAbort, the device watch in `watch.rs`). The backend
+/// through (ncclCommAbort, the device watch in `comm/watch.rs`). The backend
 /// retires it before it frees the memory; firing a retired word does nothing.
 ///
 /// It also carries the kernels' progress timeout (`WEFT_TIMEOUT_MS`): the

@@ -1,21 +1,22 @@
 //! [`Resources`]: the live resources of a Ready communicator: its table of
 //! peers, the shared-memory segments of its local ranks, its channels and the
 //! failure domain. Owned by the communicator's lifecycle record
-//! (`comm::CommShared`) behind one mutex, so every operation on a
+//! (`comm/shared.rs`'s `CommShared`) behind one mutex, so every operation on a
 //! communicator is serialized; everything lock-free (abort, status) goes
-//! through [`Fault`] instead. [`Ctx`] (module `ctx`) holds the immutable facts it was built
+//! through [`Fault`] instead. [`Ctx`] (`bootstrap/ctx.rs`) holds the immutable facts it was built
 //! from.
 
-use crate::config::{Config, TransportPref};
-pub(crate) use crate::ctx::Ctx;
+use crate::bootstrap::ctx::{CommId, Ctx};
+use crate::bootstrap::unique_id::hex;
+use crate::config::TransportPref;
 use crate::error::{Error, Result};
-use crate::fault::Fault;
 use crate::log::info_log;
+use crate::progress::fault::Fault;
+use crate::progress::xfer::Queue;
 use crate::transport::shm::{self, Mapping, RingEnd, ST_DESTROYED};
 use crate::transport::sidecar_rings::ProxyLink;
-use crate::transport::tcp::{self, CommId, Endpoint};
+use crate::transport::tcp::{self, Endpoint};
 use crate::transport::{Chan, Seqs, ShmChan, TcpChan};
-use crate::unique_id::hex;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -47,21 +48,10 @@ pub(crate) struct Resources {
     /// Reused by the progress engine (one byte per peer).
     pub busy: Vec<u8>,
     /// Host sends that returned before their peer had everything (`eager.rs`).
-    pub eager: crate::eager::Queue,
+    pub eager: Queue,
     /// Number of collectives issued (for diagnostics).
     pub coll_seq: u64,
     split_count: u64,
-}
-
-pub(crate) fn job_label() -> String {
-    let j: String = weft_contract::params::WEFT_JOB
-        .raw()
-        .unwrap_or_default()
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-        .take(40)
-        .collect();
-    if j.is_empty() { "anon".into() } else { j }
 }
 
 /// The name of a rank's segment: its memfd's label and its offer's abstract
@@ -98,7 +88,7 @@ impl Resources {
         // (WEFT_TRANSPORT=tcp keeps every peer on direct TCP).
         let proxy_path =
             if ctx.cfg.transport != TransportPref::Tcp && kinds.contains(&PeerKind::Tcp) {
-                crate::sidecar_link::socket_path()?
+                crate::transport::sidecar_link::socket_path()?
             } else {
                 None
             };
@@ -214,7 +204,9 @@ impl Resources {
                     .collect(),
             }),
         });
-        endpoint.watch_failures(ctx.id, &fault);
+        // Notices from remote peers raise in this failure domain.
+        let sink = Arc::downgrade(&fault);
+        endpoint.watch_failures(ctx.id, sink);
         info_log!(
             "comm {} rank {me}/{n}: {} local rank(s) over shared memory (ring {} KiB), {ntcp} over TCP, {} through the sidecar proxy",
             ctx.label,
@@ -229,7 +221,7 @@ impl Resources {
             fault,
             local_maps,
             kinds,
-            oversubscribed: nlocal > crate::topology::online_cpus(),
+            oversubscribed: nlocal > crate::sys::topology::online_cpus(),
             endpoint,
             ctx,
             scratch: Vec::new(),
@@ -369,7 +361,7 @@ fn wait_all_mapped(
         if now >= next_liveness {
             next_liveness = now + Duration::from_millis(100);
             for &r in locals.iter().filter(|&&r| r != ctx.rank) {
-                if !crate::topology::pid_alive(ctx.peers[r].pid) {
+                if !crate::sys::topology::pid_alive(ctx.peers[r].pid) {
                     return Err(Error::Remote {
                         comm: ctx.label.clone(),
                         rank: ctx.rank,
@@ -385,8 +377,4 @@ fn wait_all_mapped(
         backoff = (backoff * 2).min(Duration::from_millis(2));
     }
     Ok(())
-}
-
-pub(crate) fn default_deadline(cfg: &Config) -> Instant {
-    Instant::now() + cfg.init_timeout.max(Duration::from_millis(100))
 }
