@@ -108,6 +108,7 @@ fn load(dev: i32, name: &str) -> CudaResult<sys::CUfunction> {
         let image = match source {
             Source::Cubin => module_bytes(embedded::cubin_for(embedded::images(), cc), name)?,
             Source::Ptx => module_bytes(embedded::ptx_for(embedded::images(), cc), name)?,
+            Source::Nvrtc if !nvrtc_available() => continue,
             Source::Nvrtc => {
                 fallback_note(cc, Source::Nvrtc);
                 let arch = format!("compute_{}{}", cc.0, cc.1);
@@ -132,16 +133,12 @@ fn load(dev: i32, name: &str) -> CudaResult<sys::CUfunction> {
             Err(e) => return Err(e),
         }
     }
+    // Every setting ends with NVRTC: here it is not available.
     Err(failed.unwrap_or_else(|| {
         CudaError::Unsupported(format!(
-            "no kernel {name} for compute capability {}.{}: {} (WEFT_KERNEL_SOURCE={})",
+            "no kernel {name} for compute capability {}.{}: none built for it (WEFT_KERNEL_SOURCE={}) and NVRTC is not available",
             cc.0,
             cc.1,
-            if nvrtc_available() {
-                "none built for it"
-            } else {
-                "none built for it and NVRTC is not available"
-            },
             weft_contract::params::WEFT_KERNEL_SOURCE.value()
         ))
     }))
