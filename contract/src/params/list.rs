@@ -224,7 +224,7 @@ params! {
     WEFT_REQUIRE_NVRTC: bool = OnIf1, Unset(""), Test, [Tests, Build],
         "`1`: a build that cannot compile the CUDA kernels ahead of time (no NVRTC) fails, and the NVRTC tests fail instead of skipping (CI)";
     WEFT_NVRTC_DIR: String = Path, Unset(""), Test, [Tests],
-        "where libcomm/kernels/ci-nvrtc.sh installs NVRTC";
+        "where kernels/ci-nvrtc.sh installs NVRTC";
     WEFT_TEST_SEED: u64 = Int, Unset(""), Test, [Tests],
         "seed of the randomised multi-process tests";
     WEFT_TEST_NETNS: String = Str, Unset(""), Test, [Tests],
