@@ -55,11 +55,10 @@ fn main() {
     ] {
         println!("cargo:rerun-if-changed={f}");
     }
-    for v in [
-        WEFT_NVRTC.spec().name,
-        WEFT_REQUIRE_NVRTC.spec().name,
-        "LD_LIBRARY_PATH",
-    ] {
+    // Not LD_LIBRARY_PATH, though NVRTC is looked for there too: shells
+    // that differ only in it would rebuild libcomm back and forth. NVRTC
+    // installed elsewhere later: set WEFT_NVRTC.
+    for v in [WEFT_NVRTC.spec().name, WEFT_REQUIRE_NVRTC.spec().name] {
         println!("cargo:rerun-if-env-changed={v}");
     }
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
