@@ -35,7 +35,8 @@ pub fn nvrtc(setting: Option<&str>, workspace: &Path) -> Result<Choice, String> 
     let library_path = std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default();
     let found = std::iter::once(ci)
         .chain(std::env::split_paths(&library_path))
-        .chain(python_paths())
+        // Python only when nothing before had it.
+        .chain(std::iter::once_with(python_paths).flatten())
         .find_map(|d| in_place(&d));
     Ok(Choice::Library(found.unwrap_or_else(|| PathBuf::from(LIB))))
 }
