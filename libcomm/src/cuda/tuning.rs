@@ -324,7 +324,7 @@ impl Tuning {
 mod tests {
     use super::*;
     use crate::cuda::abi::{K_ALLREDUCE, LL_AREA, LL_SLOT, MAX_RANKS};
-    use crate::cuda::kernels;
+    use crate::cuda::kernel_set;
 
     /// The defaults `Tuning::from_env` gives with no WEFT_CUDA_* set.
     fn defaults() -> Tuning {
@@ -474,7 +474,7 @@ mod tests {
         assert!(!other.ll(8, 4, false));
         // The area holds both parity halves of every sender's largest part.
         assert_eq!(LL_AREA, 2 * MAX_RANKS * 2 * LL_MAX_BYTES);
-        let src = kernels::COLLECTIVES;
+        let src = kernel_set::COLLECTIVES;
         assert!(src.contains(&format!("#define WEFT_LL_SLOT ({} << 10)", LL_SLOT >> 10)));
     }
 
