@@ -19,6 +19,9 @@
 #                     redo the step, grow back with the replacement; final weights must match
 #     resilient-gloo  the same with --backend gloo on CPU (the recovery logic; the shrink is a
 #                     new group of the survivors, not shrink_group; no library involved)
+#     coldstart       coldstart.py three times: init + first bf16/fp32 all_reduce of fresh processes,
+#                     Weft (empty kernel cache; NPROC ranks and as many as NCCL runs) and NCCL
+#     suite-cold      the suite with an empty kernel cache, then again warm (seconds of each)
 # Environment (or the defaults):
 #   WEFT_LIB   our libnccl.so.2 (--lib)  (bench/gpu/weft/libnccl.so.2)
 #   WEFT_BIN   the weft binary (--weft)  (bench/gpu/weft/weft)
@@ -138,6 +141,32 @@ print('libnccl loaded:', loaded_nccl())
     resilient)
       WEFT_PRELOAD="$WEFT_LIB" $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
         --backend nccl --expect-nccl "$WEFT_LIB" --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
+    coldstart)
+      # init + first bf16/fp32 all_reduce of fresh processes: Weft with an
+      # empty kernel cache, then NCCL (torch's own libnccl) on the same GPUs.
+      # NCCL refuses two ranks on one GPU: it runs min(NPROC, GPUs) ranks.
+      ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); nn=$(( NPROC < ngpu ? NPROC : ngpu ))
+      {
+        for i in 1 2 3; do
+          c=$(mktemp -d); for n in $(printf "%s\n" $nn $NPROC | sort -un); do
+            WEFT_KERNEL_CACHE=$c/$n LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $n "$HERE/coldstart.py"
+          done; rm -rf "$c"
+          $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/coldstart.py"
+        done
+      } >"$f" 2>&1 ;;
+    suite-cold)
+      # The suite on a fresh machine (empty kernel cache) and again warm:
+      # the seconds of each, for "fresh within 1.2x of warm".
+      c=$(mktemp -d)
+      for pass in cold warm; do
+        t0=$(date +%s.%N)
+        WEFT_KERNEL_CACHE=$c LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" $SUITE >"$f.$pass" 2>&1
+        rc=$?; t1=$(date +%s.%N)
+        echo "SUITE-TIME $pass rc=$rc seconds=$(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") $(grep -E 'SUMMARY' "$f.$pass" | tail -1)"
+        [ $rc = 0 ] || break
+      done >"$f" 2>&1
+      rm -rf "$c"
+      grep SUITE-TIME "$f"; (exit $rc) ;;
     resilient-gloo)
       WEFT_PRELOAD=off $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
         --backend gloo --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
@@ -146,7 +175,7 @@ print('libnccl loaded:', loaded_nccl())
   esac
   rc=$?
   [ $rc = 124 ] && echo "run.sh: step $s stopped by timeout after ${STEP_TIMEOUT}s" >>"$f"
-  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: )' "$f" | head -60
+  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: |COLDSTART|SUITE-TIME)' "$f" | head -60
   record "$s" $rc "$f"
 done
 log "summary (appended to $SUMMARY)"
