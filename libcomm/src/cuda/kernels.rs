@@ -334,11 +334,7 @@ mod tests {
         });
         started.recv().unwrap();
         let (got_tx, got) = mpsc::channel();
-        std::thread::spawn(move || {
-            got_tx
-                .send(T.get_or_load(2, || Ok::<_, ()>(99)))
-                .unwrap()
-        });
+        std::thread::spawn(move || got_tx.send(T.get_or_load(2, || Ok::<_, ()>(99))).unwrap());
         let r = got.recv_timeout(Duration::from_secs(5));
         release.send(()).unwrap();
         assert_eq!(r, Ok(Ok(20)), "a lookup waited for another kernel's load");
