@@ -28,7 +28,7 @@ impl Embedded for Local {
 }
 
 /// Starts the engine on the agent's runtime and registers this process.
-fn start(hello: Hello, commands: Commands) -> Arc<dyn Embedded> {
+fn start(hello: Hello, commands: Commands) -> Result<Arc<dyn Embedded>, String> {
     let e = Engine::new(hello.job.clone(), engine::host_name(), None);
     if engine::telemetry::enabled() {
         match engine::telemetry::Telemetry::start("weft-rank", e.metrics.spans_dropped.clone()) {
@@ -40,7 +40,7 @@ fn start(hello: Hello, commands: Commands) -> Arc<dyn Embedded> {
     }
     tokio::spawn(e.state.clone().publisher());
     let conn = e.add_proc(hello, None, commands);
-    Arc::new(Local { engine: e, conn })
+    Ok(Arc::new(Local { engine: e, conn }))
 }
 
 /// Installs the agent: attached to the sidecar at `WEFT_SIDECAR_SOCKET` (an
