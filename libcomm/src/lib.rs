@@ -29,7 +29,7 @@ mod eager;
 mod error;
 mod exec;
 mod fault;
-pub(crate) mod fdpass;
+pub mod fdpass;
 #[cfg(test)]
 mod fuzz;
 mod group;

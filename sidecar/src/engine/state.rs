@@ -33,12 +33,28 @@ pub struct Proc {
     pub gpus: Vec<String>,
     pub alive: bool,
     pub tx: CmdTx,
+    /// Events an older agent said it dropped (`Hello.dropped_events`).
     pub dropped: u64,
+    /// Operations its telemetry ring dropped (or lost), as last read.
+    pub ring_dropped: u64,
     /// Communicator ranks it registered: a process that ends with all of
     /// them destroyed exited; one that never registered any did not get far
     /// enough to finish anything (a replacement dying while it joins).
     pub registered: u64,
+    /// Its telemetry segment, when it passed one.
+    pub ring: Option<Arc<super::drain::ProcRing>>,
+    /// How to tell whether the process still lives (not its stream).
+    pub liveness: Arc<super::liveness::Liveness>,
+    /// Its control stream ended while it lived: it should attach again.
+    pub disconnected: bool,
+    /// Commands for it while disconnected, sent when it attaches again.
+    pub pending: Vec<rpc::SidecarCommand>,
+    /// Wakes whoever waits on its departure when it attaches again.
+    pub reattached: Arc<tokio::sync::Notify>,
 }
+
+/// Commands kept for a disconnected process, at most.
+pub const MAX_PENDING: usize = 64;
 
 #[derive(Default, Clone)]
 pub struct RankEntry {
@@ -178,8 +194,14 @@ impl State {
             .map(|p| ProcessStatus {
                 pid: p.pid,
                 host: p.host.clone(),
-                state: if p.alive { "alive" } else { "dead" }.into(),
+                state: match (p.alive, p.disconnected) {
+                    (false, _) => "dead",
+                    (true, true) => "disconnected",
+                    (true, false) => "alive",
+                }
+                .into(),
                 gpus: p.gpus.clone(),
+                dropped_events: p.dropped + p.ring_dropped,
             })
             .collect();
         let comms = reg
@@ -243,7 +265,7 @@ impl State {
             comms,
             async_errors: reg.async_errors.clone(),
             terminating: self.terminating.load(Ordering::Relaxed),
-            dropped_events: reg.procs.values().map(|p| p.dropped).sum(),
+            dropped_events: reg.procs.values().map(|p| p.dropped + p.ring_dropped).sum(),
             hosts: reg
                 .peers
                 .iter()
@@ -306,9 +328,9 @@ impl State {
         Some(name)
     }
 
-    /// The command channels of every live process holding a rank of `comm`
+    /// The connections of every live process holding a rank of `comm`
     /// (every process when `comm` is empty), except connection `but`.
-    pub fn targets(reg: &Registry, comm: &str, but: u64) -> Vec<CmdTx> {
+    pub fn targets(reg: &Registry, comm: &str, but: u64) -> Vec<u64> {
         let conns: Vec<u64> = if comm.is_empty() {
             reg.procs.keys().copied().collect()
         } else {
@@ -323,7 +345,7 @@ impl State {
             .filter(|c| *c != but)
             .filter_map(|c| reg.procs.get(&c).filter(|p| p.alive).map(|p| (c, p)))
             .filter(|(c, _)| seen.insert(*c, ()).is_none())
-            .map(|(_, p)| p.tx.clone())
+            .map(|(c, _)| c)
             .collect()
     }
 }

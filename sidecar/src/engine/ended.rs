@@ -1,0 +1,191 @@
+//! What the end of a rank's control stream means. A stream ends for many
+//! reasons (an HTTP/2 error, a reset, a clean exit, a crash); a rank is
+//! dead only when its process is gone with communicators it had not
+//! destroyed. So before anything is aborted or relayed:
+//!
+//! 1. the process's ring is drained (its last spans come first);
+//! 2. every communicator it registered destroyed (a `Deregister`, or its
+//!    slot in the telemetry segment, written before `destroy` returned):
+//!    a clean exit, whatever the stream did;
+//! 3. otherwise the process is looked at (`liveness`): ended (a pidfd or
+//!    its lifeline says so, within a moment for one still exiting): dead,
+//!    its communicators' other local processes are failed and, under
+//!    ReplaceRank, its death goes on the recovery board;
+//! 4. alive: the stream just broke. It is logged and counted, the process
+//!    shows as `disconnected`, its communicators stay, commands for it are
+//!    kept, and it attaches again (the agent reconnects, passing the same
+//!    segment); if it ends before that, step 3 applies then.
+//!
+//! With no way to see the process (no pid, no lifeline: an older agent or
+//! a tool) the stream's end is its end, as it always was.
+
+use super::Engine;
+use super::liveness::Liveness;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a process whose stream ended may take to finish exiting
+/// before it counts as alive (its descriptors close before it is reaped).
+const EXIT_GRACE: Duration = Duration::from_millis(200);
+
+impl Engine {
+    /// Connection `conn`'s control stream ended with `why`.
+    pub async fn stream_ended(self: &Arc<Self>, conn: u64, why: &str) {
+        let Some(live) = self.liveness(conn) else {
+            return; // it attached again on another connection already
+        };
+        self.drain_conn(conn, false);
+        if self.exited_cleanly(conn) || !live.known() || live.ended() {
+            return self.on_gone(conn, why);
+        }
+        if tokio::time::timeout(EXIT_GRACE, live.wait_ended())
+            .await
+            .is_ok()
+        {
+            return self.on_gone(conn, why);
+        }
+        let (notify, pid, host) = {
+            let mut reg = self.state.lock();
+            let Some(p) = reg.procs.get_mut(&conn) else {
+                return;
+            };
+            p.disconnected = true;
+            let x = (p.reattached.clone(), p.pid, p.host.clone());
+            self.state.publish(&reg);
+            x
+        };
+        let reattached = notify.notified();
+        tokio::pin!(reattached);
+        reattached.as_mut().enable();
+        if !self.state.lock().procs.contains_key(&conn) {
+            return; // attached again before we listened
+        }
+        self.metrics.stream_breaks.inc();
+        super::log(&format!(
+            "the control stream of pid {pid} on host {host} ended ({why}), but the process lives \
+             (watched through {}): keeping its communicators until it attaches again or exits",
+            live.describe()
+        ));
+        let since = Instant::now();
+        tokio::select! {
+            _ = reattached => {}
+            _ = live.wait_ended() => self.on_gone(
+                conn,
+                &format!("{why}; it exited {:.1} s later", since.elapsed().as_secs_f64()),
+            ),
+        }
+    }
+
+    fn liveness(&self, conn: u64) -> Option<Arc<Liveness>> {
+        self.state
+            .lock()
+            .procs
+            .get(&conn)
+            .map(|p| p.liveness.clone())
+    }
+
+    /// Every communicator rank `conn` registered is destroyed (a
+    /// `Deregister` was read, or its slot says so); false when it
+    /// registered none.
+    fn exited_cleanly(&self, conn: u64) -> bool {
+        let (ring, open) = {
+            let reg = self.state.lock();
+            let Some(p) = reg.procs.get(&conn) else {
+                return false;
+            };
+            if p.registered == 0 {
+                return false;
+            }
+            (p.ring.clone(), open_ranks(&reg, conn))
+        };
+        open.iter().all(|(label, rank)| {
+            ring.as_ref()
+                .and_then(|r| r.destroyed(label, *rank))
+                .unwrap_or(false)
+        })
+    }
+
+    /// The process behind `conn` is gone: mark it dead, fail its
+    /// communicators' peers (a clean exit has none left).
+    pub(crate) fn on_gone(&self, conn: u64, why: &str) {
+        self.drain_conn(conn, true);
+        let (ring, open) = {
+            let reg = self.state.lock();
+            if !reg.procs.contains_key(&conn) {
+                return;
+            }
+            (
+                reg.procs.get(&conn).and_then(|p| p.ring.clone()),
+                open_ranks(&reg, conn),
+            )
+        };
+        // Destroyed per the segment though its Deregister never came.
+        let destroyed: Vec<(String, u32)> = open
+            .into_iter()
+            .filter(|(l, r)| {
+                ring.as_ref()
+                    .and_then(|x| x.destroyed(l, *r))
+                    .unwrap_or(false)
+            })
+            .collect();
+        let mut reg = self.state.lock();
+        for (l, r) in &destroyed {
+            if let Some(e) = reg.comms.get_mut(l).and_then(|c| c.ranks.get_mut(r)) {
+                e.state = "finalizing".into();
+            }
+        }
+        let Some(p) = reg.procs.get_mut(&conn) else {
+            return;
+        };
+        p.alive = false;
+        p.disconnected = false;
+        p.ring = None; // read for the last time above
+        let (pid, host, registered) = (p.pid, p.host.clone(), p.registered);
+        let lost = open_ranks(&reg, conn);
+        if lost.is_empty() {
+            // A clean exit: every communicator was destroyed first.
+            reg.procs.remove(&conn);
+        }
+        for (id, r) in &lost {
+            reg.push_error(format!(
+                "comm {id} rank {r} (pid {pid} on host {host}) died: {why}"
+            ));
+        }
+        self.state.publish(&reg);
+        self.metrics
+            .peers_up
+            .set(reg.procs.values().filter(|p| p.alive).count() as i64);
+        drop(reg);
+        // Gone unclean: with communicators left, or before it registered
+        // any (a replacement dying while it joins).
+        if (!lost.is_empty() || registered == 0)
+            && let Some(b) = self.board.get()
+            && b.own_death()
+        {
+            super::log(&format!(
+                "recovery board: pid {pid} died ({why}): this pod's ranks {:?} are named dead",
+                b.me.deaths()
+            ));
+        }
+        for (id, r) in lost {
+            let reason = format!("rank {r} (pid {pid} on host {host}) of comm {id} died ({why})");
+            let n = self.fail_comm(&id, &reason, conn);
+            super::log(&format!(
+                "{reason}: aborting comm {id} in {n} local process(es)"
+            ));
+        }
+    }
+}
+
+/// `conn`'s communicator ranks not (yet) known destroyed.
+fn open_ranks(reg: &super::state::Registry, conn: u64) -> Vec<(String, u32)> {
+    reg.comms
+        .iter()
+        .flat_map(|(id, c)| {
+            c.ranks
+                .iter()
+                .filter(|(_, e)| e.conn == conn && e.state != "finalizing")
+                .map(move |(r, _)| (id.clone(), *r))
+        })
+        .collect()
+}
