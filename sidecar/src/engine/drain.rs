@@ -158,6 +158,28 @@ impl ProcRing {
         Some(v.destroyed_for(r.slot.generation, &r.key, r.rank))
     }
 
+    /// Communicator ranks the segment says are not destroyed, registered
+    /// or not (a process can end before its `Register` is read): their
+    /// labels (the key's text when never registered) and ranks.
+    pub fn live_slots(&self) -> Vec<(String, u32)> {
+        let labels = self.lock().labels.clone();
+        (0..self.seg.geometry().slots.min(u16::MAX as u64) as u16)
+            .filter_map(|i| slots::read(&self.seg, i))
+            .filter(|v| matches!(v.state, slots::LIVE | slots::FAILED | slots::ABORTED))
+            .map(|v| {
+                let label = labels.get(&v.key).cloned().unwrap_or_else(|| v.key.text());
+                (label, v.rank)
+            })
+            .collect()
+    }
+
+    /// Whether the process ever had a communicator ready (per its segment).
+    pub fn opened_any(&self) -> bool {
+        (0..self.seg.geometry().slots.min(u16::MAX as u64) as u16)
+            .filter_map(|i| slots::read(&self.seg, i))
+            .any(|v| v.generation > 0)
+    }
+
     /// The slot views of the registered communicator ranks.
     fn progress(&self) -> Vec<(String, u32, SlotView, Option<String>)> {
         let i = self.lock();

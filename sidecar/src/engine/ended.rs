@@ -84,24 +84,43 @@ impl Engine {
             .map(|p| p.liveness.clone())
     }
 
-    /// Every communicator rank `conn` registered is destroyed (a
-    /// `Deregister` was read, or its slot says so); false when it
-    /// registered none.
+    /// A clean end: the process had communicators (registered, or per its
+    /// segment) and every one is destroyed (a `Deregister` was read, or
+    /// its slot says so), registered or not.
     fn exited_cleanly(&self, conn: u64) -> bool {
-        let (ring, open) = {
-            let reg = self.state.lock();
-            let Some(p) = reg.procs.get(&conn) else {
-                return false;
-            };
-            if p.registered == 0 {
-                return false;
-            }
-            (p.ring.clone(), open_ranks(&reg, conn))
+        let Some(end) = self.ending(conn) else {
+            return false;
         };
-        open.iter().all(|(label, rank)| {
+        end.opened && end.lost().is_empty()
+    }
+
+    /// What `conn`'s process leaves behind, per the registry and its segment.
+    fn ending(&self, conn: u64) -> Option<Ending> {
+        let (ring, open, registered) = {
+            let reg = self.state.lock();
+            let p = reg.procs.get(&conn)?;
+            (p.ring.clone(), open_ranks(&reg, conn), p.registered)
+        };
+        let destroyed = |l: &str, r: u32| {
             ring.as_ref()
-                .and_then(|r| r.destroyed(label, *rank))
+                .and_then(|x| x.destroyed(l, r))
                 .unwrap_or(false)
+        };
+        let (destroyed, open): (Vec<_>, Vec<_>) =
+            open.into_iter().partition(|(l, r)| destroyed(l, *r));
+        // Live per the segment though never registered (its Register unread).
+        let unregistered = ring
+            .as_ref()
+            .map(|x| x.live_slots())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|s| !open.contains(s) && !destroyed.contains(s))
+            .collect();
+        Some(Ending {
+            opened: registered > 0 || ring.as_ref().is_some_and(|x| x.opened_any()),
+            destroyed,
+            open,
+            unregistered,
         })
     }
 
@@ -109,27 +128,11 @@ impl Engine {
     /// communicators' peers (a clean exit has none left).
     pub(crate) fn on_gone(&self, conn: u64, why: &str) {
         self.drain_conn(conn, true);
-        let (ring, open) = {
-            let reg = self.state.lock();
-            if !reg.procs.contains_key(&conn) {
-                return;
-            }
-            (
-                reg.procs.get(&conn).and_then(|p| p.ring.clone()),
-                open_ranks(&reg, conn),
-            )
+        let Some(end) = self.ending(conn) else {
+            return;
         };
-        // Destroyed per the segment though its Deregister never came.
-        let destroyed: Vec<(String, u32)> = open
-            .into_iter()
-            .filter(|(l, r)| {
-                ring.as_ref()
-                    .and_then(|x| x.destroyed(l, *r))
-                    .unwrap_or(false)
-            })
-            .collect();
         let mut reg = self.state.lock();
-        for (l, r) in &destroyed {
+        for (l, r) in &end.destroyed {
             if let Some(e) = reg.comms.get_mut(l).and_then(|c| c.ranks.get_mut(r)) {
                 e.state = "finalizing".into();
             }
@@ -140,8 +143,8 @@ impl Engine {
         p.alive = false;
         p.disconnected = false;
         p.ring = None; // read for the last time above
-        let (pid, host, registered) = (p.pid, p.host.clone(), p.registered);
-        let lost = open_ranks(&reg, conn);
+        let (pid, host) = (p.pid, p.host.clone());
+        let lost = end.lost();
         if lost.is_empty() {
             // A clean exit: every communicator was destroyed first.
             reg.procs.remove(&conn);
@@ -156,9 +159,9 @@ impl Engine {
             .peers_up
             .set(reg.procs.values().filter(|p| p.alive).count() as i64);
         drop(reg);
-        // Gone unclean: with communicators left, or before it registered
-        // any (a replacement dying while it joins).
-        if (!lost.is_empty() || registered == 0)
+        // Gone unclean: with communicators left, or before it had any (a
+        // replacement dying while it joins).
+        if (!lost.is_empty() || !end.opened)
             && let Some(b) = self.board.get()
             && b.own_death()
         {
@@ -174,6 +177,29 @@ impl Engine {
                 "{reason}: aborting comm {id} in {n} local process(es)"
             ));
         }
+    }
+}
+
+/// What a process leaves behind when it ends.
+struct Ending {
+    /// It had communicators (registered, or per its segment).
+    opened: bool,
+    /// Registered, not deregistered, but destroyed per the segment.
+    destroyed: Vec<(String, u32)>,
+    /// Registered and not destroyed.
+    open: Vec<(String, u32)>,
+    /// Live per the segment, never registered.
+    unregistered: Vec<(String, u32)>,
+}
+
+impl Ending {
+    /// The communicator ranks it takes with it.
+    fn lost(&self) -> Vec<(String, u32)> {
+        self.open
+            .iter()
+            .chain(&self.unregistered)
+            .cloned()
+            .collect()
     }
 }
 

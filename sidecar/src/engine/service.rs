@@ -106,7 +106,10 @@ impl Engine {
                 .map(|(c, _)| *c)
         });
         if let Some(old) = again {
-            reattach(&mut reg, old, conn, tx);
+            if reattach(&mut reg, old, conn, tx) {
+                // Its old stream's end will find it gone: count the break here.
+                self.metrics.stream_breaks.inc();
+            }
             self.state.publish(&reg);
             return conn;
         }
@@ -302,11 +305,13 @@ impl Engine {
 }
 
 /// Moves the registrations of process `old` (its stream broke) to its new
-/// connection `new`, and sends it what was kept for it meanwhile.
-fn reattach(reg: &mut Registry, old: u64, new: u64, tx: super::state::CmdTx) {
+/// connection `new`, and sends it what was kept for it meanwhile. Returns
+/// whether the break is news (the old stream's end not yet handled).
+fn reattach(reg: &mut Registry, old: u64, new: u64, tx: super::state::CmdTx) -> bool {
     let Some(mut p) = reg.procs.remove(&old) else {
-        return;
+        return false;
     };
+    let news = !p.disconnected;
     p.tx = tx;
     p.disconnected = false;
     for cmd in p.pending.drain(..) {
@@ -325,6 +330,7 @@ fn reattach(reg: &mut Registry, old: u64, new: u64, tx: super::state::CmdTx) {
         p.pid, p.host
     ));
     reg.procs.insert(new, p);
+    news
 }
 
 /// What an attach connection passed: its telemetry segment (a memory
