@@ -23,7 +23,8 @@ pub enum Phase {
 /// One collective, point-to-point operation or group on one rank.
 #[derive(Debug, Clone)]
 pub struct OpEvent {
-    pub job: String,
+    /// The job's label (read once per process).
+    pub job: &'static str,
     pub comm_id: String,
     pub rank: usize,
     pub nranks: usize,
@@ -70,8 +71,10 @@ pub enum CommEvent {
 }
 
 pub trait Observer: Send + Sync {
-    /// Called on the thread running the operation: must not block.
-    fn on_op(&self, ev: OpEvent);
+    /// Called on the thread running the operation: must not block. By
+    /// reference: the started event is the completed one's too, built
+    /// once per operation.
+    fn on_op(&self, ev: &OpEvent);
     fn on_comm(&self, ev: CommEvent);
 }
 
@@ -163,8 +166,9 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
     } else {
         (ops[0].name(), ops[0].dtype.name(), ops[0].bytes() as u64)
     };
+    static JOB: OnceLock<&'static str> = OnceLock::new();
     let ev = OpEvent {
-        job: crate::core::job_label(),
+        job: JOB.get_or_init(|| Box::leak(crate::core::job_label().into_boxed_str())),
         comm_id: who.comm_id.to_string(),
         rank: who.rank,
         nranks: who.nranks,
@@ -178,7 +182,7 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
         outcome: None,
         time: SystemTime::now(),
     };
-    o.on_op(ev.clone());
+    o.on_op(&ev);
     Some(Started { ev })
 }
 
@@ -191,7 +195,7 @@ pub(crate) fn finish<R>(s: Option<Started>, r: &crate::error::Result<R>) {
     ev.phase = Phase::Completed;
     ev.outcome = Some(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
     ev.time = SystemTime::now();
-    o.on_op(ev);
+    o.on_op(&ev);
 }
 
 pub(crate) fn comm(ev: impl FnOnce() -> CommEvent) {

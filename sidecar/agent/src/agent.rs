@@ -182,9 +182,9 @@ impl Agent {
 }
 
 impl Observer for Agent {
-    fn on_op(&self, ev: OpEvent) {
+    fn on_op(&self, ev: &OpEvent) {
         match &self.reporter {
-            Some(r) => r.op(&ev),
+            Some(r) => r.op(ev),
             None => {
                 self.unreported.fetch_add(1, Ordering::Relaxed);
             }

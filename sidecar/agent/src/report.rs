@@ -221,7 +221,7 @@ mod tests {
 
     fn ev(comm: &str, rank: usize, seq: u64, phase: Phase, t: u64, err: bool) -> OpEvent {
         OpEvent {
-            job: "j".into(),
+            job: "j",
             comm_id: comm.into(),
             rank,
             nranks: 4,
