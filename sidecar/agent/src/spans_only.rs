@@ -91,7 +91,7 @@ struct SpansOnly {
     dropped: Arc<AtomicU64>,
 }
 
-/// Without a registry the key is the label (exact for labels up to 64 bytes).
+/// Without a registry the key is the label (exact for labels up to 16 bytes).
 fn label(k: &CommKey) -> String {
     k.text()
 }

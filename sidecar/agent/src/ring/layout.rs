@@ -8,17 +8,18 @@ pub const VERSION: u64 = 1;
 
 /// The header: one page.
 pub const HEADER_WORDS: usize = 512;
-/// Words of one ring entry: the sequence word, then the record.
-pub const RECORD_WORDS: usize = 16;
+/// Words of one ring entry: the sequence word, then the record (64 bytes:
+/// one cache line).
+pub const RECORD_WORDS: usize = 8;
 /// Words of one communicator slot (see `slots`).
 pub const SLOT_WORDS: usize = 48;
 
 /// Ring capacities (records) a segment may have: powers of two in this range.
 pub const MIN_RECORDS: u64 = 64;
 pub const MAX_RECORDS: u64 = 1 << 18;
-/// Records per process by default (2 MiB): at 200,000 collectives a
-/// second and a drain every 5 ms, 16 drains of slack.
-pub const DEFAULT_RECORDS: u64 = 1 << 14;
+/// Records per process by default (2 MiB): at 300,000 collectives a
+/// second and a drain every 5 ms, 20 drains of slack.
+pub const DEFAULT_RECORDS: u64 = 1 << 15;
 /// Communicator slots per segment, at most (and by default).
 pub const MAX_SLOTS: u64 = 4096;
 pub const DEFAULT_SLOTS: u64 = 1024;
@@ -105,7 +106,7 @@ mod tests {
         assert!(g.valid());
         assert_eq!(
             g.bytes(),
-            4096 + DEFAULT_SLOTS as usize * SLOT_WORDS * 8 + 1024 * 128
+            4096 + DEFAULT_SLOTS as usize * SLOT_WORDS * 8 + 1024 * 64
         );
         assert_eq!(Geometry::with_records(1).records, MIN_RECORDS);
         assert_eq!(Geometry::with_records(u64::MAX).records, MAX_RECORDS);

@@ -19,8 +19,9 @@
 //!                  (free, live, failed, aborted, destroyed), the
 //!                  communicator's key, rank and size, its last started
 //!                  and completed operation, the text of its last error
-//! ring             `capacity` records of 16 words: a sequence word
-//!                  (publication), then the record by value (`Record`)
+//! ring             `capacity` records of 8 words (one cache line): a
+//!                  sequence word (publication), then the record by value
+//!                  (`Record`)
 //! ```
 //!
 //! The ring is a bounded multi-producer queue after Dmitry Vyukov's design:

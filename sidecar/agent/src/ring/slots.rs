@@ -7,15 +7,15 @@
 //!
 //! ```text
 //! word 0      state | generation << 32
-//! word 1..=8  communicator key
-//! word 9      rank | nranks << 32
-//! word 10     last started sequence number
-//! word 11     its start, ns since the Unix epoch
-//! word 12     last completed sequence number
-//! word 13     started op | completed op << 8 | outcome << 16
-//! word 14     sequence number of the last failed operation
-//! word 15     length of its error text
-//! word 16..   the error text (256 bytes)
+//! word 1..=2  communicator key
+//! word 3      rank | nranks << 32
+//! word 4      last started sequence number
+//! word 5      its start, ns since the Unix epoch
+//! word 6      last completed sequence number
+//! word 7      started op | completed op << 8 | outcome << 16
+//! word 8      sequence number of the last failed operation
+//! word 9      length of its error text
+//! word 10..   the error text (304 bytes)
 //! ```
 //!
 //! A slot is reused (with the next generation) only after its communicator
@@ -24,7 +24,7 @@
 //! generation moved on was destroyed.
 
 use super::layout::SLOT_WORDS;
-use super::record::CommKey;
+use super::record::{CommKey, KEY_WORDS};
 use super::segment::Segment;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -37,14 +37,14 @@ pub const DESTROYED: u32 = 4;
 
 const W_STATE: usize = 0;
 const W_KEY: usize = 1;
-const W_RANK: usize = 9;
-const W_STARTED: usize = 10;
-const W_STARTED_AT: usize = 11;
-const W_COMPLETED: usize = 12;
-const W_OPS: usize = 13;
-const W_ERR_SEQ: usize = 14;
-const W_ERR_LEN: usize = 15;
-const W_ERR: usize = 16;
+const W_RANK: usize = W_KEY + KEY_WORDS;
+const W_STARTED: usize = W_RANK + 1;
+const W_STARTED_AT: usize = W_STARTED + 1;
+const W_COMPLETED: usize = W_STARTED_AT + 1;
+const W_OPS: usize = W_COMPLETED + 1;
+const W_ERR_SEQ: usize = W_OPS + 1;
+const W_ERR_LEN: usize = W_ERR_SEQ + 1;
+const W_ERR: usize = W_ERR_LEN + 1;
 /// Bytes of error text a slot keeps.
 pub const ERROR_BYTES: usize = (SLOT_WORDS - W_ERR) * 8;
 
@@ -170,7 +170,7 @@ pub fn holds(seg: &Segment, s: SlotRef, key: &CommKey, rank: u32) -> bool {
     (st >> 32) as u32 == s.generation
         && matches!(st as u32, LIVE | FAILED | ABORTED)
         && w(seg, s.index, W_RANK).load(Relaxed) as u32 == rank
-        && (0..8).all(|i| w(seg, s.index, W_KEY + i).load(Relaxed) == k[i])
+        && (0..KEY_WORDS).all(|i| w(seg, s.index, W_KEY + i).load(Relaxed) == k[i])
 }
 
 /// A slot as the sidecar reads it (any bit pattern is a valid view).
@@ -210,7 +210,7 @@ pub fn read(seg: &Segment, index: u16) -> Option<SlotView> {
     let mut view = None;
     for _ in 0..4 {
         let s0 = w(seg, index, W_STATE).load(Acquire);
-        let mut key = [0u64; 8];
+        let mut key = [0u64; KEY_WORDS];
         for (i, k) in key.iter_mut().enumerate() {
             *k = w(seg, index, W_KEY + i).load(Relaxed);
         }
