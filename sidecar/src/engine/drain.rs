@@ -12,7 +12,6 @@
 //! after its communicator's `Deregister`.
 
 use super::Engine;
-use super::state::RankEntry;
 use crate::metrics::{ExportLabel, Metrics, OpLabel};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
@@ -323,41 +322,11 @@ impl Engine {
             else {
                 continue;
             };
-            changed |= apply(e, &v, err);
+            changed |= e.apply_slot(&v, err);
         }
         drop(reg);
         if changed {
             self.state.touch();
         }
     }
-}
-
-/// Copies a slot's view into a rank entry; whether anything changed.
-fn apply(e: &mut RankEntry, v: &SlotView, err: Option<String>) -> bool {
-    if e.started_seq == v.started_seq
-        && e.completed_seq == v.completed_seq
-        && !matches!(v.state, slots::FAILED | slots::ABORTED | slots::DESTROYED)
-    {
-        return false;
-    }
-    let before = (e.started_seq, e.completed_seq, e.state.clone());
-    e.started_seq = v.started_seq;
-    e.started_at = v.started_ns;
-    e.started_op = codes::op_name(v.started_op).into();
-    if v.completed_seq > 0 {
-        e.completed_seq = v.completed_seq;
-        e.completed_op = codes::op_name(v.completed_op).into();
-        e.outcome = if v.outcome == codes::OK {
-            "ok".into()
-        } else {
-            err.unwrap_or_else(|| "error".into())
-        };
-    }
-    match v.state {
-        slots::FAILED => e.state = "failed".into(),
-        slots::ABORTED => e.state = "aborted".into(),
-        slots::DESTROYED => e.state = "finalizing".into(),
-        _ => {}
-    }
-    before != (e.started_seq, e.completed_seq, e.state.clone())
 }

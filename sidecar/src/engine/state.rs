@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use weft_agent::ring::codes;
+use weft_agent::ring::slots::{self, SlotView};
 use weft_agent::rpc::{self, CommStatus, HostStatus, ProcessStatus, RankStatus, Status};
 
 pub type CmdTx = mpsc::Sender<Result<rpc::SidecarCommand, tonic::Status>>;
@@ -70,6 +72,39 @@ pub struct RankEntry {
     pub outcome: String,
     /// running, finalizing, aborted, failed
     pub state: String,
+}
+
+impl RankEntry {
+    /// Copies its slot's view (from the process's telemetry segment) into
+    /// this entry; whether anything changed.
+    pub fn apply_slot(&mut self, v: &SlotView, err: Option<String>) -> bool {
+        if self.started_seq == v.started_seq
+            && self.completed_seq == v.completed_seq
+            && !matches!(v.state, slots::FAILED | slots::ABORTED | slots::DESTROYED)
+        {
+            return false;
+        }
+        let before = (self.started_seq, self.completed_seq, self.state.clone());
+        self.started_seq = v.started_seq;
+        self.started_at = v.started_ns;
+        self.started_op = codes::op_name(v.started_op).into();
+        if v.completed_seq > 0 {
+            self.completed_seq = v.completed_seq;
+            self.completed_op = codes::op_name(v.completed_op).into();
+            self.outcome = if v.outcome == codes::OK {
+                "ok".into()
+            } else {
+                err.unwrap_or_else(|| "error".into())
+            };
+        }
+        match v.state {
+            slots::FAILED => self.state = "failed".into(),
+            slots::ABORTED => self.state = "aborted".into(),
+            slots::DESTROYED => self.state = "finalizing".into(),
+            _ => {}
+        }
+        before != (self.started_seq, self.completed_seq, self.state.clone())
+    }
 }
 
 #[derive(Default)]

@@ -112,7 +112,7 @@ mod tests {
             assert_ne!(op_code(k.name()), 0, "{}", k.name());
             assert_eq!(op_name(op_code(k.name())), k.name());
         }
-        for a in libcomm::algo::tuner::DEVICE_ALGOS {
+        for a in weft_contract::params::CUDA_ALGOS {
             assert_ne!(algo_code(a), 0, "{a}");
         }
         for a in [
