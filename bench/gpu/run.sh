@@ -314,13 +314,15 @@ sidecar)
   # run under `weft run` (same environment but the sidecar). Host memory,
   # 4 ranks; device memory: weft bench-rank --device cuda on every GPU, and
   # nccl-tests all_reduce_perf -g $NG in one process on our libnccl.so.2.
+  # SIDECAR_HOST_NP ranks for host memory (default 4; the machine's cores
+  # keep them apart), one rank per GPU for device memory.
   W=$D/weft/weft; VS="python3 $D/../sidecar_vs.py ${ROUNDS:-5}"
   SZ="-b 8 -e 64K -f 2"
   for side in host cuda; do
-    np=4; [ $side = cuda ] && np=$NG
+    np=${SIDECAR_HOST_NP:-4}; [ $side = cuda ] && np=$NG
     log sidecar weft bench-rank $side n=$np
-    $VS plain "$W run -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
-      sidecar "$W run --sidecar -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
+    $VS plain "env LD_LIBRARY_PATH=$OURS_LD $W run -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
+      sidecar "env LD_LIBRARY_PATH=$OURS_LD $W run --sidecar -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
       2>&1 | tee -a $OUT/sidecar.txt
   done
   log sidecar nccl-tests all_reduce_perf -g $NG

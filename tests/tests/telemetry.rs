@@ -140,6 +140,10 @@ fn a_flood_of_a_million_collectives_is_counted_and_kills_nothing() {
     assert_eq!(read + lost, issued as f64, "read + dropped = issued");
     assert_eq!(lost, dropped as f64);
     assert_eq!(
+        s.dropped_events as f64, lost,
+        "RAS counts the drops of exited processes too"
+    );
+    assert_eq!(
         sc.metric("weft_span_records_total"),
         read,
         "each read one exported once"

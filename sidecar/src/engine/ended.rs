@@ -147,7 +147,9 @@ impl Engine {
         let lost = end.lost();
         if lost.is_empty() {
             // A clean exit: every communicator was destroyed first.
-            reg.procs.remove(&conn);
+            if let Some(p) = reg.procs.remove(&conn) {
+                reg.dropped_gone += p.dropped + p.ring_dropped;
+            }
         }
         for (id, r) in &lost {
             reg.push_error(format!(

@@ -129,6 +129,9 @@ pub struct Registry {
     pub procs: BTreeMap<u64, Proc>,
     pub comms: BTreeMap<String, Comm>,
     pub async_errors: Vec<String>,
+    /// Events dropped by processes that have exited cleanly (removed from
+    /// `procs`): RAS keeps counting them.
+    pub dropped_gone: u64,
 }
 
 /// Most async errors kept (the oldest are dropped first): the snapshot stays bounded.
@@ -300,7 +303,12 @@ impl State {
             comms,
             async_errors: reg.async_errors.clone(),
             terminating: self.terminating.load(Ordering::Relaxed),
-            dropped_events: reg.procs.values().map(|p| p.dropped + p.ring_dropped).sum(),
+            dropped_events: reg.dropped_gone
+                + reg
+                    .procs
+                    .values()
+                    .map(|p| p.dropped + p.ring_dropped)
+                    .sum::<u64>(),
             hosts: reg
                 .peers
                 .iter()
