@@ -430,6 +430,8 @@ async fn attach_passing(
 /// and RAS answers.
 #[test]
 fn hostile_telemetry_segments_leave_the_sidecar_serving() {
+    /// Makes the descriptors one hostile attach passes.
+    type Descriptors = dyn Fn() -> Vec<OwnedFd> + Send + Sync;
     let sc = Sidecar::start(cli(), &[]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -437,7 +439,7 @@ fn hostile_telemetry_segments_leave_the_sidecar_serving() {
         .unwrap();
     let g = Geometry::with_records(1024);
     // Refused: unsealed, sealed but garbage, a socket, two segments.
-    let refusals: Vec<(&str, Box<dyn Fn() -> Vec<OwnedFd> + Send + Sync>)> = vec![
+    let refusals: Vec<(&str, Box<Descriptors>)> = vec![
         ("unsealed", Box::new(move || vec![memfd(g.bytes(), false)])),
         ("garbage", Box::new(move || vec![memfd(g.bytes(), true)])),
         ("tiny", Box::new(|| vec![memfd(64, true)])),

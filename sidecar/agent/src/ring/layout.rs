@@ -125,7 +125,7 @@ mod tests {
             .valid()
         );
         // The counters do not share a cache line with each other or the rest.
-        assert!(H_TAIL >= 8 && H_DROPPED - H_TAIL >= 8 && H_HEAD - H_DROPPED >= 8);
-        assert!(H_HEAD + 8 <= HEADER_WORDS);
+        const { assert!(H_TAIL >= 8 && H_DROPPED - H_TAIL >= 8 && H_HEAD - H_DROPPED >= 8) };
+        const { assert!(H_HEAD + 8 <= HEADER_WORDS) };
     }
 }
