@@ -47,7 +47,7 @@ pub use op::tuner::{Algo, AlgoOverride, Coll, Decision};
 pub use op::{Buf, Memory, Op, OpKind};
 pub use resilience::{ShrinkMode, resilient};
 pub use state::CommState;
-pub use sys::sockets;
+pub use sys::{fdpass, sockets};
 pub use transport::sidecar_link;
 
 /// Version as NCCL encodes it (major*10000 + minor*100 + patch): we implement
