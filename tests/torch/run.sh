@@ -22,6 +22,8 @@
 #     coldstart       coldstart.py three times: init + first bf16/fp32 all_reduce of fresh processes,
 #                     Weft (empty kernel cache; NPROC ranks and as many as NCCL runs) and NCCL
 #     suite-cold      the suite with an empty kernel cache, then again warm (seconds of each)
+#     ddp             ddp_step.py: a DDP step of a ~400M-parameter transformer, NCCL and Weft
+#                     alternately, one rank per GPU (DDP_ARGS: e.g. "--layers 8")
 #     stalls          stalls.py under `weft run -n $NPROC` (Weft; MPS when ranks share a GPU):
 #                     1,000 individually timed all_reduce / all_gather / reduce_scatter calls
 #                     per size, p50/p99/max; one table of this run's stalls steps in
@@ -53,7 +55,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --lib) WEFT_LIB=$2; shift 2 ;;
     --weft) WEFT_BIN=$2; shift 2 ;;
-    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -65,6 +67,7 @@ SUITE_ARGS=${SUITE_ARGS:-}
 KILL_TIMEOUT=${KILL_TIMEOUT:-20}
 RES_NPROC=${RES_NPROC:-4}
 RES_ARGS=${RES_ARGS:-}
+DDP_ARGS=${DDP_ARGS:-}
 RES_RUN_TIMEOUT=${RES_RUN_TIMEOUT:-120}
 STALLS_ARGS=${STALLS_ARGS:-}
 steps="${*:-info weft torchrun kill kill-watchdog}"
@@ -164,6 +167,14 @@ print('libnccl loaded:', loaded_nccl())
           $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/coldstart.py"
         done
       } >"$f" 2>&1 ;;
+    ddp)
+      # A DDP step of a ~400M-parameter transformer (ddp_step.py), NCCL and
+      # Weft alternately, twice each, one rank per GPU (min(NPROC, GPUs)).
+      ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); nn=$(( NPROC < ngpu ? NPROC : ngpu ))
+      for i in 1 2; do
+        $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/ddp_step.py" $DDP_ARGS
+        LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/ddp_step.py" $DDP_ARGS
+      done >"$f" 2>&1 ;;
     suite-cold)
       # The suite on a fresh machine (empty kernel cache) and again warm:
       # the seconds of each, for "fresh within 1.2x of warm".
@@ -199,7 +210,7 @@ print('libnccl loaded:', loaded_nccl())
   esac
   rc=$?
   [ $rc = 124 ] && echo "run.sh: step $s stopped by timeout after ${STEP_TIMEOUT}s" >>"$f"
-  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: |stalls: |COLDSTART|SUITE-TIME)' "$f" | head -60
+  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: |stalls: |COLDSTART|SUITE-TIME|DDP )' "$f" | head -60
   record "$s" $rc "$f"
 done
 if [ -f "$LOG_DIR/stalls.tsv" ] && [[ " $steps " == *" stalls"* ]]; then
