@@ -18,6 +18,7 @@ use crate::net::{
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// The stream number of data connections.
@@ -28,6 +29,8 @@ pub const NOTICE_STREAM: u32 = u32::MAX;
 const NOTICE_TAG: u32 = 0x4e4f_5449; // "NOTI"
 /// Longest notice read.
 const NOTICE_MAX: usize = 1024;
+/// Notices in flight at once.
+const NOTICE_PARALLEL: usize = 16;
 
 /// An all-gather of one fixed-size record per rank, in rank order.
 pub trait Exchange {
@@ -136,8 +139,11 @@ impl Links {
         })
     }
 
-    /// Tells every peer why this rank failed: a fresh connection each, all
-    /// at once, bounded by `within` in all (a lost host never answers).
+    /// Tells every other rank why this rank failed (its host's ranks too:
+    /// a local phase waiting on this rank then learns the cause, not only
+    /// that this rank went): a fresh connection each, up to
+    /// [`NOTICE_PARALLEL`] at once, bounded by `within` in all (a lost host
+    /// never answers).
     pub fn send_notices(&self, reason: &str, within: Duration) {
         let deadline = Instant::now() + within;
         let bytes = reason.as_bytes();
@@ -146,11 +152,15 @@ impl Links {
             rank: self.me as u32,
             stream: NOTICE_STREAM,
         };
+        let others: Vec<usize> = (0..self.handles.len()).filter(|&r| r != self.me).collect();
+        let next = AtomicUsize::new(0);
+        let (net, handles) = (self.net.as_ref(), &self.handles);
         std::thread::scope(|s| {
-            for &p in self.send.keys() {
-                let (net, h) = (&self.net, &self.handles[p]);
-                s.spawn(move || {
-                    let _ = send_notice(net.as_ref(), h, me, bytes, deadline);
+            for _ in 0..NOTICE_PARALLEL.min(others.len()) {
+                s.spawn(|| {
+                    while let Some(&p) = others.get(next.fetch_add(1, Relaxed)) {
+                        let _ = send_notice(net, &handles[p], me, bytes, deadline);
+                    }
                 });
             }
         });

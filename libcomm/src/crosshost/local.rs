@@ -34,8 +34,34 @@ pub trait LocalMover: Send {
 }
 
 /// A host-local communicator as the mover: grouped sends and receives.
+/// Its errors name ranks as the whole job knows them (`world[j]` is local
+/// rank j's rank).
 pub struct CommMover {
     pub comm: crate::Communicator,
+    pub world: Vec<usize>,
+}
+
+/// `text` with every "rank N" of the host-local communicator renamed to the
+/// rank `world[N]` (other numbers are left alone).
+fn in_world_ranks(text: &str, world: &[usize]) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("rank ") {
+        out.push_str(&rest[..i + 5]);
+        rest = &rest[i + 5..];
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        match rest[..digits]
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| world.get(n))
+        {
+            Some(w) => out.push_str(&w.to_string()),
+            None => out.push_str(&rest[..digits]),
+        }
+        rest = &rest[digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl LocalMover for CommMover {
@@ -59,7 +85,18 @@ impl LocalMover for CommMover {
         for &(p, ptr, len) in recvs {
             unsafe { g.push(&self.comm, Op::recv(ptr, len, DataType::U8, p))? };
         }
-        g.execute()
+        g.execute().map_err(|e| {
+            let me = self
+                .world
+                .get(self.comm.rank())
+                .copied()
+                .unwrap_or(usize::MAX);
+            Error::Remote {
+                comm: "host-local phase".into(),
+                rank: me,
+                detail: in_world_ranks(&e.to_string(), &self.world),
+            }
+        })
     }
 }
 
@@ -324,4 +361,16 @@ pub unsafe fn run_local(step: &LocalStep, mover: &mut dyn LocalMover, mem: &Mem<
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn local_ranks_are_renamed_to_the_jobs() {
+        let t = "communicator x (rank 1) timed out: receiving from rank 0, rank 12 (pid 7)";
+        assert_eq!(
+            super::in_world_ranks(t, &[4, 5]),
+            "communicator x (rank 5) timed out: receiving from rank 4, rank 12 (pid 7)"
+        );
+    }
 }

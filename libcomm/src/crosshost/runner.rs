@@ -8,7 +8,7 @@
 //! memory and the calling thread waits for each network phase (the engine's
 //! done word).
 
-use super::engine::{Engine, EngineConfig};
+use super::engine::{Engine, EngineConfig, NOTICE_GRACE};
 use super::flags::FlagWords;
 use super::layout::Layout;
 use super::links::Links;
@@ -307,14 +307,25 @@ impl CrossHost {
             }
             Ok(())
         })();
-        if let Err(e) = &r {
-            // The peers must hear of a local failure; and the engine must be
-            // done with our buffers before they go.
+        if let Err(e) = r {
+            // A local phase's error may only be the echo of a failure
+            // elsewhere (a local peer that gave up waiting on a remote one):
+            // a notice naming the rank that failed first explains it better,
+            // so give it a moment to arrive. Then the peers hear of ours,
+            // and the engine lets go of our buffers before they are freed.
+            // (Twice the engine's own grace: the rank whose notice explains
+            // ours may itself have waited that long for notices first.)
+            let t = std::time::Instant::now();
+            while self.engine.error().is_none() && t.elapsed() < 2 * NOTICE_GRACE {
+                std::thread::sleep(Duration::from_millis(5));
+            }
             self.engine.fail(e.clone());
             self.engine.wait_ended();
+            drop(scratch);
+            return Err(self.engine.error().unwrap_or(e));
         }
         drop(scratch);
-        r
+        Ok(())
     }
 
     // ------------------------------------------------------------ typed

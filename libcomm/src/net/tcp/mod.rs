@@ -78,6 +78,15 @@ impl TcpConfig {
         })
     }
 
+    /// [`TcpConfig::from_env`] with the job's secret (`WEFT_JOB_SECRET` or
+    /// `WEFT_JOB_SECRET_FILE`, through the job's unique id), for ranks
+    /// started by a launcher.
+    pub fn for_job() -> Result<TcpConfig, NetError> {
+        let id =
+            crate::UniqueId::from_env().map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+        Self::from_env(id.secret)
+    }
+
     /// Loopback only (tests, one host).
     pub fn loopback(secret: [u8; 32], sockets: usize) -> TcpConfig {
         let lo = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
@@ -100,6 +109,30 @@ impl TcpConfig {
             )));
         }
         Ok(self)
+    }
+}
+
+/// What this process's byte mover listeners have seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerStats {
+    pub accepted: u64,
+    /// Refused before authentication (garbage, oversized, timed out, a
+    /// socket that fits no connection).
+    pub refused: u64,
+    /// Refused because the MAC did not match the listener's secret.
+    pub unauthenticated: u64,
+    /// Silent unauthenticated connections dropped to stay under the caps.
+    pub evicted: u64,
+}
+
+pub fn listener_stats() -> ListenerStats {
+    use std::sync::atomic::Ordering::Relaxed;
+    let c = &listen::COUNTERS;
+    ListenerStats {
+        accepted: c.accepted.load(Relaxed),
+        refused: c.refused.load(Relaxed),
+        unauthenticated: c.unauthenticated.load(Relaxed),
+        evicted: c.evicted.load(Relaxed),
     }
 }
 

@@ -40,9 +40,22 @@ struct Shared {
     peer: String,
     stop: AtomicBool,
     err: Mutex<Option<NetError>>,
+    /// Sockets the peer closed between messages, and how many there are.
+    closed: AtomicUsize,
+    nsocks: usize,
 }
 
 impl Shared {
+    fn new(peer: String, nsocks: usize) -> Arc<Shared> {
+        Arc::new(Shared {
+            peer,
+            stop: AtomicBool::new(false),
+            err: Mutex::new(None),
+            closed: AtomicUsize::new(0),
+            nsocks,
+        })
+    }
+
     fn fail(&self, what: String) {
         let mut e = self.err.lock().unwrap_or_else(|e| e.into_inner());
         if e.is_none() && !self.stop.load(Ordering::Acquire) {
@@ -53,6 +66,22 @@ impl Shared {
         }
         drop(e);
         self.stop.store(true, Ordering::Release);
+    }
+
+    /// The peer closed one socket between two messages (a peer that is
+    /// done closes them all: its last messages may still be arriving on
+    /// the others). The comm fails once every socket is closed, which is
+    /// when a receive still waiting can never complete.
+    fn closed_cleanly(&self) {
+        if self.closed.fetch_add(1, Ordering::AcqRel) + 1 == self.nsocks {
+            let mut e = self.err.lock().unwrap_or_else(|e| e.into_inner());
+            if e.is_none() && !self.stop.load(Ordering::Acquire) {
+                *e = Some(NetError::Peer {
+                    peer: self.peer.clone(),
+                    what: "connection closed by the peer".into(),
+                });
+            }
+        }
     }
 
     fn error(&self) -> Option<NetError> {
@@ -173,11 +202,7 @@ impl TcpSendComm {
         socks: Vec<TcpStream>,
         min_task: usize,
     ) -> Result<TcpSendComm, NetError> {
-        let shared = Arc::new(Shared {
-            peer,
-            stop: AtomicBool::new(false),
-            err: Mutex::new(None),
-        });
+        let shared = Shared::new(peer, socks.len());
         let mut queues = Vec::new();
         let mut threads = Vec::new();
         for (i, s) in socks.iter().enumerate() {
@@ -335,11 +360,7 @@ pub struct TcpRecvComm {
 
 impl TcpRecvComm {
     pub(super) fn new(peer: String, socks: Vec<TcpStream>) -> Result<TcpRecvComm, NetError> {
-        let shared = Arc::new(Shared {
-            peer,
-            stop: AtomicBool::new(false),
-            err: Mutex::new(None),
-        });
+        let shared = Shared::new(peer, socks.len());
         let side = Arc::new(RecvSide {
             posted: Mutex::new(Posted::default()),
             more: Condvar::new(),
@@ -433,6 +454,7 @@ fn recv_loop(fd: RawFd, sh: &Shared, side: &RecvSide) {
         // SAFETY: a local array.
         match unsafe { io::read_exact(fd, hb.as_mut_ptr(), TASK_HEADER, &sh.stop) } {
             Ok(()) => {}
+            Err(IoEnd::Eof { got: 0 }) => return sh.closed_cleanly(),
             Err(e) => return sh.io_failed(e, "receiving"),
         }
         let h = match TaskHeader::decode(&hb) {

@@ -138,6 +138,31 @@ fn a_receive_posted_after_the_data_arrived_still_gets_it() {
 }
 
 #[test]
+fn a_message_sent_just_before_the_peer_closes_still_arrives_whole() {
+    let (mut s, mut r) = pair(4);
+    let m: Vec<u8> = (0..400_000).map(|i| (i % 251) as u8).collect();
+    let req = post_send(s.as_mut(), &m, 5);
+    wait_send(s.as_mut(), req).unwrap();
+    drop(s); // some sockets reach their end while others still carry data
+    std::thread::sleep(Duration::from_millis(50));
+    let mut o = vec![0u8; m.len()];
+    let req = post_recv(r.as_mut(), &mut o, 5);
+    assert_eq!(wait_recv(r.as_mut(), req).unwrap(), m.len());
+    assert_eq!(o, m);
+    // Every socket has ended: a receive for a message that never comes fails.
+    let mut more = vec![0u8; 8];
+    let mr = reg_r(r.as_mut(), &more);
+    let b = RecvBuf {
+        mr: &mr,
+        ptr: more.as_mut_ptr(),
+        len: 8,
+        tag: 5,
+    };
+    let e = unsafe { r.irecv(&[b]) }.unwrap_err();
+    assert!(e.to_string().contains("closed by the peer"), "{e}");
+}
+
+#[test]
 fn device_memory_outside_bytes_and_foreign_regions_are_refused() {
     let (mut s, mut r) = pair(1);
     let e = s
