@@ -255,8 +255,9 @@ fn hostile_clients_on_the_engine_listener_are_refused_and_the_job_goes_on() {
 }
 
 /// One rank per host on 2 namespace hosts: the byte mover's throughput with
-/// 1, 2, 4 and 8 sockets, the engine's all-reduce, and `weft bench`'s host
-/// all-reduce over the direct TCP transport, in one run (docs/PERFORMANCE.md,
+/// 1, 2, 4 and 8 sockets (GB/s one way), the engine's all-reduce and `weft
+/// bench`'s host all-reduce over the direct TCP transport (bus bandwidth:
+/// for 2 ranks the bytes each way per second, comparable), in one run (docs/PERFORMANCE.md,
 /// "Cross-host byte mover"). Release build recommended:
 /// `cargo nextest run --release -p weft-tests --test crosshost measure --run-ignored only --no-capture`
 #[test]
@@ -285,6 +286,21 @@ fn measure_byte_mover_beside_the_tcp_transport() {
                 .collect(),
         ));
     }
+    let mut args = vec!["arbw", "4"];
+    args.extend(sizes.iter().map(String::as_str));
+    let run = job::run(spec(&net, &[1, 1], &args, &ctl));
+    run.assert_success();
+    let f = run.facts(0);
+    rows.push((
+        format!(
+            "cross-host engine all_reduce busbw ({} sockets)",
+            libcomm::net::tcp::DEFAULT_SOCKETS
+        ),
+        sizes
+            .iter()
+            .map(|s| f[&format!("busbw_{s}")].clone())
+            .collect(),
+    ));
     let cli = env!("CARGO_BIN_EXE_weft-cli");
     let bench = [
         "exec",

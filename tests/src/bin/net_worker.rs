@@ -53,6 +53,7 @@ fn main() {
         "loop" => mode_loop(),
         "hostile" => mode_hostile(),
         "bw" => mode_bw(),
+        "arbw" => mode_arbw(),
         "exec" => mode_exec(),
         other => fail(format!("unknown mode '{other}'")),
     }
@@ -402,6 +403,45 @@ fn mode_bw() {
         }
     }
     drop(links);
+    ok(world.destroy(), "destroy");
+}
+
+/// `arbw ITERS BYTES...`: the engine's all-reduce (f32 sum, the tuner's
+/// shape) of each size, ITERS calls timed after one warm-up, best of three;
+/// rank 0 prints `@ busbw_<bytes>=` (GB/s, nccl-tests' bus bandwidth).
+fn mode_arbw() {
+    let iters: usize = ok(arg(2, "4").parse(), "iters");
+    let sizes: Vec<usize> = std::env::args()
+        .skip(3)
+        .map(|s| ok(s.parse(), "size"))
+        .collect();
+    let world = ok(Communicator::from_env(), "init");
+    let (mut x, _) = cross_host(&world);
+    let n = x.layout().n();
+    for &bytes in &sizes {
+        let send = vec![1.0f32; bytes / 4];
+        let mut recv = vec![0.0f32; bytes / 4];
+        ok(x.all_reduce(&send, &mut recv, ReduceOp::Sum), "warm-up");
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            ok(
+                world.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
+                "barrier",
+            );
+            let t = Instant::now();
+            for _ in 0..iters {
+                ok(x.all_reduce(&send, &mut recv, ReduceOp::Sum), "all_reduce");
+            }
+            let mut secs = [t.elapsed().as_secs_f64() / iters as f64];
+            ok(world.all_reduce_in_place(&mut secs, ReduceOp::Max), "time");
+            best = best.min(secs[0]);
+        }
+        if world.rank() == 0 {
+            let factor = 2.0 * (n - 1) as f64 / n as f64;
+            println!("@ busbw_{bytes}={:.3}", bytes as f64 * factor / best / 1e9);
+        }
+    }
+    drop(x);
     ok(world.destroy(), "destroy");
 }
 
