@@ -129,6 +129,7 @@ impl CrossHost {
         let mut c = tuner::decide(coll, bytes, &self.layout);
         if let Some(s) = self.shape.filter(|s| s.fits(coll, &self.layout)) {
             c.shape = s;
+            c.connections = tuner::connections(s, &self.layout);
         }
         if let Some(ch) = self.chunk {
             c.chunk = ch;
@@ -209,6 +210,7 @@ impl CrossHost {
         let total: usize = sends.iter().map(|s| s.2).sum::<usize>() * es;
         let c = Choice {
             shape: Shape::Direct,
+            connections: 1,
             chunk: self.chunk.unwrap_or_else(|| {
                 (total / 4)
                     .next_power_of_two()

@@ -42,6 +42,10 @@ pub struct Choice {
     pub chunk: usize,
     /// Chunks in flight per peer and direction.
     pub window: usize,
+    /// Connections carrying the operation between one pair of hosts at
+    /// once (each striped over `WEFT_NET_SOCKETS` sockets): k on rails, 1
+    /// through leaders, k x k direct.
+    pub connections: usize,
 }
 
 /// Bytes of the operation as the rules see them: the all-reduce, broadcast
@@ -78,9 +82,20 @@ pub fn decide(coll: Coll, bytes: usize, layout: &Layout) -> Choice {
         shape,
         chunk,
         window: WINDOW,
+        connections: connections(shape, layout),
     };
     log_choice(coll, bytes, layout, c);
     c
+}
+
+/// Connections a shape uses between one pair of hosts at once.
+pub fn connections(shape: Shape, layout: &Layout) -> usize {
+    let k = layout.per_host().unwrap_or(1);
+    match shape {
+        Shape::Rails => k,
+        Shape::Leaders => 1,
+        Shape::Direct => k * k,
+    }
 }
 
 /// `WEFT_DEBUG=INFO`: one line per collective, size class, layout and choice.
@@ -108,10 +123,11 @@ fn log_choice(coll: Coll, bytes: usize, layout: &Layout, c: Choice) {
         .unwrap_or(false);
     if new {
         crate::log::info_log!(
-            "cross-host tuner: {} of {bytes} B on {}: {}, chunk {} KiB, {} in flight per peer",
+            "cross-host tuner: {} of {bytes} B on {}: {}, {} connection(s) per host pair, chunk {} KiB, {} in flight per peer",
             coll.name(),
             layout.describe(),
             c.shape.name(),
+            c.connections,
             c.chunk >> 10,
             c.window
         );
@@ -138,7 +154,8 @@ mod tests {
         assert_eq!(decide(Coll::AllToAll, 1024, &u).shape, Shape::Rails);
         assert_eq!(decide(Coll::AllToAll, 1 << 20, &u).shape, Shape::Direct);
         let c = decide(Coll::AllReduce, 256 << 20, &u);
-        assert_eq!((c.chunk, c.window), (MAX_CHUNK, WINDOW));
+        assert_eq!((c.chunk, c.window, c.connections), (MAX_CHUNK, WINDOW, 4));
+        assert_eq!(decide(Coll::AllReduce, 4096, &u).connections, 1);
         assert_eq!(decide(Coll::AllReduce, 1 << 20, &u).chunk, MIN_CHUNK);
         for (coll, bytes) in [(Coll::Broadcast { root: 1 }, 1 << 30), (Coll::AllGather, 1)] {
             let c = decide(coll, bytes, &u);
