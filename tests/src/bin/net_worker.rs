@@ -8,7 +8,7 @@
 
 use libcomm::crosshost::{Coll, CommMover, CrossHost, Layout, Links, Shape};
 use libcomm::net::tcp::{self, TcpConfig, TcpNet};
-use libcomm::net::{MemKind, RecvBuf};
+use libcomm::net::{MemKind, RecvBuf, Request};
 use libcomm::{Communicator, Config, DataType, ReduceOp};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -329,80 +329,110 @@ fn mode_hostile() {
     ok(world.destroy(), "destroy");
 }
 
-/// `bw ITERS BYTES...` (2 ranks): rank 0 sends ITERS messages of each size
-/// to rank 1 over one byte mover connection (`WEFT_NET_SOCKETS` sockets),
-/// two in flight; rank 0 prints `@ gbs_<bytes>=` (GB/s, the receiver's
-/// clock: first post to last completion, best of three).
-fn mode_bw() {
-    let iters: usize = ok(arg(2, "8").parse(), "iters");
-    let sizes: Vec<usize> = std::env::args()
+/// `ITERS BYTES...` from the arguments.
+fn iters_and_sizes() -> (usize, Vec<usize>) {
+    let iters = ok(arg(2, "4").parse(), "iters");
+    let sizes = std::env::args()
         .skip(3)
         .map(|s| ok(s.parse(), "size"))
         .collect();
+    (iters, sizes)
+}
+
+/// The best of three runs of `f` (each after a barrier), in seconds: the
+/// slowest rank's time of each run.
+fn best_of_three(world: &Communicator, mut f: impl FnMut() -> f64) -> f64 {
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        ok(
+            world.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
+            "barrier",
+        );
+        let mut secs = [f()];
+        ok(world.all_reduce_in_place(&mut secs, ReduceOp::Max), "time");
+        best = best.min(secs[0]);
+    }
+    best
+}
+
+/// Posts `iters` requests on `comm` with `post`, two in flight, each
+/// waited with `done` (which says whether it completed).
+fn pump<C: ?Sized>(
+    iters: usize,
+    comm: &mut C,
+    post: impl Fn(&mut C) -> Request,
+    done: impl Fn(&mut C, Request) -> bool,
+) {
+    let mut inflight = std::collections::VecDeque::new();
+    for _ in 0..iters {
+        if inflight.len() >= 2 {
+            let r = inflight.pop_front().unwrap();
+            while !done(comm, r) {}
+        }
+        inflight.push_back(post(comm));
+    }
+    for r in inflight {
+        while !done(comm, r) {}
+    }
+}
+
+/// `bw ITERS BYTES...` (2 ranks): rank 0 sends ITERS messages of each size
+/// to rank 1 over one byte mover connection (`WEFT_NET_SOCKETS` sockets),
+/// two in flight; rank 0 prints `@ gbs_<bytes>=` (GB/s, the slower side's
+/// clock: first post to last completion, best of three).
+fn mode_bw() {
+    let (iters, sizes) = iters_and_sizes();
     let world = ok(Communicator::from_env(), "init");
     let me = world.rank();
     let (_, mut links) = connect(&world);
     let peer = 1 - me;
     let max = sizes.iter().copied().max().unwrap_or(0);
+    // One buffer for every message: only the bytes' movement is measured.
     let mut buf = vec![1u8; max];
+    let at = buf.as_mut_ptr();
     for &bytes in &sizes {
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            ok(
-                world.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
-                "barrier",
-            );
+        let best = best_of_three(&world, || {
             let t = Instant::now();
             if me == 0 {
-                let c = links.send.get_mut(&peer).unwrap();
-                let mr = ok(c.reg_mr(buf.as_ptr(), bytes, MemKind::Host), "reg");
-                let mut inflight = std::collections::VecDeque::new();
-                for _ in 0..iters {
-                    while inflight.len() >= 2 {
-                        let r = inflight.pop_front().unwrap();
-                        while ok(c.test(r), "send").is_none() {}
-                    }
-                    let r = unsafe { c.isend(&mr, buf.as_ptr(), bytes, 0) };
-                    inflight.push_back(ok(r, "isend").unwrap_or_else(|| fail("isend: busy")));
-                }
-                for r in inflight {
-                    while ok(c.test(r), "send").is_none() {}
-                }
+                let c = links.send.get_mut(&peer).unwrap().as_mut();
+                let mr = ok(c.reg_mr(at, bytes, MemKind::Host), "reg");
+                pump(
+                    iters,
+                    c,
+                    |c| {
+                        ok(unsafe { c.isend(&mr, at, bytes, 0) }, "isend")
+                            .unwrap_or_else(|| fail("isend: busy"))
+                    },
+                    |c, r| ok(c.test(r), "send").is_some(),
+                );
                 ok(c.dereg_mr(&mr), "dereg");
             } else {
-                let c = links.recv.get_mut(&peer).unwrap();
-                let mr = ok(c.reg_mr(buf.as_ptr(), bytes, MemKind::Host), "reg");
-                // Two receives into one buffer: only the bytes' arrival is measured.
-                let mut inflight = std::collections::VecDeque::new();
-                for _ in 0..iters {
-                    while inflight.len() >= 2 {
-                        let r = inflight.pop_front().unwrap();
-                        while ok(c.test(r), "recv").is_none() {}
-                    }
-                    let b = RecvBuf {
-                        mr: &mr,
-                        ptr: buf.as_mut_ptr(),
-                        len: bytes,
-                        tag: 0,
-                    };
-                    let r = unsafe { c.irecv(&[b]) };
-                    inflight.push_back(ok(r, "irecv").unwrap_or_else(|| fail("irecv: busy")));
-                }
-                for r in inflight {
-                    while ok(c.test(r), "recv").is_none() {}
-                }
+                let c = links.recv.get_mut(&peer).unwrap().as_mut();
+                let mr = ok(c.reg_mr(at, bytes, MemKind::Host), "reg");
+                let b = RecvBuf {
+                    mr: &mr,
+                    ptr: at,
+                    len: bytes,
+                    tag: 0,
+                };
+                pump(
+                    iters,
+                    c,
+                    |c| {
+                        ok(unsafe { c.irecv(&[b]) }, "irecv").unwrap_or_else(|| fail("irecv: busy"))
+                    },
+                    |c, r| ok(c.test(r), "recv").is_some(),
+                );
                 ok(c.dereg_mr(&mr), "dereg");
             }
-            // The receiver's time is the one that counts: send it to rank 0.
-            let mut secs = [t.elapsed().as_secs_f64()];
-            ok(world.all_reduce_in_place(&mut secs, ReduceOp::Max), "time");
-            best = best.min(secs[0]);
-        }
+            t.elapsed().as_secs_f64()
+        });
         if me == 0 {
             println!("@ gbs_{bytes}={:.3}", (bytes * iters) as f64 / best / 1e9);
         }
     }
     drop(links);
+    drop(buf);
     ok(world.destroy(), "destroy");
 }
 
@@ -410,11 +440,7 @@ fn mode_bw() {
 /// shape) of each size, ITERS calls timed after one warm-up, best of three;
 /// rank 0 prints `@ busbw_<bytes>=` (GB/s, nccl-tests' bus bandwidth).
 fn mode_arbw() {
-    let iters: usize = ok(arg(2, "4").parse(), "iters");
-    let sizes: Vec<usize> = std::env::args()
-        .skip(3)
-        .map(|s| ok(s.parse(), "size"))
-        .collect();
+    let (iters, sizes) = iters_and_sizes();
     let world = ok(Communicator::from_env(), "init");
     let (mut x, _) = cross_host(&world);
     let n = x.layout().n();
@@ -422,20 +448,13 @@ fn mode_arbw() {
         let send = vec![1.0f32; bytes / 4];
         let mut recv = vec![0.0f32; bytes / 4];
         ok(x.all_reduce(&send, &mut recv, ReduceOp::Sum), "warm-up");
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            ok(
-                world.all_reduce_in_place(&mut [0u8; 8], ReduceOp::Max),
-                "barrier",
-            );
+        let best = best_of_three(&world, || {
             let t = Instant::now();
             for _ in 0..iters {
                 ok(x.all_reduce(&send, &mut recv, ReduceOp::Sum), "all_reduce");
             }
-            let mut secs = [t.elapsed().as_secs_f64() / iters as f64];
-            ok(world.all_reduce_in_place(&mut secs, ReduceOp::Max), "time");
-            best = best.min(secs[0]);
-        }
+            t.elapsed().as_secs_f64() / iters as f64
+        });
         if world.rank() == 0 {
             let factor = 2.0 * (n - 1) as f64 / n as f64;
             println!("@ busbw_{bytes}={:.3}", bytes as f64 * factor / best / 1e9);
