@@ -153,10 +153,10 @@ fn abort_releases_every_waiter_at_once_and_the_peer_learns_who() {
         let t = Instant::now();
         e1.abort();
         let took = t.elapsed();
-        assert!(took < Duration::from_millis(20), "abort took {took:?}");
+        assert!(took < Duration::from_millis(50), "abort took {took:?}");
         let (r, at) = waiter.join().unwrap();
         assert_eq!(r, Waited::Released, "released by the terminal value");
-        assert!(at.duration_since(t) < Duration::from_millis(50));
+        assert!(at.duration_since(t) < Duration::from_millis(200));
     });
     assert_eq!(f1.load(1), TERMINAL);
     assert!(matches!(e1.wait(1, 1), Err(Error::Aborted { .. })));
