@@ -158,9 +158,13 @@ fn fault(placement: &[usize], victim: usize, sig: i32, timeout_ms: u64, bound: D
         job.signal(victim, libc::SIGKILL);
     }
     let run = job.wait();
-    for (r, e, t) in survivors(&run, victim) {
+    let seen = survivors(&run, victim);
+    for (r, e, t) in &seen {
         let after = Duration::from_millis(t.saturating_sub(at) as u64);
         eprintln!("rank {r} after {after:?}: {e}");
+    }
+    for (r, e, t) in seen {
+        let after = Duration::from_millis(t.saturating_sub(at) as u64);
         assert!(
             e.contains(&format!("rank {victim} ")),
             "rank {r}'s error does not name rank {victim}: {e}"

@@ -19,14 +19,18 @@
 //! peers are told why ([`Links::send_notices`]) and the connections close;
 //! later submits return the error. A peer's connection that closes is blamed
 //! on a notice that arrives within [`NOTICE_GRACE`] when there is one (the
-//! rank that failed first), else on that peer.
+//! rank that failed first), else on that peer. A wait that times out says
+//! whom it waits for ([`Links::send_waits`]) and listens for the others'
+//! waits for [`TIMEOUT_GRACE`]: the chain of waits ends at the stuck rank,
+//! which is the one named (a rank blocked behind the stuck one, locally or
+//! over the network, is only a link of the chain).
 
 use super::flags::Flags;
-use super::links::Links;
+use super::links::{Links, Notice, chain_of_waits};
 use super::program::{Call, Step, StepOp};
 use crate::error::{Error, Result};
 use crate::net::{MemKind, Mr, NetError, RecvBuf, Request};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -36,6 +40,10 @@ use std::time::{Duration, Instant};
 pub const NOTICE_GRACE: Duration = Duration::from_millis(300);
 /// All notices of one failure are sent within this.
 const NOTICE_DEADLINE: Duration = Duration::from_millis(250);
+/// How long a rank whose wait timed out listens for the waits of others
+/// after telling its own: the spread of the moments at which the ranks held
+/// up by one stuck rank time out (each from its own last progress).
+pub const TIMEOUT_GRACE: Duration = Duration::from_millis(500);
 /// How often an idle or waiting engine looks for notices.
 const NOTICE_POLL: Duration = Duration::from_millis(2);
 
@@ -67,6 +75,9 @@ struct Shared {
     abort: AtomicBool,
     stop: AtomicBool,
     flags: Arc<dyn Flags>,
+    /// A local phase timed out waiting for this rank, with this error (see
+    /// [`Engine::local_stall`]).
+    stall: Mutex<Option<(usize, Error)>>,
 }
 
 impl Shared {
@@ -104,6 +115,7 @@ impl Engine {
             abort: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             flags,
+            stall: Mutex::new(None),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -174,6 +186,19 @@ impl Engine {
     /// closes the connections. Returns at once.
     pub fn abort(&self) {
         self.fail(self.shared.aborted());
+    }
+
+    /// A local phase of the same operation timed out waiting for rank `on`
+    /// with error `e`: the engine tells the others, follows the chain of
+    /// waits from `on` for [`TIMEOUT_GRACE`] and fails with `e` naming the
+    /// stuck rank (or with a failure notice that arrives meanwhile). Returns
+    /// at once; [`Engine::wait_ended`], then [`Engine::error`], give the
+    /// outcome.
+    pub fn local_stall(&self, on: usize, e: Error) {
+        *self.shared.stall.lock().unwrap_or_else(|e| e.into_inner()) = Some((on, e));
+        if let Some(t) = &self.thread {
+            t.thread().unpark();
+        }
     }
 
     /// Fails the engine with `e` (a local phase of the same operation
@@ -290,6 +315,8 @@ struct Runner {
     running: Option<Running>,
     last_progress: Instant,
     last_notice_poll: Instant,
+    /// Whom each rank said it waits for (their waits timed out).
+    waits: BTreeMap<usize, usize>,
 }
 
 impl Runner {
@@ -300,6 +327,7 @@ impl Runner {
             running: None,
             last_progress: Instant::now(),
             last_notice_poll: Instant::now(),
+            waits: BTreeMap::new(),
         }
     }
 
@@ -314,10 +342,22 @@ impl Runner {
                 self.sh.flags.release_all();
                 return;
             }
+            let stall = self
+                .sh
+                .stall
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some((on, e)) = stall {
+                let e = match self.blame_stall(on) {
+                    Ok(chain) => self.with_note(e, &chain),
+                    Err(noticed) => noticed,
+                };
+                return self.fail(e);
+            }
             if self.last_notice_poll.elapsed() >= NOTICE_POLL {
                 self.last_notice_poll = Instant::now();
-                if let Some((r, why)) = self.links.take_notice(Instant::now()) {
-                    let e = self.noticed(r, &why);
+                if let Some(e) = self.failure_notice(Instant::now()) {
                     return self.fail(e);
                 }
             }
@@ -374,11 +414,86 @@ impl Runner {
         }
     }
 
+    /// The first failure notice that arrives by `until` (none: `None`),
+    /// remembering the waits that come before it.
+    fn failure_notice(&mut self, until: Instant) -> Option<Error> {
+        loop {
+            match self.links.take_notice(until)? {
+                Notice::Failed { rank, why } => return Some(self.noticed(rank, &why)),
+                Notice::Waits { rank, on } => {
+                    self.waits.insert(rank, on);
+                }
+            }
+        }
+    }
+
+    /// This rank's wait for rank `on` timed out: tell the others, listen to
+    /// theirs for [`TIMEOUT_GRACE`], and describe the chain of waits from
+    /// `on` to the stuck rank ("; rank 3 (host 1) waits for rank 2 (host 1);
+    /// rank 2 (host 1) is stuck: it reported no wait of its own"). Err: a
+    /// failure notice that came meanwhile, which explains it.
+    fn blame_stall(&mut self, on: usize) -> std::result::Result<String, Error> {
+        if let Some(e) = self.failure_notice(Instant::now()) {
+            return Err(e);
+        }
+        self.links.send_waits(on, NOTICE_DEADLINE);
+        if let Some(e) = self.failure_notice(Instant::now() + TIMEOUT_GRACE) {
+            return Err(e);
+        }
+        let chain = chain_of_waits(on, &self.waits);
+        let name = |r: &usize| self.sh.cfg.name(*r);
+        let mut text = String::new();
+        for w in chain.windows(2) {
+            text.push_str(&format!("; {} waits for {}", name(&w[0]), name(&w[1])));
+        }
+        let last = *chain.last().expect("a chain starts with a rank");
+        match self.waits.get(&last) {
+            Some(back) if chain.contains(back) => text.push_str(&format!(
+                "; {} waits for {}: these ranks wait for each other in a circle (do they run the same operations?)",
+                name(&last),
+                name(back)
+            )),
+            _ => text.push_str(&format!(
+                "; {} is stuck: it reported no wait of its own",
+                name(&last)
+            )),
+        }
+        Ok(text)
+    }
+
+    /// `e` with `note` appended to what it says (a remote error's detail, a
+    /// timeout's wait), kind unchanged; other kinds become remote errors.
+    fn with_note(&self, e: Error, note: &str) -> Error {
+        match e {
+            Error::Remote { comm, rank, detail } => Error::Remote {
+                comm,
+                rank,
+                detail: detail + note,
+            },
+            Error::Timeout {
+                comm,
+                rank,
+                after_ms,
+                waiting_for,
+            } => Error::Timeout {
+                comm,
+                rank,
+                after_ms,
+                waiting_for: waiting_for + note,
+            },
+            other => Error::Remote {
+                comm: self.sh.cfg.label.clone(),
+                rank: self.sh.cfg.rank,
+                detail: format!("{other}{note}"),
+            },
+        }
+    }
+
     /// A peer's connection failed: blame a notice that explains it, if one
     /// comes within the grace, else the peer.
     fn peer_failed(&mut self, peer: usize, e: NetError) -> Error {
-        if let Some((r, why)) = self.links.take_notice(Instant::now() + NOTICE_GRACE) {
-            return self.noticed(r, &why);
+        if let Some(e) = self.failure_notice(Instant::now() + NOTICE_GRACE) {
+            return e;
         }
         Error::Remote {
             comm: self.sh.cfg.label.clone(),
@@ -430,15 +545,29 @@ impl Runner {
         if waits.is_empty() {
             waits.push("for a step whose dependency never completed".into());
         }
-        // A peer that timed out too may explain it.
-        if let Some((r, why)) = self.links.take_notice(Instant::now() + NOTICE_GRACE) {
-            return Some(self.noticed(r, &why));
-        }
+        // The peer waited for may itself be held up by the stuck rank: the
+        // chain of waits names it. Without a peer (the local producer), a
+        // failure notice that comes within the grace may explain it.
+        let on = r
+            .lanes
+            .iter()
+            .find(|l| !l.inflight.is_empty())
+            .map(|l| l.peer);
+        let chain = match on {
+            Some(on) => match self.blame_stall(on) {
+                Ok(chain) => chain,
+                Err(noticed) => return Some(noticed),
+            },
+            None => match self.failure_notice(Instant::now() + NOTICE_GRACE) {
+                Some(noticed) => return Some(noticed),
+                None => String::new(),
+            },
+        };
         Some(Error::Timeout {
             comm: self.sh.cfg.label.clone(),
             rank: self.sh.cfg.rank,
             after_ms: t.as_millis() as u64,
-            waiting_for: format!("waiting {} (WEFT_TIMEOUT_MS)", waits.join(", ")),
+            waiting_for: format!("waiting {} (WEFT_TIMEOUT_MS){chain}", waits.join(", ")),
         })
     }
 

@@ -9,7 +9,9 @@
 //! notices: a rank whose engine fails tells its peers why on a fresh
 //! connection (stream [`NOTICE_STREAM`]), so a peer that then sees its
 //! connection to that rank close blames the rank that failed first, not the
-//! messenger.
+//! messenger. A rank whose wait timed out first says whom it waits for
+//! (stream [`WAITS_STREAM`]), so the ranks that timed out together can follow
+//! the chain of waits to the rank that is stuck (see the engine).
 
 use crate::error::{Error, Result};
 use crate::net::{
@@ -25,12 +27,23 @@ use std::time::{Duration, Instant};
 pub const DATA_STREAM: u32 = 0;
 /// The stream number of a failure notice's connection.
 pub const NOTICE_STREAM: u32 = u32::MAX;
+/// The stream number of a "waits for" notice's connection.
+pub const WAITS_STREAM: u32 = u32::MAX - 1;
 /// The tag of a failure notice's message.
 const NOTICE_TAG: u32 = 0x4e4f_5449; // "NOTI"
 /// Longest notice read.
 const NOTICE_MAX: usize = 1024;
 /// Notices in flight at once.
 const NOTICE_PARALLEL: usize = 16;
+
+/// What arrives on the listener after setup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// `rank` failed, for this reason.
+    Failed { rank: usize, why: String },
+    /// `rank` timed out waiting for rank `on` (it has not failed yet).
+    Waits { rank: usize, on: usize },
+}
 
 /// An all-gather of one fixed-size record per rank, in rank order.
 pub trait Exchange {
@@ -145,12 +158,21 @@ impl Links {
     /// [`NOTICE_PARALLEL`] at once, bounded by `within` in all (a lost host
     /// never answers).
     pub fn send_notices(&self, reason: &str, within: Duration) {
+        self.broadcast(NOTICE_STREAM, reason.as_bytes(), within);
+    }
+
+    /// Tells every other rank that this rank timed out waiting for rank
+    /// `on` (bounded as [`Links::send_notices`]).
+    pub fn send_waits(&self, on: usize, within: Duration) {
+        self.broadcast(WAITS_STREAM, on.to_string().as_bytes(), within);
+    }
+
+    fn broadcast(&self, stream: u32, bytes: &[u8], within: Duration) {
         let deadline = Instant::now() + within;
-        let bytes = reason.as_bytes();
         let bytes = &bytes[..bytes.len().min(NOTICE_MAX)];
         let me = Peer {
             rank: self.me as u32,
-            stream: NOTICE_STREAM,
+            stream,
         };
         let others: Vec<usize> = (0..self.handles.len()).filter(|&r| r != self.me).collect();
         let next = AtomicUsize::new(0);
@@ -166,23 +188,51 @@ impl Links {
         });
     }
 
-    /// A failure notice that arrived (none waiting: `Ok(None)` at once, or
-    /// after waiting until `until`): the sender's rank and its reason.
-    pub fn take_notice(&mut self, until: Instant) -> Option<(usize, String)> {
+    /// A notice that arrived (none waiting: `None` at once, or after
+    /// waiting until `until`).
+    pub fn take_notice(&mut self, until: Instant) -> Option<Notice> {
         loop {
             let (c, who) = self.listen.accept(until).ok()??;
-            if who.stream != NOTICE_STREAM {
-                crate::log::warn_log!(
+            let rank = who.rank as usize;
+            let text = || read_notice(c, Instant::now() + Duration::from_millis(200));
+            match who.stream {
+                NOTICE_STREAM => {
+                    let why = text().unwrap_or_else(|| "it failed (no reason arrived)".into());
+                    return Some(Notice::Failed { rank, why });
+                }
+                WAITS_STREAM => {
+                    // A rank that names no valid rank is ignored (it fails
+                    // soon enough by itself, with a notice).
+                    if let Some(on) = text()
+                        .and_then(|t| t.trim().parse::<usize>().ok())
+                        .filter(|&on| on < self.handles.len() && on != rank)
+                    {
+                        return Some(Notice::Waits { rank, on });
+                    }
+                }
+                _ => crate::log::warn_log!(
                     "cross-host: rank {} connected again after setup; ignored",
                     who.rank
-                );
-                continue;
+                ),
             }
-            let why = read_notice(c, Instant::now() + Duration::from_millis(200))
-                .unwrap_or_else(|| "it failed (no reason arrived)".into());
-            return Some((who.rank as usize, why));
         }
     }
+}
+
+/// The end of the chain of waits that starts at rank `first` (`waits[r]`:
+/// whom rank r said it waits for): the ranks visited, in order, the last
+/// being the one that said nothing (the stuck one) or closes a circle.
+pub fn chain_of_waits(first: usize, waits: &BTreeMap<usize, usize>) -> Vec<usize> {
+    let mut chain = vec![first];
+    let mut at = first;
+    while let Some(&next) = waits.get(&at) {
+        if chain.contains(&next) {
+            break;
+        }
+        chain.push(next);
+        at = next;
+    }
+    chain
 }
 
 fn send_notice(
@@ -233,4 +283,21 @@ fn read_notice(c: Box<dyn RecvComm>, deadline: Instant) -> Option<String> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain_of_waits;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_chain_of_waits_ends_at_the_rank_that_reported_none() {
+        let waits = BTreeMap::from([(1, 3), (3, 2), (0, 2)]);
+        assert_eq!(chain_of_waits(3, &waits), [3, 2]);
+        assert_eq!(chain_of_waits(1, &waits), [1, 3, 2]);
+        assert_eq!(chain_of_waits(2, &waits), [2]);
+        // A circle stops before it repeats.
+        let circle = BTreeMap::from([(0, 1), (1, 2), (2, 0)]);
+        assert_eq!(chain_of_waits(1, &circle), [1, 2, 0]);
+    }
 }

@@ -31,6 +31,11 @@ pub trait LocalMover: Send {
         sends: &[(usize, *const u8, usize)],
         recvs: &[(usize, *mut u8, usize)],
     ) -> Result<()>;
+    /// The rank (as the job knows it) whose wait made the last failed
+    /// exchange time out, when the mover knows it.
+    fn stalled_on(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A host-local communicator as the mover: grouped sends and receives.
@@ -39,6 +44,18 @@ pub trait LocalMover: Send {
 pub struct CommMover {
     pub comm: crate::Communicator,
     pub world: Vec<usize>,
+    stalled_on: Option<usize>,
+}
+
+impl CommMover {
+    /// `world[j]`: local rank j's rank in the job.
+    pub fn new(comm: crate::Communicator, world: Vec<usize>) -> CommMover {
+        CommMover {
+            comm,
+            world,
+            stalled_on: None,
+        }
+    }
 }
 
 /// `text` with every "rank N" of the host-local communicator renamed to the
@@ -64,9 +81,19 @@ fn in_world_ranks(text: &str, world: &[usize]) -> String {
     out
 }
 
+/// The first "rank N" of `text`.
+fn first_rank(text: &str) -> Option<usize> {
+    let at = text.find("rank ")? + 5;
+    let digits = text[at..].bytes().take_while(u8::is_ascii_digit).count();
+    text[at..at + digits].parse().ok()
+}
+
 impl LocalMover for CommMover {
     fn local_rank(&self) -> usize {
         self.comm.rank()
+    }
+    fn stalled_on(&self) -> Option<usize> {
+        self.stalled_on
     }
     fn local_size(&self) -> usize {
         self.comm.count()
@@ -86,6 +113,11 @@ impl LocalMover for CommMover {
             unsafe { g.push(&self.comm, Op::recv(ptr, len, DataType::U8, p))? };
         }
         g.execute().map_err(|e| {
+            // A timeout names the ranks it waits on first ("sending to rank
+            // 2, ..."): the first is the one the chain of waits follows.
+            if let Error::Timeout { waiting_for, .. } = &e {
+                self.stalled_on = first_rank(waiting_for).and_then(|r| self.world.get(r).copied());
+            }
             let me = self
                 .world
                 .get(self.comm.rank())
@@ -372,5 +404,15 @@ mod tests {
             super::in_world_ranks(t, &[4, 5]),
             "communicator x (rank 5) timed out: receiving from rank 4, rank 12 (pid 7)"
         );
+    }
+
+    #[test]
+    fn the_first_rank_a_wait_names_is_found() {
+        assert_eq!(
+            super::first_rank("sending to rank 2, receiving from rank 0"),
+            Some(2)
+        );
+        assert_eq!(super::first_rank("delivering earlier sends"), None);
+        assert_eq!(super::first_rank("rank x"), None);
     }
 }

@@ -316,18 +316,25 @@ impl CrossHost {
             Ok(())
         })();
         if let Err(e) = r {
-            // A local phase's error may only be the echo of a failure
-            // elsewhere (a local peer that gave up waiting on a remote one):
-            // a notice naming the rank that failed first explains it better,
-            // so give it a moment to arrive. Then the peers hear of ours,
-            // and the engine lets go of our buffers before they are freed.
-            // (Twice the engine's own grace: the rank whose notice explains
-            // ours may itself have waited that long for notices first.)
-            let t = std::time::Instant::now();
-            while self.engine.error().is_none() && t.elapsed() < 2 * NOTICE_GRACE {
-                std::thread::sleep(Duration::from_millis(5));
+            // A local phase that timed out may be held up by a stuck rank
+            // elsewhere: the engine follows the chain of waits to it. Any
+            // other error of a local phase may only be the echo of a failure
+            // elsewhere (a local peer that gave up on a remote one): a
+            // notice naming the rank that failed first explains it better,
+            // so give it a moment to arrive (twice the engine's grace: the
+            // rank whose notice explains ours may have waited that long
+            // first). Then the peers hear of ours, and the engine lets go of
+            // our buffers before they are freed.
+            match self.local.stalled_on() {
+                Some(on) => self.engine.local_stall(on, e.clone()),
+                None => {
+                    let t = std::time::Instant::now();
+                    while self.engine.error().is_none() && t.elapsed() < 2 * NOTICE_GRACE {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    self.engine.fail(e.clone());
+                }
             }
-            self.engine.fail(e.clone());
             self.engine.wait_ended();
             drop(scratch);
             return Err(self.engine.error().unwrap_or(e));

@@ -81,10 +81,7 @@ fn cross_host(world: &Communicator) -> (CrossHost, Vec<u8>) {
     let h = layout.host(me);
     let local = ok(world.split(Some(h as u32), me as i32), "host split")
         .unwrap_or_else(|| fail("no host-local communicator"));
-    let mover = CommMover {
-        comm: local,
-        world: layout.members(h).to_vec(),
-    };
+    let mover = CommMover::new(local, layout.members(h).to_vec());
     let timeout = ok(Config::from_env(), "config").timeout;
     let x = ok(
         CrossHost::new(layout, links, Box::new(mover), "net-worker", timeout),
