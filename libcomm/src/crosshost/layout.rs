@@ -1,5 +1,6 @@
 //! Which ranks share a host: the shape the hierarchical plans are made for.
 
+use super::links::Exchange;
 use crate::error::{Error, Result};
 
 /// The ranks of a communicator grouped by host. Hosts are numbered in the
@@ -129,15 +130,23 @@ impl Layout {
         }
     }
 
-    /// The layout of `world`'s ranks, from each rank's host identity
+    /// The layout of the ranks of `world`, from each rank's host identity
     /// (`WEFT_HOSTNAME`, else hostname, boot id and network namespace),
     /// all-gathered over it.
-    pub fn gather(world: &crate::Communicator) -> Result<Layout> {
+    pub fn gather(world: &dyn Exchange) -> Result<Layout> {
         let name = weft_contract::params::WEFT_HOSTNAME.raw();
         let id = crate::sys::topology::host_id(name.as_deref());
-        let mut all = vec![0u64; world.count()];
-        world.all_gather(&[id], &mut all)?;
-        Ok(Self::from_host_ids(&all))
+        let all = world.all_gather(&id.to_le_bytes())?;
+        let ids = all
+            .iter()
+            .map(|b| {
+                b.get(..8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .ok_or_else(|| Error::Internal("a host identity of fewer than 8 bytes".into()))
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        Ok(Self::from_host_ids(&ids))
     }
 }
 

@@ -45,17 +45,11 @@ pub enum Notice {
     Waits { rank: usize, on: usize },
 }
 
-/// An all-gather of one fixed-size record per rank, in rank order.
+/// An all-gather of one fixed-size record per rank, in rank order (the
+/// communicator implements it in `comm/cross_host.rs`; the device backend
+/// over its host exchange).
 pub trait Exchange {
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
-}
-
-impl Exchange for crate::Communicator {
-    fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let mut all = vec![0u8; mine.len() * self.count()];
-        crate::Communicator::all_gather(self, mine, &mut all)?;
-        Ok(all.chunks(mine.len().max(1)).map(<[u8]>::to_vec).collect())
-    }
 }
 
 /// One rank's connections: a send and a receive comm per peer, the listener

@@ -22,7 +22,7 @@ pub use engine::{Engine, EngineConfig};
 pub use flags::{FlagWords, Flags, TERMINAL};
 pub use layout::Layout;
 pub use links::{Exchange, Links};
-pub use local::{BoardMover, CommMover, HostBoard, LocalMover};
+pub use local::{BoardMover, HostBoard, LocalMover};
 pub use plan::{Coll, Shape};
 pub use program::{Call, CallBuf, Step, StepOp};
 pub use runner::CrossHost;
