@@ -18,8 +18,9 @@
 //!   never waits there for the peer's receive (`eager.rs`).
 //! - **Staging** ([`Staging`]): the correct but slow fallback for everything
 //!   else (PreMulSum, point-to-point spread over several streams, peers that
-//!   cannot map each other, no NVRTC): synchronize the stream, copy device
-//!   buffers to host, run the host algorithm, copy back on the stream.
+//!   cannot map each other, no kernels for the GPU): synchronize the stream,
+//!   copy device buffers to host, run the host algorithm, copy back on the
+//!   stream.
 //!
 //! # Where things are
 //!
@@ -37,7 +38,12 @@
 //! | `side_stream.rs` | the side stream, event and staging pool of eager sends (`SideStream`) |
 //! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
 //! | `abi.rs` | the Rust mirror of the kernels' argument structs, codes and area layout |
-//! | `kernels.rs` | the embedded CUDA sources: kernel names, NVRTC compile cache, module loading |
+//! | `kernels.rs` | kernel lookup, the one place launches get kernels from: which kernel a collective runs, loading it per device from the build's cubin, else its PTX, else NVRTC |
+//! | `kernel_set.rs` | which kernels exist and how each is compiled (shared with `libcomm/build.rs`) |
+//! | `embedded.rs` | the kernels the build compiled, as the library carries them, and which image serves a compute capability |
+//! | `kernel_archive.rs` | the compressed container of one architecture's kernels (shared with the build) |
+//! | `cubin.rs` | a cubin's architecture and kernels, from its ELF header and symbols (shared with the build) |
+//! | `nvrtc.rs` | the run-time fallback: compiling a kernel with NVRTC, cached on disk |
 //! | `staging.rs` | the host-memory fallback, and which device an operation's buffers are on |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
@@ -60,16 +66,22 @@ mod abi;
 #[cfg(test)]
 mod abort_model;
 pub mod batch;
+#[cfg(test)] // and the build script's
+mod cubin;
 mod devcomm;
 mod driver;
 mod eager;
+mod embedded;
 mod error;
+mod kernel_archive;
+mod kernel_set;
 pub mod kernels;
 mod launch;
 mod ll;
 mod logger;
 mod mapping;
 pub mod mem;
+mod nvrtc;
 mod p2p;
 mod plan;
 mod side_stream;
