@@ -112,7 +112,6 @@ impl LocalMover for CommMover {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     #[test]

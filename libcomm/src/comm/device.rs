@@ -7,13 +7,15 @@
 
 use crate::comm::communicator::Communicator;
 use crate::comm::host::run_host;
+use crate::comm::shared::CommShared;
 use crate::comm::shared::lock;
 use crate::error::{Error, Result};
 use crate::observe;
-use crate::op::backend::{Backend, Comms, DeviceSlot, Item};
+use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item};
 use crate::op::tuner::Decision;
 use crate::op::{Memory, Op};
-use std::sync::MutexGuard;
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, MutexGuard, Weak};
 
 /// The backend for device memory: the one place the core names `cuda/`
 /// (which never imports this module back).
@@ -100,6 +102,19 @@ impl Comms for Lent<'_> {
         unsafe { run_host(ops) }
     }
 
+    fn host_ids(&self, c: usize) -> Vec<u64> {
+        let s = &self.comms[c].s;
+        match s.built.get() {
+            Some((ctx, _)) => ctx.peers.iter().map(|p| p.host_id).collect(),
+            // Not built (never for a Ready communicator): one host, as before.
+            None => vec![0; s.nranks],
+        }
+    }
+
+    fn host_runner(&self, c: usize) -> Arc<dyn HostRunner> {
+        Arc::new(SharedRunner(Arc::downgrade(&self.comms[c].s)))
+    }
+
     fn observed(
         &self,
         c: usize,
@@ -111,6 +126,33 @@ impl Comms for Lent<'_> {
         let obs = observe::start(&self.comms[c].s.who(), ops, group, decision.name());
         let r = f();
         observe::finish(obs, &r);
+        r
+    }
+}
+
+/// The host path of a communicator for the device backend's threads.
+struct SharedRunner(Weak<CommShared>);
+
+impl HostRunner for SharedRunner {
+    unsafe fn run(&self, ops: &[Op]) -> Result<()> {
+        let Some(s) = self.0.upgrade() else {
+            return Err(Error::Internal(
+                "the communicator was destroyed with device work in flight".into(),
+            ));
+        };
+        // A second handle on the same record, which must not destroy it on
+        // drop (the user's handle owns the communicator): its reference is
+        // given back by hand below.
+        let comm = ManuallyDrop::new(Communicator { s });
+        let r = ops
+            .iter()
+            .try_for_each(|op| comm.validate(op))
+            .and_then(|()| {
+                // SAFETY: the caller's (HostRunner::run's contract).
+                unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) }
+            });
+        // SAFETY: read once, and `comm` is never dropped or used again.
+        drop(unsafe { std::ptr::read(&comm.s) });
         r
     }
 }
