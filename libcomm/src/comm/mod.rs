@@ -25,10 +25,8 @@
 //! | `flusher.rs` | the eager-send flusher thread |
 //! | `watch.rs` | the device watch thread |
 //! | `reconf.rs` | `Reconf`: revoke, shrink and grow bookkeeping |
-//! | `cross_host.rs` | the communicator in the host-memory cross-host executor: its handle exchange and [`CommMover`] |
 
 pub(crate) mod communicator;
-mod cross_host;
 mod device;
 pub(crate) mod flusher;
 pub(crate) mod group;
@@ -41,5 +39,4 @@ mod submit;
 pub(crate) mod watch;
 
 pub use communicator::Communicator;
-pub use cross_host::CommMover;
 pub use group::Group;

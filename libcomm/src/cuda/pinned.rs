@@ -29,8 +29,16 @@ const DONE: usize = 4;
 const RELEASED: usize = 8;
 /// Alignment of each staged region inside a buffer.
 pub(super) const ALIGN: usize = 256;
-/// The smallest buffer allocated (small jobs share a size class).
+/// The smallest buffer allocated, and the unit of sizes (small jobs share
+/// buffers).
 const MIN_BYTES: usize = 1 << 20;
+/// Pinned memory a communicator's pool grows to before new jobs wait for
+/// a buffer to be released (a few large jobs in flight; nccl-tests queues
+/// 20 iterations without waiting).
+const POOL_BYTES: usize = 2 << 30;
+/// How long a job waits for a buffer at the cap before it allocates anyway
+/// (a stream that never reaches its jobs must not hang the caller).
+const PRESSURE_BOUND: Duration = Duration::from_secs(10);
 
 /// `a >= b` as CUDA's `CU_STREAM_WAIT_VALUE_GEQ` compares.
 pub(super) fn cyclic_geq(a: u32, b: u32) -> bool {
@@ -170,23 +178,40 @@ impl Pool {
     }
 
     /// A buffer of at least `bytes` for job `seq`: the smallest reusable one
-    /// that fits, else a new one (a power of two from 1 MiB: a training
-    /// loop's sizes soon all find one).
+    /// that fits, else a new one (a multiple of 1 MiB) while the pool holds
+    /// less than [`POOL_BYTES`] (and always a second one, so one job can be
+    /// staged while another runs). At the cap the caller waits for a
+    /// buffer to be released (back pressure, as NCCL's full work FIFO
+    /// blocks its caller): the streams and the progress thread release them
+    /// without this thread, and reusable buffers too small are freed first.
     pub(super) fn take(&mut self, bytes: usize, seq: u32) -> CudaResult<&mut Pinned> {
-        let fit = self
-            .bufs
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| b.cap >= bytes && b.reusable())
-            .min_by_key(|(_, b)| b.cap)
-            .map(|(i, _)| i);
-        let i = match fit {
-            Some(i) => i,
-            None => {
-                let cap = bytes.max(MIN_BYTES).next_power_of_two();
-                self.bufs.push(Pinned::alloc(self.dev, cap)?);
-                self.bufs.len() - 1
+        let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
+        let started = Instant::now();
+        let i = loop {
+            let fit = self
+                .bufs
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.cap >= bytes && b.reusable())
+                .min_by_key(|(_, b)| b.cap)
+                .map(|(i, _)| i);
+            if let Some(i) = fit {
+                break i;
             }
+            let held: usize = self.bufs.iter().map(|b| b.cap).sum();
+            if self.bufs.len() < 2 || held + cap <= POOL_BYTES || started.elapsed() > PRESSURE_BOUND
+            {
+                self.bufs.push(Pinned::alloc(self.dev, cap)?);
+                break self.bufs.len() - 1;
+            }
+            // Reusable but too small: give their memory back for a bigger one.
+            if let Some(j) = self.bufs.iter().position(|b| b.reusable()) {
+                let b = self.bufs.swap_remove(j);
+                use_device(self.dev)?;
+                unsafe { check(sys::cuMemFreeHost(b.host.cast()), "cuMemFreeHost")? };
+                continue;
+            }
+            std::thread::sleep(Duration::from_micros(20));
         };
         let b = &mut self.bufs[i];
         b.last = seq;

@@ -6,8 +6,7 @@
 //! names the scenario. Prints `@ key=value` facts and exits non-zero on any
 //! unexpected result.
 
-use libcomm::CommMover;
-use libcomm::crosshost::{Coll, CrossHost, Layout, Links, Shape};
+use libcomm::crosshost::{Coll, CommMover, CrossHost, Layout, Links, Shape};
 use libcomm::net::tcp::{self, TcpConfig, TcpNet};
 use libcomm::net::{MemKind, RecvBuf, Request};
 use libcomm::{Communicator, Config, DataType, ReduceOp};

@@ -4,9 +4,8 @@
 //! communicator's grouped sends and receives, its errors renamed to the
 //! job's ranks.
 
-use crate::comm::communicator::Communicator;
-use crate::comm::group::Group;
-use crate::crosshost::{Exchange, LocalMover};
+use super::{Exchange, LocalMover};
+use crate::comm::{Communicator, Group};
 use crate::data::types::DataType;
 use crate::error::{Error, Result};
 use crate::op::Op;
