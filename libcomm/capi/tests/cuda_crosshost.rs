@@ -112,7 +112,7 @@ impl Ranks {
     /// Waits for every rank in `which` to exit, up to `within`; their codes.
     fn wait(&mut self, which: &[usize], within: Duration) -> Vec<Option<i32>> {
         let until = Instant::now() + within;
-        let mut codes = vec![None; NRANKS];
+        let mut codes = [None; NRANKS];
         loop {
             let mut all = true;
             for &r in which {

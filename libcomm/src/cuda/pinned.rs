@@ -153,9 +153,23 @@ impl JobFlags {
         self.word(DONE).store(seq, Ordering::Release);
     }
 
+    /// Flags on plain memory of at least 12 bytes (tests of the thread).
+    #[cfg(test)]
+    pub(super) fn on(header: *mut u32) -> JobFlags {
+        JobFlags {
+            header: header as usize,
+        }
+    }
+
+    /// `done` as the stream would read it (tests).
+    #[cfg(test)]
+    pub(super) fn done(&self) -> u32 {
+        self.word(DONE).load(Ordering::Acquire)
+    }
+
     /// For host-only use of a buffer (tests): marks `ready` as a stream would.
     #[cfg(test)]
-    fn set_ready(&self, seq: u32) {
+    pub(super) fn set_ready(&self, seq: u32) {
         self.word(READY).store(seq, Ordering::Release);
     }
 }

@@ -41,7 +41,7 @@ use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
 use cudarc::driver::sys;
 use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -79,6 +79,9 @@ struct Shared {
     /// The abort word (`AbortWord` points here; nonzero: aborted).
     abort: Box<AtomicU32>,
     word: Arc<AbortWord>,
+    /// Set with `Queue::closed`, readable without the lock: a job waiting
+    /// for its stream is released too.
+    closing: AtomicBool,
     /// The first failure of a job.
     error: Mutex<Option<String>>,
     runner: Arc<dyn HostRunner>,
@@ -105,9 +108,11 @@ impl Shared {
         locked(&self.error).is_some()
     }
 
-    /// Releases every queued job (their streams go on) and takes no more.
+    /// Releases every queued job and the one waiting for its stream (their
+    /// streams go on; a job already running ends first) and takes no more.
     fn close(&self, q: &mut Queue) {
         q.closed = true;
+        self.closing.store(true, Ordering::Release);
         for j in q.jobs.drain(..) {
             j.flags.set_done(j.seq);
         }
@@ -119,7 +124,7 @@ impl Shared {
     fn wait_ready(&self, job: &Job) -> bool {
         let mut spins = 0u32;
         loop {
-            if self.aborted() || self.failed() {
+            if self.aborted() || self.failed() || self.closing.load(Ordering::Acquire) {
                 return false;
             }
             if job.flags.ready(job.seq) {
@@ -207,6 +212,7 @@ impl ProxySide {
             changed: Condvar::new(),
             abort,
             word,
+            closing: AtomicBool::new(false),
             error: Mutex::new(None),
             runner,
             describe,
@@ -470,4 +476,140 @@ pub(super) fn log_choice(describe: &str, op: &Op, hosts: usize) {
             op.name()
         ),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    //! The progress thread's protocol on plain memory (no GPU): the words a
+    //! stream would write are written by the test.
+    use super::*;
+    use crate::data::types::{DataType, ReduceOp};
+    use crate::error::{Error, Result};
+
+    /// Records each job's first count; fails the job whose count is `fail`.
+    struct Recorder {
+        ran: Mutex<Vec<usize>>,
+        fail: usize,
+    }
+
+    impl HostRunner for Recorder {
+        unsafe fn run(&self, ops: &[Op]) -> Result<()> {
+            locked(&self.ran).push(ops[0].count);
+            if ops[0].count == self.fail {
+                return Err(Error::Remote {
+                    comm: "test".into(),
+                    rank: 0,
+                    detail: "rank 3 went away".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    fn side(fail: usize) -> (ProxySide, Arc<Recorder>) {
+        let rec = Arc::new(Recorder {
+            ran: Mutex::new(Vec::new()),
+            fail,
+        });
+        let px = ProxySide::new(0, 2, 0, rec.clone(), "test".into()).unwrap();
+        (px, rec)
+    }
+
+    /// Queues a job of one all-reduce of `count` whose words are `words`.
+    fn push(px: &mut ProxySide, words: &mut [u32; 4], count: usize) -> (u32, JobFlags) {
+        let seq = px.next_seq();
+        let flags = JobFlags::on(words.as_mut_ptr());
+        let op = Op::all_reduce(
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            count,
+            DataType::F32,
+            ReduceOp::Sum,
+        );
+        let mut q = locked(&px.shared.queue);
+        q.jobs.push_back(Job {
+            seq,
+            flags,
+            ops: vec![op],
+        });
+        px.shared.changed.notify_all();
+        (seq, flags)
+    }
+
+    fn wait_done(f: JobFlags, seq: u32) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !super::super::pinned::cyclic_geq(f.done(), seq) {
+            assert!(Instant::now() < until, "job {seq} was never released");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn jobs_run_in_call_order_once_their_stream_made_them_ready() {
+        let (mut px, rec) = side(usize::MAX);
+        let (mut w1, mut w2) = ([0u32; 4], [0u32; 4]);
+        let (s1, f1) = push(&mut px, &mut w1, 10);
+        let (s2, f2) = push(&mut px, &mut w2, 20);
+        // The second job's stream is ahead: it still waits for the first.
+        f2.set_ready(s2);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            locked(&rec.ran).is_empty(),
+            "nothing runs before job 1 is ready"
+        );
+        assert_eq!(f2.done(), 0);
+        f1.set_ready(s1);
+        wait_done(f1, s1);
+        wait_done(f2, s2);
+        assert_eq!(*locked(&rec.ran), vec![10, 20]);
+        assert_eq!(px.kernel_error(), None);
+        px.drain();
+    }
+
+    #[test]
+    fn a_failed_job_releases_its_stream_and_every_later_one_without_running_it() {
+        let (mut px, rec) = side(10);
+        let (mut w1, mut w2) = ([0u32; 4], [0u32; 4]);
+        let (s1, f1) = push(&mut px, &mut w1, 10);
+        let (s2, f2) = push(&mut px, &mut w2, 20);
+        f1.set_ready(s1);
+        wait_done(f1, s1);
+        // Job 2 is never made ready: released anyway, not run.
+        wait_done(f2, s2);
+        assert_eq!(*locked(&rec.ran), vec![10]);
+        let e = px.kernel_error().expect("the failure is the side's error");
+        assert!(e.contains("rank 3"), "{e}");
+    }
+
+    #[test]
+    fn an_abort_releases_every_queued_job_at_once() {
+        let (mut px, rec) = side(usize::MAX);
+        let mut words = [[0u32; 4]; 3];
+        let jobs: Vec<(u32, JobFlags)> = words.iter_mut().map(|w| push(&mut px, w, 1)).collect();
+        // No stream ever reaches them; the device watch (or ncclCommAbort)
+        // fires the word.
+        let t = Instant::now();
+        assert!(px.abort_word().fire());
+        for &(s, f) in &jobs {
+            wait_done(f, s);
+        }
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert!(locked(&rec.ran).is_empty());
+        // The thread ended: later work is refused and its stream released.
+        let t = px.thread.take().unwrap();
+        t.join().unwrap();
+        assert!(locked(&px.shared.queue).closed);
+    }
+
+    #[test]
+    fn a_drain_bounded_by_a_stream_that_never_comes_releases_the_jobs() {
+        let (mut px, rec) = side(usize::MAX);
+        let mut w = [0u32; 4];
+        let (s, f) = push(&mut px, &mut w, 7);
+        let t = Instant::now();
+        px.drain_for(Duration::from_millis(100));
+        assert!(t.elapsed() < Duration::from_secs(2));
+        wait_done(f, s);
+        assert!(locked(&rec.ran).is_empty());
+    }
 }
