@@ -156,3 +156,68 @@ impl HostRunner for SharedRunner {
         r
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::types::{DataType, ReduceOp};
+
+    /// The runner the cross-host path's progress thread uses: host
+    /// operations from another thread, on the communicator's host path,
+    /// without destroying it when done, and failing once it is gone.
+    #[test]
+    fn a_host_runner_runs_on_another_thread_and_never_owns_the_communicator() {
+        let comms = Communicator::init_all(2).unwrap();
+        let runners: Vec<Arc<dyn HostRunner>> = comms
+            .iter()
+            .map(|c| {
+                let lent = Lent { comms: vec![c] };
+                lent.host_runner(0)
+            })
+            .collect();
+        let lent = Lent {
+            comms: comms.iter().collect(),
+        };
+        assert_eq!(lent.host_ids(0), lent.host_ids(1), "one process, one host");
+        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = runners
+                .iter()
+                .enumerate()
+                .map(|(r, runner)| {
+                    s.spawn(move || {
+                        let send = vec![r as f32 + 1.0; 5];
+                        let mut recv = vec![0f32; 5];
+                        let op = Op::all_reduce(
+                            send.as_ptr().cast(),
+                            recv.as_mut_ptr().cast(),
+                            5,
+                            DataType::F32,
+                            ReduceOp::Sum,
+                        );
+                        // SAFETY: both buffers live until run returns.
+                        unsafe { runner.run(&[op]) }.unwrap();
+                        recv
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(outs, vec![vec![3.0f32; 5]; 2]);
+        // The runners' handles did not destroy the communicators.
+        for c in &comms {
+            assert_eq!(c.state(), crate::state::CommState::Ready);
+        }
+        drop(lent);
+        drop(comms);
+        let mut x = [0f32; 1];
+        let op = Op::all_reduce(
+            x.as_ptr().cast(),
+            x.as_mut_ptr().cast(),
+            1,
+            DataType::F32,
+            ReduceOp::Sum,
+        );
+        let e = unsafe { runners[0].run(&[op]) }.unwrap_err();
+        assert!(e.to_string().contains("destroyed"), "{e}");
+    }
+}
