@@ -179,14 +179,14 @@ mod tests {
             comms: comms.iter().collect(),
         };
         assert_eq!(lent.host_ids(0), lent.host_ids(1), "one process, one host");
-        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let outs: Vec<[f32; 5]> = std::thread::scope(|s| {
             let hs: Vec<_> = runners
                 .iter()
                 .enumerate()
                 .map(|(r, runner)| {
                     s.spawn(move || {
-                        let send = vec![r as f32 + 1.0; 5];
-                        let mut recv = vec![0f32; 5];
+                        let send = [r as f32 + 1.0; 5];
+                        let mut recv = [0f32; 5];
                         let op = Op::all_reduce(
                             send.as_ptr().cast(),
                             recv.as_mut_ptr().cast(),
@@ -202,7 +202,7 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        assert_eq!(outs, vec![vec![3.0f32; 5]; 2]);
+        assert_eq!(outs, vec![[3.0f32; 5]; 2]);
         // The runners' handles did not destroy the communicators.
         for c in &comms {
             assert_eq!(c.state(), crate::state::CommState::Ready);

@@ -114,6 +114,7 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
         match ProxySide::new(
             comms.rank(c),
             comms.nranks(c),
+            distinct.len(),
             d,
             comms.host_runner(c),
             comms.describe(c),
@@ -372,14 +373,8 @@ impl Backend for CudaBackend {
                 host.extend(b.ops.iter().map(|&op| Item { comm: b.comm, op }));
                 continue;
             }
-            let hosts = {
-                let mut h = comms.host_ids(b.comm);
-                h.sort_unstable();
-                h.dedup();
-                h.len()
-            };
             for o in &b.ops {
-                log_choice(&comms.describe(b.comm), o, hosts);
+                log_choice(|| comms.describe(b.comm), o, px.hosts());
             }
             let r = comms.observed(
                 b.comm,

@@ -189,6 +189,8 @@ impl Shared {
 pub struct ProxySide {
     rank: usize,
     nranks: usize,
+    /// Hosts the communicator spans (for the log).
+    hosts: usize,
     dev: i32,
     seq: u32,
     pool: Pool,
@@ -197,10 +199,12 @@ pub struct ProxySide {
 }
 
 impl ProxySide {
-    /// Starts the progress thread of this rank's side on `dev`.
+    /// Starts the progress thread of this rank's side on `dev`; the
+    /// communicator spans `hosts` hosts.
     pub fn new(
         rank: usize,
         nranks: usize,
+        hosts: usize,
         dev: i32,
         runner: Arc<dyn HostRunner>,
         describe: String,
@@ -225,12 +229,18 @@ impl ProxySide {
         Ok(ProxySide {
             rank,
             nranks,
+            hosts,
             dev,
             seq: 0,
             pool: Pool::new(dev),
             shared,
             thread: Some(thread),
         })
+    }
+
+    /// Hosts the communicator spans.
+    pub fn hosts(&self) -> usize {
+        self.hosts
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -462,7 +472,7 @@ impl Drop for ProxySide {
 /// Logs once per collective how the path runs it (the "tuner" of this
 /// path: the host path's own tuner picks the algorithm per operation and
 /// logs at `WEFT_DEBUG=INFO`).
-pub(super) fn log_choice(describe: &str, op: &Op, hosts: usize) {
+pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usize) {
     static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
     let mut seen = locked(&SEEN);
     if seen.contains(&op.name()) {
@@ -472,7 +482,8 @@ pub(super) fn log_choice(describe: &str, op: &Op, hosts: usize) {
     log(
         false,
         &format!(
-            "{describe}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory; the progress thread runs the host algorithm (shared memory within a host, TCP between hosts)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory; the progress thread runs the host algorithm (shared memory within a host, TCP between hosts)",
+            describe(),
             op.name()
         ),
     );
@@ -511,7 +522,7 @@ mod tests {
             ran: Mutex::new(Vec::new()),
             fail,
         });
-        let px = ProxySide::new(0, 2, 0, rec.clone(), "test".into()).unwrap();
+        let px = ProxySide::new(0, 2, 2, 0, rec.clone(), "test".into()).unwrap();
         (px, rec)
     }
 
