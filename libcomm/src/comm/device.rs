@@ -68,6 +68,18 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
     r
 }
 
+/// Lets device work the backend queued on its own threads for `c` (a
+/// communicator spanning hosts: its progress thread) run before a
+/// host-memory operation called after it; nothing for kernels. Never waits
+/// for the slot: a thread holding it is enqueueing, not running.
+pub(crate) fn drain_device_work(c: &Communicator) {
+    if let Ok(slot) = c.s.dev.try_lock()
+        && let DeviceSlot::On(dc) = &*slot
+    {
+        dc.drain();
+    }
+}
+
 /// The communicators of one batch, as a backend sees them ([`Comms`]).
 struct Lent<'a> {
     comms: Vec<&'a Communicator>,
