@@ -148,7 +148,7 @@ impl Links {
     /// Tells every other rank why this rank failed (its host's ranks too:
     /// a local phase waiting on this rank then learns the cause, not only
     /// that this rank went): a fresh connection each, up to
-    /// [`NOTICE_PARALLEL`] at once, bounded by `within` in all (a lost host
+    /// `NOTICE_PARALLEL` at once, bounded by `within` in all (a lost host
     /// never answers).
     pub fn send_notices(&self, reason: &str, within: Duration) {
         self.broadcast(NOTICE_STREAM, reason.as_bytes(), within);

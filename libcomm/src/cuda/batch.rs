@@ -16,6 +16,12 @@
 //!    host operations through the core (`Comms::run_host`, one group):
 //!    correct, slow, logged once.
 //!
+//! A communicator whose ranks span hosts (their host identities differ)
+//! skips 1-3: at its first device operation it gets a [`ProxySide`] (no
+//! mapping, no exchange), and every batch's operations on it, host memory
+//! included, become one job enqueued on the stream for its progress thread
+//! (`proxy.rs`).
+//!
 //! The core hands this backend validated operations of ready communicators
 //! and lends it only `Comms` (see `op/backend.rs`).
 

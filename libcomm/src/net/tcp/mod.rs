@@ -1,14 +1,14 @@
 //! The built-in transport of the byte mover seam: TCP, host memory.
 //!
 //! - Listening: one TCP listener per bind address per process
-//!   ([`listen`]), shared by every listen comm, each with its own secret.
+//!   (`listen.rs`), shared by every listen comm, each with its own secret.
 //! - Connecting: a comm is `WEFT_NET_SOCKETS` sockets ([`TcpConfig::sockets`]),
 //!   each authenticated like every Weft connection (the listener's challenge,
 //!   a hello MAC'd with the job secret, an acceptance MAC'd over our nonce;
 //!   `handshake.rs` through `bootstrap::wire`), then tuned like the direct
 //!   TCP transport's (`sockets::DataOpts::between_hosts`: no Nagle, 4 MiB
 //!   buffers, keepalive and `TCP_USER_TIMEOUT` from the peer timeout).
-//! - Moving: messages striped over the sockets by helper threads ([`stripe`]).
+//! - Moving: messages striped over the sockets by helper threads (`stripe.rs`).
 
 mod io;
 pub(crate) mod listen;
