@@ -21,12 +21,14 @@ mod algo;
 mod bootstrap;
 mod comm;
 mod config;
+pub mod crosshost;
 pub mod cuda;
 mod data;
 mod error;
 #[cfg(test)]
 mod fuzz;
 pub(crate) mod log;
+pub mod net;
 pub mod observe;
 mod op;
 mod progress;

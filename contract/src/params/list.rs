@@ -56,6 +56,8 @@ params! {
         "IP address the peer endpoint and the bootstrap root bind and advertise (`0.0.0.0`: every interface)";
     WEFT_NET_IF: String = Str, Unset(""), Comm, [Operator],
         "network interface named by the job (`spec.network.interface`); set by the operator, not read yet (bind with `WEFT_LISTEN_ADDR`)";
+    WEFT_NET_SOCKETS: usize = Int, Value("4"), Comm, [Libcomm],
+        "TCP sockets each connection of the cross-host byte mover stripes a message over (1-64; NCCL's `NCCL_NSOCKS_PERTHREAD` x `NCCL_SOCKET_NTHREADS`), one helper thread each";
     WEFT_EAGER_MAX_BYTES: usize = Bytes, Value("1073741824"), Comm, [Libcomm],
         "bytes of host sends a communicator may hold after the calls returned, before their peers received them (eager point-to-point); a send past it blocks until its peer has it";
     WEFT_SPIN_ITERS: u32 = Int, Computed("4000; 0 when ranks outnumber cores"), Comm, [Libcomm],

@@ -7,13 +7,15 @@
 
 use crate::comm::communicator::Communicator;
 use crate::comm::host::run_host;
+use crate::comm::shared::CommShared;
 use crate::comm::shared::lock;
 use crate::error::{Error, Result};
 use crate::observe;
-use crate::op::backend::{Backend, Comms, DeviceSlot, Item};
+use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item};
 use crate::op::tuner::Decision;
 use crate::op::{Memory, Op};
-use std::sync::MutexGuard;
+use std::mem::ManuallyDrop;
+use std::sync::{Arc, MutexGuard, Weak};
 
 /// The backend for device memory: the one place the core names `cuda/`
 /// (which never imports this module back).
@@ -66,6 +68,18 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
     r
 }
 
+/// Lets device work the backend queued on its own threads for `c` (a
+/// communicator spanning hosts: its progress thread) run before a
+/// host-memory operation called after it; nothing for kernels. Never waits
+/// for the slot: a thread holding it is enqueueing, not running.
+pub(crate) fn drain_device_work(c: &Communicator) {
+    if let Ok(slot) = c.s.dev.try_lock()
+        && let DeviceSlot::On(dc) = &*slot
+    {
+        dc.drain();
+    }
+}
+
 /// The communicators of one batch, as a backend sees them ([`Comms`]).
 struct Lent<'a> {
     comms: Vec<&'a Communicator>,
@@ -100,6 +114,19 @@ impl Comms for Lent<'_> {
         unsafe { run_host(ops) }
     }
 
+    fn host_ids(&self, c: usize) -> Vec<u64> {
+        let s = &self.comms[c].s;
+        match s.built.get() {
+            Some((ctx, _)) => ctx.peers.iter().map(|p| p.host_id).collect(),
+            // Not built (never for a Ready communicator): one host, as before.
+            None => vec![0; s.nranks],
+        }
+    }
+
+    fn host_runner(&self, c: usize) -> Arc<dyn HostRunner> {
+        Arc::new(SharedRunner(Arc::downgrade(&self.comms[c].s)))
+    }
+
     fn observed(
         &self,
         c: usize,
@@ -112,5 +139,97 @@ impl Comms for Lent<'_> {
         let r = f();
         observe::finish(obs, &r);
         r
+    }
+}
+
+/// The host path of a communicator for the device backend's threads.
+struct SharedRunner(Weak<CommShared>);
+
+impl HostRunner for SharedRunner {
+    unsafe fn run(&self, ops: &[Op]) -> Result<()> {
+        let Some(s) = self.0.upgrade() else {
+            return Err(Error::Internal(
+                "the communicator was destroyed with device work in flight".into(),
+            ));
+        };
+        // A second handle on the same record, which must not destroy it on
+        // drop (the user's handle owns the communicator): its reference is
+        // given back by hand below.
+        let comm = ManuallyDrop::new(Communicator { s });
+        let r = ops
+            .iter()
+            .try_for_each(|op| comm.validate(op))
+            .and_then(|()| {
+                // SAFETY: the caller's (HostRunner::run's contract).
+                unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) }
+            });
+        // SAFETY: read once, and `comm` is never dropped or used again.
+        drop(unsafe { std::ptr::read(&comm.s) });
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::types::{DataType, ReduceOp};
+
+    /// The runner the cross-host path's progress thread uses: host
+    /// operations from another thread, on the communicator's host path,
+    /// without destroying it when done, and failing once it is gone.
+    #[test]
+    fn a_host_runner_runs_on_another_thread_and_never_owns_the_communicator() {
+        let comms = Communicator::init_all(2).unwrap();
+        let runners: Vec<Arc<dyn HostRunner>> = comms
+            .iter()
+            .map(|c| {
+                let lent = Lent { comms: vec![c] };
+                lent.host_runner(0)
+            })
+            .collect();
+        let lent = Lent {
+            comms: comms.iter().collect(),
+        };
+        assert_eq!(lent.host_ids(0), lent.host_ids(1), "one process, one host");
+        let outs: Vec<[f32; 5]> = std::thread::scope(|s| {
+            let hs: Vec<_> = runners
+                .iter()
+                .enumerate()
+                .map(|(r, runner)| {
+                    s.spawn(move || {
+                        let send = [r as f32 + 1.0; 5];
+                        let mut recv = [0f32; 5];
+                        let op = Op::all_reduce(
+                            send.as_ptr().cast(),
+                            recv.as_mut_ptr().cast(),
+                            5,
+                            DataType::F32,
+                            ReduceOp::Sum,
+                        );
+                        // SAFETY: both buffers live until run returns.
+                        unsafe { runner.run(&[op]) }.unwrap();
+                        recv
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(outs, vec![[3.0f32; 5]; 2]);
+        // The runners' handles did not destroy the communicators.
+        for c in &comms {
+            assert_eq!(c.state(), crate::state::CommState::Ready);
+        }
+        drop(lent);
+        drop(comms);
+        let mut x = [0f32; 1];
+        let op = Op::all_reduce(
+            x.as_ptr().cast(),
+            x.as_mut_ptr().cast(),
+            1,
+            DataType::F32,
+            ReduceOp::Sum,
+        );
+        let e = unsafe { runners[0].run(&[op]) }.unwrap_err();
+        assert!(e.to_string().contains("destroyed"), "{e}");
     }
 }

@@ -9,7 +9,7 @@
 //! host-memory operations back to the same host path.
 
 use crate::comm::communicator::Communicator;
-use crate::comm::device::run_device;
+use crate::comm::device::{drain_device_work, run_device};
 use crate::comm::host::run_host;
 use crate::data::types::{Element, ReduceOp};
 use crate::error::Result;
@@ -118,6 +118,9 @@ impl<'a> Group<'a> {
         if self.ops.iter().any(|(_, op)| op.memory != Memory::Host) {
             // SAFETY: `push`'s contract.
             return unsafe { run_device(&self.ops) };
+        }
+        for (c, _) in &self.ops {
+            drain_device_work(c);
         }
         // SAFETY: `push`'s contract.
         unsafe { run_host(self.ops) }

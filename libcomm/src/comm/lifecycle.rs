@@ -220,6 +220,12 @@ impl Communicator {
         if from == CommState::Initializing {
             self.s.cancel_init();
         }
+        // Device work the backend runs on its own threads (across hosts:
+        // the progress thread's staged operations) ends first: it runs on
+        // the resources taken below.
+        if let DeviceSlot::On(dc) = &*lock(&self.s.dev) {
+            dc.drain();
+        }
         // Eager host sends still pending are delivered first (bounded: see
         // progress/eager.rs); the flusher thread ends before the resources go.
         self.s.flusher.stop();

@@ -6,7 +6,7 @@
 
 use crate::algo;
 use crate::comm::communicator::Communicator;
-use crate::comm::device::run_device;
+use crate::comm::device::{drain_device_work, run_device};
 use crate::comm::shared::lock;
 use crate::error::Result;
 use crate::observe;
@@ -30,6 +30,7 @@ impl Communicator {
         if op.is_empty() {
             return Ok(());
         }
+        drain_device_work(self);
         // Under the resources' lock: a thread that saw the state turn Ready
         // waits here until init has installed them, so every rank decides
         // on the same shape.

@@ -16,6 +16,12 @@
 //!    host operations through the core (`Comms::run_host`, one group):
 //!    correct, slow, logged once.
 //!
+//! A communicator whose ranks span hosts (their host identities differ)
+//! skips 1-3: at its first device operation it gets a [`ProxySide`] (no
+//! mapping, no exchange), and every batch's operations on it, host memory
+//! included, become one job enqueued on the stream for its progress thread
+//! (`proxy.rs`).
+//!
 //! The core hands this backend validated operations of ready communicators
 //! and lends it only `Comms` (see `op/backend.rs`).
 
@@ -24,8 +30,9 @@ use super::driver::{ContextGuard, stream_capturing};
 use super::eager::sends_only;
 use super::error::CudaError;
 use super::logger::log;
-use super::mapping::DESCRIPTOR_BYTES;
+use super::mapping::{DESCRIPTOR_BYTES, spans_hosts};
 use super::p2p::{P2p, is_p2p, p2p_pieces};
+use super::proxy::{ProxySide, log_choice};
 use super::staging::Staging;
 use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
@@ -70,6 +77,14 @@ fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: CudaError) -> Error {
     Error::Cuda(format!("{what} on {}: {e}", comms.describe(c)))
 }
 
+/// The cross-host side of a slot that has one.
+fn proxy_side(slot: &mut DeviceSlot) -> Option<&mut ProxySide> {
+    match slot {
+        DeviceSlot::On(d) => d.as_any_mut().downcast_mut::<ProxySide>(),
+        _ => None,
+    }
+}
+
 /// One host operation per communicator of `todo` (`(comm, device)`), the
 /// i-th built by `op(i)`: the setup's exchanges.
 fn per_comm(todo: &[(usize, i32)], mut op: impl FnMut(usize) -> Op) -> Vec<Item> {
@@ -90,6 +105,46 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
             todo.push((o.comm, d));
         }
     }
+    // Communicators that span hosts take the cross-host path: nothing to
+    // map, nothing to exchange (every rank sees the same host identities,
+    // so every rank decides alike).
+    let mut first: Option<Error> = None;
+    todo.retain(|&(c, d)| {
+        let hosts = comms.host_ids(c);
+        if !spans_hosts(&hosts) {
+            return true;
+        }
+        let mut distinct = hosts.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        match ProxySide::new(
+            comms.rank(c),
+            comms.nranks(c),
+            distinct.len(),
+            d,
+            comms.host_runner(c),
+            comms.describe(c),
+        ) {
+            Ok(px) => {
+                log(
+                    false,
+                    &format!(
+                        "{}: CUDA device {d}: ranks on {} hosts: cross-host path (no peer memory is mapped; stream-ordered through pinned host memory and a progress thread)",
+                        comms.describe(c),
+                        distinct.len()
+                    ),
+                );
+                *comms.device_slot(c) = DeviceSlot::On(Box::new(px));
+            }
+            Err(e) => {
+                first.get_or_insert(cuda_err("starting the cross-host path", comms, c, e));
+            }
+        }
+        false
+    });
+    if let Some(e) = first {
+        return Err(e);
+    }
     if todo.is_empty() {
         return Ok(());
     }
@@ -98,7 +153,8 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     let mut descs: Vec<Vec<u8>> = Vec::with_capacity(todo.len());
     let mut gathered: Vec<Vec<u8>> = Vec::with_capacity(todo.len());
     for &(c, d) in &todo {
-        match DevComm::create(comms.rank(c), comms.nranks(c), d) {
+        let me = comms.host_ids(c).get(comms.rank(c)).copied().unwrap_or(0);
+        match DevComm::create(comms.rank(c), comms.nranks(c), d, me) {
             Ok((dc, desc)) => {
                 created.push(Some(dc));
                 descs.push(desc);
@@ -229,7 +285,8 @@ fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     Ok(())
 }
 
-/// Point-to-point pieces of one communicator in a batch.
+/// Operations of one communicator in a batch (its point-to-point pieces,
+/// or everything of a communicator on the cross-host path).
 struct P2pBatch {
     comm: usize,
     ops: Vec<Op>,
@@ -256,13 +313,26 @@ impl Backend for CudaBackend {
         let mut host: Vec<Item> = Vec::new();
         let mut to_stage: Vec<Item> = Vec::new();
         let mut p2p: Vec<P2pBatch> = Vec::new();
+        let mut across: Vec<P2pBatch> = Vec::new();
         let mut first: Option<Error> = None;
         for o in &ops {
+            let mut slot = comms.device_slot(o.comm);
+            if proxy_side(&mut slot).is_some() {
+                // Host-memory operations too: they must run in order with
+                // the device ones, on the progress thread.
+                match across.iter_mut().find(|b| b.comm == o.comm) {
+                    Some(b) => b.ops.push(o.op),
+                    None => across.push(P2pBatch {
+                        comm: o.comm,
+                        ops: vec![o.op],
+                    }),
+                }
+                continue;
+            }
             if o.op.memory == Memory::Host {
                 host.push(*o);
                 continue;
             }
-            let mut slot = comms.device_slot(o.comm);
             let Some(dc) = dev_comm(&mut slot) else {
                 to_stage.push(*o);
                 continue;
@@ -296,6 +366,36 @@ impl Backend for CudaBackend {
                     }
                 }
                 None => to_stage.push(*o),
+            }
+        }
+        for b in across {
+            let mut slot = comms.device_slot(b.comm);
+            let Some(px) = proxy_side(&mut slot) else {
+                unreachable!("cross-host batches are only made for communicators with that side")
+            };
+            if b.ops.iter().all(|o| o.memory == Memory::Host) {
+                // No stream to order them on: they run here, after the
+                // device work queued before them.
+                px.drain();
+                drop(slot);
+                host.extend(b.ops.iter().map(|&op| Item { comm: b.comm, op }));
+                continue;
+            }
+            for o in &b.ops {
+                log_choice(|| comms.describe(b.comm), o, px.hosts());
+            }
+            let r = comms.observed(
+                b.comm,
+                &b.ops,
+                b.ops.len() > 1,
+                Decision::Device("cross-host-proxy"),
+                &mut || {
+                    unsafe { px.enqueue(&b.ops) }
+                        .map_err(|e| cuda_err("cross-host operation", comms, b.comm, e))
+                },
+            );
+            if let Err(e) = r {
+                first.get_or_insert(e);
             }
         }
         for b in p2p {

@@ -25,6 +25,9 @@ pub struct DevComm {
     pub(super) rank: usize,
     pub(super) nranks: usize,
     pub(super) dev: i32,
+    /// This rank's host identity (descriptor bytes 56..64): peers with
+    /// another are never mapped (`mapping.rs`).
+    pub(super) host: u64,
     pub(super) cc: (i32, i32),
     pub(super) base: u64,
     pub(super) parity_bytes: usize,

@@ -7,10 +7,18 @@
 //! peer's area: CUDA P2P for ranks in this process, CUDA IPC for ranks in
 //! other processes of the host. [`DevComm::finalize`] releases it all.
 //!
+//! **Host identity is a boundary.** A peer whose host identity differs from
+//! this rank's is never mapped, even where the driver could (two simulated
+//! hosts on one machine, `WEFT_HOSTNAME` per half): [`peer_link`] says
+//! which way a peer is reached, and "another host" fails the connect. The
+//! backend sends communicators that span hosts to the cross-host path
+//! (`proxy.rs`) before they get here; this check keeps any other way in
+//! honest.
+//!
 //! Descriptor layout (little-endian): 0..8 process token, 8..12 device
 //! ordinal, 16..24 area base, 24..32 scratch bytes per parity, 32 IPC handle
-//! valid, 40..52 PCI domain/bus/device, 52..56 SM count, 64..128 the IPC
-//! handle.
+//! valid, 40..52 PCI domain/bus/device, 52..56 SM count, 56..64 host
+//! identity, 64..128 the IPC handle.
 //!
 //! **Ranks sharing a GPU in one process.** Their kernels run in one CUDA
 //! context, concurrently, and spin on each other: every block of every rank's
@@ -51,7 +59,13 @@ fn process_token() -> u64 {
 impl DevComm {
     /// Phase 1: allocates this rank's area on `dev` and describes it for the
     /// peers (`DESCRIPTOR_BYTES`).
-    pub fn create(rank: usize, nranks: usize, dev: i32) -> CudaResult<(DevComm, Vec<u8>)> {
+    /// `host`: this rank's host identity (the bootstrap's).
+    pub fn create(
+        rank: usize,
+        nranks: usize,
+        dev: i32,
+        host: u64,
+    ) -> CudaResult<(DevComm, Vec<u8>)> {
         let ctx = use_device(dev)?;
         let _ = ctx;
         let cc = compute_capability(dev)?;
@@ -98,6 +112,7 @@ impl DevComm {
             d[40 + 4 * i..44 + 4 * i].copy_from_slice(&v.to_le_bytes());
         }
         d[52..56].copy_from_slice(&sm_count(dev)?.to_le_bytes());
+        d[56..64].copy_from_slice(&host.to_le_bytes());
         for (i, c) in h.reserved.iter().enumerate() {
             d[64 + i] = *c as u8;
         }
@@ -106,6 +121,7 @@ impl DevComm {
                 rank,
                 nranks,
                 dev,
+                host,
                 cc,
                 base,
                 parity_bytes,
@@ -156,7 +172,6 @@ impl DevComm {
                 .all(|r| all[r * DESCRIPTOR_BYTES..r * DESCRIPTOR_BYTES + 8] == me.to_le_bytes());
         for r in 0..self.nranks {
             let d = &all[r * DESCRIPTOR_BYTES..(r + 1) * DESCRIPTOR_BYTES];
-            let token = u64::from_le_bytes(d[0..8].try_into().unwrap());
             let dev = i32::from_le_bytes(d[8..12].try_into().unwrap());
             let base = u64::from_le_bytes(d[16..24].try_into().unwrap());
             let pb = u64::from_le_bytes(d[24..32].try_into().unwrap()) as usize;
@@ -170,7 +185,13 @@ impl DevComm {
                 self.peers[r] = self.base;
                 continue;
             }
-            if token == me {
+            let link = peer_link(me, self.host, d);
+            if link == PeerLink::OtherHost {
+                return Err(CudaError::Unsupported(format!(
+                    "rank {r} is on another host (its host identity differs: WEFT_HOSTNAME, or hostname, boot id and network namespace); ranks of different hosts never map each other's memory"
+                )));
+            }
+            if link == PeerLink::SameProcess {
                 if dev != self.dev {
                     let peer_ctx = use_device(dev)?;
                     use_device(self.dev)?;
@@ -310,6 +331,38 @@ impl DevComm {
     }
 }
 
+/// How this rank reaches a peer, from the peer's descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PeerLink {
+    /// A rank of this process: CUDA P2P (or the same GPU).
+    SameProcess,
+    /// Another process of this host: CUDA IPC.
+    OtherProcess,
+    /// Another host identity: never mapped (the cross-host path).
+    OtherHost,
+}
+
+/// `token` and `host`: this process's token and this rank's host identity.
+/// Host identity comes first: a process token never spans hosts, but two
+/// identities in one process (threads given different names) are still
+/// two hosts.
+pub(super) fn peer_link(token: u64, host: u64, desc: &[u8]) -> PeerLink {
+    let word = |i: usize| u64::from_le_bytes(desc[i..i + 8].try_into().unwrap());
+    if word(56) != host {
+        PeerLink::OtherHost
+    } else if word(0) == token {
+        PeerLink::SameProcess
+    } else {
+        PeerLink::OtherProcess
+    }
+}
+
+/// Whether `host_ids` (every rank's, by rank) name more than one host:
+/// such a communicator runs its device operations on the cross-host path.
+pub(super) fn spans_hosts(host_ids: &[u64]) -> bool {
+    host_ids.windows(2).any(|w| w[0] != w[1])
+}
+
 /// From the gathered descriptors: the most ranks that share one GPU in one
 /// process (same process token and device), and the fewest SMs of any
 /// rank's GPU (the cap must be the same on every rank).
@@ -390,6 +443,36 @@ mod tests {
             colocation(&descs(&[(1, 0, 132), (1, 0, 132), (2, 0, 132)]), 3).0,
             2
         );
+    }
+
+    #[test]
+    fn a_peer_with_another_host_identity_is_never_mapped() {
+        let desc = |token: u64, host: u64| {
+            let mut d = vec![0u8; DESCRIPTOR_BYTES];
+            d[0..8].copy_from_slice(&token.to_le_bytes());
+            d[56..64].copy_from_slice(&host.to_le_bytes());
+            d
+        };
+        let (me, host) = (7, 0xaa);
+        assert_eq!(peer_link(me, host, &desc(7, 0xaa)), PeerLink::SameProcess);
+        assert_eq!(peer_link(me, host, &desc(8, 0xaa)), PeerLink::OtherProcess);
+        // Two simulated hosts on one machine (WEFT_HOSTNAME per half): CUDA
+        // IPC would work, and must not be used.
+        assert_eq!(peer_link(me, host, &desc(8, 0xbb)), PeerLink::OtherHost);
+        // Even in one process: another identity is another host.
+        assert_eq!(peer_link(me, host, &desc(7, 0xbb)), PeerLink::OtherHost);
+    }
+
+    #[test]
+    fn a_communicator_with_two_host_identities_spans_hosts() {
+        // Identities as the bootstrap gives them (`sys::topology::host_id`
+        // of each half's WEFT_HOSTNAME; its own tests show they differ).
+        let (a, b) = (0x5157_a000_u64, 0x5157_b000_u64);
+        assert!(spans_hosts(&[a, a, b, b]));
+        assert!(spans_hosts(&[a, b]));
+        assert!(!spans_hosts(&[a, a, a]));
+        assert!(!spans_hosts(&[a]));
+        assert!(!spans_hosts(&[]));
     }
 
     #[test]

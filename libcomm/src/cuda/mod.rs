@@ -2,7 +2,7 @@
 //!
 //! Everything goes through `cudarc` with dynamic loading: the build needs no
 //! CUDA toolkit, and without a GPU [`driver`] reports "no CUDA driver" (host
-//! mode stays available). Two data paths:
+//! mode stays available). Three data paths:
 //!
 //! - **Kernels** ([`DevComm`]): every rank of a communicator owns a
 //!   peer-visible scratch + flag area on its GPU. Ranks in one process (as
@@ -20,7 +20,13 @@
 //!   else (PreMulSum, point-to-point spread over several streams, peers that
 //!   cannot map each other, no kernels for the GPU): synchronize the stream,
 //!   copy device buffers to host, run the host algorithm, copy back on the
-//!   stream.
+//!   stream (communicators within one host only).
+//! - **Across hosts** ([`ProxySide`]): ranks of different host identities
+//!   never map each other's memory; such a communicator's operations are
+//!   enqueued on the caller's stream (copies to pinned buffers, a `ready`
+//!   flag, a wait for `done`, copies back) and run by its progress thread on
+//!   the host path: asynchronous and stream-ordered, no wait on the caller's
+//!   thread.
 //!
 //! # Where things are
 //!
@@ -28,7 +34,7 @@
 //! |---|---|
 //! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::op::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
 //! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors, naming the rank a stalled wait waits for |
-//! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC), release |
+//! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC, never across hosts), release |
 //! | `plan.rs` | which kernel and algorithm a collective runs ([`Plan`]) |
 //! | `tuning.rs` | every `WEFT_CUDA_*` variable, read once into `Tuning`, and the size rules |
 //! | `ll.rs` | the LL one-shot's reuse of its area (`LlHistory`) and its model test |
@@ -44,7 +50,9 @@
 //! | `kernel_archive.rs` | the compressed container of one architecture's kernels (shared with the build) |
 //! | `cubin.rs` | a cubin's architecture and kernels, from its ELF header and symbols (shared with the build) |
 //! | `nvrtc.rs` | the run-time fallback: compiling a kernel with NVRTC, cached on disk |
-//! | `staging.rs` | the host-memory fallback, and which device an operation's buffers are on |
+//! | `staging.rs` | the host-memory fallback, which device an operation's buffers are on, an operation's device regions |
+//! | `proxy.rs` | [`ProxySide`]: device operations of a communicator spanning hosts, through pinned buffers and a progress thread |
+//! | `pinned.rs` | the pinned, device-mapped buffers and flag words a stream and the progress thread meet on |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
 //! | `error.rs` | [`CudaError`], this backend's error type |
@@ -83,7 +91,9 @@ mod mapping;
 pub mod mem;
 mod nvrtc;
 mod p2p;
+mod pinned;
 mod plan;
+mod proxy;
 mod side_stream;
 mod staging;
 mod tuning;
@@ -103,4 +113,5 @@ pub use logger::{Logger, set_logger};
 pub use mapping::DESCRIPTOR_BYTES;
 pub use p2p::{P2p, p2p_pieces};
 pub use plan::Plan;
+pub use proxy::ProxySide;
 pub use staging::{Staging, op_device};

@@ -18,6 +18,57 @@ pub fn op_device(op: &Op, rank: usize, nranks: usize) -> Option<i32> {
         .find_map(|b| pointer_device(b.ptr as *const c_void))
 }
 
+/// A span of device memory an operation (or a job of several) touches:
+/// overlapping buffers, as in place, are one region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct DevRegion {
+    pub dev: u64,
+    pub bytes: usize,
+    /// Some buffer in it is written.
+    pub write: bool,
+}
+
+/// The device regions of `bufs` (buffers in host memory are left out),
+/// sorted, overlaps merged.
+pub(super) fn device_regions(bufs: Vec<Buf>) -> Vec<DevRegion> {
+    let mut bufs: Vec<Buf> = bufs
+        .into_iter()
+        .filter(|b| b.bytes > 0 && pointer_device(b.ptr as *const c_void).is_some())
+        .collect();
+    bufs.sort_by_key(|b| b.ptr);
+    let mut regions: Vec<DevRegion> = Vec::new();
+    for b in bufs {
+        if let Some(last) = regions.last_mut()
+            && b.ptr < last.dev + last.bytes as u64
+        {
+            let end = (b.ptr + b.bytes as u64).max(last.dev + last.bytes as u64);
+            last.bytes = (end - last.dev) as usize;
+            last.write |= b.write;
+            continue;
+        }
+        regions.push(DevRegion {
+            dev: b.ptr,
+            bytes: b.bytes,
+            write: b.write,
+        });
+    }
+    regions
+}
+
+/// `op` on host memory: every pointer inside a region `(device, bytes,
+/// host)` of `map` moved to its host copy.
+pub(super) fn host_op(op: &Op, map: &[(u64, usize, u64)]) -> Op {
+    op.map_ptrs(|p| {
+        for &(d, n, h) in map {
+            if p >= d && p < d + n as u64 {
+                return h + (p - d);
+            }
+        }
+        p
+    })
+    .on(Memory::Host, std::ptr::null_mut())
+}
+
 struct Region {
     dev: u64,
     bytes: usize,
@@ -50,29 +101,15 @@ impl Staging {
         };
         use_device(device)?;
         let stream = op.stream as sys::CUstream;
-        let mut bufs: Vec<Buf> = op
-            .buffers(rank, nranks)
+        let mut regions: Vec<Region> = device_regions(op.buffers(rank, nranks))
             .into_iter()
-            .filter(|b| pointer_device(b.ptr as *const c_void).is_some())
-            .collect();
-        bufs.sort_by_key(|b| b.ptr);
-        let mut regions: Vec<Region> = Vec::new();
-        for b in bufs {
-            if let Some(last) = regions.last_mut()
-                && b.ptr < last.dev + last.bytes as u64
-            {
-                let end = (b.ptr + b.bytes as u64).max(last.dev + last.bytes as u64);
-                last.bytes = (end - last.dev) as usize;
-                last.write |= b.write;
-                continue;
-            }
-            regions.push(Region {
-                dev: b.ptr,
-                bytes: b.bytes,
+            .map(|r| Region {
+                dev: r.dev,
+                bytes: r.bytes,
                 host: Vec::new(),
-                write: b.write,
-            });
-        }
+                write: r.write,
+            })
+            .collect();
         for r in &mut regions {
             r.host = vec![0u128; r.bytes.div_ceil(16)];
             unsafe {
@@ -87,16 +124,7 @@ impl Staging {
             .iter()
             .map(|r| (r.dev, r.bytes, r.host.as_ptr() as u64))
             .collect();
-        let op = op
-            .map_ptrs(|p| {
-                for &(d, n, h) in &map {
-                    if p >= d && p < d + n as u64 {
-                        return h + (p - d);
-                    }
-                }
-                p
-            })
-            .on(Memory::Host, std::ptr::null_mut());
+        let op = host_op(op, &map);
         Ok(Staging {
             regions,
             stream,

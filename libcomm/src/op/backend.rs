@@ -136,6 +136,24 @@ pub trait DeviceSide: Send {
     fn finalize(self: Box<Self>) -> std::result::Result<(), String>;
     /// The backend's own type, for the backend only.
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    /// Lets work this side runs on its own threads end before the
+    /// communicator's resources go (destroy; NCCL's destroy also completes
+    /// the operations in flight). Bounded; nothing to do for kernels.
+    fn drain(&self) {}
+}
+
+/// A communicator's host path as a thread other than the caller's may use
+/// it: what the device path across hosts runs on staged copies (its
+/// progress thread, `cuda/proxy.rs`). Holds the communicator weakly: a
+/// destroyed communicator makes [`HostRunner::run`] fail, never keeps it.
+pub trait HostRunner: Send + Sync {
+    /// Runs host-memory operations of this communicator as one group (its
+    /// sends and receives fused, its collectives in order); a failure that
+    /// breaks the communicator is recorded as its async error.
+    ///
+    /// # Safety
+    /// As [`Comms::run_host`].
+    unsafe fn run(&self, ops: &[Op]) -> Result<()>;
 }
 
 /// A communicator's device side.
@@ -184,6 +202,12 @@ pub trait Comms {
     /// # Safety
     /// As [`Backend::run`], for host memory.
     unsafe fn run_host(&self, items: &[Item]) -> Result<()>;
+    /// Every rank's host identity (`WEFT_HOSTNAME`, else hostname, boot id
+    /// and network namespace, as the bootstrap exchanged them), by rank:
+    /// ranks whose identities differ never map each other's memory.
+    fn host_ids(&self, c: usize) -> Vec<u64>;
+    /// The communicator's host path for other threads (see [`HostRunner`]).
+    fn host_runner(&self, c: usize) -> Arc<dyn HostRunner>;
     /// Runs `f` inside the observer's span of `ops` on communicator `c`
     /// (one operation, or a group when `group`), recording the backend's
     /// decision (`Decision::Device`: the kernel it planned).

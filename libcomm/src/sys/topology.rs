@@ -74,6 +74,23 @@ pub fn online_cpus() -> usize {
 }
 
 #[cfg(test)]
+mod identity_tests {
+    use super::host_id;
+
+    /// How hosts are simulated on one machine (two halves of a job, each
+    /// with its own WEFT_HOSTNAME): different names are different hosts,
+    /// the same name is one host, and a name is not the machine itself.
+    #[test]
+    fn weft_hostname_names_a_host() {
+        let (a, b) = (host_id(Some("sim-a")), host_id(Some("sim-b")));
+        assert_ne!(a, b);
+        assert_eq!(a, host_id(Some("sim-a")));
+        assert_ne!(a, host_id(None));
+        assert_eq!(host_id(None), host_id(None));
+    }
+}
+
+#[cfg(test)]
 mod liveness_tests {
     use super::pid_alive;
 

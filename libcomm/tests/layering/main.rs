@@ -30,11 +30,12 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("the public API", &["", "fuzz"]),
     ("resilience", &["resilience"]),
+    ("across hosts", &["crosshost"]),
     ("the communicator", &["comm"]),
     ("observation", &["observe"]),
     ("host algorithms, the CUDA backend", &["algo", "cuda"]),
     ("the progress engine and its resources", &["progress"]),
-    ("transports", &["transport"]),
+    ("transports, the byte mover", &["transport", "net"]),
     ("bootstrap", &["bootstrap"]),
     ("descriptions", &["op", "config"]),
     ("foundation", &["error", "state", "log", "data", "sys"]),

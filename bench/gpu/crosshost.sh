@@ -1,0 +1,80 @@
+#!/bin/bash
+# Device collectives across simulated hosts on one GPU machine (issue 32):
+# nccl-tests under mpirun, one process per rank, every rank on GPU 0
+# (NCCL_TESTS_DEVICE=0), the ranks split into simulated hosts by
+# WEFT_HOSTNAME (Weft) or NCCL_HOSTID (NCCL). Ranks of different host
+# identities never map each other's memory: Weft runs its cross-host path
+# (pinned buffers + progress thread, TCP over loopback between the halves).
+# Usage: bench/gpu/crosshost.sh [phases...]     (invoked like bench/gpu/run.sh)
+#   phases: info build rtest check perf nccl table
+#   build   nccl-tests with MPI=1 (run.sh mpibuild: bench/gpu/nccl-tests -> /tmp/nccl-tests/build-mpi)
+#   rtest   the Rust GPU tests (weft/crosshost-test: `cargo test --release -p weft-nccl
+#           --test cuda_crosshost --no-run`, stripped): every collective vs a reference,
+#           the 256 MiB call time, SIGKILL / SIGSTOP of a remote rank
+#   check   Weft, 2 hosts x 2 ranks: every collective, 1 MiB-256 MiB, checks on (-c 1)
+#   perf    Weft 2 x 2 and 4 x 1, busbw 1 MiB-256 MiB (checks on) into $OUT/crosshost.txt
+#   nccl    NCCL on the same splits: 2 x 2 on one GPU (NCCL refuses two ranks of one
+#           host on one GPU: recorded), 4 x 1 (NCCL_HOSTID per rank) over its socket transport
+#   table   busbw side by side from $OUT/crosshost.txt
+# Layout next to this script as run.sh's (weft/libnccl.so.2, nccl-tests/).
+D=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+phases="${*:-info build rtest check perf nccl table}"
+log() { echo "=== $* ($(date -u +%T))"; }
+NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+[ -n "$NCCL" ] || NCCL=$(dirname $(dirname $(find / -name 'libnccl.so.2*' -not -path '*/.device/*' 2>/dev/null | head -1)))
+NVRTC=$(dirname $(find / -name 'libnvrtc.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1) 2>/dev/null)
+WEFT=$D/weft
+TM=/tmp/nccl-tests/build-mpi
+COLLS=${XH_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
+SIZES=${XH_SIZES:--b 1M -e 256M -f 4}
+CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
+# mpirun of 4 ranks on GPU 0; PER ranks per simulated host; WHO=ours|nccl.
+# The wrapper gives each rank its host identity from its MPI rank.
+xrun() { local who=$1 per=$2; shift 2
+  local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
+  LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
+    mpirun --allow-run-as-root --oversubscribe -np 4 --bind-to none \
+      -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE -x XH_PER -x XH_WHO \
+      bash -c 'h=sim-$((OMPI_COMM_WORLD_RANK / XH_PER))
+        if [ "$XH_WHO" = nccl ]; then
+          export NCCL_HOSTID=$h NCCL_SOCKET_IFNAME=lo
+          # One rank per host: its socket transport, as between machines.
+          [ "$XH_PER" = 1 ] && export NCCL_NET=Socket NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
+        else export WEFT_HOSTNAME=$h; fi
+        exec "$@"' _ "$@"
+  echo "rc=$?"; }
+for ph in $phases; do case $ph in
+info)
+  log info; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc
+  echo "NCCL=$NCCL NVRTC=$NVRTC"; mpirun --version 2>&1 | head -1 ;;
+build)
+  OUT=$OUT $D/run.sh mpibuild ;;
+rtest)
+  log rust GPU tests across simulated hosts
+  LD_LIBRARY_PATH=$WEFT:$NVRTC timeout 600 $D/weft/crosshost-test --ignored --nocapture --test-threads 1 2>&1 | grep -E "^test |@ (call_us|median|failed)|panicked|test result" ; echo "rc=$?" ;;
+check)
+  for t in $COLLS; do
+    log check ours $t 2 hosts x 2 ranks, one GPU
+    TMO=300 xrun ours 2 $TM/${t}_perf -g 1 $SIZES -c 1 -n 2 -w 1 -d float 2>&1 | tee -a $OUT/crosshost-check.txt | CHK
+  done ;;
+perf)
+  for per in 2 1; do for t in $COLLS; do
+    log perf ours $t $((4 / per)) hosts x $per
+    echo "### ours $t hosts=$((4 / per))x$per" >> $OUT/crosshost.txt
+    TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done; done ;;
+nccl)
+  log nccl 2 hosts x 2 ranks on one GPU "(expected: refused, duplicate GPU)"
+  echo "### nccl all_reduce hosts=2x2" >> $OUT/crosshost.txt
+  TMO=120 xrun nccl 2 $TM/all_reduce_perf -g 1 -b 1M -e 1M -c 1 -n 1 -w 1 2>&1 | tee -a $OUT/crosshost.txt | grep -iE "duplicate|invalid|error|rc=" | head -5
+  for t in $COLLS; do
+    log perf nccl $t 4 hosts x 1, socket transport
+    echo "### nccl $t hosts=4x1" >> $OUT/crosshost.txt
+    TMO=300 xrun nccl 1 $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done ;;
+table)
+  # busbw (out of place) per size: one column per "### who coll hosts" run.
+  awk '/^### /{k=$2" "$3" "$4; if (!(k in seen)) {seen[k]=1; keys[++nk]=k}} /^ +[0-9]+ /&&k!=""{b[k" "$1]=$8; sz[$1]=1}
+    END{for (i=1;i<=nk;i++) print keys[i]; for (s in sz) {line=s; for (i=1;i<=nk;i++) line=line"\t"(b[keys[i]" "s]==""?"-":b[keys[i]" "s]); print line}}' $OUT/crosshost.txt | sort -n ;;
+esac; done

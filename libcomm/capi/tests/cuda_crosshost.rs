@@ -1,0 +1,498 @@
+//! Device collectives across hosts, on one GPU: 2 simulated hosts x 2 ranks,
+//! each rank a process of this test binary with its host's
+//! `WEFT_HOSTNAME` (`sim-a`: ranks 0, 1; `sim-b`: ranks 2, 3), all on GPU 0.
+//! Ranks of different host identities never map each other's memory, so
+//! these run the cross-host path (`libcomm/src/cuda/proxy.rs`) exactly as
+//! two machines would, with loopback TCP between the halves.
+//!
+//! - every collective, send/recv and all-to-all on random data of odd
+//!   sizes, checked element by element against a reference every rank
+//!   computes from the inputs' seed;
+//! - the calling thread's time inside a 256 MiB `ncclAllReduce` (< 100 us:
+//!   the call only enqueues);
+//! - SIGKILL and SIGSTOP of rank 3 (the other host from ranks 0, 1) during
+//!   device all-reduces: every survivor's stream drains and its
+//!   `ncclCommGetAsyncError` names rank 3 within a bound.
+//!
+//! The parent test spawns the ranks (this binary again, running the
+//! ignored `rank_process` test with `WEFT_XHOST_SCENARIO` set) and reads
+//! their `@ key=value` lines. On the GPU machine:
+//! `cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1`.
+
+use libcomm::cuda::{self, mem};
+use nccl::api::*;
+use std::ffi::{CStr, c_void};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const F32: i32 = 7;
+const SUM: i32 = 0;
+const MAX: i32 = 2;
+const NRANKS: usize = 4;
+const TIMEOUT_MS: u64 = 3000;
+
+fn host_of(rank: usize) -> &'static str {
+    if rank < NRANKS / 2 { "sim-a" } else { "sim-b" }
+}
+
+/// Rank `q`'s input element `i` for `seed`: a small integer (sums are exact
+/// in any order), from splitmix64.
+fn value(seed: u64, q: usize, i: usize) -> f32 {
+    let mut z = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(((q as u64) << 40) ^ i as u64);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z % 17) as f32 - 8.0
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
+// ---------------------------------------------------------------- parent
+
+/// The 4 rank processes of one scenario, their `@` lines on a channel.
+struct Ranks {
+    children: Vec<Child>,
+    lines: mpsc::Receiver<(usize, String)>,
+}
+
+impl Ranks {
+    fn start(scenario: &str) -> Ranks {
+        let mut id = std::mem::MaybeUninit::<ncclUniqueId>::zeroed();
+        assert_eq!(unsafe { pncclGetUniqueId(id.as_mut_ptr()) }, 0);
+        let id = unsafe { id.assume_init() };
+        let hex: String = id
+            .internal
+            .iter()
+            .map(|&c| format!("{:02x}", c as u8))
+            .collect();
+        let (tx, lines) = mpsc::channel();
+        let exe = std::env::current_exe().unwrap();
+        let children = (0..NRANKS)
+            .map(|r| {
+                let mut c = Command::new(&exe)
+                    .args(["--exact", "rank_process", "--ignored", "--nocapture"])
+                    .env("WEFT_XHOST_SCENARIO", scenario)
+                    .env("WEFT_XHOST_RANK", r.to_string())
+                    .env("WEFT_XHOST_ID", &hex)
+                    .env("WEFT_HOSTNAME", host_of(r))
+                    .env("WEFT_TIMEOUT_MS", TIMEOUT_MS.to_string())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("spawning a rank");
+                let out = c.stdout.take().unwrap();
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(out).lines().map_while(Result::ok) {
+                        println!("[rank {r}] {line}");
+                        if let Some(l) = line.strip_prefix("@ ") {
+                            let _ = tx.send((r, l.to_string()));
+                        }
+                    }
+                });
+                c
+            })
+            .collect();
+        Ranks { children, lines }
+    }
+
+    /// The next `@` line, or None after `within`.
+    fn next(&self, within: Duration) -> Option<(usize, String)> {
+        self.lines.recv_timeout(within).ok()
+    }
+
+    /// Waits for every rank in `which` to exit, up to `within`; their codes.
+    fn wait(&mut self, which: &[usize], within: Duration) -> Vec<Option<i32>> {
+        let until = Instant::now() + within;
+        let mut codes = [None; NRANKS];
+        loop {
+            let mut all = true;
+            for &r in which {
+                if codes[r].is_none() {
+                    match self.children[r].try_wait() {
+                        Ok(Some(st)) => codes[r] = Some(st.code().unwrap_or(-1)),
+                        _ => all = false,
+                    }
+                }
+            }
+            if all || Instant::now() > until {
+                return which.iter().map(|&r| codes[r]).collect();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, rank: usize, sig: i32) {
+        unsafe { libc::kill(self.children[rank].id() as i32, sig) };
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn gpu_or_panic(name: &str) {
+    if let Err(e) = cuda::driver() {
+        panic!("{name} needs a CUDA GPU: {e}");
+    }
+    assert!(cuda::device_count() > 0, "{name} needs a CUDA GPU");
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn every_collective_across_two_simulated_hosts_matches_the_reference() {
+    gpu_or_panic("every_collective_across_two_simulated_hosts_matches_the_reference");
+    let mut ranks = Ranks::start("collectives");
+    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
+    let mut checked = 0;
+    while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
+        checked += l.starts_with("ok ") as usize;
+    }
+    assert_eq!(
+        codes,
+        vec![Some(0); NRANKS],
+        "every rank checks its results and exits 0"
+    );
+    assert!(checked >= NRANKS * 7 * 4, "{checked} checks reported");
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_256_mib_all_reduce_across_hosts_returns_within_100_us() {
+    gpu_or_panic("a_256_mib_all_reduce_across_hosts_returns_within_100_us");
+    let mut ranks = Ranks::start("enqueue_time");
+    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
+    let mut medians = Vec::new();
+    while let Some((r, l)) = ranks.next(Duration::from_millis(500)) {
+        if let Some(us) = l.strip_prefix("median_call_us=") {
+            medians.push((r, us.parse::<f64>().unwrap()));
+        }
+    }
+    assert_eq!(codes, vec![Some(0); NRANKS]);
+    assert_eq!(medians.len(), NRANKS, "{medians:?}");
+    for (r, us) in medians {
+        assert!(
+            us < 100.0,
+            "rank {r}: the calling thread spent {us} us inside ncclAllReduce of 256 MiB"
+        );
+    }
+}
+
+/// Rank 3 gets `sig` while every rank loops on device all-reduces; every
+/// survivor must see an error within `bound` of the signal, naming rank 3
+/// on every survivor (`all_name_it`) or on at least one (a frozen rank:
+/// the host path's timeout names the rank a survivor waits for, which may
+/// be a survivor that waits for rank 3).
+fn a_signalled_remote_rank_fails_the_survivors(sig: i32, bound: Duration, all_name_it: bool) {
+    let mut ranks = Ranks::start("loop");
+    let mut looping = [false; NRANKS];
+    while looping.iter().any(|l| !l) {
+        let (r, l) = ranks
+            .next(Duration::from_secs(120))
+            .expect("every rank starts looping");
+        if l == "looping" {
+            looping[r] = true;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let at = now_ms();
+    ranks.signal(3, sig);
+    let codes = ranks.wait(&[0, 1, 2], bound + Duration::from_secs(20));
+    let mut seen = Vec::new();
+    while let Some((r, l)) = ranks.next(Duration::from_millis(500)) {
+        if let Some(rest) = l.strip_prefix("failed_at_ms=") {
+            let (ms, msg) = rest.split_once(' ').unwrap();
+            let after = ms.parse::<u128>().unwrap().saturating_sub(at);
+            seen.push((r, after, msg.to_string()));
+        }
+    }
+    ranks.signal(3, libc::SIGKILL);
+    assert_eq!(
+        codes,
+        vec![Some(0); 3],
+        "every survivor reports and exits 0: {seen:?}"
+    );
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    for (r, after, msg) in &seen {
+        assert!(
+            *after <= bound.as_millis(),
+            "rank {r} failed {after} ms after the signal (bound {bound:?}): {msg}"
+        );
+        assert!(
+            !all_name_it || msg.contains("rank 3"),
+            "rank {r}: the error names rank 3: {msg}"
+        );
+    }
+    assert!(
+        seen.iter().any(|(_, _, m)| m.contains("rank 3")),
+        "some survivor names rank 3: {seen:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_killed_remote_rank_fails_the_survivors_in_bounded_time() {
+    gpu_or_panic("a_killed_remote_rank_fails_the_survivors_in_bounded_time");
+    a_signalled_remote_rank_fails_the_survivors(libc::SIGKILL, Duration::from_secs(5), true);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_frozen_remote_rank_fails_the_survivors_after_the_timeout() {
+    gpu_or_panic("a_frozen_remote_rank_fails_the_survivors_after_the_timeout");
+    a_signalled_remote_rank_fails_the_survivors(
+        libc::SIGSTOP,
+        Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(5),
+        false,
+    );
+}
+
+// ------------------------------------------------------------------ rank
+
+/// One rank of a scenario (see the module docs); does nothing unless the
+/// parent set `WEFT_XHOST_SCENARIO`.
+#[test]
+#[ignore = "a rank process of the tests above, started by them"]
+fn rank_process() {
+    let Ok(scenario) = std::env::var("WEFT_XHOST_SCENARIO") else {
+        return;
+    };
+    let rank: usize = std::env::var("WEFT_XHOST_RANK").unwrap().parse().unwrap();
+    let hex = std::env::var("WEFT_XHOST_ID").unwrap();
+    let mut id = ncclUniqueId { internal: [0; 128] };
+    for (i, c) in id.internal.iter_mut().enumerate() {
+        *c = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
+    }
+    let dev = 0;
+    cuda::use_device(dev).unwrap();
+    let mut comm: ncclComm_t = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { pncclCommInitRank(&mut comm, NRANKS as i32, id, rank as i32) },
+        0,
+        "rank {rank}: init"
+    );
+    let r = Rank {
+        rank,
+        comm,
+        dev,
+        stream: mem::stream(dev).unwrap(),
+    };
+    match scenario.as_str() {
+        "collectives" => r.collectives(),
+        "enqueue_time" => r.enqueue_time(),
+        "loop" => r.loop_until_failure(),
+        s => panic!("unknown scenario {s}"),
+    }
+}
+
+struct Rank {
+    rank: usize,
+    comm: ncclComm_t,
+    dev: i32,
+    stream: u64,
+}
+
+impl Rank {
+    fn st(&self) -> *mut c_void {
+        self.stream as *mut c_void
+    }
+
+    fn sync(&self) {
+        let rc = unsafe {
+            cudarc::driver::sys::cuStreamSynchronize(self.stream as cudarc::driver::sys::CUstream)
+        };
+        assert_eq!(rc, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+    }
+
+    fn upload(&self, v: &[f32]) -> u64 {
+        let b = mem::alloc(self.dev, v.len().max(1) * 4).unwrap();
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        mem::htod(self.dev, b, &bytes).unwrap();
+        b
+    }
+
+    fn download(&self, b: u64, n: usize) -> Vec<f32> {
+        let mut bytes = vec![0u8; n * 4];
+        mem::dtoh(self.dev, &mut bytes, b).unwrap();
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn check(&self, what: &str, count: usize, got: &[f32], want: impl Fn(usize) -> f32) {
+        for (i, g) in got.iter().enumerate() {
+            let w = want(i);
+            assert_eq!(*g, w, "rank {}: {what} of {count}: element {i}", self.rank);
+        }
+        println!("@ ok {what} count={count}");
+    }
+
+    fn collectives(&self) {
+        let n = NRANKS;
+        let me = self.rank;
+        let p = |b: u64| b as *mut c_void;
+        for (k, count) in [1usize, 1023, 262_147, 4_194_311].into_iter().enumerate() {
+            let seed = 1000 + k as u64;
+            let v = |q: usize, i: usize| value(seed, q, i);
+            let input: Vec<f32> = (0..n * count).map(|i| v(me, i)).collect();
+            let send = self.upload(&input);
+            let out = self.upload(&vec![f32::NAN; n * count]);
+            let run = |f: &dyn Fn() -> i32| {
+                assert_eq!(f(), 0, "rank {me}: enqueue");
+                self.sync();
+            };
+            run(&|| unsafe {
+                pncclAllReduce(p(send), p(out), count, F32, SUM, self.comm, self.st())
+            });
+            self.check("all_reduce", count, &self.download(out, count), |i| {
+                (0..n).map(|q| v(q, i)).sum()
+            });
+            run(&|| unsafe { pncclAllGather(p(send), p(out), count, F32, self.comm, self.st()) });
+            self.check("all_gather", count, &self.download(out, n * count), |i| {
+                v(i / count, i % count)
+            });
+            run(&|| unsafe {
+                pncclReduceScatter(p(send), p(out), count, F32, SUM, self.comm, self.st())
+            });
+            self.check("reduce_scatter", count, &self.download(out, count), |i| {
+                (0..n).map(|q| v(q, me * count + i)).sum()
+            });
+            // Root 2: on the other host from ranks 0 and 1.
+            run(&|| unsafe {
+                pncclBroadcast(p(send), p(out), count, F32, 2, self.comm, self.st())
+            });
+            self.check("broadcast", count, &self.download(out, count), |i| v(2, i));
+            run(&|| unsafe {
+                pncclReduce(p(send), p(out), count, F32, MAX, 1, self.comm, self.st())
+            });
+            if me == 1 {
+                self.check("reduce", count, &self.download(out, count), |i| {
+                    (0..n).map(|q| v(q, i)).fold(f32::MIN, f32::max)
+                });
+            } else {
+                println!("@ ok reduce count={count} (not the root)");
+            }
+            run(&|| unsafe { pncclAlltoAll(p(send), p(out), count, F32, self.comm, self.st()) });
+            self.check("alltoall", count, &self.download(out, n * count), |i| {
+                v(i / count, me * count + i % count)
+            });
+            // A ring of sends and receives in one group.
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            run(&|| unsafe {
+                assert_eq!(pncclGroupStart(), 0);
+                assert_eq!(
+                    pncclSend(p(send), count, F32, next as i32, self.comm, self.st()),
+                    0
+                );
+                assert_eq!(
+                    pncclRecv(p(out), count, F32, prev as i32, self.comm, self.st()),
+                    0
+                );
+                pncclGroupEnd()
+            });
+            self.check("sendrecv", count, &self.download(out, count), |i| {
+                v(prev, i)
+            });
+            mem::free(self.dev, send).unwrap();
+            mem::free(self.dev, out).unwrap();
+        }
+        assert_eq!(unsafe { pncclCommDestroy(self.comm) }, 0);
+    }
+
+    fn enqueue_time(&self) {
+        let count = 64 << 20; // 256 MiB of f32
+        let buf = mem::alloc(self.dev, count * 4).unwrap();
+        let call = || {
+            let t = Instant::now();
+            let rc = unsafe {
+                pncclAllReduce(
+                    buf as *const c_void,
+                    buf as *mut c_void,
+                    count,
+                    F32,
+                    SUM,
+                    self.comm,
+                    self.st(),
+                )
+            };
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(rc, 0);
+            us
+        };
+        // Warm: the device side, the pinned buffer, the connections.
+        for _ in 0..2 {
+            call();
+            self.sync();
+        }
+        let mut times: Vec<f64> = (0..5)
+            .map(|_| {
+                let us = call();
+                self.sync();
+                us
+            })
+            .collect();
+        println!("@ call_us={times:?}");
+        times.sort_by(f64::total_cmp);
+        println!("@ median_call_us={}", times[times.len() / 2]);
+        assert_eq!(unsafe { pncclCommDestroy(self.comm) }, 0);
+    }
+
+    fn loop_until_failure(&self) {
+        let count = 1 << 18;
+        let buf = mem::alloc(self.dev, count * 4).unwrap();
+        let started = Instant::now();
+        let mut i = 0u64;
+        while started.elapsed() < Duration::from_secs(120) {
+            let rc = unsafe {
+                pncclAllReduce(
+                    buf as *const c_void,
+                    buf as *mut c_void,
+                    count,
+                    F32,
+                    SUM,
+                    self.comm,
+                    self.st(),
+                )
+            };
+            if rc == 0 {
+                self.sync();
+            }
+            let mut err = 0;
+            assert_eq!(unsafe { pncclCommGetAsyncError(self.comm, &mut err) }, 0);
+            if rc != 0 || err != 0 {
+                let msg = unsafe { CStr::from_ptr(pncclGetLastError(self.comm)) }
+                    .to_string_lossy()
+                    .replace('\n', " ");
+                println!("@ failed_at_ms={} rc={rc} async={err}: {msg}", now_ms());
+                // Abort returns at once and releases every GPU wait.
+                let t = Instant::now();
+                assert_eq!(unsafe { pncclCommAbort(self.comm) }, 0);
+                assert!(
+                    t.elapsed() < Duration::from_secs(2),
+                    "abort took {:?}",
+                    t.elapsed()
+                );
+                return;
+            }
+            i += 1;
+            if i == 3 {
+                println!("@ looping");
+            }
+        }
+        panic!("rank {}: no failure within 120 s", self.rank);
+    }
+}

@@ -1,0 +1,30 @@
+//! Collectives across hosts over the byte mover seam (`net/`).
+//! (Module map and design: docs/ARCHITECTURE.md, "Across hosts".)
+
+mod comm_mover;
+pub mod engine;
+#[cfg(test)]
+mod engine_tests;
+pub mod flags;
+pub mod layout;
+pub mod links;
+pub mod local;
+pub mod plan;
+pub mod program;
+pub mod runner;
+pub mod schedule;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
+pub mod tuner;
+
+pub use comm_mover::CommMover;
+pub use engine::{Engine, EngineConfig};
+pub use flags::{FlagWords, Flags, TERMINAL};
+pub use layout::Layout;
+pub use links::{Exchange, Links};
+pub use local::{BoardMover, HostBoard, LocalMover};
+pub use plan::{Coll, Shape};
+pub use program::{Call, CallBuf, Step, StepOp};
+pub use runner::CrossHost;

@@ -1,0 +1,468 @@
+//! The host-memory executor of the plans: one rank's [`CrossHost`] runs a
+//! collective's phases, the network ones through its engine (a thread of the
+//! rank), the local ones through a [`LocalMover`].
+//!
+//! It is what phase 2 does on GPUs with other parts (docs/ARCHITECTURE.md,
+//! "Across hosts"): there the local phases are the NVLink kernels and the
+//! engine's chunks move through pinned buffers; here everything is host
+//! memory and the calling thread waits for each network phase (the engine's
+//! done word).
+
+use super::engine::{Engine, EngineConfig, NOTICE_GRACE};
+use super::flags::FlagWords;
+use super::layout::Layout;
+use super::links::Links;
+use super::local::{LocalMover, Mem, run_local};
+use super::plan::{Buf, Coll, Phase, RankPlan, Region, Scaling, Shape, plan, plan_p2p};
+use super::program::{Call, CallBuf};
+use super::schedule::{Cut, schedule};
+use super::tuner::{self, Choice};
+use crate::data::types::{DataType, Element, ReduceOp};
+use crate::error::{Error, Result};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The word the engine raises when a call is done.
+const DONE: usize = 0;
+
+/// One rank's cross-host collectives over host memory.
+pub struct CrossHost {
+    me: usize,
+    layout: Layout,
+    engine: Engine,
+    local: Box<dyn LocalMover>,
+    /// Calls submitted so far (the done word's target).
+    calls: u64,
+    /// Forces a shape (tests, measurements); None: the tuner decides.
+    pub shape: Option<Shape>,
+    /// Forces a chunk size in bytes (tests, measurements).
+    pub chunk: Option<usize>,
+}
+
+/// Where a plan's buffers are.
+struct Bufs {
+    /// (buffer, pointer, bytes); the call buffer index is the position.
+    list: Vec<(Buf, usize, usize)>,
+    esize: usize,
+}
+
+impl Bufs {
+    fn index(&self, b: Buf) -> usize {
+        self.list
+            .iter()
+            .position(|(x, _, _)| *x == b)
+            .unwrap_or_else(|| panic!("the plan names {b:?}, which it has no buffer for"))
+    }
+
+    fn at(&self, r: &Region) -> *mut u8 {
+        let (_, p, len) = self.list[self.index(r.buf)];
+        assert!(
+            (r.off + r.count) * self.esize <= len,
+            "{r:?} outside its buffer of {len} bytes"
+        );
+        (p + r.off * self.esize) as *mut u8
+    }
+
+    fn call_bufs(&self) -> Vec<CallBuf> {
+        self.list
+            .iter()
+            .map(|&(_, ptr, len)| CallBuf { ptr, len })
+            .collect()
+    }
+}
+
+impl CrossHost {
+    /// Starts the engine over `links` for rank `links.me` of `layout`.
+    /// `timeout`: fail a network phase that makes no progress this long.
+    pub fn new(
+        layout: Layout,
+        links: Links,
+        local: Box<dyn LocalMover>,
+        label: &str,
+        timeout: Option<Duration>,
+    ) -> Result<CrossHost> {
+        let me = links.me;
+        let names = (0..layout.n())
+            .map(|r| format!("rank {r} (host {})", layout.host(r)))
+            .collect();
+        let engine = Engine::start(
+            links,
+            Arc::new(FlagWords::new(1)),
+            EngineConfig {
+                label: label.to_string(),
+                rank: me,
+                names,
+                timeout,
+            },
+        )?;
+        Ok(CrossHost {
+            me,
+            layout,
+            engine,
+            local,
+            calls: 0,
+            shape: None,
+            chunk: None,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.me
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Aborts: the engine releases every waiter, tells the peers, closes.
+    pub fn abort(&self) {
+        self.engine.abort();
+    }
+
+    /// The decision for `coll` of `count` elements of `dtype`.
+    pub fn choose(&self, coll: Coll, count: usize, dtype: DataType) -> Choice {
+        let bytes = tuner::rule_bytes(coll, count, dtype.size(), self.layout.n());
+        let mut c = tuner::decide(coll, bytes, &self.layout);
+        if let Some(s) = self.shape.filter(|s| s.fits(coll, &self.layout)) {
+            c.shape = s;
+            c.connections = tuner::connections(s, &self.layout);
+        }
+        if let Some(ch) = self.chunk {
+            c.chunk = ch;
+        }
+        c
+    }
+
+    /// Runs `coll` (counts as in NCCL) from `send` into `recv`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be valid for the collective's sizes
+    /// ([`Coll::sizes`]) of `dtype`; they may be NCCL's in-place arrangement.
+    pub unsafe fn collective(
+        &mut self,
+        coll: Coll,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = self.layout.n();
+        if let Coll::Broadcast { root } | Coll::Reduce { root } = coll
+            && root >= n
+        {
+            return Err(Error::arg(format!("root {root} of {n} ranks")));
+        }
+        let (ns, nr) = coll.sizes(count, n);
+        let es = dtype.size();
+        let in_place = ranges_overlap(send as usize, ns * es, recv as usize, nr * es);
+        let c = self.choose(coll, count, dtype);
+        let sc = Scaling {
+            premul: matches!(op, ReduceOp::PreMulSum(_)),
+            avg: op == ReduceOp::Avg,
+        };
+        let p = plan(coll, count, sc, &self.layout, self.me, c.shape, in_place);
+        let list = vec![
+            (Buf::Send(0), send as usize, ns * es),
+            (Buf::Recv(0), recv as usize, nr * es),
+        ];
+        let tag = (u32::from(coll.id()) << 8) | 0x5700_0000;
+        unsafe { self.execute(&p, list, dtype, op, c, tag) }
+    }
+
+    /// Runs a group of sends (`sends[i]`: peer, buffer, count) and receives.
+    ///
+    /// # Safety
+    /// Every buffer must be valid for its count of `dtype`.
+    pub unsafe fn send_recv(
+        &mut self,
+        sends: &[(usize, *const u8, usize)],
+        recvs: &[(usize, *mut u8, usize)],
+        dtype: DataType,
+    ) -> Result<()> {
+        let n = self.layout.n();
+        if let Some(p) = sends
+            .iter()
+            .map(|s| s.0)
+            .chain(recvs.iter().map(|r| r.0))
+            .find(|&p| p >= n)
+        {
+            return Err(Error::arg(format!("peer {p} of {n} ranks")));
+        }
+        let es = dtype.size();
+        let p = plan_p2p(
+            &self.layout,
+            self.me,
+            &sends.iter().map(|&(p, _, c)| (p, c)).collect::<Vec<_>>(),
+            &recvs.iter().map(|&(p, _, c)| (p, c)).collect::<Vec<_>>(),
+        );
+        let mut list = Vec::new();
+        for (i, &(_, b, c)) in sends.iter().enumerate() {
+            list.push((Buf::Send(i as u16), b as usize, c * es));
+        }
+        for (i, &(_, b, c)) in recvs.iter().enumerate() {
+            list.push((Buf::Recv(i as u16), b as usize, c * es));
+        }
+        let total: usize = sends.iter().map(|s| s.2).sum::<usize>() * es;
+        let c = Choice {
+            shape: Shape::Direct,
+            connections: 1,
+            chunk: self.chunk.unwrap_or_else(|| {
+                (total / 4)
+                    .next_power_of_two()
+                    .clamp(tuner::MIN_CHUNK, tuner::MAX_CHUNK)
+            }),
+            window: tuner::WINDOW,
+        };
+        unsafe { self.execute(&p, list, dtype, ReduceOp::Sum, c, 0x5750_0000) }
+    }
+
+    unsafe fn execute(
+        &mut self,
+        p: &RankPlan,
+        mut list: Vec<(Buf, usize, usize)>,
+        dtype: DataType,
+        op: ReduceOp,
+        c: Choice,
+        tag: u32,
+    ) -> Result<()> {
+        if let Some(e) = self.engine.error() {
+            return Err(e);
+        }
+        let es = dtype.size();
+        // 16-byte aligned scratch.
+        let mut scratch: Vec<Vec<u128>> = p
+            .scratch
+            .iter()
+            .map(|&n| vec![0u128; (n * es).div_ceil(16)])
+            .collect();
+        for (i, s) in scratch.iter_mut().enumerate() {
+            list.push((
+                Buf::Scratch(i as u16),
+                s.as_mut_ptr() as usize,
+                p.scratch[i] * es,
+            ));
+        }
+        let bufs = Bufs { list, esize: es };
+        let at = |r: &Region| bufs.at(r);
+        let mem = Mem {
+            at: &at,
+            esize: es,
+            reduce: Some((dtype, op)),
+        };
+        let mut pending: Option<u64> = None;
+        let r = (|| -> Result<()> {
+            for ph in &p.phases {
+                match ph {
+                    Phase::Local(step) => unsafe { run_local(step, self.local.as_mut(), &mem)? },
+                    Phase::Net { coll, wait } => {
+                        if let Some(t) = pending.take() {
+                            self.engine.wait(DONE, t)?;
+                        }
+                        let locate = |r: &Region| (bufs.index(r.buf), r.off * es);
+                        let cut = Cut {
+                            me: self.me,
+                            chunk: (c.chunk / es).max(1),
+                            esize: es,
+                            locate: &locate,
+                            ready: None,
+                            landed: None,
+                        };
+                        let s = schedule(coll, &cut);
+                        self.calls += 1;
+                        self.engine.submit(Call {
+                            steps: s.steps,
+                            bufs: bufs.call_bufs(),
+                            reduce: Some((dtype, op)),
+                            tag: tag | (u32::from(coll.kind()) << 16),
+                            window: c.window,
+                            done: Some((DONE, self.calls)),
+                        })?;
+                        if *wait {
+                            self.engine.wait(DONE, self.calls)?;
+                        } else {
+                            pending = Some(self.calls);
+                        }
+                    }
+                    Phase::Copy { src, dst } => unsafe {
+                        std::ptr::copy(bufs.at(src), bufs.at(dst), src.count * es)
+                    },
+                    Phase::Divide { region, by } => unsafe {
+                        crate::data::reduce::divide(dtype, bufs.at(region), region.count, *by)
+                    },
+                    Phase::Scale { src, dst } => {
+                        let ReduceOp::PreMulSum(s) = op else {
+                            return Err(Error::Internal("a scale step without PreMulSum".into()));
+                        };
+                        unsafe {
+                            crate::data::reduce::scale(
+                                dtype,
+                                bufs.at(dst),
+                                bufs.at(src),
+                                src.count,
+                                s,
+                            )
+                        }
+                    }
+                }
+            }
+            if let Some(t) = pending.take() {
+                self.engine.wait(DONE, t)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            // A local phase that timed out may be held up by a stuck rank
+            // elsewhere: the engine follows the chain of waits to it. Any
+            // other error of a local phase may only be the echo of a failure
+            // elsewhere (a local peer that gave up on a remote one): a
+            // notice naming the rank that failed first explains it better,
+            // so give it a moment to arrive (twice the engine's grace: the
+            // rank whose notice explains ours may have waited that long
+            // first). Then the peers hear of ours, and the engine lets go of
+            // our buffers before they are freed.
+            match self.local.stalled_on() {
+                Some(on) => self.engine.local_stall(on, e.clone()),
+                None => {
+                    let t = std::time::Instant::now();
+                    while self.engine.error().is_none() && t.elapsed() < 2 * NOTICE_GRACE {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    self.engine.fail(e.clone());
+                }
+            }
+            self.engine.wait_ended();
+            drop(scratch);
+            return Err(self.engine.error().unwrap_or(e));
+        }
+        drop(scratch);
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ typed
+
+    pub fn all_reduce<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        check_len(recv.len(), send.len(), "all_reduce")?;
+        unsafe {
+            self.collective(
+                Coll::AllReduce,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+                op,
+            )
+        }
+    }
+
+    pub fn all_gather<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+        check_len(recv.len(), send.len() * self.layout.n(), "all_gather")?;
+        unsafe {
+            self.collective(
+                Coll::AllGather,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+                ReduceOp::Sum,
+            )
+        }
+    }
+
+    pub fn reduce_scatter<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        check_len(send.len(), recv.len() * self.layout.n(), "reduce_scatter")?;
+        unsafe {
+            self.collective(
+                Coll::ReduceScatter,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                recv.len(),
+                T::DTYPE,
+                op,
+            )
+        }
+    }
+
+    pub fn broadcast<T: Element>(&mut self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        check_len(recv.len(), send.len(), "broadcast")?;
+        unsafe {
+            self.collective(
+                Coll::Broadcast { root },
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+                ReduceOp::Sum,
+            )
+        }
+    }
+
+    pub fn reduce<T: Element>(
+        &mut self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        check_len(recv.len(), send.len(), "reduce")?;
+        unsafe {
+            self.collective(
+                Coll::Reduce { root },
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len(),
+                T::DTYPE,
+                op,
+            )
+        }
+    }
+
+    pub fn all_to_all<T: Element>(&mut self, send: &[T], recv: &mut [T]) -> Result<()> {
+        check_len(recv.len(), send.len(), "all_to_all")?;
+        let n = self.layout.n();
+        if !send.len().is_multiple_of(n) {
+            return Err(Error::arg(format!(
+                "all_to_all: {} elements do not split over {n} ranks",
+                send.len()
+            )));
+        }
+        unsafe {
+            self.collective(
+                Coll::AllToAll,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                send.len() / n,
+                T::DTYPE,
+                ReduceOp::Sum,
+            )
+        }
+    }
+}
+
+fn check_len(got: usize, want: usize, what: &str) -> Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(Error::arg(format!(
+            "{what}: {got} elements where {want} are needed"
+        )))
+    }
+}
+
+fn ranges_overlap(a: usize, alen: usize, b: usize, blen: usize) -> bool {
+    alen > 0 && blen > 0 && a < b + blen && b < a + alen
+}

@@ -1,0 +1,293 @@
+//! Pinned host buffers mapped into the device: where a stream and the
+//! cross-host progress thread (`proxy.rs`) meet. Each buffer starts with a
+//! header of three 32-bit flag words, then holds the staged copies of one
+//! job's device buffers:
+//!
+//! - `ready`: the stream writes the job's sequence number once its copies
+//!   to the buffer are done (`cuStreamWriteValue32`); the thread waits for it;
+//! - `done`: the thread writes it once the job ran (or failed, or was
+//!   released by an abort); the stream waits for it (`cuStreamWaitValue32`,
+//!   GEQ) before it copies the results back;
+//! - `released`: the stream writes it after the copies back; until then the
+//!   buffer is not reused.
+//!
+//! Words compare cyclically, as CUDA's GEQ wait does (`(i32)(word - value)
+//! >= 0`), so sequence numbers may wrap.
+
+use super::driver::use_device;
+use super::error::{CudaResult, check};
+use super::logger::warn;
+use cudarc::driver::sys;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Bytes before the data (the flag words, padded: regions start aligned).
+const HEADER: usize = 256;
+const READY: usize = 0;
+const DONE: usize = 4;
+const RELEASED: usize = 8;
+/// Alignment of each staged region inside a buffer.
+pub(super) const ALIGN: usize = 256;
+/// The smallest buffer allocated, and the unit of sizes (small jobs share
+/// buffers).
+const MIN_BYTES: usize = 1 << 20;
+/// Pinned memory a communicator's pool grows to before new jobs wait for
+/// a buffer to be released (a few large jobs in flight; nccl-tests queues
+/// 20 iterations without waiting).
+const POOL_BYTES: usize = 2 << 30;
+/// How long a job waits for a buffer at the cap before it allocates anyway
+/// (a stream that never reaches its jobs must not hang the caller).
+const PRESSURE_BOUND: Duration = Duration::from_secs(10);
+
+/// `a >= b` as CUDA's `CU_STREAM_WAIT_VALUE_GEQ` compares.
+pub(super) fn cyclic_geq(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+/// One buffer: host address, its device address, data capacity.
+pub(super) struct Pinned {
+    host: *mut u8,
+    dev: u64,
+    cap: usize,
+    /// The sequence number of the last job given it (0: never used).
+    last: u32,
+    /// A job's enqueue failed half way: the stream may still use it, so it
+    /// is never reused (freed at finalize with the rest).
+    poisoned: bool,
+}
+
+impl Pinned {
+    fn alloc(dev: i32, cap: usize) -> CudaResult<Pinned> {
+        use_device(dev)?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let mut dptr: sys::CUdeviceptr = 0;
+        unsafe {
+            check(
+                sys::cuMemHostAlloc(
+                    &mut host,
+                    HEADER + cap,
+                    sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                ),
+                "cuMemHostAlloc (pinned buffers of the cross-host path)",
+            )?;
+            std::ptr::write_bytes(host.cast::<u8>(), 0, HEADER);
+            if let Err(e) = check(
+                sys::cuMemHostGetDevicePointer_v2(&mut dptr, host, 0),
+                "cuMemHostGetDevicePointer",
+            ) {
+                let _ = sys::cuMemFreeHost(host);
+                return Err(e);
+            }
+        }
+        Ok(Pinned {
+            host: host.cast(),
+            dev: dptr,
+            cap,
+            last: 0,
+            poisoned: false,
+        })
+    }
+
+    fn word(&self, at: usize) -> &AtomicU32 {
+        // SAFETY: the header lives as long as `self`; aligned (page-aligned base).
+        unsafe { &*(self.host.add(at) as *const AtomicU32) }
+    }
+
+    fn reusable(&self) -> bool {
+        !self.poisoned
+            && (self.last == 0
+                || cyclic_geq(self.word(RELEASED).load(Ordering::Acquire), self.last))
+    }
+
+    /// Host address of the data.
+    pub(super) fn data(&self) -> *mut u8 {
+        // SAFETY: inside the allocation.
+        unsafe { self.host.add(HEADER) }
+    }
+
+    /// Device addresses of the three words (ready, done, released).
+    pub(super) fn dev_words(&self) -> (u64, u64, u64) {
+        (
+            self.dev + READY as u64,
+            self.dev + DONE as u64,
+            self.dev + RELEASED as u64,
+        )
+    }
+
+    /// The words as the progress thread uses them.
+    pub(super) fn flags(&self) -> JobFlags {
+        JobFlags {
+            header: self.host as usize,
+        }
+    }
+
+    /// Never reuse it (see `poisoned`).
+    pub(super) fn poison(&mut self) {
+        self.poisoned = true;
+    }
+}
+
+/// A job's flag words for the progress thread. Raw: the buffer outlives
+/// the job (the pool frees it only once `released` passed the job, or at
+/// finalize after the thread ended).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct JobFlags {
+    header: usize,
+}
+
+impl JobFlags {
+    fn word(&self, at: usize) -> &AtomicU32 {
+        // SAFETY: see the type's docs.
+        unsafe { &*((self.header + at) as *const AtomicU32) }
+    }
+
+    /// The stream's copies into the buffer for job `seq` are done.
+    pub(super) fn ready(&self, seq: u32) -> bool {
+        cyclic_geq(self.word(READY).load(Ordering::Acquire), seq)
+    }
+
+    /// Lets the stream go on past job `seq` (its results are in place, or
+    /// it failed and the stream must not wait for ever).
+    pub(super) fn set_done(&self, seq: u32) {
+        self.word(DONE).store(seq, Ordering::Release);
+    }
+
+    /// Flags on plain memory of at least 12 bytes (tests of the thread).
+    #[cfg(test)]
+    pub(super) fn on(header: *mut u32) -> JobFlags {
+        JobFlags {
+            header: header as usize,
+        }
+    }
+
+    /// `done` as the stream would read it (tests).
+    #[cfg(test)]
+    pub(super) fn done(&self) -> u32 {
+        self.word(DONE).load(Ordering::Acquire)
+    }
+
+    /// For host-only use of a buffer (tests): marks `ready` as a stream would.
+    #[cfg(test)]
+    pub(super) fn set_ready(&self, seq: u32) {
+        self.word(READY).store(seq, Ordering::Release);
+    }
+}
+
+/// A communicator's pinned buffers, reused once the stream released them.
+pub(super) struct Pool {
+    dev: i32,
+    bufs: Vec<Pinned>,
+}
+
+// The raw pointers are pinned host memory owned by the pool.
+unsafe impl Send for Pool {}
+
+impl Pool {
+    pub(super) fn new(dev: i32) -> Pool {
+        Pool {
+            dev,
+            bufs: Vec::new(),
+        }
+    }
+
+    /// A buffer of at least `bytes` for job `seq`: the smallest reusable one
+    /// that fits, else a new one (a multiple of 1 MiB) while the pool holds
+    /// less than [`POOL_BYTES`] (and always a second one, so one job can be
+    /// staged while another runs). At the cap the caller waits for a
+    /// buffer to be released (back pressure, as NCCL's full work FIFO
+    /// blocks its caller): the streams and the progress thread release them
+    /// without this thread, and reusable buffers too small are freed first.
+    pub(super) fn take(&mut self, bytes: usize, seq: u32) -> CudaResult<&mut Pinned> {
+        let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
+        let started = Instant::now();
+        let i = loop {
+            let fit = self
+                .bufs
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| b.cap >= bytes && b.reusable())
+                .min_by_key(|(_, b)| b.cap)
+                .map(|(i, _)| i);
+            if let Some(i) = fit {
+                break i;
+            }
+            let held: usize = self.bufs.iter().map(|b| b.cap).sum();
+            if self.bufs.len() < 2 || held + cap <= POOL_BYTES || started.elapsed() > PRESSURE_BOUND
+            {
+                self.bufs.push(Pinned::alloc(self.dev, cap)?);
+                break self.bufs.len() - 1;
+            }
+            // Reusable but too small: give their memory back for a bigger one.
+            if let Some(j) = self.bufs.iter().position(|b| b.reusable()) {
+                let b = self.bufs.swap_remove(j);
+                use_device(self.dev)?;
+                unsafe { check(sys::cuMemFreeHost(b.host.cast()), "cuMemFreeHost")? };
+                continue;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        };
+        let b = &mut self.bufs[i];
+        b.last = seq;
+        Ok(b)
+    }
+
+    /// Frees every buffer once the stream released it, waiting up to
+    /// `wait`; a buffer the stream may still use is left allocated (to
+    /// the process's end) rather than freed under it.
+    pub(super) fn free(self, wait: Duration) -> CudaResult<()> {
+        let until = Instant::now() + wait;
+        while !self.bufs.iter().all(|b| b.poisoned || b.reusable()) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        use_device(self.dev)?;
+        let mut left = 0;
+        for b in &self.bufs {
+            if b.poisoned {
+                // Its stream work is over once the device is idle.
+                unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize")? };
+            } else if !b.reusable() {
+                left += 1;
+                continue;
+            }
+            unsafe {
+                check(sys::cuMemFreeHost(b.host.cast()), "cuMemFreeHost")?;
+            }
+        }
+        if left > 0 {
+            warn(&format!(
+                "{left} pinned buffer(s) of the cross-host path are still in use by a stream after {wait:?}: left allocated"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_compare_as_cuda_geq_does() {
+        assert!(cyclic_geq(5, 5));
+        assert!(cyclic_geq(6, 5));
+        assert!(!cyclic_geq(4, 5));
+        assert!(!cyclic_geq(0, 1), "a fresh word is below the first job");
+        // Across the wrap: 2 is after u32::MAX - 1.
+        assert!(cyclic_geq(2, u32::MAX - 1));
+        assert!(!cyclic_geq(u32::MAX - 1, 2));
+    }
+
+    #[test]
+    fn job_flags_rise_with_the_sequence() {
+        let mut header = vec![0u32; HEADER / 4];
+        let f = JobFlags {
+            header: header.as_mut_ptr() as usize,
+        };
+        assert!(!f.ready(1));
+        f.set_ready(1);
+        assert!(f.ready(1) && !f.ready(2));
+        f.set_done(1);
+        assert_eq!(header[DONE / 4], 1);
+    }
+}

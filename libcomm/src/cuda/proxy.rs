@@ -1,0 +1,626 @@
+//! Device operations of a communicator that spans hosts: stream-ordered and
+//! asynchronous, through pinned host memory and a progress thread.
+//!
+//! Ranks of different hosts never map each other's memory (`mapping.rs`),
+//! so the kernels cannot run such a communicator. Each call (or a group's
+//! operations on it: one *job*) is enqueued on the caller's stream and the
+//! call returns at once:
+//!
+//! 1. the job's device buffers are copied into a pinned, device-mapped
+//!    buffer (`pinned.rs`), then the stream writes the buffer's `ready`
+//!    word (`cuStreamWriteValue32`);
+//! 2. the stream waits for the `done` word (`cuStreamWaitValue32`, GEQ);
+//! 3. the written buffers are copied back and the stream writes `released`.
+//!
+//! The communicator's progress thread takes jobs in call order (the order
+//! every rank issues them in), waits for `ready`, runs the job's operations
+//! on the pinned copies through the communicator's host path (shared memory
+//! within a host, TCP between hosts, the host algorithms and their tuner)
+//! and writes `done`. The calling thread never waits for the GPU or the
+//! network: a 256 MiB all-reduce costs it a handful of stream operations.
+//!
+//! **Failures.** A job that fails (a dead peer, `WEFT_TIMEOUT_MS`: the host
+//! path's errors name the rank) is recorded as the communicator's async
+//! error (and as this side's `kernel_error`, which the next call returns),
+//! and `done` is written all the same, so the GPU never waits for ever;
+//! later jobs are released without running. An abort (`ncclCommAbort`, the
+//! device watch) fires the side's abort word: the thread releases every
+//! queued job at once and ends.
+//!
+//! Groups: one job per communicator; several streams in it join the first
+//! (events) and wait for its end. Host-memory operations of a group on such
+//! a communicator ride in its job (in order with the device ones).
+
+use super::driver::use_device;
+use super::error::{CudaError, CudaResult, check};
+use super::logger::{log, warn};
+use super::pinned::{ALIGN, JobFlags, Pool};
+use super::staging::{device_regions, host_op};
+use crate::op::Op;
+use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
+use cudarc::driver::sys;
+use std::any::Any;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long destroy waits for jobs still queued (their streams must reach
+/// them: a destroy before the stream work is a caller's bug, bounded here).
+const DRAIN_BOUND: Duration = Duration::from_secs(60);
+
+/// One job as the progress thread sees it.
+struct Job {
+    seq: u32,
+    flags: JobFlags,
+    /// The operations on the pinned copies (and host memory).
+    ops: Vec<Op>,
+}
+
+// The operations' pointers are pinned buffers the pool keeps until the
+// stream released the job, and the caller's host memory (valid until the
+// stream reaches the job: `Backend::run`'s contract).
+unsafe impl Send for Job {}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// A job is being run (taken from `jobs`, `done` not yet written).
+    running: bool,
+    /// No more jobs: finalize (after a drain) or an abort.
+    closed: bool,
+}
+
+/// What the calling threads and the progress thread share.
+struct Shared {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+    /// The abort word (`AbortWord` points here; nonzero: aborted).
+    abort: Box<AtomicU32>,
+    word: Arc<AbortWord>,
+    /// Set with `Queue::closed`, readable without the lock: a job waiting
+    /// for its stream is released too.
+    closing: AtomicBool,
+    /// The first failure of a job.
+    error: Mutex<Option<String>>,
+    runner: Arc<dyn HostRunner>,
+    describe: String,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The word's memory goes with us: later fires must do nothing.
+        self.word.retire();
+    }
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire) != 0
+    }
+
+    fn failed(&self) -> bool {
+        locked(&self.error).is_some()
+    }
+
+    /// Releases every queued job and the one waiting for its stream (their
+    /// streams go on; a job already running ends first) and takes no more.
+    fn close(&self, q: &mut Queue) {
+        q.closed = true;
+        self.closing.store(true, Ordering::Release);
+        for j in q.jobs.drain(..) {
+            j.flags.set_done(j.seq);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits until the stream made job `job` ready; false when the job
+    /// must be released without running (abort, an earlier failure).
+    fn wait_ready(&self, job: &Job) -> bool {
+        let mut spins = 0u32;
+        loop {
+            if self.aborted() || self.failed() || self.closing.load(Ordering::Acquire) {
+                return false;
+            }
+            if job.flags.ready(job.seq) {
+                return true;
+            }
+            // Spin briefly (a small job's copies take microseconds), then
+            // sleep in short steps: the thread must not eat a core while
+            // the stream is busy elsewhere.
+            spins += 1;
+            if spins < 2000 {
+                std::hint::spin_loop();
+            } else if spins < 2100 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// The progress thread: jobs in call order until closed.
+    fn run(self: Arc<Shared>) {
+        loop {
+            let job = {
+                let mut q = locked(&self.queue);
+                loop {
+                    if self.aborted() {
+                        self.close(&mut q);
+                    }
+                    if let Some(j) = q.jobs.pop_front() {
+                        q.running = true;
+                        break j;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = self
+                        .changed
+                        .wait_timeout(q, Duration::from_millis(20))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            };
+            if self.wait_ready(&job) {
+                // SAFETY: the job's pointers are valid until `done` (above).
+                if let Err(e) = unsafe { self.runner.run(&job.ops) } {
+                    warn(&format!(
+                        "{}: a device operation across hosts failed: {e}",
+                        self.describe
+                    ));
+                    locked(&self.error).get_or_insert_with(|| e.to_string());
+                }
+            }
+            job.flags.set_done(job.seq);
+            let mut q = locked(&self.queue);
+            q.running = false;
+            self.changed.notify_all();
+        }
+    }
+}
+
+/// A communicator's device side when it spans hosts (see the module docs).
+pub struct ProxySide {
+    rank: usize,
+    nranks: usize,
+    /// Hosts the communicator spans (for the log).
+    hosts: usize,
+    dev: i32,
+    seq: u32,
+    pool: Pool,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ProxySide {
+    /// Starts the progress thread of this rank's side on `dev`; the
+    /// communicator spans `hosts` hosts.
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        hosts: usize,
+        dev: i32,
+        runner: Arc<dyn HostRunner>,
+        describe: String,
+    ) -> CudaResult<ProxySide> {
+        let abort = Box::new(AtomicU32::new(0));
+        let word = AbortWord::new(abort.as_ptr());
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            changed: Condvar::new(),
+            abort,
+            word,
+            closing: AtomicBool::new(false),
+            error: Mutex::new(None),
+            runner,
+            describe,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("weft-xhost-{rank}"))
+            .spawn(move || s.run())
+            .map_err(|e| CudaError::Unsupported(format!("starting the progress thread: {e}")))?;
+        Ok(ProxySide {
+            rank,
+            nranks,
+            hosts,
+            dev,
+            seq: 0,
+            pool: Pool::new(dev),
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hosts the communicator spans.
+    pub fn hosts(&self) -> usize {
+        self.hosts
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        if self.seq == 0 {
+            // 0 is every fresh word's value: never a job's.
+            self.seq = 1;
+        }
+        self.seq
+    }
+
+    /// Enqueues one job (the operations of one call or one group on this
+    /// communicator) on the stream of its first device operation; returns
+    /// without waiting for the GPU.
+    ///
+    /// # Safety
+    /// As `Backend::run`: the pointers are valid until the stream reaches
+    /// the job; the streams are valid streams of this side's device.
+    pub unsafe fn enqueue(&mut self, ops: &[Op]) -> CudaResult<()> {
+        if let Some(e) = locked(&self.shared.error).clone() {
+            return Err(CudaError::Unsupported(format!(
+                "an earlier operation across hosts failed: {e}"
+            )));
+        }
+        use_device(self.dev)?;
+        let (rank, n) = (self.rank, self.nranks);
+        let stream = ops
+            .iter()
+            .find(|o| o.memory != crate::op::Memory::Host)
+            .map_or(std::ptr::null_mut(), |o| o.stream) as sys::CUstream;
+        let mut others: Vec<sys::CUstream> = Vec::new();
+        for o in ops {
+            let s = o.stream as sys::CUstream;
+            if o.memory != crate::op::Memory::Host && s != stream && !others.contains(&s) {
+                others.push(s);
+            }
+        }
+        for &s in &others {
+            unsafe { join(stream, s)? };
+        }
+        let regions = device_regions(ops.iter().flat_map(|o| o.buffers(rank, n)).collect());
+        let mut at = 0usize;
+        let mut map: Vec<(u64, usize, u64)> = Vec::with_capacity(regions.len());
+        let offsets: Vec<usize> = regions
+            .iter()
+            .map(|r| {
+                let o = at;
+                at += r.bytes.next_multiple_of(ALIGN);
+                o
+            })
+            .collect();
+        let seq = self.next_seq();
+        let buf = self.pool.take(at, seq)?;
+        let (ready, done, released) = buf.dev_words();
+        let data = buf.data();
+        for (r, &off) in regions.iter().zip(&offsets) {
+            map.push((r.dev, r.bytes, data as u64 + off as u64));
+        }
+        // Up to the wait nothing the stream does needs the thread; after
+        // it, a failure must release the wait itself.
+        let before_wait = || -> CudaResult<()> {
+            for &(dev, bytes, host) in &map {
+                unsafe {
+                    check(
+                        sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, bytes, stream),
+                        "cuMemcpyDtoHAsync (to the cross-host pinned buffer)",
+                    )?;
+                }
+            }
+            unsafe {
+                check(
+                    sys::cuStreamWriteValue32_v2(stream, ready, seq, 0),
+                    "cuStreamWriteValue32 (the job's ready word)",
+                )?;
+                check(
+                    sys::cuStreamWaitValue32_v2(
+                        stream,
+                        done,
+                        seq,
+                        sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                    ),
+                    "cuStreamWaitValue32 (the job's done word)",
+                )
+            }
+        };
+        if let Err(e) = before_wait() {
+            buf.poison();
+            return Err(e);
+        }
+        let flags = buf.flags();
+        let after_wait = || -> CudaResult<()> {
+            for (r, &(dev, bytes, host)) in regions.iter().zip(&map) {
+                if r.write {
+                    unsafe {
+                        check(
+                            sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, bytes, stream),
+                            "cuMemcpyHtoDAsync (from the cross-host pinned buffer)",
+                        )?;
+                    }
+                }
+            }
+            unsafe {
+                check(
+                    sys::cuStreamWriteValue32_v2(stream, released, seq, 0),
+                    "cuStreamWriteValue32 (the job's released word)",
+                )?;
+            }
+            for &s in &others {
+                unsafe { join(s, stream)? };
+            }
+            Ok(())
+        };
+        if let Err(e) = after_wait() {
+            buf.poison();
+            // The stream waits for `done`: release it (the job never runs).
+            flags.set_done(seq);
+            return Err(e);
+        }
+        let job = Job {
+            seq,
+            flags,
+            ops: ops.iter().map(|o| host_op(o, &map)).collect(),
+        };
+        let mut q = locked(&self.shared.queue);
+        if q.closed || self.shared.aborted() {
+            flags.set_done(seq);
+            return Err(CudaError::Unsupported(
+                "the communicator was aborted: its progress thread takes no more work".into(),
+            ));
+        }
+        q.jobs.push_back(job);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+
+    /// Waits (bounded by `bound`) until every queued job ran; after the
+    /// bound, releases what is left (the streams go on, the jobs do not run).
+    fn drain_for(&self, bound: Duration) {
+        let until = Instant::now() + bound;
+        let mut q = locked(&self.shared.queue);
+        while !q.jobs.is_empty() || q.running {
+            let now = Instant::now();
+            if now >= until {
+                warn(&format!(
+                    "{}: {} device operation(s) across hosts were still queued after {bound:?} (their streams never reached them): released without running",
+                    self.shared.describe,
+                    q.jobs.len()
+                ));
+                self.shared.close(&mut q);
+                return;
+            }
+            q = self
+                .shared
+                .changed
+                .wait_timeout(q, until - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Makes `waiter` wait for the work enqueued on `on` so far (an event).
+unsafe fn join(waiter: sys::CUstream, on: sys::CUstream) -> CudaResult<()> {
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    unsafe {
+        check(
+            sys::cuEventCreate(
+                &mut ev,
+                sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32,
+            ),
+            "cuEventCreate",
+        )?;
+        let r = check(sys::cuEventRecord(ev, on), "cuEventRecord")
+            .and_then(|()| check(sys::cuStreamWaitEvent(waiter, ev, 0), "cuStreamWaitEvent"));
+        // Destroying a recorded event is fine: it is released once complete.
+        let _ = sys::cuEventDestroy_v2(ev);
+        r
+    }
+}
+
+impl DeviceSide for ProxySide {
+    fn device(&self) -> i32 {
+        self.dev
+    }
+    fn kernel_error(&self) -> Option<String> {
+        locked(&self.shared.error).clone()
+    }
+    fn abort(&self) {
+        self.shared.word.fire();
+    }
+    fn abort_word(&self) -> Arc<AbortWord> {
+        self.shared.word.clone()
+    }
+    fn drain(&self) {
+        self.drain_for(DRAIN_BOUND);
+    }
+    fn finalize(mut self: Box<Self>) -> std::result::Result<(), String> {
+        self.drain_for(DRAIN_BOUND);
+        {
+            let mut q = locked(&self.shared.queue);
+            self.shared.close(&mut q);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let pool = std::mem::replace(&mut self.pool, Pool::new(self.dev));
+        // The streams' copies back end soon after the last `done`.
+        pool.free(Duration::from_secs(10))
+            .map_err(|e| e.to_string())
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl Drop for ProxySide {
+    fn drop(&mut self) {
+        // Dropped without finalize (after an abort): the thread must still
+        // end; the pinned buffers are left to the process's end (a stream
+        // may still copy from them).
+        {
+            let mut q = locked(&self.shared.queue);
+            self.shared.close(&mut q);
+        }
+        std::mem::forget(std::mem::replace(&mut self.pool, Pool::new(self.dev)));
+    }
+}
+
+/// Logs once per collective how the path runs it (the "tuner" of this
+/// path: the host path's own tuner picks the algorithm per operation and
+/// logs at `WEFT_DEBUG=INFO`).
+pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usize) {
+    static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut seen = locked(&SEEN);
+    if seen.contains(&op.name()) {
+        return;
+    }
+    seen.push(op.name());
+    log(
+        false,
+        &format!(
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory; the progress thread runs the host algorithm (shared memory within a host, TCP between hosts)",
+            describe(),
+            op.name()
+        ),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    //! The progress thread's protocol on plain memory (no GPU): the words a
+    //! stream would write are written by the test.
+    use super::*;
+    use crate::data::types::{DataType, ReduceOp};
+    use crate::error::{Error, Result};
+
+    /// Records each job's first count; fails the job whose count is `fail`.
+    struct Recorder {
+        ran: Mutex<Vec<usize>>,
+        fail: usize,
+    }
+
+    impl HostRunner for Recorder {
+        unsafe fn run(&self, ops: &[Op]) -> Result<()> {
+            locked(&self.ran).push(ops[0].count);
+            if ops[0].count == self.fail {
+                return Err(Error::Remote {
+                    comm: "test".into(),
+                    rank: 0,
+                    detail: "rank 3 went away".into(),
+                });
+            }
+            Ok(())
+        }
+    }
+
+    fn side(fail: usize) -> (ProxySide, Arc<Recorder>) {
+        let rec = Arc::new(Recorder {
+            ran: Mutex::new(Vec::new()),
+            fail,
+        });
+        let px = ProxySide::new(0, 2, 2, 0, rec.clone(), "test".into()).unwrap();
+        (px, rec)
+    }
+
+    /// Queues a job of one all-reduce of `count` whose words are `words`.
+    fn push(px: &mut ProxySide, words: &mut [u32; 4], count: usize) -> (u32, JobFlags) {
+        let seq = px.next_seq();
+        let flags = JobFlags::on(words.as_mut_ptr());
+        let op = Op::all_reduce(
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            count,
+            DataType::F32,
+            ReduceOp::Sum,
+        );
+        let mut q = locked(&px.shared.queue);
+        q.jobs.push_back(Job {
+            seq,
+            flags,
+            ops: vec![op],
+        });
+        px.shared.changed.notify_all();
+        (seq, flags)
+    }
+
+    fn wait_done(f: JobFlags, seq: u32) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !super::super::pinned::cyclic_geq(f.done(), seq) {
+            assert!(Instant::now() < until, "job {seq} was never released");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn jobs_run_in_call_order_once_their_stream_made_them_ready() {
+        let (mut px, rec) = side(usize::MAX);
+        let (mut w1, mut w2) = ([0u32; 4], [0u32; 4]);
+        let (s1, f1) = push(&mut px, &mut w1, 10);
+        let (s2, f2) = push(&mut px, &mut w2, 20);
+        // The second job's stream is ahead: it still waits for the first.
+        f2.set_ready(s2);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            locked(&rec.ran).is_empty(),
+            "nothing runs before job 1 is ready"
+        );
+        assert_eq!(f2.done(), 0);
+        f1.set_ready(s1);
+        wait_done(f1, s1);
+        wait_done(f2, s2);
+        assert_eq!(*locked(&rec.ran), vec![10, 20]);
+        assert_eq!(px.kernel_error(), None);
+        px.drain();
+    }
+
+    #[test]
+    fn a_failed_job_releases_its_stream_and_every_later_one_without_running_it() {
+        let (mut px, rec) = side(10);
+        let (mut w1, mut w2) = ([0u32; 4], [0u32; 4]);
+        let (s1, f1) = push(&mut px, &mut w1, 10);
+        let (s2, f2) = push(&mut px, &mut w2, 20);
+        f1.set_ready(s1);
+        wait_done(f1, s1);
+        // Job 2 is never made ready: released anyway, not run.
+        wait_done(f2, s2);
+        assert_eq!(*locked(&rec.ran), vec![10]);
+        let e = px.kernel_error().expect("the failure is the side's error");
+        assert!(e.contains("rank 3"), "{e}");
+    }
+
+    #[test]
+    fn an_abort_releases_every_queued_job_at_once() {
+        let (mut px, rec) = side(usize::MAX);
+        let mut words = [[0u32; 4]; 3];
+        let jobs: Vec<(u32, JobFlags)> = words.iter_mut().map(|w| push(&mut px, w, 1)).collect();
+        // No stream ever reaches them; the device watch (or ncclCommAbort)
+        // fires the word.
+        let t = Instant::now();
+        assert!(px.abort_word().fire());
+        for &(s, f) in &jobs {
+            wait_done(f, s);
+        }
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert!(locked(&rec.ran).is_empty());
+        // The thread ended: later work is refused and its stream released.
+        let t = px.thread.take().unwrap();
+        t.join().unwrap();
+        assert!(locked(&px.shared.queue).closed);
+    }
+
+    #[test]
+    fn a_drain_bounded_by_a_stream_that_never_comes_releases_the_jobs() {
+        let (mut px, rec) = side(usize::MAX);
+        let mut w = [0u32; 4];
+        let (s, f) = push(&mut px, &mut w, 7);
+        let t = Instant::now();
+        px.drain_for(Duration::from_millis(100));
+        assert!(t.elapsed() < Duration::from_secs(2));
+        wait_done(f, s);
+        assert!(locked(&rec.ran).is_empty());
+    }
+}
