@@ -62,33 +62,49 @@ impl Engine {
     pub fn status(&self) -> rpc::Status {
         let mut s = (*self.state.snapshot()).clone();
         if let Some(p) = self.host_views.get() {
-            for v in p.host_views() {
-                let ip = v.ip.to_string();
-                let i = match s.hosts.iter().position(|h| {
-                    h.addr
-                        .rsplit_once(':')
-                        .map(|x| x.0.trim_matches(['[', ']']))
-                        == Some(&ip)
-                }) {
-                    Some(i) => i,
-                    None => {
-                        s.hosts.push(rpc::HostStatus {
-                            host: v.name.clone(),
-                            addr: ip.clone(),
-                            state: "unknown".into(),
-                            ..Default::default()
-                        });
-                        s.hosts.len() - 1
-                    }
-                };
-                let h = &mut s.hosts[i];
-                h.proxy = v.state.into();
-                h.proxy_tx_bytes = v.tx_bytes;
-                h.proxy_rx_bytes = v.rx_bytes;
-                h.proxy_connects = v.connects;
-            }
+            merge_host_views(&mut s.hosts, p.host_views());
         }
         s
+    }
+}
+
+/// Puts the proxy's view of each peer host on that host's heartbeat entry.
+/// A heartbeat entry is keyed by the `--peers` address, which in a pod is a
+/// DNS name (`job-1.job.ns.svc:29401`) where the proxy knows the IP: the
+/// entry is the one with that IP or, failing that, with the host name the
+/// peer reported to both. Only a host that heartbeats do not know gets an
+/// entry of its own.
+fn merge_host_views(hosts: &mut Vec<rpc::HostStatus>, views: Vec<crate::seams::HostView>) {
+    for v in views {
+        let ip = v.ip.to_string();
+        let same_ip = |h: &rpc::HostStatus| {
+            h.addr
+                .rsplit_once(':')
+                .map(|x| x.0.trim_matches(['[', ']']))
+                == Some(&ip)
+        };
+        let same_name = |h: &rpc::HostStatus| !v.name.is_empty() && h.host == v.name;
+        let i = match hosts
+            .iter()
+            .position(same_ip)
+            .or_else(|| hosts.iter().position(same_name))
+        {
+            Some(i) => i,
+            None => {
+                hosts.push(rpc::HostStatus {
+                    host: v.name.clone(),
+                    addr: ip.clone(),
+                    state: "unknown".into(),
+                    ..Default::default()
+                });
+                hosts.len() - 1
+            }
+        };
+        let h = &mut hosts[i];
+        h.proxy = v.state.into();
+        h.proxy_tx_bytes = v.tx_bytes;
+        h.proxy_rx_bytes = v.rx_bytes;
+        h.proxy_connects = v.connects;
     }
 }
 
@@ -197,5 +213,75 @@ pub async fn terminate(engine: &Arc<Engine>, sig: &str, grace: Duration) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seams::HostView;
+
+    fn heartbeat(addr: &str, host: &str) -> rpc::HostStatus {
+        rpc::HostStatus {
+            host: host.into(),
+            addr: addr.into(),
+            state: "up".into(),
+            ..Default::default()
+        }
+    }
+
+    fn view(ip: &str, name: &str) -> HostView {
+        HostView {
+            ip: ip.parse().unwrap(),
+            name: name.into(),
+            state: "connected",
+            tx_bytes: 10,
+            rx_bytes: 20,
+            connects: 1,
+        }
+    }
+
+    /// In a pod the peer is named by DNS; the proxy knows its IP: one entry.
+    #[test]
+    fn a_peer_named_by_dns_is_listed_once() {
+        let mut hosts = vec![heartbeat("bench-1.bench.ns.svc:29401", "bench-1")];
+        merge_host_views(&mut hosts, vec![view("10.88.0.7", "bench-1")]);
+        assert_eq!(hosts.len(), 1, "{hosts:?}");
+        assert_eq!(hosts[0].addr, "bench-1.bench.ns.svc:29401");
+        assert_eq!(
+            (hosts[0].proxy.as_str(), hosts[0].proxy_rx_bytes),
+            ("connected", 20)
+        );
+    }
+
+    #[test]
+    fn a_peer_named_by_ip_matches_its_ip() {
+        let mut hosts = vec![
+            heartbeat("10.0.0.1:29401", "a"),
+            heartbeat("[fd00::2]:29401", "b"),
+        ];
+        merge_host_views(
+            &mut hosts,
+            vec![view("fd00::2", "other-name"), view("10.0.0.1", "")],
+        );
+        assert_eq!(hosts.len(), 2, "{hosts:?}");
+        assert!(hosts.iter().all(|h| h.proxy == "connected"));
+    }
+
+    /// A host only the proxy knows (no heartbeat entry yet) is listed too.
+    #[test]
+    fn a_host_only_the_proxy_knows_gets_its_own_entry() {
+        let mut hosts = vec![heartbeat("bench-1.bench.ns.svc:29401", "bench-1")];
+        merge_host_views(&mut hosts, vec![view("10.88.0.9", "bench-2")]);
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(
+            (
+                hosts[1].host.as_str(),
+                hosts[1].addr.as_str(),
+                hosts[1].state.as_str()
+            ),
+            ("bench-2", "10.88.0.9", "unknown")
+        );
+        assert_eq!(hosts[0].proxy, "", "the other entry is untouched");
     }
 }
