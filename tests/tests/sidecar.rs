@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use weft::rpc;
 use weft_tests::job::{self, JobRun, JobSpec};
+use weft_tests::otlp;
 use weft_tests::sidecar::Sidecar;
 
 fn cli() -> &'static Path {
@@ -56,85 +57,6 @@ fn spawn_job(
 
 // ---------------------------------------------------------------- tracing
 
-mod otlp {
-    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
-        TraceService, TraceServiceServer,
-    };
-    use opentelemetry_proto::tonic::collector::trace::v1::{
-        ExportTraceServiceRequest, ExportTraceServiceResponse,
-    };
-    use opentelemetry_proto::tonic::common::v1::any_value::Value;
-    use std::collections::BTreeMap;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Debug, Clone)]
-    pub struct Got {
-        pub name: String,
-        pub trace_id: Vec<u8>,
-        pub parent: Vec<u8>,
-        pub attrs: BTreeMap<String, String>,
-    }
-
-    #[derive(Clone, Default)]
-    pub struct Receiver(pub Arc<Mutex<Vec<Got>>>);
-
-    #[tonic::async_trait]
-    impl TraceService for Receiver {
-        async fn export(
-            &self,
-            req: tonic::Request<ExportTraceServiceRequest>,
-        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-            let mut out = self.0.lock().unwrap();
-            for rs in req.into_inner().resource_spans {
-                for ss in rs.scope_spans {
-                    for sp in ss.spans {
-                        let attrs = sp
-                            .attributes
-                            .iter()
-                            .map(|kv| {
-                                let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                                    Some(Value::StringValue(s)) => s.clone(),
-                                    Some(Value::IntValue(i)) => i.to_string(),
-                                    Some(Value::BoolValue(b)) => b.to_string(),
-                                    other => format!("{other:?}"),
-                                };
-                                (kv.key.clone(), v)
-                            })
-                            .collect();
-                        out.push(Got {
-                            name: sp.name,
-                            trace_id: sp.trace_id,
-                            parent: sp.parent_span_id,
-                            attrs,
-                        });
-                    }
-                }
-            }
-            Ok(tonic::Response::new(ExportTraceServiceResponse {
-                partial_success: None,
-            }))
-        }
-    }
-
-    /// Serves the OTel collector's trace service on 127.0.0.1; returns its port.
-    pub fn start(r: Receiver) -> (u16, std::thread::JoinHandle<()>) {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        l.set_nonblocking(true).unwrap();
-        let h = std::thread::spawn(move || {
-            let rt = super::rt();
-            rt.block_on(async move {
-                let l = tokio::net::TcpListener::from_std(l).unwrap();
-                let _ = tonic::transport::Server::builder()
-                    .add_service(TraceServiceServer::new(r))
-                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l))
-                    .await;
-            });
-        });
-        (port, h)
-    }
-}
-
 /// One sidecar serving 4 ranks, each running N collectives on the world and
 /// N on a split half: the receiver gets every span, and each span's rank and
 /// communicator are those of the process that issued it (checked against
@@ -162,7 +84,7 @@ fn tracing_context_every_span_arrives_with_its_own_rank_and_comm() {
         .wait(Duration::from_secs(10))
         .expect("sidecar exits after SIGTERM");
     assert!(st.success(), "sidecar exit {st:?}\n{}", sc.log());
-    let spans = recv.0.lock().unwrap().clone();
+    let spans = recv.spans();
     const GROUPS: usize = 10; // as in the rank worker's sc_traced
     let expected = 4 * (2 * N + GROUPS);
     eprintln!(
@@ -791,10 +713,10 @@ fn c_abi_programs_without_a_sidecar_export_spans() {
     run.assert_success();
     // The exporter flushed at exit; give the receiver a moment to record.
     let t = Instant::now();
-    while recv.0.lock().unwrap().len() < 60 && t.elapsed() < Duration::from_secs(5) {
+    while recv.spans().len() < 60 && t.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let spans = recv.0.lock().unwrap().clone();
+    let spans = recv.spans();
     let mut per_rank: BTreeMap<String, usize> = BTreeMap::new();
     for s in spans.iter().filter(|s| s.name == "weft.all_reduce") {
         assert_eq!(s.attrs["weft.outcome"], "ok", "{s:?}");
