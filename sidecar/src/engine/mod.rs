@@ -114,6 +114,25 @@ impl JobEvents for Engine {
         self.state.publish(&self.state.lock());
         self.fail_comm("", reason, 0);
     }
+
+    /// Under `ReplaceRank` (a recovery board) the job outlives a lost pod:
+    /// the proxy has failed the ranks with a channel to it, the pod's own
+    /// sidecar (terminating) or the heartbeats (a silent peer, `peers.rs`)
+    /// name its ranks dead on the board, and the survivors shrink around
+    /// them. Failing every communicator here would also fail the ones they
+    /// built without it (a deleted pod's sidecar closes its connections
+    /// after its ranks' deaths were known and the survivors had shrunk).
+    /// Without a board a lost host fails the whole job here.
+    fn host_connection_lost(&self, reason: &str) {
+        if self.board.get().is_none() {
+            return self.host_lost(reason);
+        }
+        self.state.lock().push_error(reason.to_string());
+        self.state.publish(&self.state.lock());
+        log(&format!(
+            "{reason}: only its channels fail (the recovery board names its ranks dead)"
+        ));
+    }
 }
 
 /// `weft sidecar` options.
@@ -220,6 +239,63 @@ pub async fn terminate(engine: &Arc<Engine>, sig: &str, grace: Duration) {
 mod tests {
     use super::*;
     use crate::seams::HostView;
+
+    /// An engine with one attached rank of communicator `c`; returns the
+    /// queue its commands (aborts) arrive on.
+    type Commands = tokio::sync::mpsc::Receiver<Result<rpc::SidecarCommand, tonic::Status>>;
+
+    fn engine_with_a_rank() -> (Arc<Engine>, Commands) {
+        let e = Engine::new("j".into(), "h".into(), None);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let hello = rpc::Hello {
+            pid: 7,
+            hostname: "h".into(),
+            job: "j".into(),
+            ..Default::default()
+        };
+        let conn = e.add_proc(hello, None, tx);
+        e.on_message(
+            conn,
+            rpc::rank_message::Msg::Register(rpc::Register {
+                comm_id: "c".into(),
+                rank: 0,
+                nranks: 2,
+            }),
+        );
+        (e, rx)
+    }
+
+    /// Issue 31: a deleted pod's sidecar closed its proxy connections after
+    /// the survivors had shrunk around its ranks, and the lost connection
+    /// failed their new communicator. Under ReplaceRank (a board) it fails
+    /// only the proxy's channels to that host; otherwise the whole job.
+    #[test]
+    fn a_lost_connection_fails_the_job_only_without_a_recovery_board() {
+        let (e, mut rx) = engine_with_a_rank();
+        e.host_connection_lost("lost host p-1 (10.0.0.2): its sidecar closed the connection");
+        assert!(
+            rx.try_recv().is_ok(),
+            "without a board every communicator fails"
+        );
+
+        let (e, mut rx) = engine_with_a_rank();
+        let dir = std::env::temp_dir().join(format!("weft-engine-board-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let me = board::PodRanks {
+            offset: 0,
+            count: 1,
+            incarnation: 0,
+        };
+        let b = board::Board::new(dir.clone(), me, 2).unwrap();
+        assert!(e.board.set(Arc::new(b)).is_ok());
+        e.host_connection_lost("lost host p-1 (10.0.0.2): its sidecar closed the connection");
+        assert!(
+            rx.try_recv().is_err(),
+            "with a board no communicator is failed for it"
+        );
+        assert_eq!(e.status().async_errors.len(), 1, "the loss is recorded");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn heartbeat(addr: &str, host: &str) -> rpc::HostStatus {
         rpc::HostStatus {
