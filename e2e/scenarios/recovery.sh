@@ -88,9 +88,24 @@ scenario_replace_delete() {
   wait_phase $job Running 300
   survivors=$(pod_uids $job | tr ' ' '\n' | grep -v "^$job-2=" | tr '\n' ' ')
   wait_until 300 "step 100 reached" "facts $job-0 train 'step 100 ' | grep -q ."
+  ras_lists_each_peer_once $job
   t_del=$(now_ms)
   kubectl -n "$NS" delete pod $job-2 --wait=false >/dev/null
   check_recovered $job $job-2 "$t_del" "$ref" "$survivors"
   check $job '.status.recoveries[0].reason == "PodDeleted"'
   delete_job $job
+}
+
+# `weft ras` in pod 0's sidecar lists each other pod once, with the proxy's
+# connection to it (it listed a pod named by DNS twice: issue 31).
+ras_lists_each_peer_once() {
+  local job=$1 ras p n
+  ras=$(kubectl -n "$NS" exec $job-0 -c weft-sidecar -- weft ras)
+  n=$(($(pod_names $job | wc -w) - 1))
+  grep -q "^peer hosts: $n\$" <<<"$ras" || fail "RAS does not list $n peer hosts: $ras"
+  for p in $(pod_names $job); do
+    [[ $p == "$job-0" ]] && continue
+    [[ $(grep -c "^  $p\(\.[^ ]*\)\? at .*; proxy up " <<<"$ras") == 1 ]] || fail "RAS does not list $p once, proxy up: $ras"
+  done
+  log "weft ras in $job-0 lists each of its $n peers once: $(grep -m1 '^  ' <<<"$ras")"
 }
