@@ -75,9 +75,10 @@ VALUE_SETS = {
         "serviceAccount": {"name": "weft", "annotations": {"example.com/a": "b"}},
         "imagePullSecrets": [{"name": "regcred"}],
     },
-    "no-leader-election-no-service": {
+    "no-leader-election-no-service-no-hook": {
         "operator": {"leaderElection": False, "nodeSelector": {"kubernetes.io/os": "linux"}},
         "metrics": {"service": {"enabled": False}},
+        "uninstall": {"hook": False},
     },
 }
 
@@ -87,6 +88,7 @@ def render() -> None:
     for label, values in VALUE_SETS.items():
         out = chart.render(values, name="weft", namespace="weft-system", is_install=True)
         kinds = []
+        deployments, hook_jobs = [], []
         for path, text in sorted(out.items()):
             if path.endswith("NOTES.txt"):
                 if "kubectl apply -f examples/" not in text:
@@ -97,15 +99,32 @@ def render() -> None:
                     continue
                 kinds.append(doc["kind"])
                 validate_k8s(doc, f"render[{label}] {path}")
+                hook = doc["metadata"].get("annotations", {}).get("helm.sh/hook")
+                if path.endswith("uninstall-hook.yaml") and hook != "pre-delete":
+                    fail(f"{label}: {doc['kind']} {doc['metadata']['name']} of the uninstall hook is not a pre-delete hook")
                 if doc["kind"] == "ClusterRole":
-                    check_rbac(doc, values or {})
+                    if hook:
+                        check_hook_rbac(doc)
+                    else:
+                        check_rbac(doc, values or {})
+                if doc["kind"] == "Role" and hook:
+                    check_hook_rbac(doc)
+                if doc["kind"] == "Job":
+                    hook_jobs.append(doc)
                 if doc["kind"] == "Deployment":
+                    deployments.append(doc["metadata"]["name"])
                     want = (values or {}).get("operator", {}).get("replicas", 1)
                     if doc["spec"]["replicas"] != want:
                         fail(f"{label}: Deployment replicas {doc['spec']['replicas']} != {want}")
+        for job in hook_jobs:
+            args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+            if args[0] != "uninstall" or [f"--deployment={d}" for d in deployments] != args[1:2]:
+                fail(f"{label}: the uninstall hook's args {args} do not name the Deployment {deployments}")
         expected = {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
         if (values or {}).get("operator", {}).get("leaderElection", True):
             expected |= {"Role", "RoleBinding"}
+        if (values or {}).get("uninstall", {}).get("hook", True):
+            expected |= {"Job", "Role", "RoleBinding"}
         if (values or {}).get("metrics", {}).get("service", {}).get("enabled", True):
             expected.add("Service")
         if set(kinds) != expected:
@@ -120,6 +139,7 @@ def render() -> None:
         "replicas: two": {"operator": {"replicas": "two"}},
         "pullPolicy: Sometimes": {"operator": {"image": {"pullPolicy": "Sometimes"}}},
         "unknown key": {"sidecar": {"imag": "x"}},
+        "uninstall.stopTimeoutSeconds: 0": {"uninstall": {"stopTimeoutSeconds": 0}},
     }.items():
         try:
             chart.validate_schema(bad)
@@ -151,6 +171,26 @@ def check_rbac(role: dict, values: dict) -> None:
                     fail(f"ClusterRole grants {sorted(extra)} on {g}/{r} beyond what the operator uses")
                 if r == "secrets" and not values.get("rbac", {}).get("watchSecrets", True) and verbs != {"create"}:
                     fail("rbac.watchSecrets=false must leave only create on secrets")
+
+
+def check_hook_rbac(role: dict) -> None:
+    # The uninstall hook: its own Deployment and Lease by name, and the
+    # finalizers of CollectiveJobs; nothing else.
+    allowed = {
+        ("weft.dev", "collectivejobs"): {"get", "list", "patch"},
+        ("apps", "deployments"): {"get", "delete"},
+        ("coordination.k8s.io", "leases"): {"delete"},
+    }
+    for rule in role["rules"]:
+        for g in rule["apiGroups"]:
+            for r in rule["resources"]:
+                extra = set(rule["verbs"]) - allowed.get((g, r), set())
+                if extra:
+                    fail(f"uninstall hook {role['kind']} grants {sorted(extra)} on {g}/{r}")
+                if role["kind"] == "Role" and not rule.get("resourceNames"):
+                    fail(f"uninstall hook Role: {g}/{r} is not narrowed to resourceNames")
+                if r == "leases" and rule.get("resourceNames") != ["weft-operator-leader"]:
+                    fail(f"uninstall hook Role: leases {rule.get('resourceNames')} is not the leader Lease")
 
 
 def load_crd() -> dict:

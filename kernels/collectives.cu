@@ -1,5 +1,12 @@
-// Weft's CUDA collectives: one kernel per (collective family, type, op),
-// compiled at run time with NVRTC for the device's architecture.
+// Weft's CUDA collectives, in two families of kernels: a reducing kernel
+// per (type, op), weft_coll_<type>_<op>, runs the collectives that combine
+// values (all-reduce, reduce, reduce-scatter); a moving kernel per element
+// size, weft_move_<bytes>, runs those that only move them (all-gather,
+// broadcast, all-to-all); weft_p2p runs point-to-point rounds. Each family
+// compiles only its own kinds' code (see `Family`), which keeps the library's
+// precompiled machine code small. Compiled ahead of time for the GPUs the
+// build targets (libcomm/build.rs), else at run time with NVRTC for the
+// device's architecture (libcomm/src/cuda/kernels.rs).
 //
 // Header-free on purpose (no cuda_fp16.h / cuda_bf16.h / cuda_fp8.h): the
 // narrow float conversions are single PTX instructions, so the source compiles
@@ -293,11 +300,15 @@ WEFT_FP8(E5M2, "e5m2")
 #endif
 
 // ---------------------------------------------------------------- ops
-struct OpSum { template <typename A> __device__ static A f(A a, A b) { return a + b; } };
-struct OpProd { template <typename A> __device__ static A f(A a, A b) { return a * b; } };
-struct OpMax { template <typename A> __device__ static A f(A a, A b) { return a > b ? a : b; } };
-struct OpMin { template <typename A> __device__ static A f(A a, A b) { return a < b ? a : b; } };
-struct OpAvg { template <typename A> __device__ static A f(A a, A b) { return a + b; } };
+// `reduces`: the kernel family an op makes (see `Family`). OpMove makes the
+// moving kernels: nothing is combined, so its `f` is never called.
+struct Reducing { static constexpr bool reduces = true; };
+struct OpSum : Reducing { template <typename A> __device__ static A f(A a, A b) { return a + b; } };
+struct OpProd : Reducing { template <typename A> __device__ static A f(A a, A b) { return a * b; } };
+struct OpMax : Reducing { template <typename A> __device__ static A f(A a, A b) { return a > b ? a : b; } };
+struct OpMin : Reducing { template <typename A> __device__ static A f(A a, A b) { return a < b ? a : b; } };
+struct OpAvg : Reducing { template <typename A> __device__ static A f(A a, A b) { return a + b; } };
+struct OpMove { static constexpr bool reduces = false; template <typename A> __device__ static A f(A a, A) { return a; } };
 // NaN propagates through max/min like the host kernels (fmaxf would drop it).
 template <> __device__ float OpMax::f<float>(float a, float b) { return (a != a || a > b) ? a : b; }
 template <> __device__ float OpMin::f<float>(float a, float b) { return (a != a || a < b) ? a : b; }
@@ -306,6 +317,20 @@ template <> __device__ double OpMin::f<double>(double a, double b) { return (a !
 
 template <typename Op, typename A> struct Finish { __device__ static A f(A a, int) { return a; } };
 template <typename A> struct Finish<OpAvg, A> { __device__ static A f(A a, int n) { return a / (A)n; } };
+
+// The kinds a kernel family runs. Every branch for a kind is guarded by
+// `Family<Op>::reduce` or `Family<Op>::move`, compile-time constants, so a
+// family's kernels hold no code for the other family's kinds. The host
+// launches each kind on its family's kernels only (cuda/plan.rs).
+template <typename Op> struct Family {
+    static constexpr bool reduce = Op::reduces;
+    static constexpr bool move = !Op::reduces;
+    __device__ static bool runs(int kind) {
+        const bool reducing =
+            kind == K_ALLREDUCE || kind == K_ALLREDUCE_2SHOT || kind == K_REDUCE || kind == K_REDUCESCATTER;
+        return reducing == Op::reduces;
+    }
+};
 
 // ---------------------------------------------------------------- kernels
 // This block's slice [lo, hi) of n elements: slices are whole 16-byte vectors
@@ -374,8 +399,11 @@ __device__ __forceinline__ void copy_bytes(u8* dst, const u8* src, u64 bytes, bo
 
 // out[i] = finish(op over r of src_r[i]) for i in [lo, hi); src_r = base_r + off (bytes).
 // (Two vectors per source in flight measured no faster on 4 x H200.)
+// Out of line: a kernel calls it from eight places, once per block slice,
+// and one copy instead of eight halves the machine code and the compile
+// time of every reducing kernel (the loop inside is the same).
 template <typename T, typename Op>
-__device__ __forceinline__ void reduce_src(const u64* src, const int n, u64 off_bytes, T* out, u64 lo, u64 hi) {
+__device__ __noinline__ void reduce_src(const u64* src, const int n, u64 off_bytes, T* out, u64 lo, u64 hi) {
     typedef typename Acc<T>::type A;
     const u64 V = 16 / sizeof(T);
     bool aligned = ((u64)(out + lo) & 15) == 0;
@@ -425,6 +453,10 @@ __device__ void ll_oneshot(const Args& a);
 
 template <typename T, typename Op>
 __device__ void collective(const Args& a) {
+    typedef Family<Op> F;
+    // A kind launched on the other family's kernel is a host bug: fail the
+    // launch loudly rather than leave the output unwritten.
+    if (!F::runs(a.kind)) __trap();
     if (a.ll) {
         ll_oneshot<T, Op>(a);
         return;
@@ -468,25 +500,32 @@ __device__ void collective(const Args& a) {
         BARRIER(a, 2 * s);
         // 2. Read what this rank needs from every peer.
         switch (a.kind) {
+        // (Each case first leaves kernels of the other family: see Family.)
         case K_ALLREDUCE:
+            if (F::move) break;
             reduce_src<T, Op>(scr, n, par, (T*)(out + base * E), lo, hi);
             break;
         case K_REDUCE:
+            if (F::move) break;
             if (a.rank == a.root) reduce_src<T, Op>(scr, n, par, (T*)(out + base * E), lo, hi);
             break;
         case K_REDUCESCATTER:
+            if (F::move) break;
             reduce_src<T, Op>(scr, n, par + a.rank * a.chunk * E, (T*)(out + base * E), lo, hi);
             break;
         case K_ALLGATHER:
+            if (F::reduce) break;
             for (int k = 0; k < n; k++) {
                 int r = (a.rank + k) % n;
                 copy_bytes(out + (r * count + base + lo) * E, (const u8*)a.scratch[r] + par + lo * E, (hi - lo) * E, true);
             }
             break;
         case K_BROADCAST:
+            if (F::reduce) break;
             copy_bytes(out + (base + lo) * E, (const u8*)a.scratch[a.root] + par + lo * E, (hi - lo) * E, true);
             break;
         case K_ALLTOALL:
+            if (F::reduce) break;
             for (int k = 0; k < n; k++) {
                 int r = (a.rank + k) % n;
                 copy_bytes(out + (r * count + base + lo) * E,
@@ -494,6 +533,7 @@ __device__ void collective(const Args& a) {
             }
             break;
         case K_ALLREDUCE_2SHOT: {
+            if (F::move) break;
             // Reduce my 1/n of the slice into my own scratch (only I read that
             // part before the next barrier's all-gather), then gather.
             u64 len = hi - lo;
@@ -664,6 +704,7 @@ __device__ bool broadcast_direct(const Args& a, const u64* pin, const u64* pout,
 // reuse them). Consumes two sequence numbers.
 template <typename T, typename Op>
 __device__ void collective_direct(const Args& a) {
+    typedef Family<Op> F;
     const u64 E = sizeof(T);
     const int n = a.nranks;
     const u64 count = a.count;
@@ -687,7 +728,9 @@ __device__ void collective_direct(const Args& a) {
     // Non-root ranks are numbered 0..n-2 ("helpers") for reduce and broadcast.
     const int helper = (a.rank - a.root - 1 + n) % n;
     switch (a.kind) {
+    // (Each case first leaves kernels of the other family: see Family.)
     case K_REDUCE: {
+        if (F::move) break;
         // The n-1 non-root ranks share the range; a chunk's helper reduces it
         // from every input (the root's included) and stores it straight into
         // the root's output. Every link then carries about the message size
@@ -714,9 +757,11 @@ __device__ void collective_direct(const Args& a) {
         break;
     }
     case K_REDUCESCATTER:
+        if (F::move) break;
         reduce_src<T, Op>(pin, n, a.rank * count * E, (T*)out, lo, hi);
         break;
     case K_ALLGATHER:
+        if (F::reduce) break;
         // Block b starts at peer rank + b: at any time some blocks copy
         // locally (HBM) while the others use the links, instead of every
         // block doing its local copy first with the links idle.
@@ -735,9 +780,11 @@ __device__ void collective_direct(const Args& a) {
         }
         break;
     case K_BROADCAST:
+        if (F::reduce) break;
         if (!broadcast_direct<T>(a, pin, pout, lo, hi)) return;
         break;
     case K_ALLTOALL:
+        if (F::reduce) break;
         for (int k = 0; k < n; k++) {
             int r = (a.rank + k + blockIdx.x) % n;  // staggered as all-gather's
             if (a.push)
@@ -748,6 +795,7 @@ __device__ void collective_direct(const Args& a) {
         }
         break;
     case K_ALLREDUCE_2SHOT: {
+        if (F::move) break;
         u64 plo, phi;
         part<T>(lo, hi, a.rank, n, plo, phi);
         // My part of every input -> my output (in place: only I read my part).
@@ -834,7 +882,8 @@ __device__ void chain_fifo(const Args& a) {
     const int n = a.nranks;
     const u64 s = a.seq_base;
     BARRIER(a, 2 * s);
-    const bool bcast = a.kind == K_BROADCAST;
+    // Broadcast (moving kernels) or reduce (reducing kernels).
+    const bool bcast = Family<Op>::move;
     const int first = bcast ? a.root : (a.root + 1) % n;
     const int pos = (a.rank - first + n) % n;
     const int pred = (a.rank - 1 + n) % n, succ = (a.rank + 1) % n;
@@ -919,12 +968,10 @@ __device__ __forceinline__ uint4 vec2(u64 lo, u64 hi) {
     return make_uint4((u32)lo, (u32)(lo >> 32), (u32)hi, (u32)(hi >> 32));
 }
 
-// 16-byte vector v of a user buffer of `bytes` bytes (zeros past the end);
-// byte by byte where the buffer is not 16-byte aligned (nccl-tests -u) or
-// the vector is the partial last one.
-__device__ __forceinline__ uint4 load_vec(const u8* base, u64 v, u64 bytes) {
-    const u64 off = v * 16;
-    if (off + 16 <= bytes && ((u64)base & 15) == 0) return *(const uint4*)(base + off);
+// The rare path of load_vec / store_vec (a buffer that is not 16-byte
+// aligned, or the partial last vector): out of line, so that the many
+// inlined copies of the fast path stay small.
+__device__ __noinline__ uint4 load_vec_bytes(const u8* base, u64 off, u64 bytes) {
     u8 b[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) b[i] = off + i < bytes ? base[off + i] : 0;
@@ -932,17 +979,29 @@ __device__ __forceinline__ uint4 load_vec(const u8* base, u64 v, u64 bytes) {
     memcpy(&r, b, 16);
     return r;
 }
+__device__ __noinline__ void store_vec_bytes(u8* base, u64 off, u64 bytes, uint4 x) {
+    u8 b[16];
+    memcpy(b, &x, 16);
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (off + i < bytes) base[off + i] = b[i];
+}
+
+// 16-byte vector v of a user buffer of `bytes` bytes (zeros past the end);
+// byte by byte where the buffer is not 16-byte aligned (nccl-tests -u) or
+// the vector is the partial last one.
+__device__ __forceinline__ uint4 load_vec(const u8* base, u64 v, u64 bytes) {
+    const u64 off = v * 16;
+    if (off + 16 <= bytes && ((u64)base & 15) == 0) return *(const uint4*)(base + off);
+    return load_vec_bytes(base, off, bytes);
+}
 __device__ __forceinline__ void store_vec(u8* base, u64 v, u64 bytes, uint4 x) {
     const u64 off = v * 16;
     if (off + 16 <= bytes && ((u64)base & 15) == 0) {
         *(uint4*)(base + off) = x;
         return;
     }
-    u8 b[16];
-    memcpy(b, &x, 16);
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-        if (off + i < bytes) base[off + i] = b[i];
+    store_vec_bytes(base, off, bytes, x);
 }
 
 // Lane 0 waits until *p >= need (its value then in `seen` for the whole
@@ -992,7 +1051,8 @@ __device__ __forceinline__ bool lines_recv(const u64* rows, u64 flag, u64 (&w)[2
 template <typename T, typename Op>
 __device__ void lines_chain(const Args& a) {
     const int n = a.nranks;
-    const bool bcast = a.kind == K_BROADCAST;
+    // Broadcast (moving kernels) or reduce (reducing kernels).
+    const bool bcast = Family<Op>::move;
     const int first = bcast ? a.root : (a.root + 1) % n;
     const int pos = (a.rank - first + n) % n;
     const int pred = (a.rank - 1 + n) % n, succ = (a.rank + 1) % n;
@@ -1185,7 +1245,7 @@ __device__ void ll_oneshot(const Args& a) {
     const u8* in = (const u8*)a.in;
     u8* out = (u8*)a.out;
     const bool per_dest = kind == K_REDUCESCATTER || kind == K_ALLTOALL;
-    const bool reduces = kind == K_ALLREDUCE || kind == K_REDUCESCATTER || kind == K_REDUCE;
+    const bool reduces = Family<Op>::reduce;  // else broadcast, all-gather or all-to-all
     const bool sends = kind == K_BROADCAST ? me == root : kind == K_REDUCE ? me != root : true;
     const bool receives = kind == K_BROADCAST ? me != root : kind == K_REDUCE ? me == root : true;
     // My slot in each peer's area, and each peer's slot in mine.
@@ -1411,8 +1471,7 @@ __device__ void p2p_recv_fifo(const P2pArgs& a, const P2pOp& op, int b) {
     }
 }
 
-#if !defined(WEFT_SINGLE) || defined(WEFT_P2P_KERNEL)
-extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
+__device__ void p2p_round(const P2pArgs& a) {
     int k = 0;
     while (k + 1 < a.nops && (int)blockIdx.x >= a.ops[k + 1].block0) k++;
     const P2pOp& op = a.ops[k];
@@ -1479,34 +1538,17 @@ extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) {
         }
     }
 }
-#endif
 
+// The kernels. Each compilation appends one instantiation line to this
+// file, so that each kernel is its own small program (libcomm's build
+// compiles them in parallel, and the run-time fallback compiles only what a
+// process uses): WEFT_KERNEL(type name, type, op name, op) makes
+// weft_coll_<type>_<op>, WEFT_MOVE(bytes, unsigned type) weft_move_<bytes>,
+// WEFT_P2P() weft_p2p. The list of kernels and their lines is
+// libcomm/src/cuda/kernel_set.rs; fp8 types need sm_89 or newer.
 #define WEFT_KERNEL(TN, T, ON, OP) \
     extern "C" __global__ void __launch_bounds__(512) weft_coll_##TN##_##ON(Args a) { collective<T, OP>(a); }
-
-#define WEFT_ALL_OPS(TN, T)         \
-    WEFT_KERNEL(TN, T, sum, OpSum)   \
-    WEFT_KERNEL(TN, T, prod, OpProd) \
-    WEFT_KERNEL(TN, T, max, OpMax)   \
-    WEFT_KERNEL(TN, T, min, OpMin)   \
-    WEFT_KERNEL(TN, T, avg, OpAvg)
-
-// The runtime compiles one kernel at a time (-DWEFT_SINGLE plus one
-// WEFT_KERNEL line appended): NVRTC and the driver's JIT then take a fraction
-// of a second on first use instead of seconds for all of them.
-#ifndef WEFT_SINGLE
-WEFT_ALL_OPS(i8, i8)
-WEFT_ALL_OPS(u8, u8)
-WEFT_ALL_OPS(i32, i32)
-WEFT_ALL_OPS(u32, u32)
-WEFT_ALL_OPS(i64, i64)
-WEFT_ALL_OPS(u64, u64)
-WEFT_ALL_OPS(f16, Half)
-WEFT_ALL_OPS(f32, float)
-WEFT_ALL_OPS(f64, double)
-WEFT_ALL_OPS(bf16, Bf16)
-#if __CUDA_ARCH__ >= 890
-WEFT_ALL_OPS(f8e4m3, E4M3)
-WEFT_ALL_OPS(f8e5m2, E5M2)
-#endif
-#endif
+#define WEFT_MOVE(N, T) \
+    extern "C" __global__ void __launch_bounds__(512) weft_move_##N(Args a) { collective<T, OpMove>(a); }
+#define WEFT_P2P() \
+    extern "C" __global__ void __launch_bounds__(512) weft_p2p(P2pArgs a) { p2p_round(a); }

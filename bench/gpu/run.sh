@@ -2,7 +2,7 @@
 # Weft CUDA data plane on the GPU machine: build nccl-tests against the
 # machine's NCCL, run correctness (ours) and performance (NCCL vs ours).
 # Usage: bench/gpu/run.sh [phases...]
-#   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 check checkg
+#   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 coldstart check checkg
 #           check9 share1 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
 #           perfp2p lat mpilat tune chaintune linestune save unsave
 # Layout next to this script (never committed; built/copied per run):
@@ -10,6 +10,7 @@
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
 #   weft/libnccl.so.2  stripped `cargo build --release -p weft-nccl` (target/release/libnccl.so)
 #   weft/cuda-test     stripped `cargo test --release -p weft-nccl --test cuda --no-run` binary
+#   weft/cold-start-test  stripped `cargo test --release -p weft-nccl --test cuda_cold_start --no-run` binary
 #   weft/weft          stripped `cargo build --release -p weft` (for weft bench --device cuda)
 #   weft-old/libnccl.so.2  optional: an earlier build, for the `lat` phase's comparison
 # Some phases take the collectives from TABLE_COLLS, CHECK_COLLS (mpicheck),
@@ -78,6 +79,13 @@ rtest)
   # RTEST_SKIP: e.g. "--skip communicators_sharing_gpus" on a one-GPU machine.
   log rust GPU test $RTEST_ENV
   env $RTEST_ENV LD_LIBRARY_PATH=$OURS_LD timeout 240 $D/weft/cuda-test --include-ignored $RTEST_SKIP --nocapture --test-threads 1 2>&1 | tail -25; echo "rc=$?" ;;
+coldstart)
+  # A fresh process's init and first bf16/f32 all_reduce, with the kernels
+  # from the build's cubins, its PTX (driver JIT, cache off) and NVRTC.
+  for v in "" "CUDA_CACHE_DISABLE=1 WEFT_KERNEL_SOURCE=ptx" "WEFT_KERNEL_SOURCE=nvrtc"; do
+    log cold start $v
+    env $v LD_LIBRARY_PATH=$OURS_LD timeout 600 $D/weft/cold-start-test --ignored --nocapture 2>&1 | grep -E "cold start|panicked|test result"; echo "rc=$?"
+  done ;;
 rtestv)
   # The Rust GPU test with each broadcast algorithm forced and many small
   # pipeline steps / reduce chunks.

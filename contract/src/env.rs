@@ -517,5 +517,32 @@ impl BootstrapEnv {
     }
 }
 
+/// Where this process is asked to send its spans, by OpenTelemetry's rule:
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// (empty is unset), and nothing when `OTEL_SDK_DISABLED` is `true` (any
+/// case; OTel's only disabling value). The variable that names it and its
+/// value; None: no export.
+pub fn otlp_endpoint_from(lookup: Lookup<'_>) -> Option<(&'static str, String)> {
+    let disabled =
+        lookup(params::OTEL_SDK_DISABLED.name()).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if disabled {
+        return None;
+    }
+    [
+        params::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+        params::OTEL_EXPORTER_OTLP_ENDPOINT,
+    ]
+    .into_iter()
+    .find_map(|p| {
+        lookup(p.name())
+            .filter(|v| !v.is_empty())
+            .map(|v| (p.name(), v))
+    })
+}
+
+pub fn otlp_endpoint() -> Option<(&'static str, String)> {
+    otlp_endpoint_from(&params::process_env)
+}
+
 #[cfg(test)]
 mod tests;

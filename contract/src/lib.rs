@@ -7,11 +7,15 @@
 //!   the process environment; README.md's configuration table is generated
 //!   from it ([`params::readme_table`]); [`params::warn_unknown_once`] names
 //!   the closest known variable for a misspelt `WEFT_*` one.
-//! - [`env`]: the environment contract between the operator, a launcher
+//! - [`mod@env`]: the environment contract between the operator, a launcher
 //!   (`weft run`, the pod) and each rank process, as typed structs.
+//! - [`board`]: the recovery board's protocol between the launcher, the
+//!   sidecars and libcomm's `Resilient` ranks: file names, the `dead` line,
+//!   the bounds a peer's post must keep, the atomic write.
 //!
 //! The crate has no dependencies: everything that runs Weft links it.
 
+pub mod board;
 pub mod env;
 pub mod params;
 

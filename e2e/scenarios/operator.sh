@@ -120,52 +120,45 @@ leads_alone() {
   [[ "$(wc -w <<<"$pods")" == 1 && "$(leader)" == "${pods% }" ]]
 }
 
-# helm uninstall with a job still there. What Helm removes: the operator's
-# Deployment, Service, ServiceAccount, RBAC. What remains (documented in
-# docs/KUBERNETES.md, "Uninstall"): the CRD (Helm never deletes CRDs it
-# installed from crds/), the jobs with their pods, Services and Secrets
-# (nothing stops them), and the leader-election Lease (not Helm's; no holder
-# renews it). A job deleted then waits for its finalizer; removing the
-# finalizer lets the garbage collector remove its pods.
+# helm uninstall with a job still there. Its pre-delete hook (`weft-operator
+# uninstall`) stops the operator (the leader releases the Lease), removes the
+# operator's finalizer from every job and deletes the Lease; then Helm
+# removes the operator's Deployment, Service, ServiceAccount, RBAC and the
+# hook's own objects. What remains (docs/KUBERNETES.md, "Uninstall"): the CRD
+# (Helm never deletes CRDs it installed from crds/) and the jobs with their
+# pods, Services and Secrets, still running; deleting a job then returns at
+# once and the garbage collector removes its pods.
 scenario_uninstall() {
   local job=e2e-orphan
   CURRENT_JOB=$job
   apply "$ROOT/e2e/restart-job.yaml" "s/^  name: e2e-restart$/  name: $job/"
   wait_phase $job Running 300
-  local before; before=$(pod_uids $job)
+  check $job '.metadata.finalizers == ["weft.dev/cleanup"]'
+  local before t0; before=$(pod_uids $job)
   log "helm uninstall with $job running"
-  helm uninstall weft -n "$OP_NS" --wait
+  t0=$(now_ms)
+  helm uninstall weft -n "$OP_NS" --wait --timeout 300
+  log "uninstalled in $(($(now_ms) - t0)) ms (the hook stopped the operator first)"
   wait_until 120 "operator pods gone" '[[ -z $(operator_pods) ]]'
   local k
-  for k in deployment service serviceaccount role rolebinding; do
+  for k in deployment service serviceaccount role rolebinding job; do
     [[ -z "$(kubectl -n "$OP_NS" get "$k" -l app.kubernetes.io/instance=weft -o name)" ]] || fail "$k left behind"
   done
   for k in clusterrole clusterrolebinding; do
     [[ -z "$(kubectl get "$k" -l app.kubernetes.io/instance=weft -o name)" ]] || fail "$k left behind"
   done
+  ! kubectl -n "$OP_NS" get lease weft-operator-leader >/dev/null 2>&1 || fail "the Lease was left behind"
   kubectl get crd collectivejobs.weft.dev >/dev/null || fail "the CRD went with the release"
   [[ "$(pod_uids $job)" == "$before" ]] || fail "the job's pods changed"
-  check $job '.status.phase == "Running"'
+  check $job '.status.phase == "Running"' '(.metadata.finalizers // []) == []'
   kubectl -n "$NS" get service $job >/dev/null
-  local lease renew
-  if lease=$(kubectl -n "$OP_NS" get lease weft-operator-leader -o json 2>/dev/null); then
-    renew=$(jq -r '.spec.renewTime // ""' <<<"$lease")
-    sleep 3
-    [[ "$(kubectl -n "$OP_NS" get lease weft-operator-leader -o jsonpath='{.spec.renewTime}')" == "$renew" ]] \
-      || fail "the Lease is still renewed after uninstall"
-    log "Lease left: holder '$(jq -r '.spec.holderIdentity // ""' <<<"$lease")' (empty: released), no longer renewed"
-  else
-    log "no Lease left"
-  fi
-  log "without an operator the job's finalizer holds its deletion"
-  kubectl -n "$NS" delete cjob $job --wait=false >/dev/null
-  sleep 3
-  kubectl -n "$NS" get cjob $job >/dev/null || fail "deleted without its finalizer"
-  check $job '.metadata.deletionTimestamp != null'
-  kubectl -n "$NS" patch cjob $job --type=json -p '[{"op":"remove","path":"/metadata/finalizers"}]' >/dev/null
-  wait_until 60 "$job gone once its finalizer is removed" "! kubectl -n $NS get cjob $job"
+  log "left: the CRD, $job (Running, no finalizer) with its pods and Service; no Lease, no hook objects"
+  log "without an operator the job is deleted at once and the garbage collector removes its pods"
+  t0=$(now_ms)
+  kubectl -n "$NS" delete cjob $job --wait --timeout=60s >/dev/null || fail "deleting $job did not return"
   wait_until 120 "the garbage collector removes its pods" "no_pods $job"
   wait_until 60 "and its Service" "! kubectl -n $NS get service $job"
+  log "$job and its pods gone $(($(now_ms) - t0)) ms after the delete"
   log "removing the CRD and the namespaces"
   release_jobs   # any other job left (by a failed scenario) would hold the CRD
   kubectl delete crd collectivejobs.weft.dev --wait --timeout=60s >/dev/null

@@ -7,8 +7,8 @@
 //! `WEFT_SHM_RING_BYTES`, `WEFT_HOSTNAME`, `WEFT_LISTEN_ADDR`,
 //! `NCCL_COMM_BLOCKING`. README.md's configuration table lists them.
 
-use crate::algo::tuner::AlgoOverride;
 use crate::error::{Error, Result};
+use crate::op::tuner::AlgoOverride;
 use std::time::Duration;
 use weft_contract::params::{self, Param};
 
@@ -76,9 +76,7 @@ impl Config {
         if let Some(t) = env_ms(params::WEFT_INIT_TIMEOUT_MS)? {
             c.init_timeout = t.max(Duration::from_millis(100));
         }
-        if let Some(a) = env_str(params::WEFT_ALGO) {
-            c.algo = a.parse()?;
-        }
+        c.algo = AlgoOverride::from_env()?;
         if let Some(t) = env_str(params::WEFT_TRANSPORT) {
             c.transport = match t.to_ascii_lowercase().as_str() {
                 "auto" => TransportPref::Auto,

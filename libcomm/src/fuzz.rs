@@ -7,10 +7,10 @@
 //! a value or a typed error: no panic, and no allocation beyond a bound
 //! proportional to the input (a claimed length allocates nothing by itself).
 
+use crate::bootstrap::unique_id::UniqueId;
 use crate::bootstrap::wire::{self, Dec, FrameBuf, Kind};
 use crate::bootstrap::{Hello, PeerInfo, decode_table, encode_table, server};
 use crate::transport::tcp::{ConnectMsg, FailMsg};
-use crate::unique_id::UniqueId;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -405,7 +405,7 @@ fn fuzz_comm_id_address() {
 /// by the sidecar from ranks).
 #[test]
 fn fuzz_sidecar_link_open() {
-    use crate::sidecar_link::{HEADER, OpenMsg, ProxyPeer, decode_header};
+    use crate::transport::sidecar_link::{HEADER, OpenMsg, ProxyPeer, decode_header};
     let open = OpenMsg {
         job: "job".into(),
         comm: [1; 16],

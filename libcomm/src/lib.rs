@@ -17,50 +17,38 @@
 //! # Ok::<(), libcomm::Error>(())
 //! ```
 
-pub mod algo;
-mod backend;
+mod algo;
 mod bootstrap;
 mod comm;
 mod config;
-mod core;
-mod ctx;
 pub mod cuda;
-mod eager;
+mod data;
 mod error;
-mod exec;
-mod fault;
-pub(crate) mod fdpass;
 #[cfg(test)]
 mod fuzz;
-mod group;
-pub mod handshake;
 pub(crate) mod log;
 pub mod observe;
 mod op;
-mod recovery;
-mod reduce;
-pub mod resilient;
-pub mod sidecar_link;
-pub mod sockets;
+mod progress;
+mod resilience;
 mod state;
-mod topology;
+mod sys;
 mod transport;
-mod types;
-mod unique_id;
-mod watch;
 
-pub use algo::tuner::{Algo, AlgoOverride, Coll, Decision};
-pub use comm::Communicator;
+pub use bootstrap::handshake;
+pub use bootstrap::unique_id::{UNIQUE_ID_BYTES, UniqueId};
+pub use comm::{Communicator, Group};
 pub use config::{Config, TransportPref};
+pub use data::types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
-pub use group::Group;
 /// The log level `WEFT_DEBUG` / `NCCL_DEBUG` set (read once per process).
 pub use log::{Level as LogLevel, level as log_level};
+pub use op::tuner::{Algo, AlgoOverride, Coll, Decision};
 pub use op::{Buf, Memory, Op, OpKind};
-pub use recovery::ShrinkMode;
+pub use resilience::{ShrinkMode, resilient};
 pub use state::CommState;
-pub use types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
-pub use unique_id::{UNIQUE_ID_BYTES, UniqueId};
+pub use sys::sockets;
+pub use transport::sidecar_link;
 
 /// Version as NCCL encodes it (major*10000 + minor*100 + patch): we implement
 /// the API of NCCL 2.28.

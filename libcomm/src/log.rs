@@ -33,7 +33,7 @@ pub fn level() -> Level {
 
 pub fn host() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
-    HOST.get_or_init(crate::topology::system_hostname)
+    HOST.get_or_init(crate::sys::topology::system_hostname)
 }
 
 #[doc(hidden)]
@@ -48,7 +48,7 @@ pub fn emit(lvl: Level, args: std::fmt::Arguments<'_>) {
         "{}:{}:{} weft {tag} {args}\n",
         host(),
         std::process::id(),
-        crate::topology::gettid()
+        crate::sys::topology::gettid()
     );
     let _ = std::io::stderr().write_all(line.as_bytes());
 }

@@ -1,12 +1,10 @@
 //! The communicator lifecycle as one explicit state machine.
 //!
-//! Every transition goes through [`StateCell::transition`], which checks it
-//! against the table below; an unexpected transition is a bug and reported as
-//! an internal error instead of silently corrupting state. Waiters (non-blocking
-//! init) are woken on every change.
+//! Every transition goes through [`StateCell::transition_from`], which checks
+//! it against the table below: an unexpected transition is refused (the
+//! caller learns it did not happen) instead of silently corrupting state.
+//! Waiters (non-blocking init) are woken on every change.
 
-#[cfg(test)]
-use crate::error::{Error, Result};
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -96,23 +94,6 @@ impl StateCell {
         self.changed.notify_all();
     }
 
-    /// Moves to `to` if legal; returns the previous state. A no-op when already there.
-    #[cfg(test)]
-    pub fn transition(&self, to: CommState) -> Result<CommState> {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let from = *s;
-        if from == to {
-            return Ok(from);
-        }
-        if !from.can_become(to) {
-            return Err(Error::Internal(format!(
-                "illegal communicator state transition {from} -> {to}"
-            )));
-        }
-        self.set(&mut s, to);
-        Ok(from)
-    }
-
     /// Moves to `to` only if the current state is one of `from`; returns whether it did.
     pub fn transition_from(&self, from: &[CommState], to: CommState) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -172,9 +153,9 @@ mod tests {
     }
 
     #[test]
-    fn illegal_transition_is_an_error_not_a_panic() {
+    fn illegal_transition_is_refused_not_a_panic() {
         let c = StateCell::new(Destroyed);
-        assert!(matches!(c.transition(Ready), Err(Error::Internal(_))));
+        assert!(!c.transition_from(&[Destroyed], Ready));
         assert_eq!(c.get(), Destroyed);
     }
 }

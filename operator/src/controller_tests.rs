@@ -40,6 +40,8 @@ struct State {
     held_watches: Vec<tower_test::mock::SendResponse<Response<Body>>>,
     /// Requests under these paths are never answered (a frozen connection).
     hang: Vec<String>,
+    /// Requests under these paths are refused with 403 (RBAC removed).
+    forbid: Vec<String>,
     /// Cluster-wide lists of this plural fail with 500 while set.
     fail_lists: Option<String>,
     /// ResourceQuota on pods: creating more than this many fails with 403.
@@ -138,6 +140,15 @@ impl FakeApi {
         };
         let mut st = self.0.lock().unwrap();
         st.log.push(format!("{method} {path}?{query}"));
+        if st.forbid.iter().any(|f| path.starts_with(f.as_str())) {
+            return status(
+                403,
+                "Forbidden",
+                &format!(
+                    "{path} is forbidden: User \"system:serviceaccount:weft-system:weft\" cannot {method} it"
+                ),
+            );
+        }
 
         // Cluster-wide list (the controller's watchers): every namespace.
         if !path.contains("/namespaces/") {
@@ -389,6 +400,11 @@ impl FakeApi {
                 let Some(mut obj) = objs.get(&n).cloned() else {
                     return status(404, "NotFound", &n);
                 };
+                // Foreground deletion: the object stays until the garbage
+                // collector has deleted its dependents (the test removes it).
+                if body["propagationPolicy"] == "Foreground" {
+                    obj["metadata"]["finalizers"] = json!(["foregroundDeletion"]);
+                }
                 if obj["metadata"]["finalizers"]
                     .as_array()
                     .is_some_and(|f| !f.is_empty())
@@ -1930,4 +1946,322 @@ async fn restart_job_records_no_recoveries() {
         Some("0")
     );
     assert_eq!(h.ctx.metrics.rank_replacements.get(), 0);
+}
+
+/// Issue 31 (6): every restart is counted, also one decided while the job is
+/// still Restarting from the previous one (a pod of the new epoch fails
+/// before the whole gang runs): 5 restarts, 2 entries into Restarting.
+#[tokio::test]
+async fn every_restart_is_counted_also_while_restarting() {
+    use crate::telemetry::metrics::PhaseLabels;
+    let h = Harness::new();
+    let mut j = make_job("c", 2, 1);
+    j.spec.failure_policy.max_restarts = 10;
+    h.submit(j);
+    h.settle("c").await;
+    h.set_pods("Running", true, None);
+    h.settle("c").await;
+    h.fail_pod("c-1", 1);
+    h.settle("c").await;
+    for _ in 0..3 {
+        assert_eq!(h.status("c").phase, Some(JobPhase::Restarting));
+        h.fail_pod("c-0", 1);
+        h.settle("c").await;
+    }
+    h.set_pods("Running", true, None);
+    h.settle("c").await;
+    assert_eq!(h.status("c").phase, Some(JobPhase::Running));
+    h.fail_pod("c-1", 137);
+    h.settle("c").await;
+
+    let st = h.status("c");
+    assert_eq!((st.restarts, st.restart_epoch), (5, 5));
+    assert_eq!(h.ctx.metrics.job_restarts.get(), 5);
+    let entered = |phase: &str| {
+        h.ctx
+            .metrics
+            .phase_transitions
+            .get_or_create(&PhaseLabels {
+                phase: phase.into(),
+            })
+            .get()
+    };
+    assert_eq!(entered("Restarting"), 2);
+    assert_eq!(entered("Running"), 2);
+}
+
+/// Issue 31 (7): `kill -9` of a rank in pod 1; pod 0 exits 1 in reaction and
+/// is reported first. The operator waits a moment for the cause, then the
+/// event, `lastFailure` and the Restarting condition name pod 1.
+#[tokio::test]
+async fn killed_rank_is_named_not_the_peer_that_exited_in_reaction() {
+    use crate::status::tests::cs_exited_at;
+    let h = Harness::new();
+    h.submit(make_job("k", 2, 2));
+    h.settle("k").await;
+    h.set_pods("Running", true, None);
+    h.settle("k").await;
+    let now = (h.ctx.clock)();
+    let reaction = vec![cs_exited_at("main", 1, now)];
+    h.api
+        .set_pod(with_status(h.api.pod("k-0"), "Failed", false, reaction));
+    let action = h.reconcile("k").await.unwrap();
+    assert_eq!(
+        action,
+        Action::requeue(Duration::from_secs(policy::FAILURE_GATHER_SECS as u64))
+    );
+    assert_eq!(h.status("k").phase, Some(JobPhase::Running));
+    assert!(!h.api.event_reasons().contains(&"RankFailed".to_string()));
+
+    h.advance(1);
+    let killed = vec![cs_exited_at("main", 137, now)];
+    h.api
+        .set_pod(with_status(h.api.pod("k-1"), "Failed", false, killed));
+    h.reconcile("k").await.unwrap();
+    let st = h.status("k");
+    assert_eq!(st.phase, Some(JobPhase::Restarting));
+    let f = st.last_failure.as_ref().unwrap();
+    assert_eq!((f.pod.as_str(), f.exit_code), ("k-1", Some(137)));
+    let notes: Vec<String> = h
+        .api
+        .0
+        .lock()
+        .unwrap()
+        .events
+        .iter()
+        .filter(|e| e["reason"] == "RankFailed")
+        .map(|e| e["note"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        notes,
+        ["Rank failure in pod k-1 (container main, exit code 137, Error)"]
+    );
+    let restarting = condition(&st, "Restarting");
+    assert!(
+        restarting.message.starts_with(
+            "restart 1/3 after rank failure in pod k-1 (container main, exit code 137"
+        ),
+        "{}",
+        restarting.message
+    );
+}
+
+const LEASES_WS: &str = "/apis/coordination.k8s.io/v1/namespaces/weft-system/leases";
+const DEPLOYMENTS_WS: &str = "/apis/apps/v1/namespaces/weft-system/deployments";
+
+/// Issue 31 (5): when RBAC is gone (`helm uninstall` deletes it while the
+/// operator still runs), Lease calls are refused with 403: the leader steps
+/// down at once, saying so, instead of retrying until the renew deadline; a
+/// standby gives up; a release reports the refusal instead of returning
+/// silently. With RBAC in place, shutdown clears the holder.
+#[tokio::test]
+async fn refused_lease_calls_end_leadership_at_once_and_are_reported() {
+    use crate::leader::{
+        LeaseConfig, Released, StepDown, acquire, lead, release, try_acquire_or_renew,
+    };
+    use k8s_openapi::api::coordination::v1::Lease;
+    let h = Harness::new();
+    let leases: Api<Lease> = Api::namespaced(h.ctx.client.clone(), "weft-system");
+    let cfg = LeaseConfig {
+        renew_every: Duration::from_millis(100),
+        ..LeaseConfig::new("weft-system", "operator-a")
+    };
+    assert!(try_acquire_or_renew(&leases, &cfg).await.unwrap());
+
+    // Shutdown with RBAC in place: the holder is cleared.
+    assert!(matches!(release(&leases, &cfg).await, Released::Released));
+    let lease = h.api.get(LEASES_WS, crate::leader::LEASE_NAME).unwrap();
+    assert!(lease["spec"]["holderIdentity"].is_null(), "{lease}");
+    assert!(matches!(
+        release(&leases, &cfg).await,
+        Released::NotHolder(None)
+    ));
+
+    // Leading, then RBAC goes away.
+    assert!(try_acquire_or_renew(&leases, &cfg).await.unwrap());
+    let metrics = h.ctx.metrics.clone();
+    let readiness = h.ctx.readiness.clone();
+    let (l2, c2, m2, r2) = (
+        leases.clone(),
+        cfg.clone(),
+        metrics.clone(),
+        readiness.clone(),
+    );
+    let leading = tokio::spawn(async move { lead(&l2, &c2, &m2, &r2).await });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(metrics.leader.get(), 1);
+    h.api.0.lock().unwrap().forbid.push(LEASES_WS.into());
+    let start = tokio::time::Instant::now();
+    let why = tokio::time::timeout(Duration::from_secs(5), leading)
+        .await
+        .expect("the leader steps down")
+        .unwrap();
+    let took = start.elapsed();
+    assert!(
+        matches!(&why, StepDown::Refused(e) if e.refused()),
+        "{why:?}"
+    );
+    assert!(
+        took < Duration::from_secs(1),
+        "stepped down after {took:?}, at the first refused renewal (every {:?}), not at the {:?} deadline",
+        cfg.renew_every,
+        cfg.renew_deadline
+    );
+    assert_eq!(metrics.leader.get(), 0);
+
+    // A shutdown now cannot release, and says so.
+    match release(&leases, &cfg).await {
+        Released::Failed(e) => assert!(e.refused(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // A standby gives up instead of polling a Lease it may not read.
+    let b = LeaseConfig::new("weft-system", "operator-b");
+    let polled = std::sync::Mutex::new(vec![]);
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        acquire(&leases, &b, |ok| polled.lock().unwrap().push(ok)),
+    )
+    .await
+    .expect("acquire returns");
+    assert!(r.is_err_and(|e| e.refused()));
+    assert_eq!(*polled.lock().unwrap(), [false]);
+}
+
+fn uninstall_config(stop_timeout: Duration) -> crate::uninstall::UninstallConfig {
+    crate::uninstall::UninstallConfig {
+        namespace: "weft-system".into(),
+        deployment: "weft".into(),
+        lease: crate::leader::LEASE_NAME.into(),
+        stop_timeout,
+        poll_every: Duration::from_millis(20),
+    }
+}
+
+/// Issue 31 (5): the chart's pre-delete hook. It stops the operator first
+/// (foreground deletion of its Deployment: gone only once its pods are), and
+/// only then removes the finalizer from every job, keeping other finalizers;
+/// the jobs keep running, and `kubectl delete cjob` then deletes a job and
+/// its pods without an operator. The Lease goes too. A second run finds
+/// nothing left to do.
+#[tokio::test]
+async fn uninstall_stops_the_operator_then_releases_every_job() {
+    use crate::uninstall::{Report, uninstall};
+    let h = Harness::new();
+    h.submit(make_job("a", 2, 1));
+    let mut b = make_job("b", 1, 1);
+    b.metadata.uid = Some("uid-b".into());
+    b.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    h.submit(b);
+    for job in ["a", "b"] {
+        h.settle(job).await;
+    }
+    h.set_pods("Running", true, None);
+    h.settle("a").await;
+    assert_eq!(
+        h.api.job("b").unwrap().finalizers(),
+        ["example.com/keep", FINALIZER]
+    );
+    h.api.put(
+        DEPLOYMENTS_WS,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "weft", "namespace": "weft-system", "uid": "d1"}}),
+    );
+    h.api.put(
+        LEASES_WS,
+        json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+               "metadata": {"name": crate::leader::LEASE_NAME, "namespace": "weft-system"},
+               "spec": {"holderIdentity": "weft-abc"}}),
+    );
+
+    let client = h.ctx.client.clone();
+    let cfg = uninstall_config(Duration::from_secs(10));
+    let task = tokio::spawn(async move { uninstall(client, &cfg).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The operator's pods are still terminating: the jobs keep the finalizer,
+    // or the operator could add it back.
+    let dep = h.api.get(DEPLOYMENTS_WS, "weft").expect("being deleted");
+    assert_eq!(dep["metadata"]["finalizers"], json!(["foregroundDeletion"]));
+    assert!(
+        h.api
+            .job("a")
+            .unwrap()
+            .finalizers()
+            .contains(&FINALIZER.into())
+    );
+    assert!(!task.is_finished());
+    // The garbage collector has deleted the operator's pods.
+    h.api.delete(DEPLOYMENTS_WS, "weft");
+    let report = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("uninstall finishes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        report,
+        Report {
+            operator_stopped: true,
+            released: vec!["ml/a".into(), "ml/b".into()],
+            jobs_left: vec!["ml/a".into(), "ml/b".into()],
+            lease_deleted: true,
+        }
+    );
+    assert!(h.api.job("a").unwrap().finalizers().is_empty());
+    assert_eq!(h.api.job("b").unwrap().finalizers(), ["example.com/keep"]);
+    assert!(h.api.get(LEASES_WS, crate::leader::LEASE_NAME).is_none());
+    assert_eq!(
+        h.api.names(PODS),
+        ["a-0", "a-1", "b-0"],
+        "jobs keep running"
+    );
+
+    // No operator left: deleting a job no longer waits for one.
+    let jobs: Api<CollectiveJob> = Api::namespaced(h.ctx.client.clone(), "ml");
+    jobs.delete("a", &DeleteParams::default()).await.unwrap();
+    assert!(h.api.job("a").is_none());
+    assert_eq!(h.api.names(PODS), ["b-0"], "a's pods went with it");
+
+    let again = uninstall(
+        h.ctx.client.clone(),
+        &uninstall_config(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        again,
+        Report {
+            jobs_left: vec!["ml/b".into()],
+            ..Report::default()
+        }
+    );
+}
+
+/// Issue 31 (5): an operator that does not stop in time (no garbage
+/// collector, a pod stuck terminating) fails the hook, with the finalizers
+/// left in place: a running operator would add them back.
+#[tokio::test]
+async fn uninstall_leaves_finalizers_while_the_operator_still_runs() {
+    use crate::uninstall::{UninstallError, uninstall};
+    let h = Harness::new();
+    h.submit(make_job("a", 1, 1));
+    h.settle("a").await;
+    h.api.put(
+        DEPLOYMENTS_WS,
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "weft", "namespace": "weft-system", "uid": "d1"}}),
+    );
+    let err = uninstall(
+        h.ctx.client.clone(),
+        &uninstall_config(Duration::from_millis(200)),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, UninstallError::OperatorStillRunning(d, _) if d == "weft"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("finalizers are left in place"),
+        "{err}"
+    );
+    assert_eq!(h.api.job("a").unwrap().finalizers(), [FINALIZER]);
 }

@@ -13,6 +13,11 @@
 //! to the API server is frozen therefore steps down on its own; without the
 //! timeouts one hung request kept it acting for up to a minute after a standby
 //! had taken the Lease.
+//!
+//! A Lease call the API server refuses for good (401, 403, 404: the
+//! operator's ServiceAccount, RBAC or namespace is gone, as during `helm
+//! uninstall` without its hook) is not retried: the leader steps down at once
+//! and a standby gives up, each saying why; retrying would only hide it.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -21,10 +26,13 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::telemetry::http::Readiness;
 use crate::telemetry::metrics::Metrics;
+
+/// The Lease the replicas elect their leader on, in the operator's namespace.
+pub const LEASE_NAME: &str = "weft-operator-leader";
 
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
@@ -45,7 +53,7 @@ impl LeaseConfig {
     /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry.
     pub fn new(namespace: &str, identity: &str) -> Self {
         Self {
-            name: "weft-operator-leader".into(),
+            name: LEASE_NAME.into(),
             namespace: namespace.into(),
             identity: identity.into(),
             lease_duration: Duration::from_secs(15),
@@ -77,6 +85,26 @@ pub enum LeaseError {
     Kube(#[from] kube::Error),
     #[error("Lease request timed out after {0:?}")]
     Timeout(Duration),
+}
+
+impl LeaseError {
+    /// The API server refused the call for good: the credentials (401), the
+    /// permission (403) or the namespace (404) is gone. Waiting cannot help.
+    pub fn refused(&self) -> bool {
+        matches!(self, LeaseError::Kube(kube::Error::Api(s)) if matches!(s.code, 401 | 403 | 404))
+    }
+}
+
+/// Logs a refused Lease call in words an operator of the cluster can act on.
+fn log_refused(e: &LeaseError, cfg: &LeaseConfig, doing: &str) {
+    error!(
+        error = %e,
+        lease = %cfg.name,
+        namespace = %cfg.namespace,
+        "leader election: the API server refuses to let us {doing} the Lease; the operator's \
+         ServiceAccount, RBAC (Role and RoleBinding for leases) or namespace is missing, \
+         e.g. because `helm uninstall` is removing them, or the Lease was deleted"
+    );
 }
 
 async fn bounded<T>(
@@ -206,12 +234,22 @@ pub async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &LeaseConfig) -> Result
 }
 
 /// Blocks until this replica holds the lease. `polled(ok)` after every
-/// attempt: whether the API server answered (a standby's readiness).
-pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig, polled: impl Fn(bool)) {
+/// attempt: whether the API server answered (a standby's readiness). Returns
+/// the error when the API server refuses the Lease for good.
+pub async fn acquire(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+    polled: impl Fn(bool),
+) -> Result<(), LeaseError> {
     loop {
         match try_acquire_or_renew(api, cfg).await {
-            Ok(true) => return,
+            Ok(true) => return Ok(()),
             Ok(false) => polled(true),
+            Err(e) if e.refused() => {
+                polled(false);
+                log_refused(&e, cfg, "read or take");
+                return Err(e);
+            }
             Err(e) => {
                 polled(false);
                 warn!(error = %e, "leader election: cannot read or write the lease");
@@ -221,10 +259,21 @@ pub async fn acquire(api: &Api<Lease>, cfg: &LeaseConfig, polled: impl Fn(bool))
     }
 }
 
-/// Renews until leadership is lost: another holder, or no successful renewal
-/// within the renew deadline (each attempt is cut off at that deadline, so a
-/// hung connection cannot keep us waiting).
-pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig) {
+/// Why a leader stopped leading.
+#[derive(Debug)]
+pub enum StepDown {
+    /// Another replica holds the lease.
+    TakenOver,
+    /// No renewal succeeded within the renew deadline.
+    RenewDeadline,
+    /// The API server refused the renewal for good (see [`LeaseError::refused`]).
+    Refused(LeaseError),
+}
+
+/// Renews until leadership is lost: another holder, a refusal, or no
+/// successful renewal within the renew deadline (each attempt is cut off at
+/// that deadline, so a hung connection cannot keep us waiting).
+pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig) -> StepDown {
     let mut last_ok = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(cfg.renew_every).await;
@@ -233,18 +282,22 @@ pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig) {
             Ok(Ok(true)) => last_ok = tokio::time::Instant::now(),
             Ok(Ok(false)) => {
                 warn!("leader election: the lease was taken by another replica");
-                return;
+                return StepDown::TakenOver;
+            }
+            Ok(Err(e)) if e.refused() => {
+                log_refused(&e, cfg, "renew");
+                return StepDown::Refused(e);
             }
             Ok(Err(e)) => {
                 warn!(error = %e, "leader election: renewal failed");
                 if tokio::time::Instant::now() + cfg.renew_every >= deadline {
                     warn!(deadline = ?cfg.renew_deadline, "leader election: could not renew within the renew deadline");
-                    return;
+                    return StepDown::RenewDeadline;
                 }
             }
             Err(_) => {
                 warn!(deadline = ?cfg.renew_deadline, "leader election: could not renew within the renew deadline");
-                return;
+                return StepDown::RenewDeadline;
             }
         }
     }
@@ -253,35 +306,73 @@ pub async fn hold(api: &Api<Lease>, cfg: &LeaseConfig) {
 /// Leads until the lease is lost, then stops acting as leader in what others
 /// can see: `weft_operator_leader 0` and `/readyz` false. The caller exits
 /// the process (which stops the controller) right after.
-pub async fn lead(api: &Api<Lease>, cfg: &LeaseConfig, metrics: &Metrics, readiness: &Readiness) {
+pub async fn lead(
+    api: &Api<Lease>,
+    cfg: &LeaseConfig,
+    metrics: &Metrics,
+    readiness: &Readiness,
+) -> StepDown {
     metrics.leader.set(1);
     readiness.leading.store(true, Ordering::Relaxed);
-    hold(api, cfg).await;
+    let why = hold(api, cfg).await;
     metrics.leader.set(0);
     readiness.leading.store(false, Ordering::Relaxed);
     readiness.standby_ok.store(false, Ordering::Relaxed);
+    why
 }
 
-/// Hands the lease back on shutdown so a standby takes over at once.
-pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) {
-    let Ok(Some(mut lease)) = bounded(cfg.request_timeout, api.get_opt(&cfg.name)).await else {
-        return;
+/// What [`release`] did.
+#[derive(Debug)]
+pub enum Released {
+    /// The holder is cleared: a standby takes over at its next poll.
+    Released,
+    /// Someone else (or no one) holds the lease: nothing to hand back.
+    NotHolder(Option<String>),
+    /// The lease could not be read or written; it expires by itself.
+    Failed(LeaseError),
+}
+
+/// Hands the lease back on shutdown so a standby takes over at once. Every
+/// outcome is logged: a release that fails leaves the Lease to expire, which
+/// delays the next leader by up to the lease duration.
+pub async fn release(api: &Api<Lease>, cfg: &LeaseConfig) -> Released {
+    let outcome = try_release(api, cfg).await;
+    match &outcome {
+        Released::Released => info!(lease = %cfg.name, "released leadership"),
+        Released::NotHolder(holder) => {
+            info!(lease = %cfg.name, holder = ?holder, "the lease is not ours; nothing to release")
+        }
+        Released::Failed(e) if e.refused() => log_refused(e, cfg, "release"),
+        Released::Failed(e) => warn!(
+            error = %e,
+            lease = %cfg.name,
+            expires_in = ?cfg.lease_duration,
+            "could not release the leader lease; it expires by itself"
+        ),
+    }
+    outcome
+}
+
+async fn try_release(api: &Api<Lease>, cfg: &LeaseConfig) -> Released {
+    let mut lease = match bounded(cfg.request_timeout, api.get_opt(&cfg.name)).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => return Released::NotHolder(None),
+        Err(e) => return Released::Failed(e),
     };
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if spec.holder_identity.as_deref() != Some(cfg.identity.as_str()) {
-        return;
+        return Released::NotHolder(spec.holder_identity.clone());
     }
     spec.holder_identity = None;
     spec.renew_time = None;
-    if let Err(e) = bounded(
+    match bounded(
         cfg.request_timeout,
         api.replace(&cfg.name, &PostParams::default(), &lease),
     )
     .await
     {
-        warn!(error = %e, "could not release the leader lease");
-    } else {
-        info!("released leadership");
+        Ok(_) => Released::Released,
+        Err(e) => Released::Failed(e),
     }
 }
 

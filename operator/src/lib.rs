@@ -11,3 +11,4 @@ pub mod policy;
 pub mod resources;
 pub mod status;
 pub mod telemetry;
+pub mod uninstall;

@@ -17,6 +17,7 @@ use weft_operator::leader::{self, LeaseConfig};
 use weft_operator::resources::OperatorConfig;
 use weft_operator::telemetry::http::{self, HttpState, Readiness};
 use weft_operator::telemetry::metrics::Metrics;
+use weft_operator::uninstall::{self, UninstallConfig};
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +54,46 @@ enum Command {
         )]
         sidecar_image: String,
     },
+    /// Before `helm uninstall` (the chart's pre-delete hook runs it): stop the
+    /// operator, remove its finalizer from every CollectiveJob so that they can
+    /// be deleted without an operator, and delete the leader Lease. The jobs
+    /// and their pods keep running.
+    Uninstall {
+        /// The operator's namespace.
+        #[arg(long, env = params::POD_NAMESPACE.name(), default_value = params::POD_NAMESPACE.fixed_default())]
+        namespace: String,
+        /// The operator's Deployment.
+        #[arg(long)]
+        deployment: String,
+        /// How long to wait for the operator's pods to stop.
+        #[arg(long, default_value_t = 120)]
+        stop_timeout_secs: u64,
+        #[command(flatten)]
+        log: LogArgs,
+    },
+}
+
+#[derive(clap::Args)]
+struct LogArgs {
+    /// Log filter (RUST_LOG syntax).
+    #[arg(long, env = params::WEFT_LOG.name(), default_value = params::WEFT_LOG.fixed_default())]
+    log_level: String,
+    /// Log as JSON lines.
+    #[arg(long, env = params::WEFT_LOG_JSON.name(), default_value = params::WEFT_LOG_JSON.fixed_default(), action = clap::ArgAction::Set)]
+    log_json: bool,
+}
+
+impl LogArgs {
+    fn init(&self) -> anyhow::Result<()> {
+        let filter = tracing_subscriber::EnvFilter::try_new(&self.log_level)?;
+        let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+        if self.log_json {
+            fmt.json().init();
+        } else {
+            fmt.init();
+        }
+        Ok(())
+    }
 }
 
 #[derive(clap::Args)]
@@ -82,12 +123,8 @@ struct RunArgs {
     /// Watch the job Secrets (needs list/watch on Secrets; see the chart's rbac.watchSecrets).
     #[arg(long, env = params::WEFT_WATCH_SECRETS.name(), default_value = params::WEFT_WATCH_SECRETS.fixed_default(), action = clap::ArgAction::Set)]
     watch_secrets: bool,
-    /// Log filter (RUST_LOG syntax).
-    #[arg(long, env = params::WEFT_LOG.name(), default_value = params::WEFT_LOG.fixed_default())]
-    log_level: String,
-    /// Log as JSON lines.
-    #[arg(long, env = params::WEFT_LOG_JSON.name(), default_value = params::WEFT_LOG_JSON.fixed_default(), action = clap::ArgAction::Set)]
-    log_json: bool,
+    #[command(flatten)]
+    log: LogArgs,
     /// After SIGTERM, exit at the latest this many seconds later, whatever is
     /// still running (keep it below the pod's terminationGracePeriodSeconds).
     #[arg(long, default_value_t = 20)]
@@ -107,6 +144,25 @@ fn main() -> anyhow::Result<()> {
             namespace,
             sidecar_image,
         }) => render(&file, &namespace, sidecar_image),
+        Some(Command::Uninstall {
+            namespace,
+            deployment,
+            stop_timeout_secs,
+            log,
+        }) => {
+            log.init()?;
+            let cfg = UninstallConfig {
+                namespace,
+                deployment,
+                lease: leader::LEASE_NAME.into(),
+                stop_timeout: Duration::from_secs(stop_timeout_secs),
+                poll_every: Duration::from_secs(1),
+            };
+            runtime()?.block_on(async {
+                uninstall::uninstall(Client::try_default().await?, &cfg).await?;
+                Ok(())
+            })
+        }
         None => runtime()?.block_on(run(cli.run)),
     }
 }
@@ -174,13 +230,7 @@ async fn shutdown_signal() {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)?;
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if args.log_json {
-        fmt.json().init();
-    } else {
-        fmt.init();
-    }
+    args.log.init()?;
 
     let metrics = Arc::new(Metrics::default());
     let readiness = Arc::new(Readiness::default());
@@ -246,18 +296,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         info!(identity = %cfg.identity, "waiting for leadership");
         let standby = readiness.clone();
         tokio::select! {
-            _ = leader::acquire(&api, &cfg, |ok| standby.standby_ok.store(ok, Ordering::Relaxed)) => {}
+            r = leader::acquire(&api, &cfg, |ok| standby.standby_ok.store(ok, Ordering::Relaxed)) => {
+                if let Err(e) = r {
+                    anyhow::bail!("leader election: the API server refuses the Lease ({e}); exiting");
+                }
+            }
             _ = stopped() => return Ok(()),
         }
         let (api2, cfg2, m2, r2) = (api.clone(), cfg.clone(), metrics.clone(), readiness.clone());
-        tokio::spawn(async move {
-            leader::lead(&api2, &cfg2, &m2, &r2).await;
+        let leading = tokio::spawn(async move {
+            let why = leader::lead(&api2, &cfg2, &m2, &r2).await;
             // Never keep reconciling without the lease: exit and let the
             // kubelet restart us as a standby.
-            error!("lost leadership; exiting");
+            error!(reason = ?why, "lost leadership; exiting");
             std::process::exit(1);
         });
-        Some((api, cfg))
+        Some((api, cfg, leading))
     } else {
         readiness.leading.store(true, Ordering::Relaxed);
         None
@@ -273,7 +327,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     info!("controller starting");
     controller::run(client, ctx, args.watch_secrets, stopped()).await;
     info!("controller stopped");
-    if let Some((api, cfg)) = lease {
+    if let Some((api, cfg, leading)) = lease {
+        // Stop renewing first: a renewal after the release would take the
+        // free Lease back.
+        leading.abort();
+        let _ = leading.await;
         metrics.leader.set(0);
         readiness.leading.store(false, Ordering::Relaxed);
         leader::release(&api, &cfg).await;

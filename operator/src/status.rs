@@ -27,6 +27,10 @@ pub struct FailureDetail {
     pub exit_code: Option<i32>,
     pub reason: String,
     pub message: String,
+    /// The signal that ended the container, when the runtime reports one.
+    pub signal: Option<i32>,
+    /// When the container ended (`finishedAt`), when known.
+    pub finished_at: Option<Timestamp>,
 }
 
 /// A pod of the job, reduced to what the policy needs.
@@ -63,6 +67,8 @@ fn terminated_failure(cs: &ContainerStatus) -> Option<FailureDetail> {
         exit_code: Some(t.exit_code),
         reason: t.reason.clone().unwrap_or_else(|| "Error".into()),
         message: t.message.clone().unwrap_or_default(),
+        signal: t.signal.filter(|s| *s != 0),
+        finished_at: t.finished_at.as_ref().map(|f| f.0),
     })
 }
 
@@ -97,6 +103,8 @@ pub fn classify(pod: &Pod) -> PodView {
             exit_code: None,
             reason: status.reason.clone().unwrap_or_else(|| "PodFailed".into()),
             message: status.message.clone().unwrap_or_default(),
+            signal: None,
+            finished_at: None,
         })
     } else if phase == "Succeeded"
         || (!workload.is_empty()
@@ -266,6 +274,15 @@ pub(crate) mod tests {
         }
     }
 
+    /// A container that exited with `code` at `at` (its `finishedAt`).
+    pub fn cs_exited_at(name: &str, code: i32, at: Timestamp) -> ContainerStatus {
+        let mut cs = cs_exited(name, code);
+        if let Some(t) = cs.state.as_mut().and_then(|s| s.terminated.as_mut()) {
+            t.finished_at = Some(Time(at));
+        }
+        cs
+    }
+
     /// Gives a desired pod a status as the kubelet would.
     pub fn with_status(
         mut pod: Pod,
@@ -334,6 +351,29 @@ pub(crate) mod tests {
         p.status.as_mut().unwrap().reason = Some("Evicted".into());
         let f = classify(&p).failure(0).unwrap();
         assert_eq!((f.reason.as_str(), f.exit_code), ("Evicted", None));
+    }
+
+    /// What the root-cause ordering of failures needs: when the container
+    /// ended and by which signal.
+    #[test]
+    fn failure_detail_keeps_finish_time_and_signal() {
+        let at = Timestamp::from_second(1_800_000_042).unwrap();
+        let mut cs = cs_exited_at("main", 137, at);
+        cs.state
+            .as_mut()
+            .unwrap()
+            .terminated
+            .as_mut()
+            .unwrap()
+            .signal = Some(9);
+        let v = classify(&with_status(pod(), "Failed", false, vec![cs]));
+        let PodState::Failed(d) = v.state else {
+            panic!("{:?}", v.state)
+        };
+        assert_eq!(
+            (d.exit_code, d.signal, d.finished_at),
+            (Some(137), Some(9), Some(at))
+        );
     }
 
     #[test]

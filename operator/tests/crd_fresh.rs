@@ -80,3 +80,30 @@ fn render_subcommand_prints_what_the_operator_creates() {
     assert!(text.contains("value: bench-allreduce-0.bench-allreduce.team-a.svc:29400"));
     assert!(text.contains("name: bench-allreduce-1"));
 }
+
+/// The chart's uninstall hook calls `weft-operator uninstall` with flags the
+/// binary has, and its Role names the Lease the operator elects on.
+#[test]
+fn uninstall_hook_matches_the_subcommand_and_the_lease() {
+    let hook =
+        std::fs::read_to_string(root().join("charts/weft/templates/uninstall-hook.yaml")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft-operator"))
+        .args(["uninstall", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in ["--deployment", "--stop-timeout-secs", "--namespace"] {
+        assert!(help.contains(flag), "{help}");
+    }
+    for arg in ["- uninstall", "- --deployment=", "- --stop-timeout-secs="] {
+        assert!(hook.contains(arg), "{arg} not in the hook");
+    }
+    assert!(
+        hook.contains(&format!(
+            "resourceNames: [\"{}\"]",
+            weft_operator::leader::LEASE_NAME
+        )),
+        "{hook}"
+    );
+}

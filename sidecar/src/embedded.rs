@@ -5,8 +5,8 @@
 //! [`weft_agent::Embedded`].
 
 use crate::engine::{self, Engine};
-use crate::rpc::{Hello, rank_message::Msg};
 use std::sync::Arc;
+use weft_agent::rpc::{Hello, rank_message::Msg};
 use weft_agent::{Agent, Commands, Embedded};
 
 /// The engine of this process, and the connection its messages arrive on.
@@ -28,7 +28,7 @@ impl Embedded for Local {
 }
 
 /// Starts the engine on the agent's runtime and registers this process.
-fn start(hello: Hello, commands: Commands) -> Arc<dyn Embedded> {
+fn start(hello: Hello, commands: Commands) -> Result<Arc<dyn Embedded>, String> {
     let e = Engine::new(hello.job.clone(), engine::host_name(), None);
     if engine::telemetry::enabled() {
         match engine::telemetry::Telemetry::start("weft-rank", e.metrics.spans_dropped.clone()) {
@@ -40,7 +40,7 @@ fn start(hello: Hello, commands: Commands) -> Arc<dyn Embedded> {
     }
     tokio::spawn(e.state.clone().publisher());
     let conn = e.add_proc(hello, None, commands);
-    Arc::new(Local { engine: e, conn })
+    Ok(Arc::new(Local { engine: e, conn }))
 }
 
 /// Installs the agent: attached to the sidecar at `WEFT_SIDECAR_SOCKET` (an

@@ -435,13 +435,15 @@ fn a_wrong_secret_peer_request_is_logged_with_its_address() {
             .unwrap()
             .as_millis() as u64;
         let mut r = tonic::Request::new(rpc::HeartbeatRequest::default());
-        let mac = weft::engine::peers::peer_mac("wrong", "hostile", ts, "0123");
+        let mac = weft::engine::peer_rpc::peer_mac("wrong", "hostile", ts, "0123");
         r.metadata_mut()
-            .insert(weft::engine::peers::AUTH_HEADER, mac.parse().unwrap());
-        r.metadata_mut()
-            .insert(weft::engine::peers::NONCE_HEADER, "0123".parse().unwrap());
+            .insert(weft::engine::peer_rpc::AUTH_HEADER, mac.parse().unwrap());
         r.metadata_mut().insert(
-            weft::engine::peers::TS_HEADER,
+            weft::engine::peer_rpc::NONCE_HEADER,
+            "0123".parse().unwrap(),
+        );
+        r.metadata_mut().insert(
+            weft::engine::peer_rpc::TS_HEADER,
             ts.to_string().parse().unwrap(),
         );
         c.heartbeat(r).await.map(|_| ()).map_err(|e| e.code())

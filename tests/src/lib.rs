@@ -1,6 +1,6 @@
 //! Shared helpers of the multi-process tests: deterministic random data with
-//! an independent reference ([`data`]), a bounded launcher ([`job`]), and an
-//! OTLP trace receiver ([`otlp`]).
+//! an independent reference ([`data`]), a bounded launcher ([`job`]), and a
+//! real OTLP trace receiver ([`otlp`]).
 
 pub mod data;
 pub mod job;

@@ -1,6 +1,11 @@
-//! A minimal OpenTelemetry trace receiver (the collector's OTLP/gRPC
-//! `TraceService`): the sidecar tests collect spans with it, and the
-//! `otlp-sink` program serves it in a cluster (e2e), printing every span.
+//! A real OTLP/gRPC trace receiver for the tests (the OpenTelemetry
+//! collector's `TraceService`, served by tonic on 127.0.0.1): it keeps every
+//! span it is sent, with its attributes as text. The `otlp-sink` program
+//! serves the same receiver in a cluster (e2e).
+//!
+//! Self-contained (it uses only tonic, tokio and opentelemetry-proto) so
+//! that the C ABI's tests (`libcomm/capi/tests/capi.rs`), which cannot
+//! depend on this crate, include this same file.
 
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
@@ -10,37 +15,37 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-/// One received span: its name, trace and parent ids, and attributes as text.
+/// One span as received.
 #[derive(Debug, Clone)]
 pub struct Got {
     pub name: String,
     pub trace_id: Vec<u8>,
     pub parent: Vec<u8>,
+    pub start_ns: u64,
+    pub end_ns: u64,
     pub attrs: BTreeMap<String, String>,
 }
 
-impl Got {
-    /// One line of JSON: `{"name":..., "attrs":{...}}`.
-    pub fn json(&self) -> String {
-        serde_json::json!({"name": self.name, "attrs": self.attrs}).to_string()
-    }
-}
-
-/// Keeps every span it receives; with `print`, also writes each as a JSON
-/// line to stdout as it arrives.
+/// Every span received so far.
 #[derive(Clone, Default)]
-pub struct Receiver {
-    pub spans: Arc<Mutex<Vec<Got>>>,
-    pub print: bool,
-}
+pub struct Receiver(pub Arc<Mutex<Vec<Got>>>);
 
 impl Receiver {
-    /// The spans received so far.
-    pub fn spans(&self) -> Vec<Got> {
-        self.spans.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// The spans received, once `enough` says they are all there or `limit`
+    /// has passed (an exporter flushes at its process's exit; the receiver
+    /// records a moment later).
+    pub fn spans_when(&self, enough: impl Fn(&[Got]) -> bool, limit: Duration) -> Vec<Got> {
+        let t = Instant::now();
+        loop {
+            let spans = self.0.lock().unwrap().clone();
+            if enough(&spans) || t.elapsed() > limit {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -49,7 +54,6 @@ fn text(v: Option<&Value>) -> String {
         Some(Value::StringValue(s)) => s.clone(),
         Some(Value::IntValue(i)) => i.to_string(),
         Some(Value::BoolValue(b)) => b.to_string(),
-        Some(Value::DoubleValue(d)) => d.to_string(),
         other => format!("{other:?}"),
     }
 }
@@ -60,7 +64,7 @@ impl TraceService for Receiver {
         &self,
         req: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut got = Vec::new();
+        let mut out = self.0.lock().unwrap();
         for rs in req.into_inner().resource_spans {
             for ss in rs.scope_spans {
                 for sp in ss.spans {
@@ -72,26 +76,17 @@ impl TraceService for Receiver {
                             (kv.key.clone(), text(v))
                         })
                         .collect();
-                    got.push(Got {
+                    out.push(Got {
                         name: sp.name,
                         trace_id: sp.trace_id,
                         parent: sp.parent_span_id,
+                        start_ns: sp.start_time_unix_nano,
+                        end_ns: sp.end_time_unix_nano,
                         attrs,
                     });
                 }
             }
         }
-        if self.print {
-            let mut out = std::io::stdout().lock();
-            for g in &got {
-                let _ = writeln!(out, "{}", g.json());
-            }
-            let _ = out.flush();
-        }
-        self.spans
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(got);
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
@@ -109,15 +104,15 @@ pub async fn serve(r: Receiver, l: std::net::TcpListener) -> std::io::Result<()>
         .map_err(std::io::Error::other)
 }
 
-/// Serves `r` on 127.0.0.1 on a thread of its own; returns the port.
+/// Serves the receiver on 127.0.0.1 on a thread of its own; returns its port.
 pub fn start(r: Receiver) -> (u16, std::thread::JoinHandle<()>) {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port on 127.0.0.1");
-    let port = l.local_addr().expect("its address").port();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("a tokio runtime");
+            .unwrap();
         let _ = rt.block_on(serve(r, l));
     });
     (port, h)

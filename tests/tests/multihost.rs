@@ -534,7 +534,7 @@ fn wrong_secret_garbage_and_oversized_on_the_proxy_port_are_rejected() {
     let s = weft_tests_rt()
         .block_on(weft::ras::fetch(c.sidecars[0].socket.clone()))
         .unwrap();
-    let text = weft::ras::render(&s);
+    let text = weft::ras_report::render(&s);
     assert!(text.contains("; proxy up (sent "), "{text}");
 }
 

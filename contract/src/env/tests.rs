@@ -241,6 +241,40 @@ fn secret_source_precedence() {
     assert!(f.read().is_err());
 }
 
+/// Which variable asks for span export, as OTel reads them (the traces
+/// endpoint first; empty is unset; OTEL_SDK_DISABLED=true turns it off).
+#[test]
+fn the_otlp_endpoint_is_read_as_otel_does() {
+    let e = |v: &[(&str, &str)]| otlp_endpoint_from(&table(v));
+    assert_eq!(
+        e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")]),
+        Some(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317".into()))
+    );
+    assert_eq!(e(&[]), None);
+    assert_eq!(e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]), None);
+    assert_eq!(
+        e(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_SDK_DISABLED", "TRUE"),
+        ]),
+        None
+    );
+    assert_eq!(
+        e(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_SDK_DISABLED", "false"),
+        ]),
+        Some(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317".into()))
+    );
+    assert_eq!(
+        e(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317"),
+        ]),
+        Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317".into()))
+    );
+}
+
 #[test]
 fn every_weft_contract_name_is_declared() {
     for n in names::ALL {

@@ -119,8 +119,12 @@ params! {
         "device scratch per communicator and parity (same on every rank)";
     WEFT_CUDA_DIRECT: bool = OnUnless0, Computed("on when every rank is in this process"), Cuda, [Cuda],
         "`0`: ranks in one process map each other's memory as if they were in separate processes";
+    WEFT_KERNEL_SOURCE: String = Choice(&["auto", "ptx", "nvrtc"]), Value("auto"), Cuda, [Cuda],
+        "where the CUDA kernels come from: `auto` (the machine code the build compiled for this GPU, else the build's PTX through the driver's JIT, else NVRTC at run time), `ptx` (skip the machine code), `nvrtc` (always compile at run time)";
     WEFT_KERNEL_CACHE: String = Path, Computed("`$XDG_CACHE_HOME/weft/kernels`, else `~/.cache/weft/kernels`"), Cuda, [Cuda],
-        "where kernels compiled by NVRTC are cached (set empty: no cache)";
+        "where kernels compiled at run time by NVRTC are cached (set empty: no cache)";
+    WEFT_NVRTC: String = Path, Computed("`.ci/nvrtc`, else LD_LIBRARY_PATH, else Python's site-packages, else the system's library path"), Cuda, [Build],
+        "the NVRTC library (`libnvrtc.so.13`, or a folder holding it) the build compiles the CUDA kernels with ahead of time; `off`: none (the library then compiles them at run time)";
 
     // ------------------------------------------------------------- Observe
     WEFT_SIDECAR_SOCKET: String = Path, Unset("embedded engine"), Observe,
@@ -217,12 +221,10 @@ params! {
     // ---------------------------------------------------------------- Test
     WEFT_BLESS: bool = OnIf1, Unset(""), Test, [Tests],
         "`1`: the README test rewrites README.md's configuration table";
-    WEFT_REQUIRE_NVRTC: bool = OnIf1, Unset(""), Test, [Tests],
-        "`1`: the NVRTC test fails instead of skipping when libnvrtc is missing (CI)";
-    WEFT_NVRTC_ALL_ARCHS: bool = OnIf1, Unset(""), Test, [Tests],
-        "`1`: the NVRTC test also compiles for sm_80";
+    WEFT_REQUIRE_NVRTC: bool = OnIf1, Unset(""), Test, [Tests, Build],
+        "`1`: a build that cannot compile the CUDA kernels ahead of time (no NVRTC) fails, and the NVRTC tests fail instead of skipping (CI)";
     WEFT_NVRTC_DIR: String = Path, Unset(""), Test, [Tests],
-        "where libcomm/kernels/ci-nvrtc.sh installs NVRTC";
+        "where kernels/ci-nvrtc.sh installs NVRTC";
     WEFT_TEST_SEED: u64 = Int, Unset(""), Test, [Tests],
         "seed of the randomised multi-process tests";
     WEFT_TEST_NETNS: String = Str, Unset(""), Test, [Tests],

@@ -99,6 +99,8 @@ pub enum Part {
     Operator,
     /// Tests and scripts of this repository.
     Tests,
+    /// The build (`libcomm/build.rs`, which compiles the CUDA kernels).
+    Build,
 }
 
 impl Part {
@@ -113,6 +115,7 @@ impl Part {
             Part::Bench => "weft bench",
             Part::Operator => "operator",
             Part::Tests => "tests",
+            Part::Build => "build",
         }
     }
 }

@@ -6,10 +6,11 @@
 //! pod-lifecycle abort). Without the variable nothing is started (a plain
 //! NCCL program gets no extra thread), unless OpenTelemetry export is asked
 //! for (`OTEL_EXPORTER_OTLP_ENDPOINT` or `..._TRACES_ENDPOINT`, and not
-//! `OTEL_SDK_DISABLED=true`): then the sidecar's engine runs in this process
-//! (embedded mode, feature `embedded-spans`, on by default) and exports the
-//! spans itself, flushed at a normal exit. Built without the feature, one
-//! warning says that no spans are exported, and how to get them.
+//! `OTEL_SDK_DISABLED=true`): then this process exports its spans itself
+//! (embedded mode, `weft_agent::spans_only`: the sidecar's span exporter
+//! without the sidecar; feature `embedded-spans`, on by default), flushed at
+//! a normal exit. Built without the feature, one warning says that no spans
+//! are exported, and how to get them.
 
 use crate::errors::{Level, log};
 use std::sync::Once;
@@ -24,7 +25,7 @@ pub fn ensure() {
             .raw_os()
             .filter(|s| !s.is_empty())
         else {
-            if let Some((name, url)) = otlp_endpoint(|name| std::env::var(name).ok()) {
+            if let Some((name, url)) = weft_contract::env::otlp_endpoint() {
                 embedded_spans(name, &url);
             }
             return;
@@ -54,11 +55,10 @@ extern "C" fn close_at_exit() {
     }
 }
 
-/// Without a sidecar, OTLP export asked for: the engine in this process
-/// exports the spans.
+/// Without a sidecar, OTLP export asked for: this process exports its spans.
 #[cfg(feature = "embedded-spans")]
 fn embedded_spans(name: &str, url: &str) {
-    match weft::agent::install_from_env() {
+    match weft_agent::spans_only::install_from_env() {
         Ok(_) => {
             // SAFETY: registering a plain extern "C" function.
             unsafe { libc::atexit(close_at_exit) };
@@ -81,31 +81,7 @@ fn embedded_spans(name: &str, url: &str) {
     warn_always(&spans_without_sidecar(name, url));
 }
 
-/// The OTLP endpoint a process asks spans to go to: the variable that names
-/// it and its value (`None`: none, or export disabled). `raw` reads a
-/// variable by name.
-pub fn otlp_endpoint(
-    raw: impl Fn(&'static str) -> Option<String>,
-) -> Option<(&'static str, String)> {
-    use weft_contract::params::{
-        OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, OTEL_SDK_DISABLED,
-    };
-    // OTel's rule: only "true" (any case) disables.
-    let disabled = raw(OTEL_SDK_DISABLED.name()).is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    [
-        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
-        OTEL_EXPORTER_OTLP_ENDPOINT,
-    ]
-    .into_iter()
-    .find_map(|p| {
-        raw(p.name())
-            .filter(|v| !v.is_empty())
-            .map(|v| (p.name(), v))
-    })
-    .filter(|_| !disabled)
-}
-
-/// The warning of a build without the engine, for `name`=`url`.
+/// The warning of a build without the span exporter, for `name`=`url`.
 pub fn spans_without_sidecar(name: &str, url: &str) -> String {
     format!(
         "{name}={url} is set, but this process has no sidecar (WEFT_SIDECAR_SOCKET is not set) and this \
@@ -128,41 +104,12 @@ fn warn_always(msg: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::{otlp_endpoint, spans_without_sidecar};
+    use super::spans_without_sidecar;
 
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&'static str) -> Option<String> {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |p| vars.iter().find(|(k, _)| k == p).map(|(_, v)| v.clone())
-    }
-
-    /// Which variable asks for export, as OTel reads them (the traces
-    /// endpoint first; empty is unset; OTEL_SDK_DISABLED=true turns it off).
+    /// The warning of a build without the exporter names the variable and
+    /// the way to get spans.
     #[test]
-    fn the_otlp_endpoint_is_read_as_otel_does() {
-        let e = |v: &[(&str, &str)]| otlp_endpoint(env(v));
-        assert_eq!(
-            e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317")]),
-            Some(("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317".into()))
-        );
-        assert_eq!(e(&[]), None);
-        assert_eq!(e(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "")]), None);
-        assert_eq!(
-            e(&[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
-                ("OTEL_SDK_DISABLED", "TRUE"),
-            ]),
-            None
-        );
-        assert_eq!(
-            e(&[
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
-                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317"),
-            ]),
-            Some(("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4317".into()))
-        );
+    fn the_warning_without_the_exporter_says_how_to_get_spans() {
         let w = spans_without_sidecar("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317");
         assert!(
             w.contains("OTEL_EXPORTER_OTLP_ENDPOINT=http://c:4317"),

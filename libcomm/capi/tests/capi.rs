@@ -60,6 +60,11 @@ const FUNCTIONS: &[&str] = &[
 mod common;
 use common::{built_library, crate_dir, include_dir};
 
+// The receiver the sidecar's tests use (crate weft-tests, which depends on
+// this crate and so cannot be a dependency of its tests).
+#[path = "../../../tests/src/otlp.rs"]
+mod otlp;
+
 /// A temporary install prefix made by `install.sh`: `lib/libnccl.so.2` (a
 /// copy of the build), `lib/libnccl.so -> libnccl.so.2`, `lib/libweft_nccl.so`
 /// and `include/nccl.h`, as a package would install them.
@@ -559,5 +564,83 @@ fn nccl_comm_id_alone_is_honoured_without_the_launcher() {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
+    }
+}
+
+/// The communicator a rank's `NCCL_DEBUG=INFO` log says is ready: its pid
+/// and communicator id (`HOST:PID:TID weft INFO communicator N (id ID, rank
+/// R of N, job J) is ready ...`).
+fn ready_communicator(stderr: &str) -> (String, String) {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(" weft INFO communicator ") && l.contains(") is ready"))
+        .unwrap_or_else(|| panic!("no 'is ready' line:\n{stderr}"));
+    let pid = line.split(':').nth(1).unwrap_or_default().to_string();
+    let id = line
+        .split_once("(id ")
+        .and_then(|(_, rest)| rest.split_once(','))
+        .map(|(id, _)| id.to_string())
+        .unwrap_or_else(|| panic!("no id in {line}"));
+    (pid, id)
+}
+
+/// An unmodified NCCL program (plain `-lnccl`, found through
+/// LD_LIBRARY_PATH), no sidecar, `OTEL_EXPORTER_OTLP_ENDPOINT` set: the
+/// library exports each rank's spans itself (the agent's exporter, not the
+/// sidecar's crate), flushed at the normal exit, to a real OTLP receiver;
+/// each rank's all-reduce carries that rank, its communicator, the size,
+/// type, bytes, algorithm and its duration, in the job's one trace.
+#[test]
+fn without_a_sidecar_the_library_exports_every_ranks_spans() {
+    const RANKS: usize = 3;
+    let recv = otlp::Receiver::default();
+    let (port, _srv) = otlp::start(recv.clone());
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let bin = compile("dropin", true);
+    let lib = install_dir().join("lib");
+    let out = run_ranks_full(
+        &bin,
+        RANKS,
+        &[],
+        &[
+            ("LD_LIBRARY_PATH", lib.to_str().unwrap()),
+            ("WEFT_SIDECAR_SOCKET", ""),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("NCCL_DEBUG", "INFO"),
+        ],
+        Duration::from_secs(60),
+    );
+    // The program's all-reduce: 256 floats (the init barrier's is 1 byte).
+    let is_programs =
+        |g: &otlp::Got| g.name == "weft.all_reduce" && g.attrs["weft.bytes"] == "1024";
+    let spans = recv.spans_when(
+        |s| s.iter().filter(|g| is_programs(g)).count() >= RANKS,
+        Duration::from_secs(10),
+    );
+    let trace = spans
+        .first()
+        .map(|g| g.trace_id.clone())
+        .unwrap_or_default();
+    for (rank, (_, stderr)) in out.iter().enumerate() {
+        let (pid, comm) = ready_communicator(stderr);
+        let mine: Vec<&otlp::Got> = spans
+            .iter()
+            .filter(|g| is_programs(g) && g.attrs["weft.rank"] == rank.to_string())
+            .collect();
+        assert_eq!(mine.len(), 1, "rank {rank}: {spans:#?}\n{stderr}");
+        let (g, a) = (mine[0], &mine[0].attrs);
+        assert_eq!(a["weft.comm_id"], comm, "{g:?}");
+        assert_eq!(a["process.pid"], pid, "{g:?}");
+        assert_eq!(a["weft.world_size"], RANKS.to_string(), "{g:?}");
+        assert_eq!(a["weft.op"], "all_reduce", "{g:?}");
+        assert_eq!(a["weft.dtype"], "float", "{g:?}");
+        assert_eq!(a["weft.outcome"], "ok", "{g:?}");
+        assert!(!a["weft.algorithm"].is_empty(), "{g:?}");
+        assert!(
+            g.start_ns > 0 && g.end_ns >= g.start_ns,
+            "a span with its duration: {g:?}"
+        );
+        assert_eq!(g.trace_id, trace, "one trace for the job");
+        assert!(!g.parent.is_empty(), "parented under the job span");
     }
 }

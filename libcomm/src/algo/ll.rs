@@ -9,13 +9,13 @@
 //! the data, with no ring, no header exchange, no doorbell and no system call
 //! on the fast path.
 //!
-//! - **One shot** ([`Algo::Ll`](super::tuner::Algo::Ll)): every rank copies
+//! - **One shot** ([`Algo::Ll`](crate::op::tuner::Algo::Ll)): every rank copies
 //!   its input into its input slot, then reduces the n input slots straight
 //!   into its output buffer, in rank order (bit-identical results on every
 //!   rank). One copy in, one reduction pass reading n buffers; in place and
 //!   out of place cost the same (the input is in the slot before the output
 //!   is written).
-//! - **Two shots** ([`Algo::Ll2`](super::tuner::Algo::Ll2)): reduce-scatter in
+//! - **Two shots** ([`Algo::Ll2`](crate::op::tuner::Algo::Ll2)): reduce-scatter in
 //!   one step (rank r reduces chunk r of the n input slots into its output
 //!   slot), then all-gather in one step (every rank copies chunk p out of
 //!   rank p's output slot). Reads 2x the buffer instead of n x.
@@ -43,13 +43,14 @@
 //! Raised failures are checked as the engine does, peer liveness and
 //! `WEFT_TIMEOUT_MS` every 100 ms, and pending eager sends keep moving.
 
-use crate::core::{PeerKind, Resources};
+use crate::data::reduce;
+use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::exec::Wait;
-use crate::reduce;
+use crate::op::Op;
+use crate::progress::resources::{PeerKind, Resources};
+use crate::progress::xfer::Wait;
 use crate::transport::futex;
 use crate::transport::shm::{LL_SLOT_BYTES, Mapping, SlotHdr};
-use crate::types::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::{Duration, Instant};
 
@@ -133,17 +134,8 @@ const SLEEP: Duration = Duration::from_millis(10);
 
 /// One rank's all-reduce through the latency slots (the caller checked
 /// [`usable`]). `two_shot` picks reduce-scatter + all-gather.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn all_reduce(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    two_shot: bool,
-) -> Result<()> {
-    all_reduce_inner(c, send, recv, count, dt, op, two_shot).map_err(|e| c.fail(e))
+pub(crate) fn all_reduce(c: &mut Resources, o: &Op, two_shot: bool) -> Result<()> {
+    all_reduce_inner(c, o, two_shot).map_err(|e| c.fail(e))
 }
 
 /// Every rank's segment, by rank (ours for ourselves), without borrowing
@@ -180,17 +172,9 @@ impl Maps {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn all_reduce_inner(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    two_shot: bool,
-) -> Result<()> {
+fn all_reduce_inner(c: &mut Resources, o: &Op, two_shot: bool) -> Result<()> {
     c.check_raised()?;
+    let (send, recv, count, dt, op) = (o.send, o.recv, o.count, o.dtype, super::redop(o)?);
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
     debug_assert!(usable(c, bytes));
@@ -200,7 +184,8 @@ fn all_reduce_inner(
     } else {
         Kind::AllReduce
     };
-    let Start { maps, e, b, mut w } = Start::new(c, kind);
+    let mut st = Start::new(c, kind);
+    let Start { maps, e, b, .. } = st;
     let map = |p: usize| maps.get(p);
     let own = map(r);
 
@@ -212,8 +197,9 @@ fn all_reduce_inner(
 
     if !two_shot {
         // Reduce the n inputs in rank order straight into `recv`.
-        return reduce_slots_in_rank_order(c, &mut w, maps, (e, b), bytes, 0, recv, count, dt, op);
+        return reduce_slots_in_rank_order(c, &mut st, o, bytes, 0);
     }
+    let w = &mut st.w;
 
     // Two shots. Reduce-scatter: our chunk of every input into our output slot.
     let lo = |p: usize| super::bound(p, count, n);
@@ -254,15 +240,8 @@ fn all_reduce_inner(
 /// One rank's reduce-scatter through the latency slots (the caller checked
 /// [`usable`] for the n blocks): `send` holds n blocks of `count` elements,
 /// `recv` gets the reduction of block r (it may be block r of `send`).
-pub(crate) fn reduce_scatter(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
-    reduce_scatter_inner(c, send, recv, count, dt, op).map_err(|e| c.fail(e))
+pub(crate) fn reduce_scatter(c: &mut Resources, o: &Op) -> Result<()> {
+    reduce_scatter_inner(c, o).map_err(|e| c.fail(e))
 }
 
 /// The next epoch of our latency slots and its buffer (0 or 1).
@@ -306,23 +285,20 @@ unsafe fn fill_slot(mine: *mut u8, send: *const u8, count: usize, dt: DataType, 
     }
 }
 
-/// Waits for each rank's input slot of epoch `e` (`published` bytes) in
-/// turn and reduces `count` elements at `offset` of them into `recv` in
-/// rank order, so every rank computes bit-identical results; divides for
-/// Avg.
-#[allow(clippy::too_many_arguments)]
+/// Waits for each rank's input slot of the operation `st` started
+/// (`published` bytes) in turn and reduces `o.count` elements at `offset` of
+/// them into `o.recv` in rank order, so every rank computes bit-identical
+/// results; divides for Avg.
 fn reduce_slots_in_rank_order(
     c: &mut Resources,
-    w: &mut Waiter,
-    maps: Maps,
-    (e, b): (u64, usize),
+    st: &mut Start,
+    o: &Op,
     published: usize,
     offset: usize,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
 ) -> Result<()> {
+    let (recv, count, dt, op) = (o.recv, o.count, o.dtype, super::redop(o)?);
+    let Start { maps, e, b, .. } = *st;
+    let w = &mut st.w;
     let n = c.ctx.nranks;
     let comb = op.combine();
     let input = |p: usize| {
@@ -341,20 +317,15 @@ fn reduce_slots_in_rank_order(
     Ok(())
 }
 
-fn reduce_scatter_inner(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
+fn reduce_scatter_inner(c: &mut Resources, o: &Op) -> Result<()> {
     c.check_raised()?;
+    let (send, count, dt, op) = (o.send, o.count, o.dtype, super::redop(o)?);
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (bytes, total) = (count * es, count * es * n);
     debug_assert!(usable(c, total));
     let kind = Kind::ReduceScatter;
-    let Start { maps, e, b, mut w } = Start::new(c, kind);
+    let mut st = Start::new(c, kind);
+    let Start { maps, e, b, .. } = st;
 
     // Publish our n blocks (in place, `recv` is one of them: it is read here,
     // before it is written below).
@@ -363,34 +334,19 @@ fn reduce_scatter_inner(
     publish(maps, hdr, e, kind.tag(total));
 
     // Block r of the n inputs, in rank order, straight into `recv`.
-    reduce_slots_in_rank_order(
-        c,
-        &mut w,
-        maps,
-        (e, b),
-        total,
-        r * bytes,
-        recv,
-        count,
-        dt,
-        op,
-    )
+    reduce_slots_in_rank_order(c, &mut st, o, total, r * bytes)
 }
 
 /// One rank's all-gather through the latency slots (the caller checked
 /// [`usable`] for one block of `bytes`): block p of `recv` comes from rank
 /// p, ours from `send` (which may be block r of `recv`).
-pub(crate) fn all_gather(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    bytes: usize,
-) -> Result<()> {
-    all_gather_inner(c, send, recv, bytes).map_err(|e| c.fail(e))
+pub(crate) fn all_gather(c: &mut Resources, o: &Op) -> Result<()> {
+    all_gather_inner(c, o).map_err(|e| c.fail(e))
 }
 
-fn all_gather_inner(c: &mut Resources, send: *const u8, recv: *mut u8, bytes: usize) -> Result<()> {
+fn all_gather_inner(c: &mut Resources, o: &Op) -> Result<()> {
     c.check_raised()?;
+    let (send, recv, bytes) = (o.send, o.recv, o.bytes());
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     debug_assert!(usable(c, bytes));
     let kind = Kind::AllGather;

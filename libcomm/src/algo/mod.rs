@@ -1,24 +1,45 @@
 //! Collective algorithms on host memory, written as sequences of
-//! point-to-point steps run by the progress engine (`exec`).
+//! point-to-point steps run by the progress engine (`progress/exec.rs`).
 //!
-//! Conventions: buffers are raw pointers (they may alias for in-place
-//! operations: `send == recv`, or the send block inside the receive buffer);
-//! sizes are in elements of `dt` unless named `bytes`. Every rank computes the
-//! same chunk boundaries, so no sizes are exchanged; the transports' message
-//! headers still check them, turning a mismatch between ranks into an error.
-//! The algorithm of each collective is the tuner's [`tuner::Decision`], made
-//! once by the caller and passed in.
+//! Each collective takes its operation descriptor ([`Op`]: buffers, count,
+//! type, reduction, root) and the tuner's algorithm for it, decided once by
+//! the caller ([`run`] takes the whole [`Decision`]). Conventions inside:
+//! buffers are raw pointers (they may alias for in-place operations: `send ==
+//! recv`, or the send block inside the receive buffer); sizes are in
+//! elements of `dt` unless named `bytes`. Every rank computes the same chunk
+//! boundaries, so no sizes are exchanged; the transports' message headers
+//! still check them, turning a mismatch between ranks into an error.
 
 mod ll;
-pub mod tuner;
 
-use crate::core::Resources;
-use crate::error::Result;
-use crate::exec::Xfer;
-use crate::reduce;
+use crate::data::reduce;
+use crate::data::types::{Combine, DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::op::tuner::{self, Algo, Decision};
+use crate::op::{Op, OpKind};
+use crate::progress::resources::Resources;
+use crate::progress::xfer::Xfer;
 use crate::transport::Reduce;
-use crate::types::{Combine, DataType, ReduceOp};
-use tuner::Algo;
+use crate::transport::shm::LL_SLOT_BYTES;
+
+/// Runs a validated host-memory operation on the live resources, with the
+/// tuner's decision for it.
+pub(crate) fn run(c: &mut Resources, op: &Op, d: Decision) -> Result<()> {
+    c.coll_seq += 1;
+    let a = d.algo();
+    match op.kind {
+        OpKind::AllReduce => all_reduce(c, op, a),
+        OpKind::Broadcast => broadcast(c, op, a),
+        OpKind::Reduce => reduce(c, op, a),
+        OpKind::AllGather => all_gather(c, op, a),
+        OpKind::ReduceScatter => reduce_scatter(c, op, a),
+        OpKind::AllToAll => all_to_all(c, op, a),
+        OpKind::Gather => gather(c, op),
+        OpKind::Scatter => scatter(c, op),
+        OpKind::Send => c.exec(&mut [Xfer::send(op.root, op.send, op.bytes())]),
+        OpKind::Recv => c.exec(&mut [Xfer::recv(op.root, op.recv, op.bytes())]),
+    }
+}
 
 /// Balanced split of `count` elements into `n` chunks: chunk `c` is
 /// `[bound(c), bound(c+1))`.
@@ -61,25 +82,34 @@ fn finish_avg(op: ReduceOp, dt: DataType, buf: *mut u8, count: usize, n: usize) 
     }
 }
 
+/// The reduction of a reducing operation (a validated one carries it).
+fn redop(o: &Op) -> Result<ReduceOp> {
+    o.redop
+        .ok_or_else(|| Error::Internal(format!("{} without a reduction operator", o.name())))
+}
+
+/// A ring's view of a buffer of `count` elements of `dt`: n chunks cut by
+/// [`bound`], rank r starting with chunk `(r + k) mod n`.
+#[derive(Clone, Copy)]
+struct Chunks {
+    count: usize,
+    dt: DataType,
+    k: usize,
+}
+
 fn copy(dst: *mut u8, src: *const u8, bytes: usize) {
     if bytes > 0 && !std::ptr::eq(dst, src) {
         unsafe { std::ptr::copy(src, dst, bytes) };
     }
 }
 
-pub(crate) fn all_reduce(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    algo: Algo,
-) -> Result<()> {
+/// `send`/`recv` hold `count` elements (they may be equal: in place).
+pub(crate) fn all_reduce(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
+    let (send, recv, count, dt, op) = (o.send, o.recv, o.count, o.dtype, redop(o)?);
     let n = c.ctx.nranks;
     ll::note_call(c, ll::Kind::AllReduce, count * dt.size());
     if matches!(algo, Algo::Ll | Algo::Ll2) && ll::usable(c, count * dt.size()) {
-        return ll::all_reduce(c, send, recv, count, dt, op, algo == Algo::Ll2);
+        return ll::all_reduce(c, o, algo == Algo::Ll2);
     }
     let mut hold = Vec::new();
     let src = prepared_input(op, dt, send, count, &mut hold);
@@ -93,10 +123,11 @@ pub(crate) fn all_reduce(
         Algo::Direct | Algo::Ll => all_reduce_direct(c, src, recv, count, dt, op),
         _ if op == ReduceOp::Avg => {
             // The owned chunk is divided between the two halves.
-            let owned = ring_reduce_scatter(c, src, recv, count, dt, op.combine(), 1)?;
+            let ring = Chunks { count, dt, k: 1 };
+            let owned = ring_reduce_scatter(c, src, recv, ring, op.combine())?;
             let (lo, hi) = (bound(owned, count, n), bound(owned + 1, count, n));
             finish_avg(op, dt, unsafe { recv.add(lo * dt.size()) }, hi - lo, n);
-            ring_all_gather_chunks(c, recv, count, dt, 1)
+            ring_all_gather_chunks(c, recv, ring)
         }
         _ => {
             // Both halves in one batch: the all-gather forwards this rank's
@@ -104,10 +135,11 @@ pub(crate) fn all_reduce(
             // place, an all-gather receive writes chunk (r+k-1) after the
             // reduce-scatter's first send read it: its bytes come back round
             // the ring only after that send put them on their way.
+            let ring = Chunks { count, dt, k: 1 };
             let mut xs = Vec::with_capacity(4 * (n - 1));
-            ring_reduce_scatter_steps(c, &mut xs, src, recv, count, dt, op.combine(), 1);
+            ring_reduce_scatter_steps(c, &mut xs, src, recv, ring, op.combine());
             let last = xs.len() - 1;
-            ring_all_gather_steps(c, &mut xs, recv, count, dt, 1, Some(last));
+            ring_all_gather_steps(c, &mut xs, recv, ring, Some(last));
             c.exec(&mut xs)
         }
     }
@@ -119,9 +151,15 @@ impl Resources {
         let nlocal = self
             .kinds
             .iter()
-            .filter(|k| matches!(k, crate::core::PeerKind::Me | crate::core::PeerKind::Shm))
+            .filter(|k| {
+                matches!(
+                    k,
+                    crate::progress::resources::PeerKind::Me
+                        | crate::progress::resources::PeerKind::Shm
+                )
+            })
             .count();
-        tuner::Shape::local(self.ctx.nranks, nlocal)
+        tuner::Shape::local(self.ctx.nranks, nlocal).with_slots(LL_SLOT_BYTES)
     }
 }
 
@@ -171,30 +209,26 @@ fn ring_reduce_scatter(
     c: &mut Resources,
     src: *const u8,
     work: *mut u8,
-    count: usize,
-    dt: DataType,
+    ring: Chunks,
     op: Combine,
-    k: usize,
 ) -> Result<usize> {
     let mut xs = Vec::with_capacity(2 * (c.ctx.nranks - 1));
-    let owned = ring_reduce_scatter_steps(c, &mut xs, src, work, count, dt, op, k);
+    let owned = ring_reduce_scatter_steps(c, &mut xs, src, work, ring, op);
     c.exec(&mut xs)?;
     Ok(owned)
 }
 
 /// The transfers of [`ring_reduce_scatter`], appended to `xs`; returns the
 /// chunk this rank ends up owning (its last receive, the last of `xs`).
-#[allow(clippy::too_many_arguments)]
 fn ring_reduce_scatter_steps(
     c: &Resources,
     xs: &mut Vec<Xfer>,
     src: *const u8,
     work: *mut u8,
-    count: usize,
-    dt: DataType,
+    ring: Chunks,
     op: Combine,
-    k: usize,
 ) -> usize {
+    let Chunks { count, dt, k } = ring;
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let at = |ch: usize| bound(ch, count, n) * es;
@@ -224,15 +258,9 @@ fn ring_reduce_scatter_steps(
 /// Ring all-gather of the chunks of a `count`-element buffer where rank r
 /// starts with chunk `(r + k) mod n` in place. One batch, each forward
 /// gated on the receive before it (as in [`ring_reduce_scatter`]).
-fn ring_all_gather_chunks(
-    c: &mut Resources,
-    buf: *mut u8,
-    count: usize,
-    dt: DataType,
-    k: usize,
-) -> Result<()> {
+fn ring_all_gather_chunks(c: &mut Resources, buf: *mut u8, ring: Chunks) -> Result<()> {
     let mut xs = Vec::with_capacity(2 * (c.ctx.nranks - 1));
-    ring_all_gather_steps(c, &mut xs, buf, count, dt, k, None);
+    ring_all_gather_steps(c, &mut xs, buf, ring, None);
     c.exec(&mut xs)
 }
 
@@ -243,11 +271,10 @@ fn ring_all_gather_steps(
     c: &Resources,
     xs: &mut Vec<Xfer>,
     buf: *mut u8,
-    count: usize,
-    dt: DataType,
-    k: usize,
+    ring: Chunks,
     first_gate: Option<usize>,
 ) {
+    let Chunks { count, dt, k } = ring;
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let (right, left) = ((r + 1) % n, (r + n - 1) % n);
     let at = |ch: usize| bound(ch, count, n) * es;
@@ -323,14 +350,9 @@ fn all_reduce_rd(
     Ok(())
 }
 
-pub(crate) fn broadcast(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    bytes: usize,
-    root: usize,
-    algo: Algo,
-) -> Result<()> {
+/// The root's `send` (`count` elements) lands in every rank's `recv`.
+pub(crate) fn broadcast(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
+    let (send, recv, bytes, root) = (o.send, o.recv, o.bytes(), o.root);
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
         copy(recv, send, bytes);
@@ -377,17 +399,10 @@ pub(crate) fn broadcast(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn reduce(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    root: usize,
-    algo: Algo,
-) -> Result<()> {
+/// The reduction of every rank's `send` (`count` elements) lands in the
+/// root's `recv`.
+pub(crate) fn reduce(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
+    let (send, recv, count, dt, op, root) = (o.send, o.recv, o.count, o.dtype, redop(o)?, o.root);
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
     let mut hold = Vec::new();
@@ -436,7 +451,7 @@ pub(crate) fn reduce(
                 own_scratch.resize(bytes, 0);
                 own_scratch.as_mut_ptr()
             };
-            let owned = ring_reduce_scatter(c, src, work, count, dt, comb, 1)?;
+            let owned = ring_reduce_scatter(c, src, work, Chunks { count, dt, k: 1 }, comb)?;
             let at = |ch: usize| bound(ch, count, n) * es;
             let len = |ch: usize| (bound(ch + 1, count, n) - bound(ch, count, n)) * es;
             if r == root {
@@ -459,18 +474,13 @@ pub(crate) fn reduce(
     Ok(())
 }
 
-/// `recv` holds n blocks of `bytes`; rank r's block comes from `send`.
-pub(crate) fn all_gather(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    bytes: usize,
-    algo: Algo,
-) -> Result<()> {
+/// `recv` holds n blocks of `count` elements; rank r's block comes from `send`.
+pub(crate) fn all_gather(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
+    let (send, recv, bytes) = (o.send, o.recv, o.bytes());
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     ll::note_call(c, ll::Kind::AllGather, bytes);
     if algo == Algo::Ll && ll::usable(c, bytes) {
-        return ll::all_gather(c, send, recv, bytes);
+        return ll::all_gather(c, o);
     }
     copy(unsafe { recv.add(r * bytes) }, send, bytes);
     if n == 1 {
@@ -487,26 +497,24 @@ pub(crate) fn all_gather(
         }
         _ => {
             // Byte-typed chunks of exactly `bytes` each: rank r starts with chunk r.
-            ring_all_gather_chunks(c, recv, bytes * n, DataType::U8, 0)
+            let ring = Chunks {
+                count: bytes * n,
+                dt: DataType::U8,
+                k: 0,
+            };
+            ring_all_gather_chunks(c, recv, ring)
         }
     }
 }
 
 /// `send` holds n blocks of `count` elements; rank r receives the reduction of block r.
-pub(crate) fn reduce_scatter(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-    algo: Algo,
-) -> Result<()> {
+pub(crate) fn reduce_scatter(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
+    let (send, recv, count, dt, op) = (o.send, o.recv, o.count, o.dtype, redop(o)?);
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
     ll::note_call(c, ll::Kind::ReduceScatter, bytes * n);
     if algo == Algo::Ll && ll::usable(c, bytes * n) {
-        return ll::reduce_scatter(c, send, recv, count, dt, op);
+        return ll::reduce_scatter(c, o);
     }
     let mut hold = Vec::new();
     let src = prepared_input(op, dt, send, count * n, &mut hold);
@@ -542,7 +550,12 @@ pub(crate) fn reduce_scatter(
         _ => {
             // Chunks of the ring are exactly the n blocks; rank r ends owning block r.
             let work = c.scratch(bytes * n);
-            let owned = ring_reduce_scatter(c, src, work, count * n, dt, comb, 0)?;
+            let ring = Chunks {
+                count: count * n,
+                dt,
+                k: 0,
+            };
+            let owned = ring_reduce_scatter(c, src, work, ring, comb)?;
             debug_assert_eq!(owned, r);
             let work = c.scratch(bytes * n);
             copy(recv, unsafe { work.add(r * bytes) }, bytes);
@@ -553,13 +566,8 @@ pub(crate) fn reduce_scatter(
 }
 
 /// Block p of `send` goes to rank p; block p of `recv` comes from rank p.
-pub(crate) fn all_to_all(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    bytes: usize,
-    algo: Algo,
-) -> Result<()> {
+pub(crate) fn all_to_all(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
+    let (send, recv, bytes) = (o.send, o.recv, o.bytes());
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     // In place, blocks would be overwritten before they are sent: send from a copy.
     let mut hold = Vec::new();
@@ -596,14 +604,9 @@ pub(crate) fn all_to_all(
     }
 }
 
-/// Root gathers n blocks of `bytes` (NCCL's ncclGather).
-pub(crate) fn gather(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    bytes: usize,
-    root: usize,
-) -> Result<()> {
+/// Root gathers n blocks of `count` elements (NCCL's ncclGather).
+pub(crate) fn gather(c: &mut Resources, o: &Op) -> Result<()> {
+    let (send, recv, bytes, root) = (o.send, o.recv, o.bytes(), o.root);
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
         copy(unsafe { recv.add(r * bytes) }, send, bytes);
@@ -617,14 +620,9 @@ pub(crate) fn gather(
     }
 }
 
-/// Root scatters n blocks of `bytes` (NCCL's ncclScatter).
-pub(crate) fn scatter(
-    c: &mut Resources,
-    send: *const u8,
-    recv: *mut u8,
-    bytes: usize,
-    root: usize,
-) -> Result<()> {
+/// Root scatters n blocks of `count` elements (NCCL's ncclScatter).
+pub(crate) fn scatter(c: &mut Resources, o: &Op) -> Result<()> {
+    let (send, recv, bytes, root) = (o.send, o.recv, o.bytes(), o.root);
     let (n, r) = (c.ctx.nranks, c.ctx.rank);
     if r == root {
         let mut xs: Vec<Xfer> = (0..n)

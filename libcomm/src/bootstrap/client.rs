@@ -3,9 +3,9 @@
 
 use super::wire::{self, Kind};
 use super::{Hello, PeerInfo, decode_table};
+use crate::bootstrap::handshake::random;
+use crate::bootstrap::unique_id::UniqueId;
 use crate::error::{Error, Result};
-use crate::handshake::random;
-use crate::unique_id::UniqueId;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 

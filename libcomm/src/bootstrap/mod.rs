@@ -5,10 +5,18 @@
 //! identity, pid, the address of its peer endpoint), and receives the table of
 //! all ranks once everyone has arrived. Splits need no root: they derive the
 //! child's table from the parent's over the parent communicator itself.
+//!
+//! Here too, below the transports that use them: the [`UniqueId`](crate::UniqueId)
+//! (`unique_id.rs`), the job-secret handshake every listener of Weft shares
+//! (`handshake.rs`), and the context a communicator is built from
+//! (`ctx.rs`: id, rank, peers, secret, configuration, the job's label).
 
 pub(crate) mod client;
+pub(crate) mod ctx;
+pub mod handshake;
 pub(crate) mod root;
 pub(crate) mod server;
+pub(crate) mod unique_id;
 pub(crate) mod wire;
 
 use crate::error::Result;

@@ -6,10 +6,10 @@
 use super::server::{self, Accepted, Handler};
 use super::wire::{self, Kind};
 use super::{Hello, PeerInfo, encode_table};
+use crate::bootstrap::handshake::random;
+use crate::bootstrap::unique_id::{UniqueId, advertised_ip, listen_addr};
 use crate::error::{Error, Result};
-use crate::handshake::random;
 use crate::log::{info_log, warn_log};
-use crate::unique_id::{UniqueId, advertised_ip, listen_addr};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 use weft_contract::params;
@@ -208,7 +208,7 @@ fn root_timeout() -> Duration {
 
 /// Serves one rendezvous on `listener` from a background thread.
 pub(crate) fn spawn(listener: TcpListener, id: UniqueId) -> Result<()> {
-    crate::sockets::set_backlog(&listener, 1024);
+    crate::sys::sockets::set_backlog(&listener, 1024);
     let mut root = Root {
         id,
         nranks: None,
@@ -289,6 +289,6 @@ pub(crate) fn serve_at(id: &UniqueId, nranks: usize) -> Result<()> {
             }
         }
     };
-    crate::sockets::set_backlog(&listener, nranks * 2);
+    crate::sys::sockets::set_backlog(&listener, nranks * 2);
     spawn(listener, id.clone())
 }

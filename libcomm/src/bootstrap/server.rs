@@ -282,7 +282,7 @@ impl Loop<'_> {
         {
             self.evict(i, handler);
         }
-        let Ok(challenge) = crate::handshake::challenge() else {
+        let Ok(challenge) = crate::bootstrap::handshake::challenge() else {
             return;
         };
         let mut s = stream;

@@ -7,8 +7,8 @@
 //! replayed. Decoders never trust a length: everything is bounds-checked and
 //! bad input becomes an error for that connection only.
 
+use crate::bootstrap::handshake::{self, HandshakeError};
 use crate::error::{Error, Result};
-use crate::handshake::{self, HandshakeError};
 use std::io::Write;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -181,7 +181,10 @@ pub fn write_all(s: &mut std::net::TcpStream, bytes: &[u8], deadline: Instant) -
 /// Waits until `s` is readable (or closed) for at most `t`.
 pub fn wait_readable(s: &std::net::TcpStream, t: Duration) -> bool {
     use std::os::fd::AsRawFd;
-    matches!(crate::sockets::wait_readable(s.as_raw_fd(), t), Ok(true))
+    matches!(
+        crate::sys::sockets::wait_readable(s.as_raw_fd(), t),
+        Ok(true)
+    )
 }
 
 /// Bounded payload encoder/decoder.

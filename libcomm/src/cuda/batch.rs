@@ -17,22 +17,22 @@
 //!    correct, slow, logged once.
 //!
 //! The core hands this backend validated operations of ready communicators
-//! and lends it only [`Comms`] (see `backend.rs`).
+//! and lends it only `Comms` (see `op/backend.rs`).
 
 use super::devcomm::DevComm;
 use super::driver::{ContextGuard, stream_capturing};
 use super::eager::sends_only;
 use super::error::CudaError;
+use super::logger::log;
 use super::mapping::DESCRIPTOR_BYTES;
 use super::p2p::{P2p, is_p2p, p2p_pieces};
 use super::staging::Staging;
-use crate::algo::tuner::Decision;
-use crate::backend::{Backend, Comms, DeviceSide, DeviceSlot, Item};
+use crate::data::types::{DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::op::backend::{Backend, Comms, DeviceSide, DeviceSlot, Item};
+use crate::op::tuner::Decision;
 use crate::op::{Memory, Op};
-use crate::types::{DataType, ReduceOp};
 use std::any::Any;
-use std::sync::OnceLock;
 
 /// The CUDA backend: the device backend the communicator core constructs.
 pub struct CudaBackend;
@@ -47,7 +47,7 @@ impl DeviceSide for DevComm {
     fn abort(&self) {
         DevComm::abort(self)
     }
-    fn abort_word(&self) -> std::sync::Arc<crate::backend::AbortWord> {
+    fn abort_word(&self) -> std::sync::Arc<crate::op::backend::AbortWord> {
         self.word.clone()
     }
     fn finalize(self: Box<Self>) -> std::result::Result<(), String> {
@@ -64,32 +64,6 @@ fn dev_comm(slot: &mut DeviceSlot) -> Option<&mut DevComm> {
         DeviceSlot::On(d) => d.as_any_mut().downcast_mut::<DevComm>(),
         _ => None,
     }
-}
-
-/// Where the backend's informational lines go (the C ABI routes them to
-/// NCCL_DEBUG); `warn` marks warnings.
-pub type Logger = fn(warn: bool, line: &str);
-static LOGGER: OnceLock<Logger> = OnceLock::new();
-
-/// Installs the logger (first call wins). Without one, warnings go to stderr
-/// when `WEFT_DEBUG` is set.
-pub fn set_logger(f: Logger) {
-    let _ = LOGGER.set(f);
-}
-
-fn log(warn: bool, line: &str) {
-    match LOGGER.get() {
-        Some(f) => f(warn, line),
-        None if warn && weft_contract::params::WEFT_DEBUG.raw_os().is_some() => {
-            eprintln!("weft WARN {line}")
-        }
-        None => {}
-    }
-}
-
-/// A warning for the log (NCCL_DEBUG=WARN through the C ABI).
-pub(super) fn warn(line: &str) {
-    log(true, line)
 }
 
 fn cuda_err(what: &str, comms: &dyn Comms, c: usize, e: CudaError) -> Error {

@@ -1,7 +1,7 @@
 //! [`DevComm`]: one rank's device side of a communicator, the state the
 //! kernel path keeps between calls.
 //!
-//! Not to be confused with `crate::backend::DeviceSlot`, the communicator's
+//! Not to be confused with `crate::op::backend::DeviceSlot`, the communicator's
 //! slot that holds it: a `DeviceSlot` says whether the device side was set
 //! up yet and whether the kernel path is on (`Unset`, `Off(device)`,
 //! `On(DevComm)`, held as a `DeviceSide`);
@@ -16,8 +16,8 @@ use super::abi::{
     LINES_CRED_OFF, LL_AREA, LL_COUNT, LL_SLOT, MAX_BLOCKS, MAX_RANKS, P2P_CRED, P2P_DONE,
     P2P_FIFO_MAXB, P2P_READY, P2P_RREADY, P2P_TAIL, PROG_OFF, Status,
 };
-use super::eager::Eager;
 use super::ll::LlHistory;
+use super::side_stream::SideStream;
 use super::tuning::Tuning;
 
 /// One rank's device side of a communicator.
@@ -41,7 +41,7 @@ pub struct DevComm {
     pub(super) status: *mut Status,
     /// `status.abort`, shared with the core (ncclCommAbort, the device watch);
     /// retired before `status` is freed.
-    pub(super) word: std::sync::Arc<crate::backend::AbortWord>,
+    pub(super) word: std::sync::Arc<crate::op::backend::AbortWord>,
     pub(super) tuning: Tuning,
     /// LL operations launched (their flags and parity halves), and what the
     /// next one needs to know to reuse a half (see [`LlHistory`]).
@@ -56,7 +56,7 @@ pub struct DevComm {
     /// read an eager send's staging in place: see `eager.rs`).
     pub(super) peer_devs: Vec<i32>,
     /// The side stream and staging pool of eager sends, once used.
-    pub(super) eager: Option<Eager>,
+    pub(super) eager: Option<SideStream>,
     /// Creating them failed once: sends stay rendezvous.
     pub(super) eager_off: bool,
 }

@@ -4,7 +4,7 @@
 //! that failed (with the call's name and its `CUresult`), NVRTC missing or
 //! rejecting a kernel (with its log), or a setup that cannot work here. The
 //! texts are the ones users and tests have always seen; at the boundary to
-//! the communicator (`batch.rs`, `comm.rs`) they become [`Error::Cuda`] with
+//! the communicator (`batch.rs`, `comm/`) they become [`Error::Cuda`] with
 //! the operation and communicator in front.
 
 use crate::error::Error;

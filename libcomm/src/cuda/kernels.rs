@@ -1,146 +1,92 @@
-//! The CUDA C++ kernels (top-level `kernels/`): embedded in the binary,
-//! named, compiled with NVRTC and loaded. Each kernel the runtime needs
-//! (`weft_coll_<type>_<op>` or `weft_p2p`) is compiled alone, on first use,
-//! for the device's architecture, and loaded once per device ([`function`]).
-//! The PTX is cached per process and on disk (`$WEFT_KERNEL_CACHE`, else
-//! `$XDG_CACHE_HOME/weft/kernels`, else `~/.cache/weft/kernels`), keyed by the
-//! source's SHA-256 and the architecture.
+//! Kernel lookup, the one place every launch gets its kernel from
+//! ([`function`]): which kernel a collective runs, and loading it once per
+//! device from the best source there is for the device's compute capability:
+//!
+//! 1. the machine code (cubin) the build compiled for it (`embedded.rs`):
+//!    nothing is compiled;
+//! 2. else the build's PTX, which the driver JIT-compiles (a GPU newer than
+//!    the build's newest cubin; the driver caches the result);
+//! 3. else NVRTC in the process (`nvrtc.rs`, cached on disk), as every
+//!    kernel was compiled before the build did it: a GPU older than every
+//!    image, or a library built without NVRTC.
+//!
+//! `WEFT_KERNEL_SOURCE` can skip the first (`ptx`) or both (`nvrtc`). Each
+//! kernel is its own module (the images hold one entry per kernel), so a
+//! process loads, JIT-compiles or compiles only the kernels it launches.
+//! Falling back to 2 or 3 is logged once per process.
 
 use super::driver::{compute_capability, use_device};
+use super::embedded::{self, Image};
 use super::error::{CudaError, CudaResult, check};
-use crate::types::{DataType, ReduceOp};
+use super::kernel_set::{self, P2P};
+use super::nvrtc;
+use crate::data::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
-use cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
 
-/// Every kernel source, by file name.
-pub const SOURCES: &[(&str, &str)] = &[(
-    "collectives.cu",
-    include_str!("../../../kernels/collectives.cu"),
-)];
+pub use super::nvrtc::{compile_single, compiles as nvrtc_compiles, nvrtc_available};
 
-/// The collectives' source.
-pub const COLLECTIVES: &str = include_str!("../../../kernels/collectives.cu");
-
-/// NVRTC's library can be loaded (never panics: cudarc would).
-pub fn nvrtc_available() -> bool {
-    static P: OnceLock<bool> = OnceLock::new();
-    *P.get_or_init(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
+/// Where a kernel came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The build's machine code.
+    Cubin,
+    /// The build's PTX, JIT-compiled by the driver.
+    Ptx,
+    /// Compiled in this process by NVRTC.
+    Nvrtc,
 }
 
-/// Hex SHA-256 of a source (first 16 bytes).
-pub fn source_hash(src: &str) -> String {
-    let d = Sha256::digest(src.as_bytes());
-    d.iter().take(16).map(|b| format!("{b:02x}")).collect()
+static LOADS: [AtomicUsize; 3] = [const { AtomicUsize::new(0) }; 3];
+
+/// Kernels this process has loaded, per source (cubin, PTX, NVRTC).
+pub fn loads() -> [usize; 3] {
+    LOADS.each_ref().map(|n| n.load(Ordering::Relaxed))
 }
 
-fn cache_dir() -> Option<PathBuf> {
-    use weft_contract::params::{HOME, WEFT_KERNEL_CACHE, XDG_CACHE_HOME};
-    // Set but empty: no cache.
-    if let Some(d) = WEFT_KERNEL_CACHE.raw() {
-        return (!d.is_empty()).then(|| PathBuf::from(d));
-    }
-    if let Some(d) = XDG_CACHE_HOME.raw()
-        && !d.is_empty()
-    {
-        return Some(PathBuf::from(d).join("weft/kernels"));
-    }
-    HOME.raw()
-        .map(|h| PathBuf::from(h).join(".cache/weft/kernels"))
+/// Which sources `WEFT_KERNEL_SOURCE` allows, best first.
+fn allowed() -> &'static [Source] {
+    static A: OnceLock<&'static [Source]> = OnceLock::new();
+    A.get_or_init(
+        || match weft_contract::params::WEFT_KERNEL_SOURCE.value().as_str() {
+            "nvrtc" => &[Source::Nvrtc],
+            "ptx" => &[Source::Ptx, Source::Nvrtc],
+            _ => &[Source::Cubin, Source::Ptx, Source::Nvrtc],
+        },
+    )
 }
 
-/// Compiles `src` for `arch` (e.g. "compute_90") with NVRTC, no cache.
-pub fn compile_uncached(name: &str, src: &str, arch: &str) -> CudaResult<String> {
-    if !nvrtc_available() {
-        return Err(CudaError::NvrtcMissing);
-    }
-    let arch: &'static str = Box::leak(arch.to_string().into_boxed_str());
-    let opts = CompileOptions {
-        arch: Some(arch),
-        name: Some(name.to_string()),
-        options: vec!["--std=c++17".into()],
-        ..Default::default()
-    };
-    compile_ptx_with_opts(src, opts)
-        .map(|p| p.to_src())
-        .map_err(|e| CudaError::Compile {
-            name: name.to_string(),
-            arch: arch.to_string(),
-            log: format!("{e:?}"),
+/// Whether kernel `name` can be had on a GPU of compute capability `cc`,
+/// without trying (the plan asks before every launch: the answer is
+/// remembered).
+pub(super) fn available_for(cc: (i32, i32), name: &'static str) -> bool {
+    type Known = HashMap<((i32, i32), &'static str), bool>;
+    static KNOWN: Mutex<Option<Known>> = Mutex::new(None);
+    let mut g = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+    *g.get_or_insert_with(HashMap::new)
+        .entry((cc, name))
+        .or_insert_with(|| {
+            allowed().iter().any(|s| match s {
+                Source::Cubin => {
+                    embedded::cubin_for(embedded::images(), cc).is_some_and(|i| i.has(name))
+                }
+                Source::Ptx => {
+                    embedded::ptx_for(embedded::images(), cc).is_some_and(|i| i.has(name))
+                }
+                Source::Nvrtc => nvrtc_available(),
+            })
         })
 }
 
-/// Compiles with the per-process and on-disk caches.
-pub fn compile(name: &str, src: &str, arch: &str) -> CudaResult<String> {
-    static MEM: Mutex<Option<HashMap<(String, String), String>>> = Mutex::new(None);
-    let key = (source_hash(src), arch.to_string());
-    if let Some(p) = MEM
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .get(&key)
-    {
-        return Ok(p.clone());
-    }
-    let file = cache_dir().map(|d| d.join(format!("{}-{}.ptx", key.0, key.1)));
-    let ptx = match file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
-        Some(p) if p.contains(".entry") => p,
-        _ => {
-            let p = compile_uncached(name, src, arch)?;
-            if let Some(f) = &file {
-                // Best effort: write to a temporary name, then rename (atomic).
-                if let Some(d) = f.parent() {
-                    let _ = std::fs::create_dir_all(d);
-                }
-                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                if std::fs::write(&tmp, &p).is_ok() {
-                    let _ = std::fs::rename(&tmp, f);
-                }
-            }
-            p
-        }
-    };
-    MEM.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(key, ptx.clone());
-    Ok(ptx)
+/// Whether this library has kernels at all: compiled by the build, or
+/// NVRTC to compile them (tests that need the kernel path check this).
+pub fn available() -> bool {
+    !embedded::images().is_empty() || nvrtc_available()
 }
 
-/// The C++ type behind a kernel type name.
-fn c_type(t: &str) -> &'static str {
-    match t {
-        "i8" => "i8",
-        "u8" => "u8",
-        "i32" => "i32",
-        "u32" => "u32",
-        "i64" => "i64",
-        "u64" => "u64",
-        "f16" => "Half",
-        "f32" => "float",
-        "f64" => "double",
-        "bf16" => "Bf16",
-        "f8e4m3" => "E4M3",
-        _ => "E5M2",
-    }
-}
-
-fn op_struct(o: &str) -> &'static str {
-    match o {
-        "sum" => "OpSum",
-        "prod" => "OpProd",
-        "max" => "OpMax",
-        "min" => "OpMin",
-        _ => "OpAvg",
-    }
-}
-
-/// A kernel on device `dev`: compiled alone (NVRTC, cached in the process and
-/// on disk) and loaded on first use.
+/// Kernel `name` on device `dev`, loaded on first use.
 pub(super) fn function(dev: i32, name: &'static str) -> CudaResult<sys::CUfunction> {
     static FUNCS: Mutex<Option<HashMap<(i32, &'static str), usize>>> = Mutex::new(None);
     let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
@@ -148,53 +94,122 @@ pub(super) fn function(dev: i32, name: &'static str) -> CudaResult<sys::CUfuncti
     if let Some(f) = funcs.get(&(dev, name)) {
         return Ok(*f as sys::CUfunction);
     }
-    let src = single_source(name);
-    let (a, b) = compute_capability(dev)?;
-    let arch = format!("compute_{a}{b}");
-    let ptx = compile(name, &src, &arch)?;
-    let c = CString::new(ptx).map_err(|_| CudaError::InvalidPtx)?;
-    let mut m: sys::CUmodule = std::ptr::null_mut();
-    use_device(dev)?;
-    unsafe {
-        check(
-            sys::cuModuleLoadData(&mut m, c.as_ptr().cast()),
-            "cuModuleLoadData",
-        )?
-    };
-    let cname = CString::new(name).unwrap();
-    let mut f: sys::CUfunction = std::ptr::null_mut();
-    unsafe {
-        check(
-            sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()),
-            "cuModuleGetFunction",
-        )?
-    };
+    let f = load(dev, name)?;
     funcs.insert((dev, name), f as usize);
     Ok(f)
 }
 
-/// Compiles one kernel the way [`function`] does, without a device (tests).
-pub fn compile_single(name: &str, arch: &str) -> CudaResult<String> {
-    compile_uncached(name, &single_source(name), arch)
+/// Loads `name` on `dev` from the first source that has it and whose
+/// module the driver takes.
+fn load(dev: i32, name: &str) -> CudaResult<sys::CUfunction> {
+    let cc = compute_capability(dev)?;
+    let mut failed: Option<CudaError> = None;
+    for &source in allowed() {
+        let image = match source {
+            Source::Cubin => module_bytes(embedded::cubin_for(embedded::images(), cc), name)?,
+            Source::Ptx => module_bytes(embedded::ptx_for(embedded::images(), cc), name)?,
+            Source::Nvrtc if !nvrtc_available() => continue,
+            Source::Nvrtc => {
+                fallback_note(cc, Source::Nvrtc);
+                let arch = format!("compute_{}{}", cc.0, cc.1);
+                let mut ptx = nvrtc::kernel_ptx(name, &arch)?.into_bytes();
+                ptx.push(0);
+                Some(ptx)
+            }
+        };
+        let Some(image) = image else { continue };
+        if source == Source::Ptx {
+            fallback_note(cc, Source::Ptx);
+        }
+        use_device(dev)?;
+        match load_module(&image, name) {
+            Ok(f) => {
+                LOADS[source as usize].fetch_add(1, Ordering::Relaxed);
+                return Ok(f);
+            }
+            // The driver refused the build's image (a driver too old for
+            // it): the next source may still work.
+            Err(e) if source != Source::Nvrtc => failed = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    // Every setting ends with NVRTC: here it is not available.
+    Err(failed.unwrap_or_else(|| {
+        CudaError::Unsupported(format!(
+            "no kernel {name} for compute capability {}.{}: none built for it (WEFT_KERNEL_SOURCE={}) and NVRTC is not available",
+            cc.0,
+            cc.1,
+            weft_contract::params::WEFT_KERNEL_SOURCE.value()
+        ))
+    }))
 }
 
-/// The source that defines exactly the kernel `name`: `weft_p2p`, or
-/// `weft_coll_<type>_<op>`.
-fn single_source(name: &str) -> String {
-    if name == "weft_p2p" {
-        return format!(
-            "#define WEFT_SINGLE 1\n#define WEFT_P2P_KERNEL 1\n{}",
-            COLLECTIVES
-        );
+/// `name` from `image`, if the image exists and has it.
+fn module_bytes(image: Option<&Image>, name: &str) -> CudaResult<Option<Vec<u8>>> {
+    match image {
+        Some(i) => i.kernel(name),
+        None => Ok(None),
     }
-    let rest = name.strip_prefix("weft_coll_").unwrap_or(name);
-    let (t, o) = rest.rsplit_once('_').unwrap_or((rest, "sum"));
-    format!(
-        "#define WEFT_SINGLE 1\n{}\nWEFT_KERNEL({t}, {}, {o}, {})\n",
-        COLLECTIVES,
-        c_type(t),
-        op_struct(o)
-    )
+}
+
+/// A cubin or NUL-terminated PTX as a module, and its kernel `name`.
+fn load_module(image: &[u8], name: &str) -> CudaResult<sys::CUfunction> {
+    let mut m: sys::CUmodule = std::ptr::null_mut();
+    unsafe {
+        check(
+            sys::cuModuleLoadData(&mut m, image.as_ptr().cast()),
+            "cuModuleLoadData",
+        )?
+    };
+    let cname = std::ffi::CString::new(name).map_err(|_| CudaError::InvalidPtx)?;
+    let mut f: sys::CUfunction = std::ptr::null_mut();
+    let r = unsafe { sys::cuModuleGetFunction(&mut f, m, cname.as_ptr()) };
+    if let Err(e) = check(r, "cuModuleGetFunction") {
+        unsafe { sys::cuModuleUnload(m) };
+        return Err(e);
+    }
+    Ok(f)
+}
+
+/// Says once per process that kernels are compiled here rather than
+/// loaded ready-made (the first launches then take seconds).
+fn fallback_note(cc: (i32, i32), source: Source) {
+    static PTX: Once = Once::new();
+    static NVRTC: Once = Once::new();
+    let images: Vec<String> = embedded::images().iter().map(Image::label).collect();
+    let carried = if images.is_empty() {
+        "this library was built without NVRTC".to_string()
+    } else {
+        format!("this library carries {}", images.join(", "))
+    };
+    match source {
+        Source::Ptx => PTX.call_once(|| {
+            super::logger::warn(&format!(
+                "no machine code for compute capability {}.{} ({carried}): the driver JIT-compiles the kernels' PTX on first use (cached by the driver)",
+                cc.0, cc.1
+            ))
+        }),
+        Source::Nvrtc => NVRTC.call_once(|| {
+            super::logger::warn(&format!(
+                "compiling kernels for compute capability {}.{} with NVRTC on first use ({carried}; WEFT_KERNEL_SOURCE={})",
+                cc.0,
+                cc.1,
+                weft_contract::params::WEFT_KERNEL_SOURCE.value()
+            ))
+        }),
+        Source::Cubin => {}
+    }
+}
+
+/// The kernel set's name `n` with a static lifetime (every name a launch
+/// uses comes from the set, once).
+fn static_name(n: &str) -> Option<&'static str> {
+    static NAMES: OnceLock<Vec<String>> = OnceLock::new();
+    NAMES
+        .get_or_init(|| kernel_set::all().into_iter().map(|k| k.name).collect())
+        .iter()
+        .find(|k| *k == n)
+        .map(String::as_str)
 }
 
 fn type_name(dt: DataType) -> &'static str {
@@ -214,7 +229,13 @@ fn type_name(dt: DataType) -> &'static str {
     }
 }
 
-pub(super) fn func_name(dt: DataType, op: Option<ReduceOp>) -> Option<&'static str> {
+/// The kernel of a collective: a reducing kernel for its type and op when
+/// it combines values (`reduces`), else the moving kernel of its element
+/// size. None for PreMulSum (staged).
+pub(super) fn func_name(dt: DataType, op: Option<ReduceOp>, reduces: bool) -> Option<&'static str> {
+    if !reduces {
+        return static_name(&kernel_set::move_name(dt.size()));
+    }
     let o = match op {
         None | Some(ReduceOp::Sum) => "sum",
         Some(ReduceOp::Prod) => "prod",
@@ -223,100 +244,65 @@ pub(super) fn func_name(dt: DataType, op: Option<ReduceOp>) -> Option<&'static s
         Some(ReduceOp::Avg) => "avg",
         Some(ReduceOp::PreMulSum(_)) => return None,
     };
-    static NAMES: Mutex<Option<HashMap<(u8, &'static str), &'static str>>> = Mutex::new(None);
-    let mut g = NAMES.lock().unwrap_or_else(|e| e.into_inner());
-    let m = g.get_or_insert_with(HashMap::new);
-    Some(
-        m.entry((dt as u8, o)).or_insert_with(|| {
-            Box::leak(format!("weft_coll_{}_{o}", type_name(dt)).into_boxed_str())
-        }),
-    )
+    static_name(&kernel_set::coll_name(type_name(dt), o))
 }
+
+/// The point-to-point kernel's name.
+pub(super) const P2P_KERNEL: &str = P2P;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const TYPES: [&str; 12] = [
-        "i8", "u8", "i32", "u32", "i64", "u64", "f16", "f32", "f64", "bf16", "f8e4m3", "f8e5m2",
-    ];
-    const OPS: [&str; 5] = ["sum", "prod", "max", "min", "avg"];
-
-    /// CI without a GPU: every kernel compiles with NVRTC for sm_90 (Hopper,
-    /// fp8 included) and sm_80 (no fp8). Skips, saying why, without libnvrtc.
+    /// Every type and op has its reducing kernel and every size its moving
+    /// kernel, in the kernel set the build compiles.
     #[test]
-    fn every_kernel_compiles_with_nvrtc() {
-        if !nvrtc_available() {
-            let why = "libnvrtc not found (run kernels/ci-nvrtc.sh, or pip install nvidia-cuda-nvrtc==13.0.88 and add nvidia/cu13/lib to LD_LIBRARY_PATH)";
-            // CI that provides NVRTC sets WEFT_REQUIRE_NVRTC=1: a missing
-            // library is then a failure, never a silent pass.
-            assert!(
-                weft_contract::params::WEFT_REQUIRE_NVRTC.raw().as_deref() != Some("1"),
-                "WEFT_REQUIRE_NVRTC=1 but {why}"
-            );
-            eprintln!("SKIPPED every_kernel_compiles_with_nvrtc: {why}");
-            return;
-        }
-        // Every kernel for Hopper (fp8 included). With WEFT_NVRTC_ALL_ARCHS=1
-        // the whole file is also checked for sm_80, with the fp8
-        // instantiations guarded out (a second NVRTC pass of the same source,
-        // as long as the first: off by default to keep CI fast).
-        let mut archs = vec![("compute_90", true)];
-        if weft_contract::params::WEFT_NVRTC_ALL_ARCHS.raw().as_deref() == Some("1") {
-            archs.push(("compute_80", false));
-        }
-        for (arch, fp8) in archs {
-            let ptx = compile_uncached("collectives.cu", COLLECTIVES, arch)
-                .unwrap_or_else(|e| panic!("{e}"));
-            for t in TYPES {
-                for o in OPS {
-                    let name = format!(".entry weft_coll_{t}_{o}(");
-                    let want = fp8 || !t.starts_with("f8");
-                    assert_eq!(
-                        ptx.contains(&name),
-                        want,
-                        "{arch}: kernel weft_coll_{t}_{o} present={} expected={want}",
-                        !want
-                    );
-                }
+    fn every_collective_names_a_kernel_of_the_set() {
+        let types = [
+            DataType::I8,
+            DataType::U8,
+            DataType::I32,
+            DataType::U32,
+            DataType::I64,
+            DataType::U64,
+            DataType::F16,
+            DataType::F32,
+            DataType::F64,
+            DataType::Bf16,
+            DataType::F8E4M3,
+            DataType::F8E5M2,
+        ];
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+        ];
+        let mut used = std::collections::HashSet::new();
+        for dt in types {
+            for op in ops {
+                used.insert(func_name(dt, Some(op), true).unwrap());
             }
-            eprintln!(
-                "{arch}: {} kernels, {} bytes of PTX",
-                ptx.matches(".entry").count(),
-                ptx.len()
-            );
+            let mover = func_name(dt, None, false).unwrap();
+            assert_eq!(mover, format!("weft_move_{}", dt.size()));
+            // A moving collective ignores the op.
+            assert_eq!(func_name(dt, Some(ReduceOp::Max), false), Some(mover));
+            used.insert(mover);
         }
-    }
-
-    #[test]
-    fn cache_key_depends_on_source() {
-        assert_ne!(source_hash("a"), source_hash("b"));
-        assert_eq!(source_hash(COLLECTIVES).len(), 32);
-    }
-
-    /// The runtime's one-kernel-at-a-time compilation works for every type
-    /// family (skips, saying why, without libnvrtc).
-    #[test]
-    fn single_kernels_compile() {
-        if !nvrtc_available() {
-            assert!(
-                weft_contract::params::WEFT_REQUIRE_NVRTC.raw().as_deref() != Some("1"),
-                "WEFT_REQUIRE_NVRTC=1 but libnvrtc not found (see kernels/ci-nvrtc.sh)"
-            );
-            eprintln!(
-                "SKIPPED single_kernels_compile: libnvrtc not found (see kernels/ci-nvrtc.sh)"
-            );
-            return;
-        }
-        for name in [
-            "weft_coll_f8e4m3_max",
-            "weft_coll_bf16_avg",
-            "weft_coll_i64_prod",
-            "weft_p2p",
-        ] {
-            let ptx = compile_single(name, "compute_90").unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(ptx.matches(".entry").count(), 1, "{name}");
-            assert!(ptx.contains(&format!(".entry {name}(")), "{name}");
-        }
+        assert_eq!(
+            func_name(DataType::Bf16, Some(ReduceOp::Sum), true),
+            Some("weft_coll_bf16_sum")
+        );
+        assert_eq!(
+            func_name(DataType::F32, Some(ReduceOp::PreMulSum(2.0)), true),
+            None
+        );
+        used.insert(P2P_KERNEL);
+        // Each kernel of the set is used by something, and nothing else is.
+        let all: std::collections::HashSet<String> =
+            kernel_set::all().into_iter().map(|k| k.name).collect();
+        let used: std::collections::HashSet<String> = used.into_iter().map(String::from).collect();
+        assert_eq!(used, all);
     }
 }

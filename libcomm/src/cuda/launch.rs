@@ -11,7 +11,7 @@ use super::abi::{
 use super::devcomm::DevComm;
 use super::driver::use_device;
 use super::error::{CudaResult, check};
-use super::kernels::function;
+use super::kernels::{P2P_KERNEL, function};
 use super::ll::ll_peers;
 use super::p2p::{P2p, P2pFifo, p2p_rounds};
 use super::plan::Plan;
@@ -222,7 +222,7 @@ impl DevComm {
         if rounds.iter().all(|r| r.is_empty()) {
             return Ok(());
         }
-        let f = function(self.dev, "weft_p2p")?;
+        let f = function(self.dev, P2P_KERNEL)?;
         use_device(self.dev)?;
         let max_per = self.tuning.p2p_blocks;
         let fifo = P2pFifo::new(2 * self.parity_bytes, self.nranks, self.tuning.block_cap);

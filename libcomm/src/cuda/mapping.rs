@@ -116,7 +116,7 @@ impl DevComm {
                 lines_capable: false,
                 lines: false,
                 status: status.cast(),
-                word: crate::backend::AbortWord::new(status.cast()),
+                word: crate::op::backend::AbortWord::new(status.cast()),
                 tuning,
                 ll: LlHistory::default(),
                 send_seq: vec![0; nranks],

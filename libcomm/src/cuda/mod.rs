@@ -18,14 +18,15 @@
 //!   never waits there for the peer's receive (`eager.rs`).
 //! - **Staging** ([`Staging`]): the correct but slow fallback for everything
 //!   else (PreMulSum, point-to-point spread over several streams, peers that
-//!   cannot map each other, no NVRTC): synchronize the stream, copy device
-//!   buffers to host, run the host algorithm, copy back on the stream.
+//!   cannot map each other, no kernels for the GPU): synchronize the stream,
+//!   copy device buffers to host, run the host algorithm, copy back on the
+//!   stream.
 //!
 //! # Where things are
 //!
 //! | file | its one job |
 //! |---|---|
-//! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
+//! | `batch.rs` | [`CudaBackend`], the device backend the core hands batches to (`crate::op::backend::Backend`): set up communicators' device sides together, route each operation to a kernel, fused point-to-point kernels or staging |
 //! | `devcomm.rs` | [`DevComm`], one rank's device side of a communicator (the state kept between calls), abort and kernel errors, naming the rank a stalled wait waits for |
 //! | `mapping.rs` | allocating a rank's peer-visible area, the descriptor exchange, mapping peers (P2P / IPC), release |
 //! | `plan.rs` | which kernel and algorithm a collective runs ([`Plan`]) |
@@ -34,16 +35,23 @@
 //! | `abort_model.rs` | the CPU model of the kernels' abort protocol: a rank dies, freezes or aborts at every wait point (a test) |
 //! | `p2p.rs` | send/recv/gather/scatter as point-to-point pieces and rounds |
 //! | `eager.rs` | sends that do not wait for the peer's receive: staging copy on the caller's stream, the send kernel on a side stream (the design and why it does not race) |
+//! | `side_stream.rs` | the side stream, event and staging pool of eager sends (`SideStream`) |
 //! | `launch.rs` | kernel arguments and `cuLaunchKernel` for plans and point-to-point rounds |
 //! | `abi.rs` | the Rust mirror of the kernels' argument structs, codes and area layout |
-//! | `kernels.rs` | the embedded CUDA sources: kernel names, NVRTC compile cache, module loading |
+//! | `kernels.rs` | kernel lookup, the one place launches get kernels from: which kernel a collective runs, loading it per device from the build's cubin, else its PTX, else NVRTC |
+//! | `kernel_set.rs` | which kernels exist and how each is compiled (shared with `libcomm/build.rs`) |
+//! | `embedded.rs` | the kernels the build compiled, as the library carries them, and which image serves a compute capability |
+//! | `kernel_archive.rs` | the compressed container of one architecture's kernels (shared with the build) |
+//! | `cubin.rs` | a cubin's architecture and kernels, from its ELF header and symbols (shared with the build) |
+//! | `nvrtc.rs` | the run-time fallback: compiling a kernel with NVRTC, cached on disk |
 //! | `staging.rs` | the host-memory fallback, and which device an operation's buffers are on |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
 //! | `error.rs` | [`CudaError`], this backend's error type |
+//! | `logger.rs` | where the backend's log lines go ([`set_logger`]) |
 //!
 //! `DeviceSlot` and `DevComm` differ as a slot and what it holds: the
-//! communicator's lifecycle record owns a `crate::backend::DeviceSlot`
+//! communicator's lifecycle record owns a `crate::op::backend::DeviceSlot`
 //! (`Unset` until its first operation on device memory, then `Off(device)`
 //! when some rank could not map its peers, or `On(DevComm)` behind the
 //! `DeviceSide` trait), and the `DevComm` inside is the kernel path's state.
@@ -58,22 +66,30 @@ mod abi;
 #[cfg(test)]
 mod abort_model;
 pub mod batch;
+#[cfg(test)] // and the build script's
+mod cubin;
 mod devcomm;
 mod driver;
 mod eager;
+mod embedded;
 mod error;
+mod kernel_archive;
+mod kernel_set;
 pub mod kernels;
 mod launch;
 mod ll;
+mod logger;
 mod mapping;
 pub mod mem;
+mod nvrtc;
 mod p2p;
 mod plan;
+mod side_stream;
 mod staging;
 mod tuning;
 
 pub use abi::MAX_RANKS;
-pub use batch::{CudaBackend, set_logger};
+pub use batch::CudaBackend;
 pub use devcomm::DevComm;
 pub use driver::{
     ContextGuard, alloc_current, compute_capability, current_device, device_at, device_count,
@@ -82,6 +98,7 @@ pub use driver::{
 };
 pub use error::{CudaError, CudaResult, check};
 pub use kernels::compile_single;
+pub use logger::{Logger, set_logger};
 pub use mapping::DESCRIPTOR_BYTES;
 pub use p2p::{P2p, p2p_pieces};
 pub use plan::Plan;

@@ -60,7 +60,7 @@ pub fn is_p2p(op: &Op) -> bool {
 
 /// The point-to-point pieces of `op` on rank `rank` of `n` (send/recv,
 /// gather and scatter, as NCCL builds them), or None for other operations.
-/// A send to or receive from oneself is returned as is: [`DevComm::launch_p2p`]
+/// A send to or receive from oneself is returned as is: `DevComm::launch_p2p`
 /// pairs them into copies.
 pub fn p2p_pieces(op: &Op, rank: usize, n: usize) -> Option<Vec<P2p>> {
     let mut v = Vec::new();
@@ -216,7 +216,7 @@ pub(super) fn p2p_rounds(pieces: &[P2p], me: usize) -> CudaResult<Vec<Vec<P2p>>>
 mod tests {
     use super::*;
     use crate::cuda::abi::MAX_RANKS;
-    use crate::types::DataType;
+    use crate::data::types::DataType;
 
     #[test]
     fn p2p_fifo_fits_each_receivers_scratch() {

@@ -8,9 +8,9 @@ use super::abi::{
     K_REDUCE, K_REDUCESCATTER,
 };
 use super::devcomm::DevComm;
-use super::kernels::{func_name, nvrtc_available};
+use super::kernels::{P2P_KERNEL, available_for, func_name};
 use crate::op::{Op, OpKind};
-use crate::types::DataType;
+use crate::data::types::DataType;
 
 /// How one operation runs on the kernel path.
 #[derive(Clone, Copy, Debug)]
@@ -49,7 +49,7 @@ impl Plan {
 impl DevComm {
     /// How `op` runs on the kernel path, or None (staging).
     pub fn plan(&self, op: &Op) -> Option<Plan> {
-        if !self.usable || !nvrtc_available() {
+        if !self.usable {
             return None;
         }
         let algo = self.tuning.algo;
@@ -85,6 +85,16 @@ impl DevComm {
         if !copy && matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2) && self.cc < (8, 9) {
             return None;
         }
+        // All-gather, broadcast and all-to-all only move bytes: the moving
+        // kernel of the element size runs them.
+        let reduces = matches!(
+            kind,
+            K_ALLREDUCE | K_ALLREDUCE_2SHOT | K_REDUCE | K_REDUCESCATTER
+        );
+        let func = func_name(dtype, rop, reduces)?;
+        if !available_for(self.cc, func) {
+            return None;
+        }
         let bytes = count * dtype.size();
         let ll = !copy && self.tuning.ll(bytes, n, self.direct);
         // The LL kernel is a one-shot whatever the size rule picked.
@@ -95,7 +105,7 @@ impl DevComm {
         };
         Some(Plan {
             kind,
-            func: func_name(dtype, rop)?,
+            func,
             input: send as u64,
             output: recv as u64,
             count,
@@ -120,6 +130,6 @@ impl DevComm {
     /// one process the receiver reads the sender's buffer in place, across
     /// processes the sender streams through the receiver's scratch.
     pub fn p2p_ok(&self) -> bool {
-        self.usable && nvrtc_available() && self.tuning.algo != Some("staged")
+        self.usable && available_for(self.cc, P2P_KERNEL) && self.tuning.algo != Some("staged")
     }
 }

@@ -1,5 +1,6 @@
-//! The kernel path's tuning: every `WEFT_CUDA_*` variable (and `WEFT_ALGO`
-//! where it names a device algorithm), read in one place into [`Tuning`],
+//! The kernel path's tuning: every `WEFT_CUDA_*` variable (and the device
+//! algorithm `WEFT_ALGO` names, through the tuner's one parser of it,
+//! `tuner::device_override`), read in one place into [`Tuning`],
 //! and the size rules that pick an algorithm and cut the work (LL, lines
 //! chain, FIFO chain, broadcast pipeline, blocks per kernel).
 //!
@@ -7,7 +8,7 @@
 //! (as NCCL reads its variables at init). The rules are pure functions of it,
 //! so every rank that sees the same environment decides the same.
 
-use crate::algo::tuner::DEVICE_ALGOS;
+use crate::op::tuner;
 use weft_contract::params::{self, Param};
 
 use super::abi::{
@@ -121,7 +122,7 @@ impl Tuning {
         Tuning {
             parity_bytes: params::WEFT_CUDA_SCRATCH_MB.value().max(1) << 20,
             allow_direct: params::WEFT_CUDA_DIRECT.get().unwrap_or(true),
-            algo: algo_override(),
+            algo: tuner::device_override(),
             oneshot_max: params::WEFT_CUDA_ONESHOT_MAX.value(),
             threads: params::WEFT_CUDA_THREADS.value().clamp(32, 512),
             p2p_blocks: params::WEFT_CUDA_P2P_BLOCKS.value().clamp(1, MAX_BLOCKS),
@@ -319,24 +320,11 @@ impl Tuning {
     }
 }
 
-/// The device algorithm override: `WEFT_CUDA_ALGO`, else `WEFT_ALGO` when it
-/// names a device algorithm (oneshot | twoshot | ll | staged; the host algorithm
-/// names of `WEFT_ALGO`, such as ring, only steer host memory).
-fn algo_override() -> Option<&'static str> {
-    [params::WEFT_CUDA_ALGO, params::WEFT_ALGO]
-        .iter()
-        .filter_map(|p| p.raw())
-        .find_map(|s| {
-            let s = s.trim().to_ascii_lowercase();
-            DEVICE_ALGOS.iter().copied().find(|a| *a == s)
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cuda::abi::{K_ALLREDUCE, LL_AREA, LL_SLOT, MAX_RANKS};
-    use crate::cuda::kernels;
+    use crate::cuda::kernel_set;
 
     /// The defaults `Tuning::from_env` gives with no WEFT_CUDA_* set.
     fn defaults() -> Tuning {
@@ -400,8 +388,11 @@ mod tests {
     /// (skipped when the environment sets a knob).
     #[test]
     fn from_env_without_knobs_is_the_defaults() {
+        // Run-time knobs only: WEFT_NVRTC is in the Cuda group but read by the
+        // build alone (CI sets it to name the NVRTC it installed).
         let knob = |s: &params::ParamSpec| {
-            s.group == params::Group::Cuda || s.name == params::WEFT_ALGO.name()
+            let runtime = s.parts.contains(&params::Part::Cuda);
+            (s.group == params::Group::Cuda && runtime) || s.name == params::WEFT_ALGO.name()
         };
         if params::all().iter().any(|s| knob(s) && s.raw().is_some()) {
             // CI sets none of them: there this check must run, not skip.
@@ -486,7 +477,7 @@ mod tests {
         assert!(!other.ll(8, 4, false));
         // The area holds both parity halves of every sender's largest part.
         assert_eq!(LL_AREA, 2 * MAX_RANKS * 2 * LL_MAX_BYTES);
-        let src = kernels::COLLECTIVES;
+        let src = kernel_set::COLLECTIVES;
         assert!(src.contains(&format!("#define WEFT_LL_SLOT ({} << 10)", LL_SLOT >> 10)));
     }
 

@@ -5,16 +5,20 @@
 //! an 8-byte header (payload length, sequence number), so a rank whose counts
 //! or types differ from its peer's gets a clear error instead of corrupt data
 //! or a hang. Steps never block: they move what fits and report progress; the
-//! caller (`exec`) decides when to wait.
+//! caller (`progress/exec.rs`) decides when to wait. The three transports:
+//! `shm.rs` (shared memory within a host), `tcp.rs` (across hosts) and
+//! `sidecar_rings.rs` (through the pod's sidecar, contract in
+//! `sidecar_link.rs`); `futex.rs` holds the doorbells they sleep on.
 
 pub(crate) mod futex;
 pub(crate) mod shm;
+pub mod sidecar_link;
 pub(crate) mod sidecar_rings;
 pub(crate) mod tcp;
 
+use crate::data::reduce;
+use crate::data::types::{Combine, DataType};
 use crate::error::Error;
-use crate::reduce;
-use crate::types::{Combine, DataType};
 use shm::{MSG_HDR, RingEnd};
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;

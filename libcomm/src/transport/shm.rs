@@ -309,7 +309,7 @@ impl Mapping {
                     ));
                 }
             }
-            if !crate::topology::pid_alive(peer_pid) {
+            if !crate::sys::topology::pid_alive(peer_pid) {
                 return Err(Error::Remote {
                     comm: String::new(),
                     rank: 0,
@@ -546,7 +546,7 @@ fn same_user(fd: RawFd) -> bool {
 
 /// Sends a segment's descriptor (one byte with SCM_RIGHTS).
 fn send_segment(s: &UnixStream, fd: RawFd) -> std::io::Result<()> {
-    match crate::fdpass::send(s.as_raw_fd(), &[&[1u8]], &[fd])? {
+    match crate::sys::fdpass::send(s.as_raw_fd(), &[&[1u8]], &[fd])? {
         1 => Ok(()),
         _ => Err(std::io::Error::new(
             std::io::ErrorKind::WriteZero,
@@ -567,7 +567,7 @@ fn receive_segment(s: &UnixStream, name: &str, deadline: Instant) -> Result<Owne
         .max(Duration::from_millis(1));
     let _ = s.set_read_timeout(Some(left));
     let mut byte = [0u8; 1];
-    let got = crate::fdpass::recv(s.as_raw_fd(), &mut byte)
+    let got = crate::sys::fdpass::recv(s.as_raw_fd(), &mut byte)
         .map_err(|e| Error::sys(format!("receiving the shared memory segment {name}"), e))?;
     let (n, mut fds) = (got.len, got.fds);
     if n != 1 || fds.len() != 1 {
@@ -620,7 +620,7 @@ impl Offer {
                     && own.control().opened.load(Ordering::Acquire) < want
                     && Instant::now() < deadline
                 {
-                    let _ = crate::sockets::wait_readable(
+                    let _ = crate::sys::sockets::wait_readable(
                         l.as_raw_fd(),
                         Duration::from_millis(20),
                     );

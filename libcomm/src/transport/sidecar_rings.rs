@@ -1,5 +1,5 @@
 //! The third transport: peers on other hosts through the pod's sidecar
-//! (contract: `crate::sidecar_link`). A channel is a pair of SPSC rings in a memfd
+//! (contract: `crate::transport::sidecar_link`). A channel is a pair of SPSC rings in a memfd
 //! segment this rank creates and the sidecar maps: the same rings and
 //! message stepping as shared memory between local ranks, with the sidecar
 //! as the other end. The sidecar moves the bytes between the rings and its
@@ -7,9 +7,11 @@
 
 use super::ShmChan;
 use super::shm::{Mapping, RingEnd};
-use crate::ctx::Ctx;
+use crate::bootstrap::ctx::Ctx;
 use crate::error::{Error, Result};
-use crate::sidecar_link::{self as link, KIND_ERR, KIND_OK, KIND_OPEN, OpenMsg, ProxyPeer};
+use crate::transport::sidecar_link::{
+    self as link, KIND_ERR, KIND_OK, KIND_OPEN, OpenMsg, ProxyPeer,
+};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

@@ -16,6 +16,7 @@
 //! parking lot. Parked connections are bounded in number and age.
 
 use crate::bootstrap::client::connect_retry;
+use crate::bootstrap::ctx::CommId;
 use crate::bootstrap::server::{self, Accepted, Counters, Handler, Limits};
 use crate::bootstrap::wire::{self, Dec, Enc, Kind};
 use crate::error::{Error, Result};
@@ -23,10 +24,9 @@ use crate::log::{info_log, warn_log};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-pub(crate) type CommId = [u8; 16];
 /// Data connections this process has opened or accepted (for tests and stats).
 pub(crate) static CONNECTIONS_OPENED: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
@@ -62,7 +62,7 @@ struct Registry {
     parked: HashMap<(CommId, u32, u32), Parked>,
     ready: HashMap<(CommId, u32, u32), TcpStream>,
     /// Where a peer's failure notice for a communicator is raised.
-    faults: HashMap<CommId, std::sync::Weak<crate::fault::Fault>>,
+    faults: HashMap<CommId, Weak<dyn NoticeSink>>,
 }
 
 impl Registry {
@@ -164,7 +164,7 @@ impl Endpoint {
         let bind = SocketAddr::new(ip, 0);
         let l = TcpListener::bind(bind)
             .map_err(|e| Error::sys(format!("peer endpoint: bind {bind}"), e))?;
-        crate::sockets::set_backlog(&l, 4096);
+        crate::sys::sockets::set_backlog(&l, 4096);
         let port = l
             .local_addr()
             .map_err(|e| Error::sys("getsockname", e))?
@@ -223,9 +223,9 @@ impl Endpoint {
         self.arrived.notify_all();
     }
 
-    /// Failure notices for `comm` (from its remote peers) raise in `fault`.
-    pub fn watch_failures(&self, comm: CommId, fault: &Arc<crate::fault::Fault>) {
-        self.lock().faults.insert(comm, Arc::downgrade(fault));
+    /// Failure notices for `comm` (from its remote peers) go to `sink`.
+    pub fn watch_failures(&self, comm: CommId, sink: Weak<dyn NoticeSink>) {
+        self.lock().faults.insert(comm, sink);
     }
 
     pub fn unregister(&self, comm: CommId) {
@@ -335,6 +335,14 @@ impl EndpointHandler {
             f.learn(m.origin as usize, m.kind, &m.reason);
         }
     }
+}
+
+/// Where the endpoint hands a remote peer's failure notice, once its MAC
+/// checked out: the communicator's failure domain (`progress/fault.rs`,
+/// which builds on this module and is never named here).
+pub(crate) trait NoticeSink: Send + Sync {
+    /// Rank `origin` raised a failure of `kind` for `reason`.
+    fn learn(&self, origin: usize, kind: u32, reason: &str);
 }
 
 /// Why a communicator failed, as its origin tells remote peers.
@@ -577,7 +585,7 @@ pub(crate) fn connect(
                 "{addr} is not a Weft peer endpoint"
             )));
         }
-        let client_nonce: [u8; 16] = crate::handshake::random()?;
+        let client_nonce: [u8; 16] = crate::bootstrap::handshake::random()?;
         let msg = ConnectMsg {
             comm,
             src,
@@ -641,8 +649,11 @@ pub(crate) fn connect(
 /// keepalive/user timeouts so a vanished host is noticed within `peer_timeout`.
 pub(crate) fn tune(s: &TcpStream, peer_timeout: Duration) -> Result<()> {
     CONNECTIONS_OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    crate::sockets::tune_data(s, &crate::sockets::DataOpts::between_hosts(peer_timeout))
-        .map_err(|e| Error::sys("fcntl", e))
+    crate::sys::sockets::tune_data(
+        s,
+        &crate::sys::sockets::DataOpts::between_hosts(peer_timeout),
+    )
+    .map_err(|e| Error::sys("fcntl", e))
 }
 
 /// Raises the soft fd limit to the hard one (as MPI runtimes do), once.

@@ -59,7 +59,7 @@ impl Default for Metrics {
         );
         registry.register(
             "job_restarts",
-            "Whole-job restarts after rank failures",
+            "Whole-job restarts after rank failures (every new epoch, also while Restarting)",
             job_restarts.clone(),
         );
         registry.register(

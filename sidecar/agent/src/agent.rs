@@ -7,8 +7,8 @@
 //! (embedded mode): same registry, snapshots, metrics and spans, no socket.
 //! This crate does not hold that engine: the caller hands one in through
 //! [`Embedded`] (`weft::agent::install_from_env` does), so a rank that only
-//! ever attaches links none of it (the drop-in `libnccl.so.2` links it with
-//! its feature `embedded-spans`, to export spans without a sidecar).
+//! ever attaches links none of it. The drop-in `libnccl.so.2` hands in
+//! `spans_only` instead (feature `otlp`): the spans alone.
 //!
 //! Collectives never wait on this: events go into a bounded queue; when it
 //! is full they are dropped and counted (reported to the sidecar, which
@@ -43,8 +43,10 @@ pub trait Embedded: Send + Sync {
 pub type Commands = mpsc::Sender<Result<rpc::SidecarCommand, tonic::Status>>;
 
 /// Starts the embedded engine on the agent's runtime (it may spawn tasks
-/// there) and registers this process with its `Hello`.
-pub type StartEmbedded = Box<dyn FnOnce(rpc::Hello, Commands) -> Arc<dyn Embedded> + Send>;
+/// there) and registers this process with its `Hello`; an error (why it
+/// cannot start) fails the install.
+pub type StartEmbedded =
+    Box<dyn FnOnce(rpc::Hello, Commands) -> Result<Arc<dyn Embedded>, String> + Send>;
 
 pub struct Agent {
     tx: mpsc::Sender<RankMessage>,
@@ -438,9 +440,18 @@ async fn embedded(
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let (cmd_tx, mut cmd_rx) = mpsc::channel(64);
-    let e = start(hello(&a.job, a.pid, 0), cmd_tx);
+    let e = match start(hello(&a.job, a.pid, 0), cmd_tx) {
+        Ok(e) => e,
+        Err(why) => {
+            let _ = ready.send(Err(why));
+            return;
+        }
+    };
     let _ = a.embedded.set(e.clone());
     let _ = ready.send(Ok(()));
+    // An engine that sends no commands (spans only) drops its sender at
+    // once: the messages still flow.
+    let mut commands = true;
     loop {
         tokio::select! {
             m = rx.recv() => match m {
@@ -448,12 +459,12 @@ async fn embedded(
                 Some(_) => {}
                 None => break,
             },
-            c = cmd_rx.recv() => match c {
+            c = cmd_rx.recv(), if commands => match c {
                 Some(Ok(rpc::SidecarCommand { cmd: Some(rpc::sidecar_command::Cmd::Abort(c)) })) => {
                     a.act(&c.comm_id, &c.reason, c.fail)
                 }
                 Some(_) => {}
-                None => break,
+                None => commands = false,
             },
         }
     }

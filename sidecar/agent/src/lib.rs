@@ -4,6 +4,11 @@
 //! sidecar's Unix socket, the job-secret [`auth`] of an attach, and the
 //! `weft.v1` protocol ([`rpc`], generated from `proto/weft/v1/sidecar.proto`).
 //!
+//! With feature `otlp`, also the OpenTelemetry [`spans`] of collectives
+//! (one exporter for the sidecar and the ranks) and [`spans_only`], the
+//! embedded mode of a rank without the sidecar's crate: its own spans,
+//! exported by the process.
+//!
 //! The sidecar itself (crate `weft`, `weft sidecar`) builds on the same
 //! generated code with the `server` feature (gRPC server stubs) and `serde`
 //! (JSON output), so the protocol is generated once, here.
@@ -12,6 +17,10 @@ pub mod agent;
 pub mod auth;
 pub mod client;
 pub mod rpc;
+#[cfg(feature = "otlp")]
+pub mod spans;
+#[cfg(feature = "otlp")]
+pub mod spans_only;
 
 pub use agent::{Agent, Commands, Embedded, StartEmbedded, install_from_env, installed};
 

@@ -97,7 +97,7 @@ pub struct BenchArgs {
     #[arg(long = "json")]
     pub json: bool,
     /// Stop every rank and exit 124 when the benchmark runs longer than this.
-    #[arg(long = "timeout", value_name = "SECS", value_parser = crate::cli::parse_secs)]
+    #[arg(long = "timeout", value_name = "SECS", value_parser = crate::arg_values::parse_secs)]
     pub timeout: Option<Duration>,
 }
 

@@ -317,7 +317,7 @@ fn run(args: &BenchArgs) -> Result<u64, String> {
         .raw_os()
         .is_some_and(|s| !s.is_empty())
     {
-        crate::agent::install_from_env()?;
+        crate::embedded::install_from_env()?;
     }
     let comm = Communicator::from_env().map_err(|e| err("joining the communicator", e))?;
     let rank = comm.rank();

@@ -4,9 +4,9 @@
 //! volume is refused).
 
 use crate::error::SidecarError;
-use crate::rpc::Hello;
 /// The job secret and the attach HMAC, shared with the rank side.
 pub use weft_agent::auth::{hello_mac, hello_mac_matches, job_secret_from_env};
+use weft_agent::rpc::Hello;
 
 pub struct Auth {
     pub job: String,

@@ -62,7 +62,7 @@ async fn readyz(State(e): State<Arc<Engine>>) -> impl IntoResponse {
 
 async fn ras_text(State(e): State<Arc<Engine>>) -> impl IntoResponse {
     e.metrics.status_queries.inc();
-    crate::ras::render(&e.status())
+    crate::ras_report::render(&e.status())
 }
 
 async fn ras_json(State(e): State<Arc<Engine>>) -> impl IntoResponse {

@@ -4,13 +4,13 @@
 use super::Engine;
 use super::state::{Proc, RankEntry, State, now_nanos};
 use super::telemetry::SpanRecord;
-use crate::rpc::{self, rank_message::Msg, sidecar_server::Sidecar};
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use weft_agent::rpc::{self, rank_message::Msg, sidecar_server::Sidecar};
 
 /// Commands queued per process before the sidecar considers it stuck.
 const CMD_QUEUE: usize = 64;
@@ -448,7 +448,7 @@ impl Sidecar for Service {
                     "refused a recovery board post from {}: {why}",
                     clip(post.from_host)
                 ));
-                Err(Status::invalid_argument(why))
+                Err(Status::invalid_argument(why.to_string()))
             }
         }
     }

@@ -6,13 +6,13 @@
 //! (`GetStatus`, the HTTP page, the storm test) only load that `Arc`: the
 //! status path never takes a lock that registration or events take.
 
-use crate::rpc::{self, CommStatus, HostStatus, ProcessStatus, RankStatus, Status};
 use arc_swap::ArcSwap;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use weft_agent::rpc::{self, CommStatus, HostStatus, ProcessStatus, RankStatus, Status};
 
 pub type CmdTx = mpsc::Sender<Result<rpc::SidecarCommand, tonic::Status>>;
 

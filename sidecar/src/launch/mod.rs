@@ -37,7 +37,8 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 pub use output::RankOutput;
-pub use supervise::Replaced;
+use output::diag;
+pub use supervise::{Replaced, StopReason};
 
 /// What to launch and how. Build with [`LaunchSpec::new`] and set fields.
 #[derive(Debug, Clone)]
@@ -99,21 +100,6 @@ impl LaunchSpec {
             replace_failed: None,
         }
     }
-}
-
-/// Why the launcher stopped the job early.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StopReason {
-    /// The first rank to fail (non-zero exit or killed by a signal).
-    RankFailed {
-        rank: usize,
-        pid: u32,
-        status: ExitStatus,
-    },
-    /// The launcher received this signal and forwarded it.
-    Signal(i32),
-    /// [`LaunchSpec::timeout`] ran out.
-    Timeout(Duration),
 }
 
 /// How one rank ended.
@@ -216,11 +202,6 @@ fn os_message(e: &io::Error) -> String {
         Some(i) => s[..i].to_string(),
         None => s,
     }
-}
-
-/// Writes `"<label>: <msg>\n"` to stderr in one write, so it never splits a rank's line.
-fn diag(label: &str, msg: &str) {
-    let _ = output::write_all(2, format!("{label}: {msg}\n").as_bytes());
 }
 
 /// The operator's pod contract, when `weft run` runs inside one of its pods.

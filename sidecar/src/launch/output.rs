@@ -293,6 +293,11 @@ pub fn write_all(fd: RawFd, mut bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Writes `"<label>: <msg>\n"` to stderr in one write, so it never splits a rank's line.
+pub(crate) fn diag(label: &str, msg: &str) {
+    let _ = write_all(2, format!("{label}: {msg}\n").as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::digits;

@@ -8,8 +8,11 @@
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
+use weft_contract::board::{self, Death};
+
+use super::output::diag;
+use super::process;
 use super::signals::{self, SignalGuard};
-use super::{StopReason, diag, process};
 
 /// How often the supervisor checks ranks, signals and deadlines. Bounds how
 /// late a failure is noticed; costs one `waitid` per live rank per tick.
@@ -22,6 +25,21 @@ pub(crate) fn ranks(n: usize) -> String {
     } else {
         format!("{n} ranks")
     }
+}
+
+/// Why the launcher stopped the job early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The first rank to fail (non-zero exit or killed by a signal).
+    RankFailed {
+        rank: usize,
+        pid: u32,
+        status: ExitStatus,
+    },
+    /// The launcher received this signal and forwarded it.
+    Signal(i32),
+    /// The launch's timeout (`LaunchSpec::timeout`) ran out.
+    Timeout(Duration),
 }
 
 /// The state of one launch's ranks.
@@ -62,21 +80,22 @@ pub(crate) struct Replacer<'a> {
     /// Starts rank `r`, incarnation `i`: its pid (its pipes go to the pump).
     pub spawn: Box<dyn FnMut(usize, u32) -> std::io::Result<libc::pid_t> + 'a>,
     pub incarnations: Vec<u32>,
-    /// (rank, incarnation, replaced) of every death, as written to `dead`.
-    pub deaths: Vec<(usize, u32, bool)>,
+    /// Every death, as written to `dead`.
+    pub deaths: Vec<Death>,
     pub replaced: Vec<Replaced>,
 }
 
 impl Replacer<'_> {
-    fn write_deaths(&self) {
-        let body: String = self
-            .deaths
-            .iter()
-            .map(|(r, i, rep)| format!("{r} {i} {}\n", if *rep { "replaced" } else { "final" }))
-            .collect();
-        let tmp = self.board.join(".dead.tmp");
-        let _ =
-            std::fs::write(&tmp, body).and_then(|_| std::fs::rename(&tmp, self.board.join("dead")));
+    /// Records a death and rewrites `dead`. A failed write is not fatal:
+    /// the ranks then wait on the death until their timeout.
+    fn record_death(&mut self, rank: usize, incarnation: u32, replaced: bool) {
+        self.deaths.push(Death {
+            rank,
+            incarnation,
+            replaced,
+        });
+        let body = board::dead_file(self.deaths.iter().copied());
+        let _ = board::write_atomic(&self.board, board::DEAD, &body);
     }
 
     /// Ranks' reports of failures they could not explain (a frozen peer).
@@ -86,7 +105,10 @@ impl Replacer<'_> {
         };
         let mut any = false;
         for e in rd.flatten() {
-            if e.file_name().to_string_lossy().starts_with("report-") {
+            let name = e.file_name();
+            let report = board::RankFile::parse(&name.to_string_lossy())
+                .is_some_and(|f| f.kind == board::Kind::Report);
+            if report {
                 let _ = std::fs::remove_file(e.path());
                 any = true;
             }
@@ -201,16 +223,14 @@ impl<'a> Supervisor<'a> {
         let pid = self.pids[rank];
         let what = process::describe(&status);
         if rep.budget == 0 {
-            rep.deaths.push((rank, inc, false));
-            rep.write_deaths();
+            rep.record_death(rank, inc, false);
             diag(
                 self.label,
                 &format!("rank {rank} (pid {pid}) {what}; no replacements left (--replace-failed)"),
             );
             return false;
         }
-        rep.deaths.push((rank, inc, true));
-        rep.write_deaths();
+        rep.record_death(rank, inc, true);
         rep.budget -= 1;
         rep.replaced.push(Replaced {
             rank,

@@ -1,0 +1,42 @@
+//! The communicator: the public handle, its lifecycle, and the one entry
+//! point of operations.
+//!
+//! Names, from the outside in: a [`Communicator`] is one rank's handle (the
+//! public type); its `CommShared` is the lifecycle record it shares with its
+//! init thread, the eager-send flusher, the device watch and the observer's
+//! abort handle; the record holds the `Resources` of a Ready communicator
+//! (`progress/`) behind one mutex.
+//!
+//! Every operation is an `Op` and enters through [`Communicator::submit`]
+//! (a group through [`Group::execute`]): validated once, then run on host
+//! memory by the host algorithms with the tuner's decision (`host.rs`) or
+//! handed to the device backend (`device.rs`).
+//!
+//! | file | its one job |
+//! |---|---|
+//! | `communicator.rs` | [`Communicator`]: accessors, the checks every operation passes, the typed methods |
+//! | `shared.rs` | `CommShared`, the lifecycle record: state, failure cause, device slot, resources; abort and fail |
+//! | `lifecycle.rs` | init (unique id, environment, all ranks in this process), waiting, the async error, abort, destroy |
+//! | `split.rs` | split (after revoke too), and `Child`: the one builder of a child communicator |
+//! | `submit.rs` | `submit` and `flush`: the entry point |
+//! | `host.rs` | host memory: one operation by the host algorithms, a batch per communicator |
+//! | `device.rs` | device memory: a batch handed to the device backend (the only file of the core naming `cuda/`) |
+//! | `group.rs` | [`Group`] (NCCL's group calls) |
+//! | `flusher.rs` | the eager-send flusher thread |
+//! | `watch.rs` | the device watch thread |
+//! | `reconf.rs` | `Reconf`: revoke, shrink and grow bookkeeping |
+
+pub(crate) mod communicator;
+mod device;
+pub(crate) mod flusher;
+pub(crate) mod group;
+mod host;
+mod lifecycle;
+pub(crate) mod reconf;
+pub(crate) mod shared;
+pub(crate) mod split;
+mod submit;
+pub(crate) mod watch;
+
+pub use communicator::Communicator;
+pub use group::Group;

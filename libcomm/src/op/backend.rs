@@ -1,0 +1,257 @@
+//! The data-plane backend seam.
+//!
+//! The communicator core validates an operation ([`Op::validate`]), checks
+//! the communicator's state, then hands it to the backend of its memory kind
+//! ([`crate::op::Memory`]): host memory runs on the core's own host
+//! algorithms; device memory goes to the [`Backend`] the core constructed for
+//! it (the CUDA backend, `cuda/`). A backend sees the communicators of a batch
+//! only through [`Comms`]: rank and size, a description for messages, the
+//! communicator's [`DeviceSlot`], a host-memory exchange with the peers
+//! (descriptors, agreement), and the observer. It never reaches into
+//! `Communicator` or `Group`.
+//!
+//! Dependencies point one way: `backend` imports only `op`, `error` and the
+//! tuner's `Decision`; the
+//! CUDA backend imports `backend`, `op` and the neutral modules (`types`,
+//! `error`, `algo::tuner`'s name list) and nothing that imports it back.
+
+use crate::error::Result;
+use crate::op::Op;
+use crate::op::tuner::Decision;
+use std::any::Any;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// The word a communicator's kernels poll to stop waiting on peers (a `u32`
+/// in pinned host memory mapped into the device), reachable without the
+/// communicator's device slot: an operation may hold that slot's lock while
+/// the kernels it launched spin on a dead peer, and the abort must still get
+/// through (ncclCommAbort, the device watch in `comm/watch.rs`). The backend
+/// retires it before it frees the memory; firing a retired word does nothing.
+///
+/// It also carries the kernels' progress timeout (`WEFT_TIMEOUT_MS`): the
+/// backend says where the timeout and the stall report live
+/// ([`AbortWord::watch_stalls`]), the core sets the timeout
+/// ([`AbortWord::set_timeout`]) and its device watch asks whether a wait
+/// stalled ([`AbortWord::stalled`]), all without the slot's lock.
+pub struct AbortWord {
+    at: Mutex<usize>,
+    stall: OnceLock<Stall>,
+}
+
+/// Where a device reports stalled waits (see [`AbortWord::watch_stalls`]).
+struct Stall {
+    timeout_ms: usize,
+    stalled: usize,
+    describe: Box<dyn Fn(u64) -> String + Send + Sync>,
+}
+
+impl AbortWord {
+    /// `at`: live, writable memory until [`AbortWord::retire`].
+    pub fn new(at: *mut u32) -> Arc<AbortWord> {
+        Arc::new(AbortWord {
+            at: Mutex::new(at as usize),
+            stall: OnceLock::new(),
+        })
+    }
+
+    /// The device's progress timeout lives at `timeout_ms` (milliseconds, 0
+    /// = none, read by the kernels) and a kernel whose wait made no progress
+    /// for that long writes the address it polls at `stalled`; `describe`
+    /// names what waits there ("rank 2 (its barrier flag)"). Both in the
+    /// memory `at` points into, so live until [`AbortWord::retire`]. Once.
+    pub fn watch_stalls(
+        &self,
+        timeout_ms: *mut u32,
+        stalled: *const u64,
+        describe: Box<dyn Fn(u64) -> String + Send + Sync>,
+    ) {
+        let _ = self.stall.set(Stall {
+            timeout_ms: timeout_ms as usize,
+            stalled: stalled as usize,
+            describe,
+        });
+    }
+
+    /// Sets the kernels' progress timeout (None: waits never time out).
+    pub fn set_timeout(&self, t: Option<std::time::Duration>) {
+        let ms = t.map_or(0, |t| t.as_millis().clamp(1, u32::MAX as u128) as u32);
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        if let (true, Some(s)) = (*g != 0, self.stall.get()) {
+            // SAFETY: live until `retire`, which takes the same lock.
+            unsafe { std::ptr::write_volatile(s.timeout_ms as *mut u32, ms) };
+        }
+    }
+
+    /// What a kernel waits on that made no progress for the timeout, if one
+    /// reported so (None once retired).
+    pub fn stalled(&self) -> Option<String> {
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.stall.get()?;
+        if *g == 0 {
+            return None;
+        }
+        // SAFETY: as in `set_timeout`.
+        let at = unsafe { std::ptr::read_volatile(s.stalled as *const u64) };
+        (at != 0).then(|| (s.describe)(at))
+    }
+
+    /// Makes every kernel polling the word return. False once retired.
+    pub fn fire(&self) -> bool {
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        if *g == 0 {
+            return false;
+        }
+        // SAFETY: live until `retire`, which takes the same lock.
+        unsafe { std::ptr::write_volatile(*g as *mut u32, 1) };
+        true
+    }
+
+    /// Whether the word was fired (false once retired).
+    #[cfg(test)]
+    pub fn fired(&self) -> bool {
+        let g = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: as in `fire`.
+        *g != 0 && unsafe { std::ptr::read_volatile(*g as *const u32) } != 0
+    }
+
+    /// The memory is about to be freed: later `fire`s do nothing.
+    pub fn retire(&self) {
+        *self.at.lock().unwrap_or_else(|e| e.into_inner()) = 0;
+    }
+}
+
+/// A communicator's state inside the device backend (allocated peer areas,
+/// mappings, sequence numbers), owned by the communicator's lifecycle record
+/// so that abort and destroy reach it without knowing the backend.
+pub trait DeviceSide: Send {
+    /// The CUDA device it lives on.
+    fn device(&self) -> i32;
+    /// An error a kernel of this communicator reported, if any.
+    fn kernel_error(&self) -> Option<String>;
+    /// Makes kernels spinning on peers return (abort).
+    fn abort(&self);
+    /// The word `abort` sets, for callers that must not take the slot's lock.
+    fn abort_word(&self) -> Arc<AbortWord>;
+    /// Releases it (destroy; not after an abort: a peer's kernel may still touch it).
+    fn finalize(self: Box<Self>) -> std::result::Result<(), String>;
+    /// The backend's own type, for the backend only.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A communicator's device side.
+#[derive(Default)]
+pub enum DeviceSlot {
+    /// No operation on device memory yet.
+    #[default]
+    Unset,
+    /// Set up on this device; the kernel path is off (some rank could not
+    /// map its peers).
+    Off(i32),
+    /// Set up, kernel path on.
+    On(Box<dyn DeviceSide>),
+}
+
+impl DeviceSlot {
+    /// The device it was set up on, if any.
+    pub fn device(&self) -> Option<i32> {
+        match self {
+            DeviceSlot::On(d) => Some(d.device()),
+            DeviceSlot::Off(d) => Some(*d),
+            DeviceSlot::Unset => None,
+        }
+    }
+}
+
+/// One operation of a batch: `comm` indexes the batch's communicators in [`Comms`].
+#[derive(Debug, Clone, Copy)]
+pub struct Item {
+    pub comm: usize,
+    pub op: Op,
+}
+
+/// What the core lends a backend for one batch: its communicators, by index.
+pub trait Comms {
+    fn rank(&self, c: usize) -> usize;
+    fn nranks(&self, c: usize) -> usize;
+    /// "communicator <id> (rank r of n)", for messages.
+    fn describe(&self, c: usize) -> String;
+    /// The communicator's device side.
+    fn device_slot(&self, c: usize) -> MutexGuard<'_, DeviceSlot>;
+    /// Runs host-memory operations through the core, as one group (sends and
+    /// receives of a communicator fused, communicators concurrently): the
+    /// exchange of descriptors with peers, agreement, staged operations.
+    ///
+    /// # Safety
+    /// As [`Backend::run`], for host memory.
+    unsafe fn run_host(&self, items: &[Item]) -> Result<()>;
+    /// Runs `f` inside the observer's span of `ops` on communicator `c`
+    /// (one operation, or a group when `group`), recording the backend's
+    /// decision (`Decision::Device`: the kernel it planned).
+    fn observed(
+        &self,
+        c: usize,
+        ops: &[Op],
+        group: bool,
+        decision: Decision,
+        f: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()>;
+}
+
+/// A data-plane backend for one memory kind.
+pub trait Backend: Sync {
+    /// Runs a batch (one call, or a group's operations; host-memory
+    /// operations may be part of it). The core has validated every
+    /// operation and checked every communicator's state.
+    ///
+    /// # Safety
+    /// Every operation's pointers must be valid for the sizes it names until
+    /// its stream reaches it; every rank of each communicator must submit the
+    /// matching operations.
+    unsafe fn run(&self, comms: &dyn Comms, items: &[Item]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AbortWord;
+
+    #[test]
+    fn a_word_fires_until_retired() {
+        let mut cell = Box::new(0u32);
+        let w = AbortWord::new(&mut *cell);
+        assert!(!w.fired());
+        assert!(w.fire());
+        assert!(w.fired());
+        assert_eq!(*cell, 1);
+        *cell = 0;
+        w.retire();
+        assert!(!w.fire(), "a retired word must not be written");
+        assert_eq!(*cell, 0);
+        assert!(!w.fired());
+    }
+
+    #[test]
+    fn a_stall_is_reported_and_the_timeout_written_until_retired() {
+        // abort, timeout_ms, stalled (as the CUDA backend's Status).
+        let mut cell = Box::new((0u32, 0u32, 0u64));
+        let w = AbortWord::new(&mut cell.0);
+        assert_eq!(w.stalled(), None, "no stall watch yet");
+        w.watch_stalls(
+            &mut cell.1,
+            &cell.2,
+            Box::new(|a| format!("waits at {a:#x}")),
+        );
+        w.set_timeout(Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(cell.1, 1500);
+        w.set_timeout(Some(std::time::Duration::from_micros(10)));
+        assert_eq!(cell.1, 1, "a timeout below 1 ms is not 0 (never)");
+        w.set_timeout(None);
+        assert_eq!(cell.1, 0);
+        assert_eq!(w.stalled(), None);
+        cell.2 = 0x1000;
+        assert_eq!(w.stalled().as_deref(), Some("waits at 0x1000"));
+        w.retire();
+        assert_eq!(w.stalled(), None, "a retired word reads nothing");
+        w.set_timeout(Some(std::time::Duration::from_secs(1)));
+        assert_eq!(cell.1, 0, "a retired word writes nothing");
+    }
+}

@@ -1,0 +1,121 @@
+//! Failure propagation within a communicator.
+//!
+//! When any rank aborts or notices a failure (a peer process died, a
+//! connection dropped, a mismatched message arrived), it raises the failure on
+//! its own control block and on every local peer's, and shuts down its TCP
+//! connections so remote peers see the loss at once. Every waiting rank checks
+//! its own flag, so a whole job learns of a failure within one wait slice.
+//! This object is shared by the communicator's lock-free paths (abort from
+//! another thread) and the progress engine.
+
+use crate::transport::shm::{FAIL_ABORT, Mapping, ST_DESTROYED};
+use crate::transport::tcp::{FailNotify, NoticeSink};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+pub(crate) struct Fault {
+    pub rank: usize,
+    pub own: Arc<Mapping>,
+    /// (rank, mapping) of every local peer.
+    pub locals: Vec<(usize, Arc<Mapping>)>,
+    pub tcp: Mutex<Vec<TcpStream>>,
+    /// Where to tell remote peers why, when a failure starts here.
+    pub notify: Option<FailNotify>,
+}
+
+/// A failure seen by this rank: who raised it, whether it was an abort, why.
+#[derive(Debug, Clone)]
+pub(crate) struct Raised {
+    pub origin: usize,
+    pub abort: bool,
+    pub reason: String,
+}
+
+impl Fault {
+    /// Raises a failure originating here. Idempotent; the first reason wins.
+    pub fn raise(&self, kind: u32, reason: &str) {
+        let c = self.own.control();
+        if c.failure().is_none() {
+            c.set_reason(reason);
+        }
+        let first = c.raise(self.rank, kind);
+        // Remote peers see our connections close; tell them why first
+        // (bounded), so they blame the rank that failed, not us.
+        if first && let Some(n) = &self.notify {
+            n.send(self.rank as u32, kind, &c.reason());
+        }
+        self.spread(kind);
+    }
+
+    /// A remote peer told us (through our endpoint) that the communicator
+    /// failed: raise it here with its origin and reason, and pass it on to
+    /// our local peers (our own connections close as for any failure).
+    pub fn learn(&self, origin: usize, kind: u32, reason: &str) {
+        let c = self.own.control();
+        if c.failure().is_none() {
+            c.set_reason(reason);
+        }
+        c.raise(origin, kind);
+        self.spread(kind);
+    }
+
+    /// Passes a failure we observed on to our local and remote peers.
+    pub fn spread(&self, kind: u32) {
+        let origin = self
+            .own
+            .control()
+            .failure()
+            .map(|f| f.0)
+            .unwrap_or(self.rank);
+        for (_, m) in &self.locals {
+            m.control().raise(origin, kind);
+        }
+        for s in self.tcp.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// A local peer whose process is gone without having destroyed its
+    /// communicator: (rank, pid). The host path notices this while it waits;
+    /// device work has no host waiter, so queries (`ncclCommGetAsyncError`)
+    /// and the device watch call this. A peer that destroyed its side and
+    /// then exited is not a failure.
+    pub fn dead_local(&self) -> Option<(usize, u32)> {
+        self.locals.iter().find_map(|(rank, m)| {
+            let c = m.control();
+            let pid = c.pid.load(Ordering::Relaxed);
+            let gone = c.state.load(Ordering::Acquire) != ST_DESTROYED
+                && !crate::sys::topology::pid_alive(pid);
+            gone.then_some((*rank, pid))
+        })
+    }
+
+    #[inline]
+    pub fn check(&self) -> Option<Raised> {
+        let (origin, kind) = self.own.control().failure()?;
+        let reason = if origin == self.rank {
+            self.own.control().reason()
+        } else {
+            // A local origin wrote its reason in its own block; a remote
+            // one's came with its notice, into ours.
+            self.locals
+                .iter()
+                .find(|(r, _)| *r == origin)
+                .map(|(_, m)| m.control().reason())
+                .unwrap_or_else(|| self.own.control().reason())
+        };
+        Some(Raised {
+            origin,
+            abort: kind == FAIL_ABORT,
+            reason,
+        })
+    }
+}
+
+/// A remote peer's failure notice, from this process's TCP endpoint.
+impl NoticeSink for Fault {
+    fn learn(&self, origin: usize, kind: u32, reason: &str) {
+        Fault::learn(self, origin, kind, reason)
+    }
+}

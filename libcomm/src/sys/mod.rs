@@ -1,0 +1,7 @@
+//! The operating system: socket options in one place (`sockets.rs`),
+//! descriptors over Unix sockets (`fdpass.rs`), host identity, process
+//! liveness and cores (`topology.rs`).
+
+pub(crate) mod fdpass;
+pub mod sockets;
+pub(crate) mod topology;
