@@ -9,8 +9,8 @@ use super::abi::{
 };
 use super::devcomm::DevComm;
 use super::kernels::{P2P_KERNEL, available_for, func_name};
-use crate::op::{Op, OpKind};
 use crate::data::types::DataType;
+use crate::op::{Op, OpKind};
 
 /// How one operation runs on the kernel path.
 #[derive(Clone, Copy, Debug)]
