@@ -96,16 +96,17 @@ field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p" | head -1; }
 
 leader() { kubectl -n "$OP_NS" get lease weft-operator-leader -o jsonpath='{.spec.holderIdentity}'; }
 
-# Deaths of ranks the sidecars of JOB logged. A job whose ranks all exited
-# cleanly should have none (issue 31 (8): a clean exit once read as a death
-# on the sidecar); printed, not failed: the scenario's own checks decide.
-sidecar_deaths() {
+# No sidecar of JOB, whose ranks all exited cleanly, declared one of them
+# dead (issue 31 (8): a clean exit cut the rank's control stream short, its
+# sidecar took it for a death and aborted its peers' communicator).
+no_sidecar_deaths() {
   local p n=0 lines
   for p in $(pod_names "$1"); do
     lines=$(kubectl -n "$NS" logs "$p" -c weft-sidecar 2>/dev/null | grep ' died' || true)
     if [[ -n $lines ]]; then n=$((n + $(wc -l <<<"$lines"))); echo "$p: $lines" >&2; fi
   done
-  log "sidecars of $1 declared $n rank(s) dead"
+  ((n == 0)) || fail "the sidecars of $1 declared $n rank(s) dead that exited cleanly"
+  log "no sidecar of $1 declared a rank dead"
 }
 
 # Deletes every CollectiveJob in the cluster and removes what finalizer is

@@ -40,7 +40,7 @@ bench_example() {
   else
     ! grep -q 'proxy: connected to host' <<<"$sc" || fail "the proxy carried transport $transport's traffic: $sc"
   fi
-  sidecar_deaths $job
+  no_sidecar_deaths $job
   delete_job $job
 }
 
@@ -74,7 +74,7 @@ scenario_nccl_c() {
       || fail "pod $p: $(kubectl -n "$NS" logs $job-$p -c main)"
   done
   log "4 ranks of an unmodified NCCL program: $(kubectl -n "$NS" logs $job-0 -c main | head -1)"
-  sidecar_deaths $job
+  no_sidecar_deaths $job
   delete_job $job
 }
 
@@ -82,8 +82,10 @@ scenario_nccl_c() {
 scenario_restart() {
   local job=e2e-restart t0 epochs
   CURRENT_JOB=$job
+  t0=$(now_ms)
   apply "$ROOT/e2e/restart-job.yaml"
   wait_phase $job Running 300
+  log "$job Running (its 2 pods started, sidecars ready) $(($(now_ms) - t0)) ms after it was applied"
   t0=$(now_ms)
   kubectl -n "$NS" delete pod $job-1 --wait=false >/dev/null
   kubectl -n "$NS" wait cjob/$job --for=jsonpath='{.status.restarts}'=1 --timeout=120s >/dev/null \

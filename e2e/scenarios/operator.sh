@@ -86,6 +86,7 @@ scenario_failover() {
   local w0 w1
   w0=$(facts $job-0 train final); w1=$(facts $job-1 train final)
   [[ -n "$w0" && "$w0" == "$w1" ]] || fail "final weights: '$w0' vs '$w1'"
+  no_sidecar_deaths $job
   wait_until 120 "a new operator pod replaces the lost one" '[[ $(ready_replicas) == 2 ]]'
   delete_job $job
 }

@@ -24,7 +24,7 @@ reference_weights() {
     [[ -n "$w" ]] || fail "$job printed no final weights"
     echo "$w" >"$RUN_DIR/$job.w"
     log "$job, without failure: $w"
-    sidecar_deaths $job
+    no_sidecar_deaths $job
     delete_job $job
   fi
 }

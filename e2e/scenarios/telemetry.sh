@@ -26,6 +26,7 @@ scenario_telemetry() {
   sink_spans | jq -e --arg job $job 'select(.attrs["weft.job"] == $job) | select(.attrs["weft.outcome"] != "ok")' >/dev/null \
     && fail "a span with an outcome other than ok"
   log "spans from every rank, each on its own pod: $(span_ranks $job); all_reduce spans per rank: $n"
+  no_sidecar_deaths $job
   delete_job $job
   kubectl -n "$NS" delete -f "$ROOT/e2e/otlp-sink.yaml" --wait >/dev/null
 }
