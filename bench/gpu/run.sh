@@ -4,7 +4,7 @@
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 coldstart check checkg
 #           check9 share1 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
-#           perfp2p lat mpilat tune chaintune linestune save unsave
+#           perfp2p lat mpilat tune chaintune linestune sidecar save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -307,6 +307,28 @@ share1)
     log share1 check ours $t np=$np
     LD_LIBRARY_PATH=$OURS_LD NCCL_TESTS_DEVICE=0 timeout 120 mpirun --allow-run-as-root --oversubscribe -np $np --bind-to none -x NCCL_NVLS_ENABLE -x WEFT_KERNEL_CACHE -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE $TM/${t}_perf -g 1 -c 1 -n 2 -w 1 ${SHARE_ARGS:--b 8 -e 4M -f 8 -d all -o all} 2>&1 | tee -a $OUT/share-check.txt | CHK
   done; done ;;
+sidecar)
+  # Issue 30: small collectives with the pod's sidecar attached vs without,
+  # side by side in one run (interleaved rounds, ROUNDS of them, default 5;
+  # bench/sidecar_vs.py prints the medians and with/without). Both sides
+  # run under `weft run` (same environment but the sidecar). Host memory,
+  # 4 ranks; device memory: weft bench-rank --device cuda on every GPU, and
+  # nccl-tests all_reduce_perf -g $NG in one process on our libnccl.so.2.
+  # SIDECAR_HOST_NP ranks for host memory (default 4; the machine's cores
+  # keep them apart), one rank per GPU for device memory.
+  W=$D/weft/weft; VS="python3 $D/../sidecar_vs.py ${ROUNDS:-5}"
+  SZ="-b 8 -e 64K -f 2"
+  for side in host cuda; do
+    np=${SIDECAR_HOST_NP:-4}; [ $side = cuda ] && np=$NG
+    log sidecar weft bench-rank $side n=$np
+    $VS plain "env LD_LIBRARY_PATH=$OURS_LD $W run -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
+      sidecar "env LD_LIBRARY_PATH=$OURS_LD $W run --sidecar -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
+      2>&1 | tee -a $OUT/sidecar.txt
+  done
+  log sidecar nccl-tests all_reduce_perf -g $NG
+  $VS plain "env LD_LIBRARY_PATH=$OURS_LD $W run -n 1 -- $T/all_reduce_perf -g $NG $SZ -n 2000 -w 50" \
+    sidecar "env LD_LIBRARY_PATH=$OURS_LD $W run --sidecar -n 1 -- $T/all_reduce_perf -g $NG $SZ -n 2000 -w 50" \
+    2>&1 | tee -a $OUT/sidecar.txt ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).
   (cd /tmp/nccl-tests && tar czf $OUT/ncclbin.tgz build/*_perf build-mpi/*_perf 2>/dev/null); ls -la $OUT/ncclbin.tgz ;;

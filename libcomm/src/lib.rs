@@ -42,12 +42,12 @@ pub use config::{Config, TransportPref};
 pub use data::types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};
 pub use error::{Error, ErrorKind, Result};
 /// The log level `WEFT_DEBUG` / `NCCL_DEBUG` set (read once per process).
-pub use log::{Level as LogLevel, level as log_level};
+pub use log::{Level as LogLevel, level as log_level, line as log_line};
 pub use op::tuner::{Algo, AlgoOverride, Coll, Decision};
 pub use op::{Buf, Memory, Op, OpKind};
 pub use resilience::{ShrinkMode, resilient};
 pub use state::CommState;
-pub use sys::sockets;
+pub use sys::{fdpass, sockets};
 pub use transport::sidecar_link;
 
 /// Version as NCCL encodes it (major*10000 + minor*100 + patch): we implement

@@ -36,6 +36,33 @@ pub fn host() -> &'static str {
     HOST.get_or_init(crate::sys::topology::system_hostname)
 }
 
+/// One log line: `host:pid:tid HH:MM:SS.uuuuuu weft TAG message` (UTC time
+/// of day, microseconds: lines of many ranks merge in order, and the phases
+/// of a recovery can be timed from them). The C ABI writes its lines with
+/// this too.
+pub fn line(tag: &str, msg: std::fmt::Arguments<'_>) -> String {
+    format!(
+        "{}:{}:{} {} weft {tag} {msg}\n",
+        host(),
+        std::process::id(),
+        crate::sys::topology::gettid(),
+        time_of_day(std::time::SystemTime::now())
+    )
+}
+
+/// `HH:MM:SS.uuuuuu`, UTC.
+fn time_of_day(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let s = d.as_secs() % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}.{:06}",
+        s / 3600,
+        s / 60 % 60,
+        s % 60,
+        d.subsec_micros()
+    )
+}
+
 #[doc(hidden)]
 pub fn emit(lvl: Level, args: std::fmt::Arguments<'_>) {
     use std::io::Write;
@@ -44,13 +71,7 @@ pub fn emit(lvl: Level, args: std::fmt::Arguments<'_>) {
         Level::Info => "INFO",
         _ => "TRACE",
     };
-    let line = format!(
-        "{}:{}:{} weft {tag} {args}\n",
-        host(),
-        std::process::id(),
-        crate::sys::topology::gettid()
-    );
-    let _ = std::io::stderr().write_all(line.as_bytes());
+    let _ = std::io::stderr().write_all(line(tag, args).as_bytes());
 }
 
 macro_rules! warn_log {
@@ -60,3 +81,21 @@ macro_rules! info_log {
     ($($t:tt)*) => { if $crate::log::level() >= $crate::log::Level::Info { $crate::log::emit($crate::log::Level::Info, format_args!($($t)*)) } };
 }
 pub(crate) use {info_log, warn_log};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn a_line_carries_the_utc_time_of_day_to_the_microsecond() {
+        let t = UNIX_EPOCH + Duration::from_micros(86_400 * 3 * 1_000_000 + 3_723_000_042);
+        assert_eq!(time_of_day(t), "01:02:03.000042");
+        let l = line("INFO", format_args!("comm x rank {}", 1));
+        let (head, tail) = l.split_once(" weft INFO ").unwrap();
+        assert_eq!(tail, "comm x rank 1\n");
+        let stamp = head.rsplit(' ').next().unwrap();
+        assert_eq!(stamp.len(), "00:00:00.000000".len(), "{l}");
+        assert!(head.starts_with(&format!("{}:{}:", host(), std::process::id())));
+    }
+}

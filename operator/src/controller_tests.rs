@@ -714,13 +714,7 @@ async fn pod_failure_restarts_job_with_new_epoch() {
     h.settle("r").await;
     let uid_before = h.api.pod("r-0").metadata.uid.clone();
 
-    let failed = with_status(
-        h.api.pod("r-1"),
-        "Failed",
-        false,
-        vec![cs_exited("main", 1)],
-    );
-    h.api.set_pod(failed);
+    h.fail_pod("r-1", 1);
     h.reconcile("r").await.unwrap();
     let st = h.status("r");
     assert_eq!(st.phase, Some(JobPhase::Restarting));
@@ -761,13 +755,7 @@ async fn max_restarts_reached_fails_naming_pod_container_exit_code() {
         h.settle("m").await;
         h.set_pods("Running", true, None);
         h.settle("m").await;
-        let failed = with_status(
-            h.api.pod("m-0"),
-            "Failed",
-            false,
-            vec![cs_exited("main", 3)],
-        );
-        h.api.set_pod(failed);
+        h.fail_pod("m-0", 3);
         h.settle("m").await;
     }
     let st = h.status("m");
@@ -1391,13 +1379,7 @@ async fn stale_reconcile_cannot_erase_status_or_pods() {
     h.settle("st").await;
     h.set_pods("Running", true, None);
     h.settle("st").await;
-    let failed = with_status(
-        h.api.pod("st-1"),
-        "Failed",
-        false,
-        vec![cs_exited("main", 1)],
-    );
-    h.api.set_pod(failed);
+    h.fail_pod("st-1", 1);
     h.settle("st").await;
     h.set_pods("Running", true, None);
     h.settle("st").await;
@@ -1450,13 +1432,7 @@ async fn failed_job_has_no_ready_pods() {
     h.set_pods("Running", true, None);
     h.settle("f").await;
     assert_eq!(h.status("f").ready.as_deref(), Some("2/2"));
-    let failed = with_status(
-        h.api.pod("f-1"),
-        "Failed",
-        false,
-        vec![cs_exited("main", 1)],
-    );
-    h.api.set_pod(failed);
+    h.fail_pod("f-1", 1);
     h.settle("f").await;
     let st = h.status("f");
     assert_eq!(st.phase, Some(JobPhase::Failed));
@@ -1473,8 +1449,7 @@ async fn event_notes_name_each_failure() {
         h.settle("n").await;
         h.set_pods("Running", true, None);
         h.settle("n").await;
-        let failed = with_status(h.api.pod(pod), "Failed", false, vec![cs_exited("main", 7)]);
-        h.api.set_pod(failed);
+        h.fail_pod(pod, 7);
         h.settle("n").await;
     }
     let notes: Vec<String> = h

@@ -13,6 +13,11 @@ pub struct OpLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExportLabel {
+    pub export: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProxyLabel {
     pub peer: String,
     pub direction: String,
@@ -38,6 +43,8 @@ pub struct Metrics {
     pub peers_up: Gauge,
     pub rejected: Family<WhyLabel, Counter>,
     pub events_dropped: Counter,
+    pub span_records: Family<ExportLabel, Counter>,
+    pub stream_breaks: Counter,
     pub spans_dropped: Counter,
     pub status_queries: Counter,
     pub proxy_bytes: Family<ProxyLabel, Counter>,
@@ -59,6 +66,8 @@ impl Metrics {
             peers_up: Gauge::default(),
             rejected: Family::default(),
             events_dropped: Counter::default(),
+            span_records: Family::default(),
+            stream_breaks: Counter::default(),
             spans_dropped: Counter::default(),
             status_queries: Counter::default(),
             proxy_bytes: Family::default(),
@@ -93,8 +102,18 @@ impl Metrics {
         );
         registry.register(
             "events_dropped",
-            "Events dropped by ranks because the queue to the sidecar was full",
+            "Operations ranks could not report: their telemetry ring was full",
             m.events_dropped.clone(),
+        );
+        registry.register(
+            "span_records",
+            "Operations read from the ranks, by how they were exported (span, failure, slow, aggregate)",
+            m.span_records.clone(),
+        );
+        registry.register(
+            "stream_breaks",
+            "Control streams that ended while their rank process lived on (it attaches again)",
+            m.stream_breaks.clone(),
         );
         registry.register(
             "spans_dropped",

@@ -6,6 +6,7 @@
 use proptest::prelude::*;
 use prost::Message;
 use weft::engine::Engine;
+use weft::engine::liveness::Liveness;
 use weft::rpc::{self, rank_message::Msg};
 
 fn cfg() -> ProptestConfig {
@@ -19,11 +20,15 @@ fn cfg() -> ProptestConfig {
 fn arb_msg() -> impl Strategy<Value = Msg> {
     let s = || "[a-z0-9]{0,8}";
     prop_oneof![
-        (s(), 0u32..8, 0u32..8).prop_map(|(c, r, n)| Msg::Register(rpc::Register {
-            comm_id: c,
-            rank: r,
-            nranks: n
-        })),
+        (s(), 0u32..8, 0u32..8, any::<u32>(), any::<u32>()).prop_map(|(c, r, n, slot, g)| {
+            Msg::Register(rpc::Register {
+                comm_id: c,
+                rank: r,
+                nranks: n,
+                slot,
+                slot_generation: g,
+            })
+        }),
         (s(), 0u32..8).prop_map(|(c, r)| Msg::Deregister(rpc::Deregister {
             comm_id: c,
             rank: r
@@ -74,7 +79,7 @@ proptest! {
         if let Ok(r) = rpc::RankMessage::decode(b.as_slice()) {
             let e = Engine::new("j".into(), "h".into(), None);
             let (tx, _rx) = tokio::sync::mpsc::channel(4);
-            let conn = e.add_proc(rpc::Hello::default(), None, tx);
+            let conn = e.add_proc(rpc::Hello::default(), None, tx, None, Liveness::Unknown);
             if let Some(m) = r.msg { e.on_message(conn, m) }
         }
     }
@@ -83,7 +88,7 @@ proptest! {
     fn any_message_sequence_leaves_a_consistent_snapshot(ms in proptest::collection::vec(arb_msg(), 0..64)) {
         let e = Engine::new("j".into(), "h".into(), None);
         let (tx, _rx) = tokio::sync::mpsc::channel(4);
-        let conn = e.add_proc(rpc::Hello { pid: 7, ..Default::default() }, None, tx);
+        let conn = e.add_proc(rpc::Hello { pid: 7, ..Default::default() }, None, tx, None, Liveness::Unknown);
         let mut last = e.state.snapshot().snapshot_seq;
         for m in ms {
             e.on_message(conn, m);

@@ -196,6 +196,33 @@ impl Sidecar {
     }
 }
 
+impl Sidecar {
+    /// The RAS snapshot (`GetStatus` over the socket).
+    pub fn status(&self) -> weft::rpc::Status {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(weft::ras::fetch(self.socket.clone()))
+            .unwrap_or_else(|e| panic!("status: {e}"))
+    }
+
+    /// The sum of every sample of metric `name` on `/metrics` (all its
+    /// label sets; 0 when it has none yet).
+    pub fn metric(&self, name: &str) -> f64 {
+        let (code, text) = self.http_get("/metrics").expect("GET /metrics");
+        assert_eq!(code, 200, "{text}");
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (key, value) = l.rsplit_once(' ')?;
+                let metric = key.split('{').next()?;
+                (metric == name).then(|| value.parse::<f64>().ok())?
+            })
+            .sum()
+    }
+}
+
 impl Drop for Sidecar {
     fn drop(&mut self) {
         unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };

@@ -58,7 +58,19 @@ raises; the `@ shrunk` line says which (`via=shrink_group|new_group`).
 
 Output (each rank): `@ kill t=MS step=S`, `@ shrunk t=MS size=N redo=S via=...`,
 `@ joined t=MS at_step=S`, `@ grown t=MS size=N`, and at the end
-`@ final w=HEX` (the weights' float64 bits) and `@ steps=N size=N`.
+`@ final w=HEX` (the weights' float64 bits) and `@ steps=N size=N`; and
+`@ phase=NAME t=MS` at each step of a recovery (wall-clock ms, so the
+driver can line the ranks up): survivors `noticed` (how=async_error|board|
+call: the failed collective raised), `named` (the board names the dead),
+`shrink_called`, `shrink_returned`, then `shrunk` (the first collective on
+the shrunk group, the step agreement, is done: computing again);
+`grow_agreed`, `dropped` (the shrunk group destroyed), `formed`
+(init_process_group returned), `grown`; the replacement `started` (Python
+running), `torch_ready` (torch imported, CUDA device set), `ready`
+(`ready-R-I` written), `grow_seen`, `formed`, `joined`. `--debug-logs`
+adds NCCL_DEBUG=INFO (Weft's lines carry the time of day, and the shrink,
+the device set-up and the release say how long they took) and torch's
+C++ INFO log to the kill run's output.
 
 --drive runs the check (tests/torch/run.sh step `resilient`): a failure-free
 run, then a run where rank --kill-rank (the last by default) SIGKILLs
@@ -88,6 +100,10 @@ import struct
 import subprocess
 import sys
 import time
+
+# When this process started running Python (before torch is imported): the
+# replacement's phases are timed from here.
+T_START_MS = int(time.time() * 1000)
 
 D = 8  # weights
 M = 16  # samples per logical rank
@@ -119,6 +135,8 @@ def parse(argv=None):
     ap.add_argument("--run-timeout-s", type=float, default=120.0, help="--drive: bound on each weft run")
     ap.add_argument("--log-dir", default=None, help="--drive: keep each run's output here")
     ap.add_argument("--allow-fallback", action="store_true", help="--drive: NCCL may shrink by the new-group path")
+    ap.add_argument("--debug-logs", action="store_true",
+                    help="--drive: the kill run with NCCL_DEBUG=INFO and TORCH_CPP_LOG_LEVEL=INFO (timed phases in its log)")
     return ap.parse_args(argv)
 
 
@@ -223,7 +241,18 @@ class Board:
 
 
 class PeerFailure(Exception):
-    """A collective failed because a peer is gone: recover and redo the step."""
+    """A collective failed because a peer is gone: recover and redo the step.
+    `how` says who noticed: async_error, board, or call (the call raised)."""
+
+    def __init__(self, msg: str, how: str):
+        super().__init__(msg)
+        self.how = how
+
+
+def phase(name: str, t=None, **kv) -> None:
+    """One timed step of a recovery (see the module docs); `t` defaults to now."""
+    extra = "".join(f" {k}={v}" for k, v in kv.items())
+    say(f"@ phase={name} t={now_ms() if t is None else t}{extra}")
 
 
 # --------------------------------------------------------------------------
@@ -257,6 +286,9 @@ class Trainer:
             torch.cuda.set_device(self.dev)
         else:
             self.dev = torch.device("cpu")
+        if self.inc > 0:
+            phase("started", t=T_START_MS)
+            phase("torch_ready")
         self.timeout = datetime.timedelta(seconds=args.pg_timeout_s)
         self.members = [(r, 0) for r in range(self.world)]  # (logical, incarnation) in group order
         self.done = 0
@@ -394,13 +426,13 @@ class Trainer:
         try:
             work = issue()
         except Exception as e:  # noqa: BLE001 -- e.g. the communicator already failed
-            raise PeerFailure(f"{what}: {type(e).__name__}: {e}") from e
+            raise PeerFailure(f"{what}: {type(e).__name__}: {e}", "call") from e
         next_look = t0  # the board and the async error: every few ms
         while True:
             if work.is_completed():
                 err = self._async_error()
                 if err not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
-                    raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}")
+                    raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}", "async_error")
                 if self.nccl and self.comm_ptr:
                     # Completed on the GPU (its end event has passed), so no
                     # wait(): that would re-check the communicator and, had a
@@ -409,16 +441,16 @@ class Trainer:
                 try:
                     work.wait()  # gloo reports a failure here (NCCL: only without a handle)
                 except Exception as e:  # noqa: BLE001
-                    raise PeerFailure(f"{what}: {type(e).__name__}: {e}") from e
+                    raise PeerFailure(f"{what}: {type(e).__name__}: {e}", "call") from e
                 return
             now = time.monotonic()
             if now >= next_look:
                 next_look = now + 0.002
                 err = self._async_error()
                 if err not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
-                    raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}")
+                    raise PeerFailure(f"{what}: ncclCommGetAsyncError: {err}", "async_error")
                 if self._member_died():
-                    raise PeerFailure(f"{what}: the board names a lost member")
+                    raise PeerFailure(f"{what}: the board names a lost member", "board")
                 waited = now - t0
                 if self.board and not reported and waited > self.args.report_after_s:
                     # A frozen peer: the launcher looks for a stopped rank and kills it.
@@ -476,6 +508,7 @@ class Trainer:
                     os.kill(os.getpid(), signal.SIGKILL)
                 return
             except PeerFailure as e:
+                phase("noticed", how=e.how)
                 say(f"resilient: rank {self.logical}: {e}; recovering")
                 self.w = snapshot
                 self.recover()
@@ -501,12 +534,14 @@ class Trainer:
                 time.sleep(0.002)
                 continue
             survivors = [m for i, m in enumerate(self.members) if i not in gone]
+            phase("named", gone=",".join(str(self.members[i][0]) for i in gone))
             via = self._shrink(gone, survivors)
             # The step to redo: the least any survivor completed.
             v = torch.tensor([self.done, -self.done], dtype=torch.int64, device=self.dev)
             try:
                 self.all_reduce(v, dist.ReduceOp.MIN, "the step agreement")
             except PeerFailure as e:
+                phase("noticed", how=e.how, after="shrink")
                 say(f"resilient: rank {self.logical}: {e} after the shrink; again")
                 continue
             lo, hi = int(v[0]), -int(v[1])
@@ -524,7 +559,9 @@ class Trainer:
         self.shrinks += 1
         if self.nccl and not self.args.no_shrink_group:
             try:
+                phase("shrink_called")
                 dist.shrink_group(gone, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+                phase("shrink_returned")
                 self.members = survivors
                 self._refresh_comm_ptr()
                 return "shrink_group"
@@ -570,9 +607,12 @@ class Trainer:
         # The lowest surviving logical rank serves the store and sends the state.
         leader = self.members[0][0]
         src = [m[0] for m in members].index(leader)
+        phase("grow_agreed", joiners=",".join(f"{r}.{i}" for r, i in joiners))
         # Torch has no grow: every member leaves its group and all form a new one.
         self._drop_group(failed=False)
+        phase("dropped")
         self._form_group(key, members, leader == self.logical, joiners)
+        phase("formed")
         self.grows += 1
         self._send_state(src)
         say(f"@ grown t={now_ms()} size={len(self.members)}")
@@ -590,11 +630,14 @@ class Trainer:
         if not self.board:
             raise SystemExit("WEFT_INCARNATION is set but WEFT_RECOVERY_DIR is not: run under `weft run --replace-failed`")
         self.board.write(f"ready-{self.logical}-{self.inc}", "")
+        phase("ready")
         until = time.monotonic() + self.args.recovery_timeout_s
         _seq, key, src = self.board.wait_for(
             f"torch-grow-{self.logical}-{self.inc}", until, "the survivors to grow the job back").split()
+        phase("grow_seen")
         members = [tuple(int(x) for x in m.split(".")) for m in key.split("-")[1:]]
         self._form_group(key, members, leader=False)
+        phase("formed")
         self._send_state(src=int(src))
         say(f"@ joined t={now_ms()} at_step={self.done}")
 
@@ -623,6 +666,7 @@ class Trainer:
                 v = torch.tensor([int(self.pending_replacements())], dtype=torch.int64, device=self.dev)
                 self.all_reduce(v, dist.ReduceOp.MAX, "the end agreement")
             except PeerFailure as e:
+                phase("noticed", how=e.how)
                 say(f"resilient: rank {self.logical}: {e}; recovering")
                 self.recover()
                 if self.done < steps:
@@ -693,7 +737,7 @@ def facts(out: str):
     return res
 
 
-def run_job(args, name: str, extra: list[str], replace: bool):
+def run_job(args, name: str, extra: list[str], replace: bool, env=None):
     me = os.path.abspath(__file__)
     cmd = [args.weft, "run", "-n", str(args.nproc), "--timeout", str(int(args.run_timeout_s))]
     if replace:
@@ -708,7 +752,7 @@ def run_job(args, name: str, extra: list[str], replace: bool):
     t0 = time.monotonic()
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=args.run_timeout_s + 15, start_new_session=True)
+                           timeout=args.run_timeout_s + 15, start_new_session=True, env=env)
         rc, out = p.returncode, p.stdout
     except subprocess.TimeoutExpired as e:
         rc, out = 124, (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -739,6 +783,39 @@ def finals(name: str, rc: int, out: str, args, problems: list[str]):
     return f, (next(iter(ws.values())) if ws else None)
 
 
+SURVIVOR_PHASES = ("noticed", "named", "shrink_called", "shrink_returned", "shrunk",
+                   "grow_agreed", "dropped", "formed", "grown")
+JOINER_PHASES = ("started", "torch_ready", "ready", "grow_seen", "formed", "joined")
+
+
+def phase_table(f, kill_ms: int):
+    """Where the recovery's time went: each phase's time after the kill (ms),
+    first and last rank, for the survivors and the replacement, with the
+    step from the previous phase (on the slowest rank)."""
+    joiners = {r for r, ev, _ in f if ev == "phase" and _.get("phase") == "started"}
+    out = ["resilient: recovery phases, ms after the kill (first..last rank; +ms since the previous phase, last rank)"]
+    for who, names, ranks in (("survivors", SURVIVOR_PHASES, lambda r: r not in joiners),
+                              ("replacement", JOINER_PHASES, lambda r: r in joiners)):
+        prev = None
+        cells = []
+        for name in names:
+            ts = []
+            for r, ev, kv in f:
+                if not ranks(r) or "t" not in kv:
+                    continue
+                tag = kv.get("phase") if ev == "phase" else ev
+                if tag == name:
+                    ts.append(int(kv["t"]) - kill_ms)
+            if not ts:
+                continue
+            lo, hi = min(ts), max(ts)
+            step = f" +{hi - prev}" if prev is not None else ""
+            cells.append(f"{name} {lo}..{hi}{step}" if lo != hi else f"{name} {hi}{step}")
+            prev = hi
+        out.append(f"resilient:   {who}: " + (", ".join(cells) if cells else "-"))
+    return out
+
+
 def drive(args) -> int:
     if args.nproc < 2:
         say("resilient: needs --nproc 2 or more")
@@ -752,7 +829,10 @@ def drive(args) -> int:
     if problems:
         say(out[-6000:])
     kill = ["--kill-rank", str(victim), "--kill-step", str(args.kill_step)] + (["--kill-after"] if args.kill_after else [])
-    rc, out, dt1 = run_job(args, "kill", kill, replace=True)
+    env = None
+    if args.debug_logs:
+        env = dict(os.environ, NCCL_DEBUG="INFO", TORCH_CPP_LOG_LEVEL="INFO")
+    rc, out, dt1 = run_job(args, "kill", kill, replace=True, env=env)
     n_before = len(problems)
     f, got = finals("kill", rc, out, args, problems)
     kills = [int(kv["t"]) for r, ev, kv in f if ev == "kill"]
@@ -781,6 +861,8 @@ def drive(args) -> int:
         say(f"resilient: kill -> survivors shrunk ({'/'.join(vias)}) {t_shrunk} ms; "
             f"kill -> full size {t_grown if t_grown is not None else '-'} ms "
             f"(runs took {dt0:.1f} s and {dt1:.1f} s)")
+        for line in phase_table(f, k):
+            say(line)
     for p in problems:
         say(f"FAIL resilient: {p}")
     ok = not problems

@@ -19,6 +19,17 @@
 #                     redo the step, grow back with the replacement; final weights must match
 #     resilient-gloo  the same with --backend gloo on CPU (the recovery logic; the shrink is a
 #                     new group of the survivors, not shrink_group; no library involved)
+#     coldstart       coldstart.py three times: init + first bf16/fp32 all_reduce of fresh processes,
+#                     Weft (empty kernel cache; NPROC ranks and as many as NCCL runs) and NCCL
+#     suite-cold      the suite with an empty kernel cache, then again warm (seconds of each)
+#     ddp             ddp_step.py: a DDP step of a ~400M-parameter transformer, NCCL and Weft
+#                     alternately, one rank per GPU (DDP_ARGS: e.g. "--layers 8")
+#     stalls          stalls.py under `weft run -n $NPROC` (Weft; MPS when ranks share a GPU):
+#                     1,000 individually timed all_reduce / all_gather / reduce_scatter calls
+#                     per size, p50/p99/max; one table of this run's stalls steps in
+#                     $LOG_DIR/stalls.tsv, printed at the end
+#     stalls-nccl     the same with torch's own NCCL under torchrun, when every rank has a
+#                     GPU of its own (NCCL refuses two ranks on one GPU: otherwise a row says so)
 # Environment (or the defaults):
 #   WEFT_LIB   our libnccl.so.2 (--lib)  (bench/gpu/weft/libnccl.so.2)
 #   WEFT_BIN   the weft binary (--weft)  (bench/gpu/weft/weft)
@@ -30,6 +41,7 @@
 #   KILL_TIMEOUT  the kill test's collective timeout in seconds (20)
 #   RES_NPROC  ranks of the resilient steps (4); RES_ARGS extra resilient_train.py arguments
 #              (e.g. "--kill-step 7 --steps 30"); RES_RUN_TIMEOUT  seconds per weft run (120)
+#   STALLS_ARGS extra stalls.py arguments (e.g. "--iters 200 --sizes 8,4096")
 # Exit status: 0 when every step passed, else 1.
 #
 # With one GPU, ranks share it (Weft allows several ranks per GPU; NCCL does
@@ -43,7 +55,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --lib) WEFT_LIB=$2; shift 2 ;;
     --weft) WEFT_BIN=$2; shift 2 ;;
-    -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -55,7 +67,9 @@ SUITE_ARGS=${SUITE_ARGS:-}
 KILL_TIMEOUT=${KILL_TIMEOUT:-20}
 RES_NPROC=${RES_NPROC:-4}
 RES_ARGS=${RES_ARGS:-}
+DDP_ARGS=${DDP_ARGS:-}
 RES_RUN_TIMEOUT=${RES_RUN_TIMEOUT:-120}
+STALLS_ARGS=${STALLS_ARGS:-}
 steps="${*:-info weft torchrun kill kill-watchdog}"
 
 # Multicast (NVLS) stays off on the lent machines.
@@ -86,12 +100,14 @@ failed=0
 # record STEP RC LOG: one line per step in summary.txt
 record() {
   local s=$1 rc=$2 f=$3 last
-  last=$(grep -E '^(\[ ?0\] )?SUMMARY: (kill_test|resilient|[0-9]+ passed)' "$f" | tail -1)
+  last=$(grep -E '^(\[ ?0\] )?SUMMARY: (kill_test|resilient|stalls|[0-9]+ passed)' "$f" | tail -1)
   [ "$rc" = 0 ] || failed=1
   echo "$s: rc=$rc ${last:-no summary line (see $f)}" | tee -a "$SUMMARY"
 }
 
 TO="timeout -k 15 $STEP_TIMEOUT"
+# The stalls steps of this run fill one table.
+[[ " $steps " == *" stalls"* ]] && rm -f "$LOG_DIR/stalls.tsv"
 SUITE="$HERE/suite.py --expect-nccl $WEFT_LIB $SUITE_ARGS"
 
 for s in $steps; do
@@ -138,17 +154,69 @@ print('libnccl loaded:', loaded_nccl())
     resilient)
       WEFT_PRELOAD="$WEFT_LIB" $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
         --backend nccl --expect-nccl "$WEFT_LIB" --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
+    coldstart)
+      # init + first bf16/fp32 all_reduce of fresh processes: Weft with an
+      # empty kernel cache, then NCCL (torch's own libnccl) on the same GPUs.
+      # NCCL refuses two ranks on one GPU: it runs min(NPROC, GPUs) ranks.
+      ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); nn=$(( NPROC < ngpu ? NPROC : ngpu ))
+      {
+        for i in 1 2 3; do
+          c=$(mktemp -d); for n in $(printf "%s\n" $nn $NPROC | sort -un); do
+            WEFT_KERNEL_CACHE=$c/$n LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $n "$HERE/coldstart.py"
+          done; rm -rf "$c"
+          $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/coldstart.py"
+        done
+      } >"$f" 2>&1 ;;
+    ddp)
+      # A DDP step of a ~400M-parameter transformer (ddp_step.py), NCCL and
+      # Weft alternately, twice each, one rank per GPU (min(NPROC, GPUs)).
+      ngpu=$(nvidia-smi -L 2>/dev/null | wc -l); nn=$(( NPROC < ngpu ? NPROC : ngpu ))
+      for i in 1 2; do
+        $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/ddp_step.py" $DDP_ARGS
+        LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node $nn "$HERE/ddp_step.py" $DDP_ARGS
+      done >"$f" 2>&1 ;;
+    suite-cold)
+      # The suite on a fresh machine (empty kernel cache) and again warm:
+      # the seconds of each, for "fresh within 1.2x of warm".
+      c=$(mktemp -d)
+      for pass in cold warm; do
+        t0=$(date +%s.%N)
+        WEFT_KERNEL_CACHE=$c LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" $SUITE >"$f.$pass" 2>&1
+        rc=$?; t1=$(date +%s.%N)
+        echo "SUITE-TIME $pass rc=$rc seconds=$(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") $(grep -E 'SUMMARY' "$f.$pass" | tail -1)"
+        [ $rc = 0 ] || break
+      done >"$f" 2>&1
+      rm -rf "$c"
+      grep SUITE-TIME "$f"; (exit $rc) ;;
     resilient-gloo)
       WEFT_PRELOAD=off $TO "$PYTHON" "$HERE/resilient_train.py" --drive --weft "$WEFT_BIN" --nproc "$RES_NPROC" \
         --backend gloo --run-timeout-s "$RES_RUN_TIMEOUT" --log-dir "$LOG_DIR" $RES_ARGS >"$f" 2>&1 ;;
+    stalls)
+      WEFT_PRELOAD="$WEFT_LIB" $TO "$WEFT_BIN" run -n "$NPROC" --timeout $((STEP_TIMEOUT - 10)) -- \
+        "$PYTHON" "$HERE/stalls.py" --label weft --out "$LOG_DIR/stalls.tsv" $STALLS_ARGS >"$f" 2>&1 ;;
+    stalls-nccl)
+      ngpu=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+      if [ "$NPROC" -gt "$ngpu" ]; then
+        echo "stalls: nccl: not run: $NPROC ranks on $ngpu GPU(s), and NCCL refuses two ranks on one GPU" | tee "$f"
+        printf 'nccl\t%s\t-\t-\tnot run: %s ranks on %s GPU(s) (NCCL refuses two ranks on one GPU)\n' \
+          "$NPROC" "$NPROC" "$ngpu" >>"$LOG_DIR/stalls.tsv"
+        echo "$s: rc=0 not run ($NPROC ranks, $ngpu GPUs)" >>"$SUMMARY"
+        continue
+      fi
+      $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" "$HERE/stalls.py" --label nccl \
+        --out "$LOG_DIR/stalls.tsv" $STALLS_ARGS >"$f" 2>&1 ;;
     *)
       echo "run.sh: unknown step '$s'"; failed=1; continue ;;
   esac
   rc=$?
   [ $rc = 124 ] && echo "run.sh: step $s stopped by timeout after ${STEP_TIMEOUT}s" >>"$f"
-  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: )' "$f" | head -60
+  grep -E '^(\[ ?[0-9]+\] )?(FAIL|SUMMARY|PASS (kill_test|resilient)|suite: |resilient: |stalls: |COLDSTART|SUITE-TIME|DDP )' "$f" | head -60
   record "$s" $rc "$f"
 done
+if [ -f "$LOG_DIR/stalls.tsv" ] && [[ " $steps " == *" stalls"* ]]; then
+  log "stalls table ($LOG_DIR/stalls.tsv)"
+  column -t -s $'\t' "$LOG_DIR/stalls.tsv" 2>/dev/null || cat "$LOG_DIR/stalls.tsv"
+fi
 log "summary (appended to $SUMMARY)"
 sed -n '/^--- run.sh/h; /^--- run.sh/!H; ${x;p}' "$SUMMARY"
 exit $failed

@@ -136,6 +136,10 @@ params! {
         "as `WEFT_DEBUG`, which wins when both are set";
     WEFT_RAS_STUCK_MS: u64 = Ms, Value("10000"), Observe, [Sidecar],
         "a rank whose collective is in flight this long shows as `stuck` in RAS";
+    WEFT_SPANS_PER_SEC: u64 = Int, Value("1000"), Observe, [Agent, Sidecar],
+        "per rank process: collectives exported as their own span, on average per second (bursts of 10 s worth); beyond it, per communicator and op aggregates every second, plus every failure and slow call (docs/sidecar.md)";
+    WEFT_EVENT_RING: u64 = Int, Value("32768"), Observe, [Agent],
+        "records in a rank process's telemetry ring to its sidecar (a power of two, 64 - 262144); a full ring drops records and counts them";
     OTEL_EXPORTER_OTLP_ENDPOINT: String = Str, Unset("no export"), Observe, [Capi, Sidecar, Operator],
         "where spans go (standard OTel variables apply); set by the operator from `spec.telemetry`";
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: String = Str, Unset("no export"), Observe, [Capi, Sidecar],

@@ -84,11 +84,7 @@ pub fn spans_without_sidecar(name: &str, url: &str) -> String {
 /// A warning shown whatever the log level (once per process, by the caller).
 fn warn_always(msg: &str) {
     use std::io::Write;
-    let line = format!(
-        "{}:{} weft WARN {msg}\n",
-        crate::errors::host(),
-        std::process::id()
-    );
+    let line = libcomm::log_line("WARN", format_args!("{msg}"));
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 

@@ -3,12 +3,11 @@
 //! Every failing call stores a message naming the function, the communicator
 //! and what went wrong; `ncclGetLastError` returns it (per thread, like NCCL's
 //! own last-error buffer). With `NCCL_DEBUG=WARN` (or `WEFT_DEBUG`) each
-//! failure is also logged to stderr as `host:pid:tid weft WARN ...`.
+//! failure is also logged to stderr as `host:pid:tid HH:MM:SS.uuuuuu weft WARN ...`.
 
 use libcomm::{Error, ErrorKind};
 use std::cell::RefCell;
 use std::ffi::{CString, c_char};
-use std::sync::OnceLock;
 
 /// `ncclResult_t`.
 pub type NcclResult = i32;
@@ -124,33 +123,15 @@ pub fn level() -> Level {
     }
 }
 
-pub(crate) fn host() -> &'static str {
-    static H: OnceLock<String> = OnceLock::new();
-    H.get_or_init(|| {
-        let mut buf = [0u8; 256];
-        let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-        if r != 0 {
-            return "localhost".into();
-        }
-        let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    })
-}
-
-/// One log line in libcomm's format: `host:pid:tid weft LEVEL message`.
+/// One log line in libcomm's format (`libcomm::log_line`: host, pid, tid,
+/// time of day, `weft LEVEL message`).
 pub fn log(lvl: Level, msg: &str) {
     if level() < lvl || lvl == Level::Off {
         return;
     }
     use std::io::Write;
     let tag = if lvl == Level::Warn { "WARN" } else { "INFO" };
-    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
-    let line = format!(
-        "{}:{}:{} weft {tag} {msg}\n",
-        host(),
-        std::process::id(),
-        tid
-    );
+    let line = libcomm::log_line(tag, format_args!("{msg}"));
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 

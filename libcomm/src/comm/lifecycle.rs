@@ -255,12 +255,24 @@ impl Communicator {
         // one stays (a peer's kernel may still touch it).
         let dev = std::mem::take(&mut *lock(&self.s.dev));
         let dev_result = match dev {
-            DeviceSlot::On(dc) if from != CommState::Aborted => dc.finalize().map_err(|e| {
-                Error::Cuda(format!(
-                    "releasing the device side of communicator {} (rank {}): {e}",
-                    self.s.label, self.s.rank
-                ))
-            }),
+            DeviceSlot::On(dc) if from != CommState::Aborted => {
+                // It waits for the device (every stream of the context):
+                // logged with its time, as a recovery's phases are.
+                let t0 = std::time::Instant::now();
+                let r = dc.finalize().map_err(|e| {
+                    Error::Cuda(format!(
+                        "releasing the device side of communicator {} (rank {}): {e}",
+                        self.s.label, self.s.rank
+                    ))
+                });
+                crate::log::info_log!(
+                    "comm {} rank {}: device side released in {} ms",
+                    self.s.label,
+                    self.s.rank,
+                    t0.elapsed().as_millis()
+                );
+                r
+            }
             _ => Ok(()),
         };
         observe::comm(|| CommEvent::Destroyed {

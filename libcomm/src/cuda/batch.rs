@@ -93,6 +93,7 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     if todo.is_empty() {
         return Ok(());
     }
+    let t0 = std::time::Instant::now();
     let mut created: Vec<Option<DevComm>> = Vec::with_capacity(todo.len());
     let mut descs: Vec<Vec<u8>> = Vec::with_capacity(todo.len());
     let mut gathered: Vec<Vec<u8>> = Vec::with_capacity(todo.len());
@@ -172,7 +173,7 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
         log(
             false,
             &format!(
-                "{}: CUDA device {d}: {}",
+                "{}: CUDA device {d}: {} (set up in {} ms)",
                 comms.describe(c),
                 if agreed[i][0] == 3 {
                     "kernel path on (peers mapped by P2P/IPC; NVLink everywhere: lines chain on)"
@@ -180,7 +181,8 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
                     "kernel path on (peers mapped by P2P/IPC; some link is not NVLink-class: lines chain off)"
                 } else {
                     "kernel path off: every operation stages through host memory (slow)"
-                }
+                },
+                t0.elapsed().as_millis()
             ),
         );
         *comms.device_slot(c) = slot;

@@ -86,17 +86,46 @@ pub fn available() -> bool {
     !embedded::images().is_empty() || nvrtc_available()
 }
 
+/// A table filled on first use whose lock is never held while an entry
+/// loads: a load may take milliseconds (a cubin) or seconds (a PTX JIT,
+/// NVRTC), and every launch of every communicator in the process looks its
+/// kernel up here, so holding the lock would stall them all behind one
+/// first use (issue 33). Two threads that miss the same key both load it;
+/// the first to insert wins (a kernel module loaded twice stays unused).
+struct Table<K, V> {
+    map: Mutex<Option<HashMap<K, V>>>,
+}
+
+impl<K: Eq + std::hash::Hash + Copy, V: Copy> Table<K, V> {
+    const fn new() -> Self {
+        Table {
+            map: Mutex::new(None),
+        }
+    }
+
+    fn lookup(&self) -> std::sync::MutexGuard<'_, Option<HashMap<K, V>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get_or_load<E>(&self, key: K, load: impl FnOnce() -> Result<V, E>) -> Result<V, E> {
+        if let Some(v) = self.lookup().get_or_insert_with(HashMap::new).get(&key) {
+            return Ok(*v);
+        }
+        let v = load()?;
+        Ok(*self
+            .lookup()
+            .get_or_insert_with(HashMap::new)
+            .entry(key)
+            .or_insert(v))
+    }
+}
+
 /// Kernel `name` on device `dev`, loaded on first use.
 pub(super) fn function(dev: i32, name: &'static str) -> CudaResult<sys::CUfunction> {
-    static FUNCS: Mutex<Option<HashMap<(i32, &'static str), usize>>> = Mutex::new(None);
-    let mut g = FUNCS.lock().unwrap_or_else(|e| e.into_inner());
-    let funcs = g.get_or_insert_with(HashMap::new);
-    if let Some(f) = funcs.get(&(dev, name)) {
-        return Ok(*f as sys::CUfunction);
-    }
-    let f = load(dev, name)?;
-    funcs.insert((dev, name), f as usize);
-    Ok(f)
+    static FUNCS: Table<(i32, &'static str), usize> = Table::new();
+    FUNCS
+        .get_or_load((dev, name), || load(dev, name).map(|f| f as usize))
+        .map(|f| f as sys::CUfunction)
 }
 
 /// Loads `name` on `dev` from the first source that has it and whose
@@ -212,6 +241,37 @@ fn static_name(n: &str) -> Option<&'static str> {
         .map(String::as_str)
 }
 
+/// The reducing ops that have kernels, in [`OpIndex`] order.
+const REDUCING_OPS: [&str; 5] = ["sum", "prod", "max", "min", "avg"];
+type OpIndex = usize;
+
+/// Every collective's kernel name, looked up once: `func_name` runs on
+/// every launch and must not format or search strings there.
+struct Names {
+    /// By `DataType as usize`, then `OpIndex`.
+    reducing: [[Option<&'static str>; REDUCING_OPS.len()]; DataType::ALL.len()],
+    /// By element size (1, 2, 4, 8 bytes: index `trailing_zeros`).
+    moving: [Option<&'static str>; 4],
+}
+
+fn names() -> &'static Names {
+    static N: OnceLock<Names> = OnceLock::new();
+    N.get_or_init(|| {
+        let mut n = Names {
+            reducing: [[None; REDUCING_OPS.len()]; DataType::ALL.len()],
+            moving: [None; 4],
+        };
+        for dt in DataType::ALL {
+            for (i, o) in REDUCING_OPS.iter().enumerate() {
+                n.reducing[dt as usize][i] = static_name(&kernel_set::coll_name(type_name(dt), o));
+            }
+            n.moving[dt.size().trailing_zeros() as usize] =
+                static_name(&kernel_set::move_name(dt.size()));
+        }
+        n
+    })
+}
+
 fn type_name(dt: DataType) -> &'static str {
     match dt {
         DataType::I8 => "i8",
@@ -233,18 +293,19 @@ fn type_name(dt: DataType) -> &'static str {
 /// it combines values (`reduces`), else the moving kernel of its element
 /// size. None for PreMulSum (staged).
 pub(super) fn func_name(dt: DataType, op: Option<ReduceOp>, reduces: bool) -> Option<&'static str> {
+    let n = names();
     if !reduces {
-        return static_name(&kernel_set::move_name(dt.size()));
+        return n.moving[dt.size().trailing_zeros() as usize];
     }
-    let o = match op {
-        None | Some(ReduceOp::Sum) => "sum",
-        Some(ReduceOp::Prod) => "prod",
-        Some(ReduceOp::Max) => "max",
-        Some(ReduceOp::Min) => "min",
-        Some(ReduceOp::Avg) => "avg",
+    let o: OpIndex = match op {
+        None | Some(ReduceOp::Sum) => 0,
+        Some(ReduceOp::Prod) => 1,
+        Some(ReduceOp::Max) => 2,
+        Some(ReduceOp::Min) => 3,
+        Some(ReduceOp::Avg) => 4,
         Some(ReduceOp::PreMulSum(_)) => return None,
     };
-    static_name(&kernel_set::coll_name(type_name(dt), o))
+    n.reducing[dt as usize][o]
 }
 
 /// The point-to-point kernel's name.
@@ -253,6 +314,34 @@ pub(super) const P2P_KERNEL: &str = P2P;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// While one kernel loads (slowly), a launch of another kernel finds
+    /// its own at once: the table's lock is not held across a load.
+    #[test]
+    fn a_slow_load_does_not_stall_lookups_of_other_kernels() {
+        static T: Table<u32, u32> = Table::new();
+        assert_eq!(T.get_or_load(2, || Ok::<_, ()>(20)), Ok(20));
+        let (started_tx, started) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let slow = std::thread::spawn(move || {
+            T.get_or_load(1, || {
+                started_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                Ok::<_, ()>(10)
+            })
+        });
+        started.recv().unwrap();
+        let (got_tx, got) = mpsc::channel();
+        std::thread::spawn(move || got_tx.send(T.get_or_load(2, || Ok::<_, ()>(99))).unwrap());
+        let r = got.recv_timeout(Duration::from_secs(5));
+        release.send(()).unwrap();
+        assert_eq!(r, Ok(Ok(20)), "a lookup waited for another kernel's load");
+        assert_eq!(slow.join().unwrap(), Ok(10));
+        // Loaded once: a later miss of the same key is a hit.
+        assert_eq!(T.get_or_load(1, || Err(())), Ok(10));
+    }
 
     /// Every type and op has its reducing kernel and every size its moving
     /// kernel, in the kernel set the build compiles.

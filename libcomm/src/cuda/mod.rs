@@ -97,6 +97,7 @@ pub use driver::{
     use_device,
 };
 pub use error::{CudaError, CudaResult, check};
+pub use kernel_set::PTX_ARCH;
 pub use kernels::compile_single;
 pub use logger::{Logger, set_logger};
 pub use mapping::DESCRIPTOR_BYTES;

@@ -13,7 +13,8 @@ pub enum Phase {
 /// One collective, point-to-point operation or group on one rank.
 #[derive(Debug, Clone)]
 pub struct OpEvent {
-    pub job: String,
+    /// The job's label (read once per process).
+    pub job: &'static str,
     pub comm_id: String,
     pub rank: usize,
     pub nranks: usize,

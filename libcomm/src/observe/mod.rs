@@ -24,8 +24,10 @@ pub(crate) use ops::{Seq, Who, finish, start};
 use std::sync::{Arc, OnceLock};
 
 pub trait Observer: Send + Sync {
-    /// Called on the thread running the operation: must not block.
-    fn on_op(&self, ev: OpEvent);
+    /// Called on the thread running the operation: must not block. By
+    /// reference: the started event is the completed one's too, built
+    /// once per operation.
+    fn on_op(&self, ev: &OpEvent);
     fn on_comm(&self, ev: CommEvent);
 }
 

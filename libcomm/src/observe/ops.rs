@@ -5,6 +5,7 @@ use super::event::{OpEvent, Phase};
 use super::observer;
 use crate::error::Result;
 use crate::op::Op;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
@@ -37,8 +38,9 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
     } else {
         (ops[0].name(), ops[0].dtype.name(), ops[0].bytes() as u64)
     };
+    static JOB: OnceLock<&'static str> = OnceLock::new();
     let ev = OpEvent {
-        job: crate::bootstrap::ctx::job_label(),
+        job: JOB.get_or_init(|| Box::leak(crate::bootstrap::ctx::job_label().into_boxed_str())),
         comm_id: who.comm_id.to_string(),
         rank: who.rank,
         nranks: who.nranks,
@@ -52,7 +54,7 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
         outcome: None,
         time: SystemTime::now(),
     };
-    o.on_op(ev.clone());
+    o.on_op(&ev);
     Some(Started { ev })
 }
 
@@ -65,5 +67,5 @@ pub(crate) fn finish<R>(s: Option<Started>, r: &Result<R>) {
     ev.phase = Phase::Completed;
     ev.outcome = Some(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
     ev.time = SystemTime::now();
-    o.on_op(ev);
+    o.on_op(&ev);
 }

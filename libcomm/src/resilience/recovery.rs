@@ -146,6 +146,9 @@ impl Communicator {
             return Err(s.state_error(st, "shrink"));
         };
         let _busy = s.reconf.shrinking(&who)?;
+        // The phases are logged with their times (NCCL_DEBUG=INFO): a
+        // recovery's budget is about a second, and these say where it goes.
+        let t0 = Instant::now();
         if mode == ShrinkMode::Abort {
             self.revoke()?;
             let until = Instant::now() + s.cfg.init_timeout;
@@ -160,6 +163,12 @@ impl Communicator {
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
+            crate::log::info_log!(
+                "comm {} rank {}: revoked for the shrink; quiescent after {} ms",
+                s.label,
+                s.rank,
+                t0.elapsed().as_millis()
+            );
         }
         let excluded: Vec<usize> = (0..n).filter(|&r| ex[r]).collect();
         let id = given_id.unwrap_or_else(|| {
@@ -182,7 +191,19 @@ impl Communicator {
             members.len(),
             cfg.name.clone().unwrap_or_else(|| hex(&id[..4]))
         );
-        self.build_members(&members, id, cfg)
+        let child = self.build_members(&members, id, cfg);
+        crate::log::info_log!(
+            "comm {} rank {}: shrink {} after {} ms",
+            s.label,
+            s.rank,
+            if child.is_ok() {
+                "built the child"
+            } else {
+                "failed"
+            },
+            t0.elapsed().as_millis()
+        );
+        child
     }
 
     /// NCCL's `ncclCommGetUniqueId`: an id for growing this communicator,

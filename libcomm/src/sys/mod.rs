@@ -2,6 +2,6 @@
 //! descriptors over Unix sockets (`fdpass.rs`), host identity, process
 //! liveness and cores (`topology.rs`).
 
-pub(crate) mod fdpass;
+pub mod fdpass;
 pub mod sockets;
 pub(crate) mod topology;

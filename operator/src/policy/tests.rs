@@ -40,6 +40,18 @@ fn set_all(pods: Vec<Pod>, phase: &str, ready: bool, code: Option<i32>) -> Vec<P
         .collect()
 }
 
+/// The job once its pods are created and every one is Running and ready.
+fn started(j: CollectiveJob) -> (CollectiveJob, Vec<Pod>) {
+    let p = plan(&j, &[], t(0));
+    let (j, pods) = apply(j, vec![], &p);
+    (j, set_all(pods, "Running", true, None))
+}
+
+/// The pod in `phase` after its workload exited with `code`.
+fn exited(pod: &Pod, phase: &str, code: i32) -> Pod {
+    with_status(pod.clone(), phase, false, vec![cs_exited("main", code)])
+}
+
 fn phase(p: &Plan) -> JobPhase {
     p.status.phase.unwrap()
 }
@@ -92,9 +104,7 @@ fn gpu_count_mismatch_is_a_warning_event() {
 #[test]
 fn steady_state_is_idempotent() {
     let j = job("a", 2, 1);
-    let p = plan(&j, &[], t(0));
-    let (j, pods) = apply(j, vec![], &p);
-    let pods = set_all(pods, "Running", true, None);
+    let (j, pods) = started(j);
     let p1 = plan(&j, &pods, t(1));
     assert_eq!(phase(&p1), JobPhase::Running);
     assert_eq!(p1.status.ready.as_deref(), Some("2/2"));
@@ -113,15 +123,8 @@ fn steady_state_is_idempotent() {
 #[test]
 fn success_when_every_workload_exits_zero() {
     let j = job("a", 2, 1);
-    let p = plan(&j, &[], t(0));
-    let (j, pods) = apply(j, vec![], &p);
-    let mut pods = set_all(pods, "Running", true, None);
-    pods[0] = with_status(
-        pods[0].clone(),
-        "Succeeded",
-        false,
-        vec![cs_exited("main", 0)],
-    );
+    let (j, mut pods) = started(j);
+    pods[0] = exited(&pods[0], "Succeeded", 0);
     let p = plan(&j, &pods, t(5));
     assert_eq!(phase(&p), JobPhase::Running);
     let pods = set_all(pods, "Succeeded", false, Some(0));
@@ -136,15 +139,8 @@ fn success_when_every_workload_exits_zero() {
 #[test]
 fn failure_restarts_with_new_epoch_then_recreates() {
     let j = job("a", 2, 4);
-    let p = plan(&j, &[], t(0));
-    let (j, pods) = apply(j, vec![], &p);
-    let mut pods = set_all(pods, "Running", true, None);
-    pods[1] = with_status(
-        pods[1].clone(),
-        "Failed",
-        false,
-        vec![cs_exited("main", 137)],
-    );
+    let (j, mut pods) = started(j);
+    pods[1] = exited(&pods[1], "Failed", 137);
     let p = plan(&j, &pods, t(3));
     assert_eq!(phase(&p), JobPhase::Restarting);
     assert_eq!(p.status.restarts, 1);
@@ -236,15 +232,8 @@ fn old_pods_stuck_terminating_are_force_deleted() {
 fn max_restarts_then_failed_naming_pod_container_code() {
     let mut j = job("a", 2, 1);
     j.spec.failure_policy.max_restarts = 1;
-    let p = plan(&j, &[], t(0));
-    let (j, pods) = apply(j, vec![], &p);
-    let mut pods = set_all(pods, "Running", true, None);
-    pods[0] = with_status(
-        pods[0].clone(),
-        "Running",
-        false,
-        vec![cs_exited("main", 2)],
-    );
+    let (j, mut pods) = started(j);
+    pods[0] = exited(&pods[0], "Running", 2);
     let p = plan(&j, &pods, t(1));
     assert_eq!(phase(&p), JobPhase::Restarting);
     let (j, pods) = apply(j, pods, &p);
@@ -353,9 +342,7 @@ fn permanent_exit_code_fails_without_restart() {
 #[test]
 fn pod_deleted_by_hand_is_a_failure_not_silently_recreated() {
     let j = job("a", 3, 1);
-    let p = plan(&j, &[], t(0));
-    let (j, pods) = apply(j, vec![], &p);
-    let mut pods = set_all(pods, "Running", true, None);
+    let (j, mut pods) = started(j);
     pods.remove(1);
     let p = plan(&j, &pods, t(1));
     assert!(p.create_pods.is_empty());
@@ -538,9 +525,7 @@ fn replace_job(name: &str, replicas: i32, rpr: i32, max_replacements: i32) -> Co
 
 /// A job of `replicas` pods, all running and ready, at t(1).
 fn running(j: CollectiveJob) -> (CollectiveJob, Vec<Pod>) {
-    let p = plan(&j, &[], t(0));
-    let (j, pods) = apply(j, vec![], &p);
-    let pods = set_all(pods, "Running", true, None);
+    let (j, pods) = started(j);
     let p = plan(&j, &pods, t(1));
     assert_eq!(phase(&p), JobPhase::Running);
     apply(j, pods, &p)

@@ -1,32 +1,44 @@
-//! The rank side of the sidecar: a libcomm observer that registers this
-//! process's communicators and forwards every operation's events to the
-//! pod's `weft sidecar` (found through `WEFT_SIDECAR_SOCKET`), and carries
-//! the sidecar's abort commands back to the communicators.
+//! The rank side of the sidecar: a libcomm observer that reports every
+//! operation into the process's telemetry segment (`ring`: shared memory,
+//! no system call per operation), registers the process's communicators
+//! with the pod's `weft sidecar` (found through `WEFT_SIDECAR_SOCKET`) over
+//! one gRPC stream (`attached`), and carries the sidecar's abort commands
+//! back to the communicators.
 //!
 //! Without `WEFT_SIDECAR_SOCKET` the sidecar's engine runs in this process
-//! (embedded mode): same registry, snapshots, metrics and spans, no socket.
-//! This crate does not hold that engine: the caller hands one in through
-//! [`Embedded`] (`weft::agent::install_from_env` does), so a rank that only
-//! ever attaches links none of it. The drop-in `libnccl.so.2` hands in
-//! `spans_only` instead (feature `otlp`): the spans alone.
+//! (embedded mode): same registry, snapshots, metrics and spans, no socket,
+//! reading the same segment. This crate does not hold that engine: the
+//! caller hands one in through [`Embedded`] (`weft::agent::install_from_env`
+//! does), so a rank that only ever attaches links none of it. The drop-in
+//! `libnccl.so.2` hands in `spans_only` instead (feature `otlp`): the spans
+//! alone.
 //!
-//! Collectives never wait on this: events go into a bounded queue; when it
-//! is full they are dropped and counted (reported to the sidecar, which
-//! exports `weft_events_dropped_total`).
+//! Collectives never wait on this: a full ring drops the record and counts
+//! it (the sidecar exports the count as `weft_events_dropped_total`).
+//! Lifecycle messages go through a bounded queue to the stream and are
+//! never dropped; the segment's communicator table says the same
+//! synchronously (a destroyed communicator's slot says so before `destroy`
+//! returns).
 
-use crate::auth;
+use crate::lifeline::Lifeline;
+use crate::report::Reporter;
+use crate::ring::Segment;
+use crate::ring::layout::Geometry;
+use crate::ring::slots::{self, SlotRef};
 use crate::rpc::{self, RankMessage, rank_message::Msg};
-use libcomm::observe::{AbortHandle, CommEvent, Observer, OpEvent, Phase};
+use crate::{attached, auth};
+use libcomm::observe::{AbortHandle, CommEvent, Observer, OpEvent};
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use weft_contract::params;
 
-/// Events queued toward the sidecar before new ones are dropped.
-const QUEUE: usize = 1 << 16;
+/// Lifecycle messages queued toward the sidecar.
+const QUEUE: usize = 1 << 12;
 
 /// The engine of embedded mode, as the agent sees it: it takes this
 /// process's messages (as the sidecar's `Attach` stream would) and sends its
@@ -34,8 +46,9 @@ const QUEUE: usize = 1 << 16;
 pub trait Embedded: Send + Sync {
     /// One message of this process.
     fn on_message(&self, m: Msg);
-    /// Flushes and stops what the engine exports (spans). Blocks: the agent
-    /// calls it off its runtime (at [`Agent::close`] and when it stops).
+    /// Reads what is left in the segment, then flushes and stops what the
+    /// engine exports (spans). Blocks: the agent calls it off its runtime
+    /// (at [`Agent::close`] and when it stops).
     fn shutdown(&self);
 }
 
@@ -43,42 +56,58 @@ pub trait Embedded: Send + Sync {
 pub type Commands = mpsc::Sender<Result<rpc::SidecarCommand, tonic::Status>>;
 
 /// Starts the embedded engine on the agent's runtime (it may spawn tasks
-/// there) and registers this process with its `Hello`; an error (why it
-/// cannot start) fails the install.
-pub type StartEmbedded =
-    Box<dyn FnOnce(rpc::Hello, Commands) -> Result<Arc<dyn Embedded>, String> + Send>;
+/// there) and registers this process with its `Hello` and telemetry
+/// segment (none when it could not be created); an error (why it cannot
+/// start) fails the install.
+pub type StartEmbedded = Box<
+    dyn FnOnce(rpc::Hello, Commands, Option<Arc<Segment>>) -> Result<Arc<dyn Embedded>, String>
+        + Send,
+>;
+
+/// A live communicator rank of this process.
+pub(crate) struct Live {
+    handle: AbortHandle,
+    nranks: usize,
+    slot: Option<SlotRef>,
+}
 
 pub struct Agent {
     tx: mpsc::Sender<RankMessage>,
-    dropped: AtomicU64,
-    handles: Mutex<HashMap<(String, usize), AbortHandle>>,
-    pid: u32,
-    job: String,
-    closing: AtomicBool,
-    /// `close` asks the forwarder to flush and end the stream; it answers on `done`.
+    /// Operations not reported because there is no segment.
+    unreported: AtomicU64,
+    live: Mutex<HashMap<(String, usize), Live>>,
+    reporter: Option<Reporter>,
+    /// Attached mode: the end the sidecar watches.
+    lifeline: Option<Lifeline>,
+    pub(crate) pid: u32,
+    pub(crate) job: String,
+    pub(crate) closing: AtomicBool,
+    /// `close` asks the session to flush and end the stream; it answers on `done`.
     close_tx: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     done_rx: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// The test hook [`Agent::cut_connection`] pulls.
+    pub(crate) cut: tokio::sync::Notify,
+    pub(crate) reconnects: AtomicU64,
     /// In embedded mode, the in-process engine (its snapshot is this process's RAS view).
     embedded: OnceLock<Arc<dyn Embedded>>,
-}
-
-fn nanos(t: std::time::SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
 }
 
 fn msg(m: Msg) -> RankMessage {
     RankMessage { msg: Some(m) }
 }
 
-impl Agent {
-    fn send(&self, m: Msg) {
-        if self.tx.try_send(msg(m)).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+/// The `Register` of a communicator rank (`slot` is index + 1, 0 for none).
+fn register(comm_id: String, rank: usize, nranks: usize, slot: Option<SlotRef>) -> Msg {
+    Msg::Register(rpc::Register {
+        comm_id,
+        rank: rank as u32,
+        nranks: nranks as u32,
+        slot: slot.map_or(0, |s| s.index as u32 + 1),
+        slot_generation: slot.map_or(0, |s| s.generation),
+    })
+}
 
+impl Agent {
     /// Lifecycle messages must not be dropped: wait (bounded by the queue draining).
     fn send_reliably(&self, m: Msg) {
         match self.tx.try_send(msg(m)) {
@@ -97,14 +126,12 @@ impl Agent {
     }
 
     /// Aborts (or, with `fail`, fails with `reason`) the matching communicators.
-    fn act(&self, comm: &str, reason: &str, fail: bool) {
+    pub(crate) fn act(&self, comm: &str, reason: &str, fail: bool) {
         let hs: Vec<AbortHandle> = self
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_live()
             .iter()
             .filter(|((c, _), _)| comm.is_empty() || c == comm)
-            .map(|(_, h)| h.clone())
+            .map(|(_, l)| l.handle.clone())
             .collect();
         if hs.is_empty() {
             return;
@@ -123,35 +150,49 @@ impl Agent {
                 }
             });
     }
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<(String, usize), Live>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `Register` messages of every live communicator rank (a new session's
+    /// opening, after `Hello`).
+    pub(crate) fn registrations(&self) -> Vec<RankMessage> {
+        self.lock_live()
+            .iter()
+            .map(|((c, r), l)| msg(register(c.clone(), *r, l.nranks, l.slot)))
+            .collect()
+    }
+
+    /// Fresh duplicates of what an attach connection passes: the segment,
+    /// then the lifeline.
+    pub(crate) fn passed_fds(&self) -> Vec<OwnedFd> {
+        use std::os::fd::AsFd;
+        let mut v = Vec::new();
+        if let Some(r) = &self.reporter {
+            // SAFETY: the segment's descriptor lives as long as the agent.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(r.segment().fd()) };
+            v.extend(fd.try_clone_to_owned());
+        }
+        if let Some(l) = &self.lifeline {
+            v.extend(l.read_end().as_fd().try_clone_to_owned());
+        }
+        v
+    }
 }
 
 impl Observer for Agent {
-    fn on_op(&self, ev: OpEvent) {
-        let (phase, outcome) = match (&ev.phase, &ev.outcome) {
-            (Phase::Started, _) => (rpc::Phase::Started, String::new()),
-            (Phase::Completed, Some(Err(e))) => (rpc::Phase::Completed, e.clone()),
-            (Phase::Completed, _) => (rpc::Phase::Completed, "ok".to_string()),
-        };
-        self.send(Msg::Op(rpc::OpEvent {
-            comm_id: ev.comm_id,
-            rank: ev.rank as u32,
-            nranks: ev.nranks as u32,
-            op: ev.op.into(),
-            dtype: ev.dtype.into(),
-            bytes: ev.bytes,
-            algo: ev.algo.into(),
-            seq: ev.seq,
-            phase: phase as i32,
-            outcome,
-            time_unix_nano: nanos(ev.time),
-            group: ev.group,
-            pid: self.pid,
-            job: ev.job,
-        }));
+    fn on_op(&self, ev: &OpEvent) {
+        match &self.reporter {
+            Some(r) => r.op(ev),
+            None => {
+                self.unreported.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn on_comm(&self, ev: CommEvent) {
-        let mut handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        let rep = self.reporter.as_ref();
         match ev {
             CommEvent::Ready {
                 comm_id,
@@ -159,18 +200,25 @@ impl Observer for Agent {
                 nranks,
                 handle,
             } => {
-                handles.insert((comm_id.clone(), rank), handle);
-                self.send_reliably(Msg::Register(rpc::Register {
-                    comm_id,
-                    rank: rank as u32,
-                    nranks: nranks as u32,
-                }));
+                let slot = rep.and_then(|r| r.opened(&comm_id, rank as u32, nranks as u32));
+                self.lock_live().insert(
+                    (comm_id.clone(), rank),
+                    Live {
+                        handle,
+                        nranks,
+                        slot,
+                    },
+                );
+                self.send_reliably(register(comm_id, rank, nranks, slot));
             }
             CommEvent::Failed {
                 comm_id,
                 rank,
                 error,
             } => {
+                if let Some(r) = rep {
+                    r.state(&comm_id, rank as u32, slots::FAILED);
+                }
                 self.send_reliably(Msg::Error(rpc::AsyncError {
                     comm_id: comm_id.clone(),
                     rank: rank as u32,
@@ -183,6 +231,9 @@ impl Observer for Agent {
                 }));
             }
             CommEvent::Aborted { comm_id, rank } => {
+                if let Some(r) = rep {
+                    r.state(&comm_id, rank as u32, slots::ABORTED);
+                }
                 self.send_reliably(Msg::State(rpc::CommStateChange {
                     comm_id,
                     rank: rank as u32,
@@ -190,7 +241,12 @@ impl Observer for Agent {
                 }));
             }
             CommEvent::Destroyed { comm_id, rank } => {
-                handles.remove(&(comm_id.clone(), rank));
+                // The slot first: true before destroy returns, whatever
+                // happens to the stream.
+                if let Some(r) = rep {
+                    r.destroyed(&comm_id, rank as u32);
+                }
+                self.lock_live().remove(&(comm_id.clone(), rank));
                 self.send_reliably(Msg::Deregister(rpc::Deregister {
                     comm_id,
                     rank: rank as u32,
@@ -200,7 +256,7 @@ impl Observer for Agent {
     }
 }
 
-fn hello(job: &str, pid: u32, dropped: u64) -> rpc::Hello {
+pub(crate) fn hello(job: &str, pid: u32, dropped: u64) -> rpc::Hello {
     rpc::Hello {
         pid,
         hostname: params::WEFT_HOSTNAME.raw().unwrap_or_else(crate::host_name),
@@ -226,6 +282,21 @@ enum Mode {
 /// The installed agent, if any.
 pub fn installed() -> Option<&'static Arc<Agent>> {
     AGENT.get()
+}
+
+/// This process's telemetry segment (`WEFT_EVENT_RING` records), or none
+/// (said once) when it cannot be created: operations are then not reported.
+fn segment() -> Option<Arc<Segment>> {
+    let records = params::WEFT_EVENT_RING.value();
+    match Segment::create(Geometry::with_records(records)) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            eprintln!(
+                "weft: no telemetry ring ({e}): this process's collectives are not reported to the sidecar"
+            );
+            None
+        }
+    }
 }
 
 /// Installs the observer: attached to the sidecar at `WEFT_SIDECAR_SOCKET`
@@ -255,18 +326,29 @@ pub fn install_from_env(engine: Option<StartEmbedded>) -> Result<Arc<Agent>, Str
         .filter(|j| !j.is_empty())
         .unwrap_or_else(|| "anon".into());
     let pid = std::process::id();
+    let seg = segment();
+    let lifeline = match &mode {
+        Mode::Attached(_) => {
+            Some(Lifeline::new().map_err(|e| format!("creating the lifeline pipe: {e}"))?)
+        }
+        Mode::Embedded(_) => None,
+    };
     let (tx, rx) = mpsc::channel(QUEUE);
     let (close_tx, close_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let agent = Arc::new(Agent {
         tx,
-        dropped: AtomicU64::new(0),
-        handles: Mutex::new(HashMap::new()),
+        unreported: AtomicU64::new(0),
+        live: Mutex::new(HashMap::new()),
+        reporter: seg.clone().map(Reporter::new),
+        lifeline,
         pid,
         job: job.clone(),
         closing: AtomicBool::new(false),
         close_tx: Mutex::new(Some(close_tx)),
         done_rx: Mutex::new(Some(done_rx)),
+        cut: tokio::sync::Notify::new(),
+        reconnects: AtomicU64::new(0),
         embedded: OnceLock::new(),
     });
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -286,11 +368,11 @@ pub fn install_from_env(engine: Option<StartEmbedded>) -> Result<Arc<Agent>, Str
             };
             match mode {
                 Mode::Attached(p) => {
-                    rt.block_on(attached(a, p, rx, close_rx, ready_tx));
+                    rt.block_on(attached::run(a, p, rx, close_rx, ready_tx));
                     let _ = done_tx.send(());
                 }
                 Mode::Embedded(start) => {
-                    rt.block_on(embedded(a.clone(), start, rx, ready_tx));
+                    rt.block_on(embedded(a.clone(), start, seg, rx, ready_tx));
                     if let Some(e) = a.embedded.get() {
                         e.shutdown();
                     }
@@ -326,9 +408,12 @@ impl Agent {
         if self.closing.swap(true, Ordering::Relaxed) {
             return;
         }
+        if let Some(r) = &self.reporter {
+            r.segment().mark_closing();
+        }
         if self.embedded.get().is_none() {
-            // Attached: the forwarder drains the queue and ends the stream; the
-            // sidecar ends its side once it has read everything.
+            // Attached: the session sends what is queued and ends the
+            // stream; the sidecar ends its side once it has read everything.
             if let Some(c) = self
                 .close_tx
                 .lock()
@@ -352,111 +437,44 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(5));
         }
         if let Some(e) = self.embedded.get() {
-            // Give the engine a moment to turn the last events into spans, then flush.
-            std::thread::sleep(Duration::from_millis(50));
             e.shutdown();
         }
     }
 
+    /// Operations this process could not report: dropped by a full ring
+    /// (or, without a ring, all of them).
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.reporter.as_ref().map_or(0, |r| r.segment().dropped())
+            + self.unreported.load(Ordering::Relaxed)
     }
-}
 
-async fn attached(
-    a: Arc<Agent>,
-    socket: PathBuf,
-    mut rx: mpsc::Receiver<RankMessage>,
-    mut close: tokio::sync::oneshot::Receiver<()>,
-    ready: std::sync::mpsc::Sender<Result<(), String>>,
-) {
-    let mut client = match crate::client::sidecar(socket.clone()).await {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = ready.send(Err(format!(
-                "cannot reach the sidecar at {} (WEFT_SIDECAR_SOCKET): {e}",
-                socket.display()
-            )));
-            return;
-        }
-    };
-    // Hello first, then the queue; a ticker refreshes the drop count.
-    let (out_tx, out_rx) = mpsc::channel::<RankMessage>(1024);
-    let _ = out_tx.send(msg(Msg::Hello(hello(&a.job, a.pid, 0)))).await;
-    let stream = tokio_stream::wrappers::ReceiverStream::new(out_rx);
-    let mut inbound = match client.attach(stream).await {
-        Ok(r) => r.into_inner(),
-        Err(e) => {
-            let _ = ready.send(Err(format!(
-                "the sidecar at {} refused us: {}",
-                socket.display(),
-                e.message()
-            )));
-            return;
-        }
-    };
-    let _ = ready.send(Ok(()));
-    let a2 = a.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut last = 0;
-        loop {
-            tokio::select! {
-                m = rx.recv() => match m {
-                    Some(m) => if out_tx.send(m).await.is_err() { break },
-                    None => break,
-                },
-                _ = tick.tick() => {
-                    let d = a2.dropped();
-                    if d != last {
-                        last = d;
-                        let _ = out_tx.send(msg(Msg::Hello(hello(&a2.job, a2.pid, d)))).await;
-                    }
-                }
-                _ = &mut close => {
-                    while let Ok(m) = rx.try_recv() {
-                        if out_tx.send(m).await.is_err() {
-                            break;
-                        }
-                    }
-                    let d = a2.dropped();
-                    let _ = out_tx.send(msg(Msg::Hello(hello(&a2.job, a2.pid, d)))).await;
-                    break; // dropping out_tx ends the request stream
-                }
-            }
-        }
-    });
-    let why = loop {
-        match inbound.message().await {
-            Ok(Some(rpc::SidecarCommand {
-                cmd: Some(rpc::sidecar_command::Cmd::Abort(c)),
-            })) => a.act(&c.comm_id, &c.reason, c.fail),
-            Ok(Some(_)) => {}
-            Ok(None) => break "it closed the control stream".to_string(),
-            Err(e) => break e.message().to_string(),
-        }
-    };
-    if !a.closing.load(Ordering::Relaxed) {
-        // The pod's sidecar is gone (killed, or the pod is going away): fail
-        // rather than run on unobserved and unproxied.
-        let host = params::WEFT_HOSTNAME.raw().unwrap_or_else(crate::host_name);
-        let reason = format!(
-            "lost the sidecar at {} on host {host}: {why}",
-            socket.display()
-        );
-        eprintln!("weft: {reason}");
-        a.act("", &reason, true);
+    /// Operations reported into the ring so far.
+    pub fn reported(&self) -> u64 {
+        self.reporter.as_ref().map_or(0, |r| r.segment().produced())
+    }
+
+    /// Times the control stream was re-established after it broke.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Drops the control connection as a failing network or HTTP/2 stack
+    /// would (the sidecar sees its stream end; this process lives on and
+    /// reconnects). For tests of the sidecar's death rule.
+    pub fn cut_connection(&self) {
+        self.cut.notify_one();
     }
 }
 
 async fn embedded(
     a: Arc<Agent>,
     start: StartEmbedded,
+    seg: Option<Arc<Segment>>,
     mut rx: mpsc::Receiver<RankMessage>,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
     let (cmd_tx, mut cmd_rx) = mpsc::channel(64);
-    let e = match start(hello(&a.job, a.pid, 0), cmd_tx) {
+    let e = match start(hello(&a.job, a.pid, 0), cmd_tx, seg) {
         Ok(e) => e,
         Err(why) => {
             let _ = ready.send(Err(why));

@@ -1,21 +1,30 @@
 //! The rank side of Weft's sidecar, small enough to link into every rank
 //! process (the drop-in `libnccl.so.2` among them): the [`agent`] that
-//! attaches a process to its pod's sidecar, the client [`mod@client`] to the
-//! sidecar's Unix socket, the job-secret [`auth`] of an attach, and the
-//! `weft.v1` protocol ([`rpc`], generated from `proto/weft/v1/sidecar.proto`).
+//! attaches a process to its pod's sidecar, the telemetry [`ring`] it
+//! reports every operation into (shared memory the sidecar drains), the
+//! client [`mod@client`] to the sidecar's Unix socket, the job-secret
+//! [`auth`] of an attach, and the `weft.v1` protocol ([`rpc`], generated
+//! from `proto/weft/v1/sidecar.proto`).
 //!
-//! With feature `otlp`, also the OpenTelemetry [`spans`] of collectives
-//! (one exporter for the sidecar and the ranks) and [`spans_only`], the
-//! embedded mode of a rank without the sidecar's crate: its own spans,
-//! exported by the process.
+//! The [`export`] policy (what becomes a span at high rates) is here too,
+//! so the sidecar and the in-process exporter apply the same one. With
+//! feature `otlp`, also the OpenTelemetry [`spans`] of collectives (one
+//! exporter for the sidecar and the ranks) and [`spans_only`], the embedded
+//! mode of a rank without the sidecar's crate: its own spans, exported by
+//! the process.
 //!
 //! The sidecar itself (crate `weft`, `weft sidecar`) builds on the same
 //! generated code with the `server` feature (gRPC server stubs) and `serde`
 //! (JSON output), so the protocol is generated once, here.
 
 pub mod agent;
+mod attached;
 pub mod auth;
 pub mod client;
+pub mod export;
+pub mod lifeline;
+pub mod report;
+pub mod ring;
 pub mod rpc;
 #[cfg(feature = "otlp")]
 pub mod spans;

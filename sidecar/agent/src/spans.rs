@@ -5,15 +5,21 @@
 //! The one place where a finished collective becomes a span: the sidecar
 //! (`weft sidecar`, and the engine Rust ranks run in embedded mode) and a
 //! rank without the sidecar's crate ([`crate::spans_only`], the drop-in
-//! `libnccl.so.2`) both export through [`SpanExporter`], so their spans carry
-//! the same name, attributes and trace. Its input is a [`SpanRecord`], by
-//! value, whatever produced it.
+//! `libnccl.so.2`) both read the telemetry ring's records through
+//! [`ProcessSpans`] (the export policy of `crate::export`: every collective
+//! at low rates; aggregates, failures and slow calls above the budget) and
+//! export through [`SpanExporter`], so their spans carry the same name,
+//! attributes and trace. Its input is a [`SpanRecord`], by value, whatever
+//! produced it.
 //!
 //! Collectives never wait for telemetry: records go through a bounded queue
 //! to one span-building thread; when it is full the record is dropped and
 //! counted (the caller's `on_drop`). The SDK's batch processor behind it has
 //! its own bounded queue.
 
+use crate::export::{AggKey, Aggregate, Export, Policy};
+use crate::ring::slots;
+use crate::ring::{CommKey, Record, Segment, codes};
 use opentelemetry::trace::{
     Span, SpanContext, SpanId, SpanKind, TraceContextExt, TraceFlags, TraceId, TraceState, Tracer,
     TracerProvider as _,
@@ -26,12 +32,13 @@ use opentelemetry_sdk::trace::{
 use sha2::{Digest, Sha256};
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 /// Records waiting for the span thread; beyond this they are dropped (and counted).
 const QUEUE: usize = 1 << 16;
 
-/// A finished operation, everything by value (no shared context to mix up).
+/// A finished operation (or an aggregate of many), everything by value
+/// (no shared context to mix up).
 #[derive(Debug, Clone)]
 pub struct SpanRecord {
     pub job: String,
@@ -49,6 +56,151 @@ pub struct SpanRecord {
     pub host: String,
     pub start_ns: u64,
     pub end_ns: u64,
+    /// Why it is exported (`Export::label`: span, failure, slow, aggregate).
+    pub export: &'static str,
+    /// Operations it stands for: 1, or an aggregate's count.
+    pub count: u64,
+    /// An aggregate's latencies and failures.
+    pub aggregate: Option<AggregateStats>,
+}
+
+/// What an aggregate span adds: latency minimum, mean and maximum (ns) and
+/// how many of its operations failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AggregateStats {
+    pub min_ns: u64,
+    pub mean_ns: u64,
+    pub max_ns: u64,
+    pub errors: u64,
+}
+
+/// The process a record came from.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub job: String,
+    pub pid: u32,
+    pub host: String,
+}
+
+impl SpanRecord {
+    /// The span of one ring record: `label` is its communicator's full
+    /// label, `outcome` "ok" or the error's text.
+    pub fn of_record(
+        r: &Record,
+        o: &Origin,
+        label: String,
+        outcome: String,
+        e: Export,
+    ) -> SpanRecord {
+        SpanRecord {
+            job: o.job.clone(),
+            comm_id: label,
+            rank: r.rank,
+            nranks: r.nranks,
+            op: r.op_name().to_string(),
+            dtype: codes::dtype_name(r.dtype).to_string(),
+            bytes: r.bytes,
+            algo: codes::algo_name(r.algo).to_string(),
+            seq: r.seq,
+            outcome,
+            group: r.group,
+            pid: o.pid,
+            host: o.host.clone(),
+            start_ns: r.start_ns,
+            end_ns: r.end_ns,
+            export: e.label(),
+            count: 1,
+            aggregate: None,
+        }
+    }
+
+    /// The span of an interval's aggregate (named `weft.<op>.aggregate`).
+    pub fn of_aggregate(k: &AggKey, a: &Aggregate, o: &Origin, label: String) -> SpanRecord {
+        SpanRecord {
+            job: o.job.clone(),
+            comm_id: label,
+            rank: k.rank,
+            nranks: k.nranks,
+            op: codes::op_name(k.op).to_string(),
+            dtype: codes::dtype_name(a.dtype).to_string(),
+            bytes: a.bytes,
+            algo: codes::algo_name(a.algo).to_string(),
+            seq: 0,
+            outcome: if a.errors == 0 { "ok" } else { "error" }.into(),
+            group: false,
+            pid: o.pid,
+            host: o.host.clone(),
+            start_ns: a.first_start_ns,
+            end_ns: a.last_end_ns,
+            export: Export::Aggregated.label(),
+            count: a.count,
+            aggregate: Some(AggregateStats {
+                min_ns: a.min_ns,
+                mean_ns: a.mean_ns(),
+                max_ns: a.max_ns,
+                errors: a.errors,
+            }),
+        }
+    }
+}
+
+/// "ok", or the error text the rank left in the record's slot ("error"
+/// when it is not there any more).
+pub fn outcome_text(r: &Record, seg: &Segment) -> String {
+    if r.ok() {
+        return "ok".into();
+    }
+    slots::error_text(seg, r.slot, r.seq).unwrap_or_else(|| "error".into())
+}
+
+/// One process's records through the export policy into spans: the path
+/// the sidecar and the in-process exporter share.
+pub struct ProcessSpans {
+    pub origin: Origin,
+    pub policy: Policy,
+}
+
+impl ProcessSpans {
+    pub fn new(origin: Origin, now: Instant) -> ProcessSpans {
+        ProcessSpans {
+            origin,
+            policy: Policy::from_env(now),
+        }
+    }
+
+    /// Where `r` goes, and its span unless it was aggregated. `label`
+    /// gives a communicator's full label from its key.
+    pub fn record(
+        &mut self,
+        r: &Record,
+        seg: &Segment,
+        label: &dyn Fn(&CommKey) -> String,
+        now: Instant,
+    ) -> (Export, Option<SpanRecord>) {
+        let e = self.policy.decide(r, now);
+        let span = (e != Export::Aggregated).then(|| {
+            SpanRecord::of_record(r, &self.origin, label(&r.comm), outcome_text(r, seg), e)
+        });
+        (e, span)
+    }
+
+    /// The aggregates' spans, once an interval has passed (at once with
+    /// `force`: the process has gone, or the exporter stops).
+    pub fn flush(
+        &mut self,
+        label: &dyn Fn(&CommKey) -> String,
+        now: Instant,
+        force: bool,
+    ) -> Vec<SpanRecord> {
+        if !force && !self.policy.due(now) {
+            return Vec::new();
+        }
+        self.policy
+            .flush(now)
+            .iter()
+            .map(|(k, a)| SpanRecord::of_aggregate(k, a, &self.origin, label(&k.comm)))
+            .collect()
+    }
 }
 
 /// Called once for every record the exporter had to drop.
@@ -159,8 +311,13 @@ fn span_loop(tracer: SdkTracer, rx: Receiver<SpanRecord>) {
             }
         };
         let (start, end) = (at(r.start_ns), at(r.end_ns.max(r.start_ns)));
+        let name = if r.aggregate.is_some() {
+            format!("weft.{}.aggregate", r.op)
+        } else {
+            format!("weft.{}", r.op)
+        };
         let mut span = tracer
-            .span_builder(format!("weft.{}", r.op))
+            .span_builder(name)
             .with_kind(SpanKind::Internal)
             .with_start_time(start)
             .with_attributes(attributes(r))
@@ -171,7 +328,18 @@ fn span_loop(tracer: SdkTracer, rx: Receiver<SpanRecord>) {
 
 /// A span's attributes: what a trace viewer filters collectives by.
 fn attributes(r: SpanRecord) -> Vec<KeyValue> {
-    vec![
+    let mut v = Vec::with_capacity(19);
+    if let Some(a) = r.aggregate {
+        v.extend([
+            KeyValue::new("weft.latency_min_ns", a.min_ns as i64),
+            KeyValue::new("weft.latency_mean_ns", a.mean_ns as i64),
+            KeyValue::new("weft.latency_max_ns", a.max_ns as i64),
+            KeyValue::new("weft.errors", a.errors as i64),
+        ]);
+    }
+    v.extend([
+        KeyValue::new("weft.export", r.export),
+        KeyValue::new("weft.count", r.count as i64),
         KeyValue::new("weft.job", r.job),
         KeyValue::new("weft.comm_id", r.comm_id),
         KeyValue::new("weft.rank", r.rank as i64),
@@ -185,7 +353,8 @@ fn attributes(r: SpanRecord) -> Vec<KeyValue> {
         KeyValue::new("weft.group", r.group),
         KeyValue::new("process.pid", r.pid as i64),
         KeyValue::new("host.name", r.host),
-    ]
+    ]);
+    v
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::limits::{Gate, Slot, Ticket};
 use crate::seams::{Admission, PREFACE_LEN, Route};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -44,7 +44,20 @@ pub struct ConnInfo {
     /// (SO_PEERCRED; none when it is in another namespace). Only this pid
     /// may be signalled: the one a process claims in its Hello is its own view.
     pub peer_pid: Option<u32>,
+    /// Descriptors that came with the connection's first bytes (a rank's
+    /// telemetry segment and lifeline), for its attach to take.
+    pub passed: Arc<std::sync::Mutex<Vec<OwnedFd>>>,
 }
+
+impl ConnInfo {
+    /// The descriptors passed with the opening (the first caller gets them).
+    pub fn take_passed(&self) -> Vec<OwnedFd> {
+        std::mem::take(&mut *self.passed.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Descriptors kept from a connection's opening; more are closed.
+const MAX_PASSED: usize = 2;
 
 /// A connection whose first bytes (the preface and frame header we
 /// checked) are replayed to the server.
@@ -198,16 +211,49 @@ impl Admission for Held {
 }
 
 /// Reads `buf` full by `deadline`: `Ok(false)` when the deadline passed.
-async fn read_by(s: &mut Io, buf: &mut [u8], deadline: Instant) -> io::Result<bool> {
+/// On a Unix socket, descriptors that come with the bytes (SCM_RIGHTS)
+/// are kept in `fds` (at most [`MAX_PASSED`]; others are closed).
+async fn read_by(
+    s: &mut Io,
+    buf: &mut [u8],
+    deadline: Instant,
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<bool> {
     let r = match s {
-        Io::Unix(u) => tokio::time::timeout_at(deadline.into(), u.read_exact(buf)).await,
-        Io::Tcp(t) => tokio::time::timeout_at(deadline.into(), t.read_exact(buf)).await,
+        Io::Unix(u) => tokio::time::timeout_at(deadline.into(), read_unix(u, buf, fds)).await,
+        Io::Tcp(t) => tokio::time::timeout_at(deadline.into(), t.read_exact(buf))
+            .await
+            .map(|r| r.map(|_| ())),
     };
     match r {
-        Ok(Ok(_)) => Ok(true),
+        Ok(Ok(())) => Ok(true),
         Ok(Err(e)) => Err(e),
         Err(_) => Ok(false),
     }
+}
+
+/// Reads `buf` full with recvmsg(2), collecting passed descriptors.
+async fn read_unix(u: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        u.readable().await?;
+        let sock = u.as_raw_fd();
+        match u.try_io(tokio::io::Interest::READABLE, || {
+            libcomm::fdpass::recv(sock, &mut buf[got..])
+        }) {
+            Ok(r) => {
+                if r.len == 0 {
+                    return Err(io::ErrorKind::UnexpectedEof.into());
+                }
+                got += r.len;
+                let room = MAX_PASSED.saturating_sub(fds.len());
+                fds.extend(r.fds.into_iter().take(room));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Accepts connections (within the port's caps), checks each one's opening
@@ -250,11 +296,12 @@ pub async fn accept_loop(
         let (tx, routes, lim) = (tx.clone(), routes.clone(), lim.clone());
         tokio::spawn(async move {
             let mut buf = [0u8; OPENING];
-            let r = read_by(&mut s, &mut buf[..PREFACE_LEN], deadline).await;
+            let mut passed = Vec::new();
+            let r = read_by(&mut s, &mut buf[..PREFACE_LEN], deadline, &mut passed).await;
             let route = routes.iter().find(|r| r.preface[..] == buf[..PREFACE_LEN]);
             let why: (&'static str, String) = match (r, route) {
                 (Ok(true), _) if buf[..PREFACE_LEN] == PREFACE[..] => {
-                    match read_by(&mut s, &mut buf[PREFACE_LEN..], deadline).await {
+                    match read_by(&mut s, &mut buf[PREFACE_LEN..], deadline, &mut passed).await {
                         Ok(true) if is_settings(&buf[PREFACE_LEN..]) => {
                             let peer_pid = match &s {
                                 Io::Unix(u) => u
@@ -269,6 +316,7 @@ pub async fn accept_loop(
                                 slot: ticket.slot.clone(),
                                 from,
                                 peer_pid,
+                                passed: Arc::new(std::sync::Mutex::new(passed)),
                             };
                             let fix = matches!(s, Io::Unix(_)).then(Box::default);
                             let _ = tx

@@ -1,15 +1,21 @@
 //! `weft sidecar`: the per-pod engine. It serves the pod's rank processes over
-//! a Unix socket (gRPC `weft.v1.Sidecar`), holds the job state RAS reports,
-//! turns every collective into an OpenTelemetry span and Prometheus metrics,
-//! and ties the ranks to the pod's lifecycle (SIGTERM aborts them).
+//! a Unix socket (gRPC `weft.v1.Sidecar`) and reads their telemetry segments
+//! (`drain.rs`), holds the job state RAS reports, turns every collective
+//! into Prometheus metrics and OpenTelemetry spans (every one at low rates,
+//! aggregates beyond a budget), and ties the ranks to the pod's lifecycle
+//! (SIGTERM aborts them; a rank is dead only when its process is:
+//! `ended.rs`).
 
 pub mod auth;
 pub mod authority;
 pub mod board;
 pub mod board_relay;
+pub mod drain;
+pub mod ended;
 pub mod http;
 pub mod limits;
 pub mod listen;
+pub mod liveness;
 pub mod peer_rpc;
 pub mod peers;
 pub mod service;
@@ -140,12 +146,33 @@ pub const MAX_PROXY_HANDSHAKES: usize = 32;
 pub const MAX_PROXY_HANDSHAKES_PER_SOURCE: usize = 8;
 /// Concurrent HTTP/2 streams per gRPC connection.
 pub const MAX_STREAMS: u32 = 64;
+/// HTTP/2 flow-control window of a gRPC connection and of each stream
+/// (see `startup::grpc_server`).
+pub const CONNECTION_WINDOW: u32 = 1 << 20;
 /// An unanswered HTTP/2 keepalive ping closes the connection after this
 /// long (at most the idle timeout).
 pub const KEEPALIVE_ACK: Duration = Duration::from_secs(20);
 
 /// This machine's host name (the rank side's, shared).
 pub use weft_agent::host_name;
+
+/// Drains the ranks' telemetry rings until the process ends, on a thread
+/// of its own (reading a full ring is a few milliseconds of work the async
+/// runtime's two workers need not wait for).
+pub fn start_draining(engine: &Arc<Engine>) {
+    let e = Arc::downgrade(engine);
+    let _ = std::thread::Builder::new()
+        .name("weft-drain".into())
+        .spawn(move || {
+            let mut period = drain::PERIOD_MAX;
+            while let Some(e) = e.upgrade() {
+                let n = e.drain_all();
+                drop(e);
+                period = drain::next_period(n, period);
+                std::thread::sleep(period);
+            }
+        });
+}
 
 /// Pod termination: abort every communicator of every attached process, wait
 /// (bounded) until they have gone, then let the servers stop.

@@ -2,7 +2,9 @@
 //! communicators and stream events; tools read status and abort.
 
 use super::Engine;
-use super::state::{Proc, RankEntry, State, now_nanos};
+use super::drain::ProcRing;
+use super::liveness::Liveness;
+use super::state::{MAX_PENDING, Proc, RankEntry, Registry, State, now_nanos};
 use super::telemetry::SpanRecord;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,7 +12,10 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
+use weft_agent::export::Export;
+use weft_agent::ring::Segment;
 use weft_agent::rpc::{self, rank_message::Msg, sidecar_server::Sidecar};
+use weft_agent::spans::Origin;
 
 /// Commands queued per process before the sidecar considers it stuck.
 const CMD_QUEUE: usize = 64;
@@ -60,33 +65,82 @@ impl Engine {
     }
 
     fn command(&self, comm: &str, reason: &str, but: u64, fail: bool) -> usize {
-        let targets = {
-            let reg = self.state.lock();
-            State::targets(&reg, comm, but)
-        };
-        let n = targets.len();
-        for tx in targets {
-            // Never wait on a stuck process: its queue full means it is not reading.
-            let _ = tx.try_send(Ok(abort_cmd(comm, reason, fail)));
+        let cmd = abort_cmd(comm, reason, fail);
+        let mut reg = self.state.lock();
+        let conns = State::targets(&reg, comm, but);
+        for c in &conns {
+            let Some(p) = reg.procs.get_mut(c) else {
+                continue;
+            };
+            if p.disconnected {
+                // Sent when it attaches again.
+                if p.pending.len() < MAX_PENDING {
+                    p.pending.push(cmd.clone());
+                }
+            } else {
+                // Never wait on a stuck process: its queue full means it is not reading.
+                let _ = p.tx.try_send(Ok(cmd.clone()));
+            }
         }
-        n
+        conns.len()
     }
 
-    /// Registers an attached process; returns its connection id.
-    pub fn add_proc(&self, hello: rpc::Hello, os_pid: Option<u32>, tx: super::state::CmdTx) -> u64 {
+    /// Registers an attached process, with its telemetry segment and how
+    /// to tell whether it lives; returns its connection id. A process
+    /// attaching again (its stream broke) is recognised by its segment and
+    /// keeps its communicators.
+    pub fn add_proc(
+        &self,
+        hello: rpc::Hello,
+        os_pid: Option<u32>,
+        tx: super::state::CmdTx,
+        seg: Option<Arc<Segment>>,
+        liveness: Liveness,
+    ) -> u64 {
         let conn = self.state.conn_id();
         let mut reg = self.state.lock();
+        let again = seg.as_ref().and_then(|s| {
+            reg.procs
+                .iter()
+                .find(|(_, p)| p.alive && p.ring.as_ref().is_some_and(|r| r.seg.same_file(s)))
+                .map(|(c, _)| *c)
+        });
+        if let Some(old) = again {
+            if reattach(&mut reg, old, conn, tx) {
+                // Its old stream's end will find it gone: count the break here.
+                self.metrics.stream_breaks.inc();
+            }
+            self.state.publish(&reg);
+            return conn;
+        }
+        let host = clip(hello.hostname);
+        let ring = seg.map(|s| {
+            Arc::new(ProcRing::new(
+                s,
+                Origin {
+                    job: clip(hello.job),
+                    pid: hello.pid,
+                    host: host.clone(),
+                },
+            ))
+        });
         reg.procs.insert(
             conn,
             Proc {
                 pid: hello.pid,
                 os_pid,
-                host: clip(hello.hostname),
+                host,
                 gpus: hello.gpus.into_iter().take(64).map(clip).collect(),
                 alive: true,
                 tx,
                 dropped: 0,
+                ring_dropped: 0,
                 registered: 0,
+                ring,
+                liveness: Arc::new(liveness),
+                disconnected: false,
+                pending: Vec::new(),
+                reattached: Arc::default(),
             },
         );
         self.state.publish(&reg);
@@ -99,10 +153,16 @@ impl Engine {
         conn
     }
 
-    /// One message of connection `conn`.
+    /// One message of connection `conn`. Before a lifecycle message, the
+    /// process's ring is drained: the spans of a communicator's operations
+    /// come before its end.
     pub fn on_message(&self, conn: u64, msg: Msg) {
+        if !matches!(msg, Msg::Hello(_) | Msg::Op(_)) {
+            self.drain_conn(conn, false);
+        }
         let st = &self.state;
         let mut reg = st.lock();
+        let ring = reg.procs.get(&conn).and_then(|p| p.ring.clone());
         match msg {
             Msg::Hello(_) => {} // only valid first; handled by attach
             Msg::Register(r) => {
@@ -111,23 +171,37 @@ impl Engine {
                     .get(&conn)
                     .map(|p| (p.pid, p.host.clone()))
                     .unwrap_or_default();
-                if let Some(p) = reg.procs.get_mut(&conn) {
-                    p.registered += 1;
-                }
-                let c = reg.comms.entry(clip(r.comm_id)).or_default();
+                let label = clip(r.comm_id);
+                let c = reg.comms.entry(label.clone()).or_default();
                 c.nranks = r.nranks;
-                c.ranks.insert(
-                    r.rank,
-                    RankEntry {
-                        conn,
-                        pid,
-                        host,
-                        state: "running".into(),
-                        ..Default::default()
-                    },
-                );
+                // Registered again after a reconnection: keep its progress.
+                let again = c.ranks.get(&r.rank).is_some_and(|e| e.conn == conn);
+                if !again {
+                    c.ranks.insert(
+                        r.rank,
+                        RankEntry {
+                            conn,
+                            pid,
+                            host,
+                            state: "running".into(),
+                            ..Default::default()
+                        },
+                    );
+                    if let Some(p) = reg.procs.get_mut(&conn) {
+                        p.registered += 1;
+                    }
+                }
+                st.publish(&reg);
+                drop(reg);
+                if let Some(ring) = ring {
+                    ring.register(&label, r.rank, r.slot, r.slot_generation);
+                }
+                return;
             }
             Msg::Deregister(d) => {
+                if let Some(ring) = &ring {
+                    ring.deregister(&d.comm_id, d.rank);
+                }
                 if let Some(c) = reg.comms.get_mut(&d.comm_id) {
                     if let Some(e) = c.ranks.get_mut(&d.rank) {
                         e.state = "finalizing".into();
@@ -156,6 +230,7 @@ impl Engine {
                 )));
             }
             Msg::Op(ev) => {
+                // From an agent older than the telemetry segment.
                 let (pid, host) = reg
                     .procs
                     .get(&conn)
@@ -199,6 +274,9 @@ impl Engine {
                         host,
                         start_ns: start,
                         end_ns: ev.time_unix_nano,
+                        export: Export::Span.label(),
+                        count: 1,
+                        aggregate: None,
                     });
                     return st.touch();
                 }
@@ -224,56 +302,63 @@ impl Engine {
             t.record(r);
         }
     }
+}
 
-    /// The process behind `conn` is gone: mark it dead, fail its communicators' peers.
-    fn on_gone(&self, conn: u64, why: &str) {
-        let mut reg = self.state.lock();
-        let Some(p) = reg.procs.get_mut(&conn) else {
-            return;
-        };
-        p.alive = false;
-        let (pid, host, registered) = (p.pid, p.host.clone(), p.registered);
-        let mut lost: Vec<(String, u32)> = Vec::new();
-        for (id, c) in reg.comms.iter() {
-            for (r, e) in c.ranks.iter() {
-                if e.conn == conn && e.state != "finalizing" {
-                    lost.push((id.clone(), *r));
-                }
+/// Moves the registrations of process `old` (its stream broke) to its new
+/// connection `new`, and sends it what was kept for it meanwhile. Returns
+/// whether the break is news (the old stream's end not yet handled).
+fn reattach(reg: &mut Registry, old: u64, new: u64, tx: super::state::CmdTx) -> bool {
+    let Some(mut p) = reg.procs.remove(&old) else {
+        return false;
+    };
+    let news = !p.disconnected;
+    p.tx = tx;
+    p.disconnected = false;
+    for cmd in p.pending.drain(..) {
+        let _ = p.tx.try_send(Ok(cmd));
+    }
+    for c in reg.comms.values_mut() {
+        for e in c.ranks.values_mut() {
+            if e.conn == old {
+                e.conn = new;
             }
         }
-        if lost.is_empty() {
-            // A clean exit: every communicator was destroyed first.
-            reg.procs.remove(&conn);
-        }
-        for (id, r) in &lost {
-            reg.push_error(format!(
-                "comm {id} rank {r} (pid {pid} on host {host}) died: {why}"
-            ));
-        }
-        self.state.publish(&reg);
-        self.metrics
-            .peers_up
-            .set(reg.procs.values().filter(|p| p.alive).count() as i64);
-        drop(reg);
-        // Gone unclean: with communicators left, or before it registered
-        // any (a replacement dying while it joins).
-        if (!lost.is_empty() || registered == 0)
-            && let Some(b) = self.board.get()
-            && b.own_death()
-        {
-            super::log(&format!(
-                "recovery board: pid {pid} died ({why}): this pod's ranks {:?} are named dead",
-                b.me.deaths()
-            ));
-        }
-        for (id, r) in lost {
-            let reason = format!("rank {r} (pid {pid} on host {host}) of comm {id} died ({why})");
-            let n = self.fail_comm(&id, &reason, conn);
-            super::log(&format!(
-                "{reason}: aborting comm {id} in {n} local process(es)"
-            ));
+    }
+    p.reattached.notify_waiters();
+    super::log(&format!(
+        "pid {} on host {} attached again (connection {old} -> {new})",
+        p.pid, p.host
+    ));
+    reg.procs.insert(new, p);
+    news
+}
+
+/// What an attach connection passed: its telemetry segment (a memory
+/// file, checked before it is mapped) and its lifeline (a pipe); anything
+/// else, or a segment that fails the checks, refuses the attach.
+fn passed_parts(
+    fds: Vec<std::os::fd::OwnedFd>,
+    os_pid: Option<u32>,
+) -> Result<(Option<Arc<Segment>>, Liveness), String> {
+    let (mut seg, mut lifeline) = (None, None);
+    for fd in fds {
+        // SAFETY: fstat into a zeroed struct we own.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let kind = if unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&fd), &mut st) } == 0 {
+            st.st_mode & libc::S_IFMT
+        } else {
+            0
+        };
+        match kind {
+            libc::S_IFREG if seg.is_none() => {
+                let s = Segment::from_fd(fd).map_err(|e| format!("telemetry ring refused: {e}"))?;
+                seg = Some(Arc::new(s));
+            }
+            libc::S_IFIFO if lifeline.is_none() => lifeline = Some(fd),
+            _ => return Err("the connection passed a descriptor that is neither a telemetry ring nor a lifeline".into()),
         }
     }
+    Ok((seg, Liveness::new(os_pid, lifeline)?))
 }
 
 type CmdStream = Pin<Box<dyn Stream<Item = Result<rpc::SidecarCommand, Status>> + Send>>;
@@ -286,14 +371,11 @@ impl Sidecar for Service {
         &self,
         req: Request<Streaming<rpc::RankMessage>>,
     ) -> Result<Response<CmdStream>, Status> {
-        let slot = req
-            .extensions()
-            .get::<super::listen::ConnInfo>()
-            .map(|c| c.slot.clone());
-        let os_pid = req
-            .extensions()
-            .get::<super::listen::ConnInfo>()
-            .and_then(|c| c.peer_pid);
+        let info = req.extensions().get::<super::listen::ConnInfo>().cloned();
+        let slot = info.as_ref().map(|c| c.slot.clone());
+        let os_pid = info.as_ref().and_then(|c| c.peer_pid);
+        // What the connection passed with its first bytes (taken: once).
+        let passed = info.map(|c| c.take_passed()).unwrap_or_default();
         let mut inbound = req.into_inner();
         let engine = self.engine.clone();
         let hello = match inbound.message().await {
@@ -326,12 +408,23 @@ impl Sidecar for Service {
         {
             return Err(Status::unavailable("the sidecar is terminating"));
         }
+        let (seg, liveness) = match passed_parts(passed, os_pid) {
+            Ok(x) => x,
+            Err(why) => {
+                engine.metrics.reject("socket", "ring");
+                super::log(&format!(
+                    "rejected an attach from pid {} ({}): {why}",
+                    hello.pid, hello.hostname
+                ));
+                return Err(Status::invalid_argument(why));
+            }
+        };
         // Authenticated: the connection is never evicted for a newer one.
         if let Some(s) = slot {
             s.hold(true);
         }
         let (tx, rx) = mpsc::channel(CMD_QUEUE);
-        let conn = engine.add_proc(hello, os_pid, tx);
+        let conn = engine.add_proc(hello, os_pid, tx, seg, liveness);
         tokio::spawn(async move {
             let why = loop {
                 match inbound.message().await {
@@ -361,7 +454,7 @@ impl Sidecar for Service {
                     }
                 }
             };
-            engine.on_gone(conn, &why);
+            engine.stream_ended(conn, &why).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as CmdStream))
     }
@@ -474,8 +567,8 @@ mod tests {
     fn a_cleanly_exited_rank_shows_as_exited_with_its_pid() {
         let e = Engine::new("j".into(), "h".into(), None);
         let (tx, _rx) = mpsc::channel(4);
-        let a = e.add_proc(hello(111), None, tx.clone());
-        let b = e.add_proc(hello(222), None, tx);
+        let a = e.add_proc(hello(111), None, tx.clone(), None, Liveness::Unknown);
+        let b = e.add_proc(hello(222), None, tx, None, Liveness::Unknown);
         for (conn, rank) in [(a, 0), (b, 1)] {
             e.on_message(
                 conn,
@@ -483,6 +576,7 @@ mod tests {
                     comm_id: "c".into(),
                     rank,
                     nranks: 2,
+                    ..Default::default()
                 }),
             );
         }

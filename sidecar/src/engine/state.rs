@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
+use weft_agent::ring::codes;
+use weft_agent::ring::slots::{self, SlotView};
 use weft_agent::rpc::{self, CommStatus, HostStatus, ProcessStatus, RankStatus, Status};
 
 pub type CmdTx = mpsc::Sender<Result<rpc::SidecarCommand, tonic::Status>>;
@@ -33,12 +35,28 @@ pub struct Proc {
     pub gpus: Vec<String>,
     pub alive: bool,
     pub tx: CmdTx,
+    /// Events an older agent said it dropped (`Hello.dropped_events`).
     pub dropped: u64,
+    /// Operations its telemetry ring dropped (or lost), as last read.
+    pub ring_dropped: u64,
     /// Communicator ranks it registered: a process that ends with all of
     /// them destroyed exited; one that never registered any did not get far
     /// enough to finish anything (a replacement dying while it joins).
     pub registered: u64,
+    /// Its telemetry segment, when it passed one.
+    pub ring: Option<Arc<super::drain::ProcRing>>,
+    /// How to tell whether the process still lives (not its stream).
+    pub liveness: Arc<super::liveness::Liveness>,
+    /// Its control stream ended while it lived: it should attach again.
+    pub disconnected: bool,
+    /// Commands for it while disconnected, sent when it attaches again.
+    pub pending: Vec<rpc::SidecarCommand>,
+    /// Wakes whoever waits on its departure when it attaches again.
+    pub reattached: Arc<tokio::sync::Notify>,
 }
+
+/// Commands kept for a disconnected process, at most.
+pub const MAX_PENDING: usize = 64;
 
 #[derive(Default, Clone)]
 pub struct RankEntry {
@@ -54,6 +72,39 @@ pub struct RankEntry {
     pub outcome: String,
     /// running, finalizing, aborted, failed
     pub state: String,
+}
+
+impl RankEntry {
+    /// Copies its slot's view (from the process's telemetry segment) into
+    /// this entry; whether anything changed.
+    pub fn apply_slot(&mut self, v: &SlotView, err: Option<String>) -> bool {
+        if self.started_seq == v.started_seq
+            && self.completed_seq == v.completed_seq
+            && !matches!(v.state, slots::FAILED | slots::ABORTED | slots::DESTROYED)
+        {
+            return false;
+        }
+        let before = (self.started_seq, self.completed_seq, self.state.clone());
+        self.started_seq = v.started_seq;
+        self.started_at = v.started_ns;
+        self.started_op = codes::op_name(v.started_op).into();
+        if v.completed_seq > 0 {
+            self.completed_seq = v.completed_seq;
+            self.completed_op = codes::op_name(v.completed_op).into();
+            self.outcome = if v.outcome == codes::OK {
+                "ok".into()
+            } else {
+                err.unwrap_or_else(|| "error".into())
+            };
+        }
+        match v.state {
+            slots::FAILED => self.state = "failed".into(),
+            slots::ABORTED => self.state = "aborted".into(),
+            slots::DESTROYED => self.state = "finalizing".into(),
+            _ => {}
+        }
+        before != (self.started_seq, self.completed_seq, self.state.clone())
+    }
 }
 
 #[derive(Default)]
@@ -78,6 +129,9 @@ pub struct Registry {
     pub procs: BTreeMap<u64, Proc>,
     pub comms: BTreeMap<String, Comm>,
     pub async_errors: Vec<String>,
+    /// Events dropped by processes that have exited cleanly (removed from
+    /// `procs`): RAS keeps counting them.
+    pub dropped_gone: u64,
 }
 
 /// Most async errors kept (the oldest are dropped first): the snapshot stays bounded.
@@ -178,8 +232,14 @@ impl State {
             .map(|p| ProcessStatus {
                 pid: p.pid,
                 host: p.host.clone(),
-                state: if p.alive { "alive" } else { "dead" }.into(),
+                state: match (p.alive, p.disconnected) {
+                    (false, _) => "dead",
+                    (true, true) => "disconnected",
+                    (true, false) => "alive",
+                }
+                .into(),
                 gpus: p.gpus.clone(),
+                dropped_events: p.dropped + p.ring_dropped,
             })
             .collect();
         let comms = reg
@@ -243,7 +303,12 @@ impl State {
             comms,
             async_errors: reg.async_errors.clone(),
             terminating: self.terminating.load(Ordering::Relaxed),
-            dropped_events: reg.procs.values().map(|p| p.dropped).sum(),
+            dropped_events: reg.dropped_gone
+                + reg
+                    .procs
+                    .values()
+                    .map(|p| p.dropped + p.ring_dropped)
+                    .sum::<u64>(),
             hosts: reg
                 .peers
                 .iter()
@@ -306,9 +371,9 @@ impl State {
         Some(name)
     }
 
-    /// The command channels of every live process holding a rank of `comm`
+    /// The connections of every live process holding a rank of `comm`
     /// (every process when `comm` is empty), except connection `but`.
-    pub fn targets(reg: &Registry, comm: &str, but: u64) -> Vec<CmdTx> {
+    pub fn targets(reg: &Registry, comm: &str, but: u64) -> Vec<u64> {
         let conns: Vec<u64> = if comm.is_empty() {
             reg.procs.keys().copied().collect()
         } else {
@@ -323,7 +388,7 @@ impl State {
             .filter(|c| *c != but)
             .filter_map(|c| reg.procs.get(&c).filter(|p| p.alive).map(|p| (c, p)))
             .filter(|(c, _)| seen.insert(*c, ()).is_none())
-            .map(|(_, p)| p.tx.clone())
+            .map(|(c, _)| c)
             .collect()
     }
 }

@@ -17,8 +17,8 @@ pub use args::SidecarArgs;
 
 use crate::engine::listen::{self, Listener, PortLimits};
 use crate::engine::{
-    self, Engine, KEEPALIVE_ACK, MAX_MESSAGE, MAX_STREAMS, auth, board, board_relay, host_name,
-    http, peer_rpc, peers, service, telemetry,
+    self, CONNECTION_WINDOW, Engine, KEEPALIVE_ACK, MAX_MESSAGE, MAX_STREAMS, auth, board,
+    board_relay, host_name, http, peer_rpc, peers, service, telemetry,
 };
 use crate::log::log;
 use crate::proxy::{self, Proxy};
@@ -56,6 +56,13 @@ fn grpc_server(args: &SidecarArgs) -> tonic::transport::Server {
     let idle = Duration::from_millis(args.idle_timeout_ms.max(100));
     tonic::transport::Server::builder()
         .max_concurrent_streams(MAX_STREAMS)
+        // h2 closes a connection (GOAWAY ENHANCE_YOUR_CALM) whose small DATA
+        // frames, buffered unread, exceed half the connection window; with
+        // operations in the telemetry rings a rank's stream carries only
+        // lifecycle messages (~100 B frames), and a window of 1 MiB lets
+        // thousands of them (a burst of communicators) queue up.
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .initial_stream_window_size(CONNECTION_WINDOW)
         .http2_max_header_list_size(16 << 10)
         .http2_max_pending_accept_reset_streams(Some(64))
         .http2_keepalive_interval(Some(idle))
@@ -175,6 +182,7 @@ fn start_telemetry(engine: &Arc<Engine>) {
         }
     }
     tokio::spawn(engine.state.clone().publisher());
+    engine::start_draining(engine);
 }
 
 /// The network proxy, with `--peer-listen` unless `--no-proxy`: its socket

@@ -58,6 +58,9 @@ fn main() {
         "sc_bw" => sidecar_modes::bandwidth(),
         "sc_hol" => sidecar_modes::head_of_line(),
         "sc_capi" => sidecar_modes::capi(),
+        "sc_flood" => sidecar_modes::flood(),
+        "sc_quick_exit" => sidecar_modes::quick_exit(),
+        "sc_cut" => sidecar_modes::cut(),
         "train" => {
             let a: Vec<String> = std::env::args().skip(2).collect();
             if let Err(e) = train::run(&a) {

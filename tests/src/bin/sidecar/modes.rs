@@ -172,6 +172,7 @@ pub fn hang() {
     if std::env::var("WEFT_TEST_VICTIM").ok().as_deref() == Some(&w.rank().to_string()) {
         std::thread::spawn(|| {
             std::thread::sleep(Duration::from_millis(500));
+            println!("@ killed_at_ms={}", now_ms());
             unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         });
     }
@@ -394,4 +395,67 @@ pub fn capi() {
         std::thread::sleep(Duration::from_millis(10));
     }
     unsafe { pncclCommDestroy(comm) };
+}
+
+/// `sc_flood N`: N checked-at-the-end 8-byte all-reduces on the world as
+/// fast as they go (the sidecar's telemetry under a flood), then destroy
+/// and close. Prints what it issued and what its ring took or dropped.
+pub fn flood() {
+    let agent = attach();
+    let n = arg(2, "1000");
+    let w = ok(Communicator::from_env(), "init");
+    let mut v = [0u64; 1];
+    for i in 0..n {
+        v[0] = 1;
+        ok(w.all_reduce_in_place(&mut v, ReduceOp::Sum), "all_reduce");
+        if i % 4096 == 0 && v[0] != w.count() as u64 {
+            fail(format!("all_reduce #{i}: got {}", v[0]));
+        }
+    }
+    ok(w.destroy(), "destroy");
+    let (reported, dropped) = (agent.reported(), agent.dropped());
+    agent.close();
+    println!("@ issued={n} reported={reported} dropped={dropped}");
+}
+
+/// `sc_quick_exit OPS`: OPS all-reduces, destroy, and exit at once: no
+/// `close`, so the process's end races its last messages to the sidecar.
+pub fn quick_exit() {
+    let _agent = attach();
+    let ops = arg(2, "3");
+    let w = ok(Communicator::from_env(), "init");
+    for i in 0..ops {
+        step(&w, 3 * i);
+    }
+    ok(w.destroy(), "destroy");
+    std::process::exit(0);
+}
+
+/// `sc_cut N`: N collectives; half-way the rank `WEFT_TEST_VICTIM` cuts
+/// its control connection (the agent's test hook) and goes on once it has
+/// attached again (at most 20 s), as do the others.
+pub fn cut() {
+    let agent = attach();
+    let n = arg(2, "200");
+    let w = ok(Communicator::from_env(), "init");
+    println!("@ rank={} comm={}", w.rank(), w.id());
+    let victim = std::env::var("WEFT_TEST_VICTIM").ok().as_deref() == Some(&w.rank().to_string());
+    for i in 0..n {
+        if i == n / 2 && victim {
+            agent.cut_connection();
+            let t = Instant::now();
+            while agent.reconnects() == 0 {
+                if t.elapsed() > Duration::from_secs(20) {
+                    fail("not attached again within 20 s");
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            println!("@ cut_at_seq={}", i + 1);
+        }
+        step(&w, 3 * i);
+    }
+    ok(w.destroy(), "destroy");
+    let reconnects = agent.reconnects();
+    agent.close();
+    println!("@ reconnects={reconnects} dropped={}", agent.dropped());
 }

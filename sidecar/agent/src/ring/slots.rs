@@ -1,0 +1,333 @@
+//! The communicator table of a segment: one slot per communicator rank of
+//! the process, written by the rank synchronously (the slot says
+//! `destroyed` before `destroy` returns), read by the sidecar at any time,
+//! also after the process has gone. It is the truth about which
+//! communicators a vanished process had destroyed (a clean exit) and the
+//! RAS view of what each one has started and completed.
+//!
+//! ```text
+//! word 0      state | generation << 32
+//! word 1..=2  communicator key
+//! word 3      rank | nranks << 32
+//! word 4      last started sequence number
+//! word 5      its start, ns since the Unix epoch
+//! word 6      last completed sequence number
+//! word 7      started op | completed op << 8 | outcome << 16
+//! word 8      sequence number of the last failed operation
+//! word 9      length of its error text
+//! word 10..   the error text (304 bytes)
+//! ```
+//!
+//! A slot is reused (with the next generation) only after its communicator
+//! was destroyed, and never-used slots go first, so the sidecar has as long
+//! as possible to see `destroyed` before a slot changes hands; a slot whose
+//! generation moved on was destroyed.
+
+use super::layout::SLOT_WORDS;
+use super::record::{CommKey, KEY_WORDS};
+use super::segment::Segment;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+pub const FREE: u32 = 0;
+pub const LIVE: u32 = 1;
+pub const FAILED: u32 = 2;
+pub const ABORTED: u32 = 3;
+pub const DESTROYED: u32 = 4;
+
+const W_STATE: usize = 0;
+const W_KEY: usize = 1;
+const W_RANK: usize = W_KEY + KEY_WORDS;
+const W_STARTED: usize = W_RANK + 1;
+const W_STARTED_AT: usize = W_STARTED + 1;
+const W_COMPLETED: usize = W_STARTED_AT + 1;
+const W_OPS: usize = W_COMPLETED + 1;
+const W_ERR_SEQ: usize = W_OPS + 1;
+const W_ERR_LEN: usize = W_ERR_SEQ + 1;
+const W_ERR: usize = W_ERR_LEN + 1;
+/// Bytes of error text a slot keeps.
+pub const ERROR_BYTES: usize = (SLOT_WORDS - W_ERR) * 8;
+
+/// A slot's place and generation: what a `Register` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotRef {
+    pub index: u16,
+    pub generation: u32,
+}
+
+fn w(seg: &Segment, slot: u16, word: usize) -> &std::sync::atomic::AtomicU64 {
+    seg.word(seg.geometry().slot_word(slot as usize) + word)
+}
+
+/// The rank's side: which slots are free (process-local; the table itself
+/// is in the segment).
+pub struct Allocator {
+    never_used: u16,
+    capacity: u16,
+    reusable: VecDeque<u16>,
+}
+
+impl Allocator {
+    pub fn new(seg: &Segment) -> Allocator {
+        Allocator {
+            never_used: 0,
+            capacity: seg.geometry().slots.min(u16::MAX as u64 - 1) as u16,
+            reusable: VecDeque::new(),
+        }
+    }
+
+    /// Takes a slot for communicator `key`, rank `rank` of `nranks` and
+    /// publishes it live; `None` when every slot is in use.
+    pub fn open(
+        &mut self,
+        seg: &Segment,
+        key: &CommKey,
+        rank: u32,
+        nranks: u32,
+    ) -> Option<SlotRef> {
+        let index = if self.never_used < self.capacity {
+            self.never_used += 1;
+            self.never_used - 1
+        } else {
+            self.reusable.pop_front()?
+        };
+        let generation = (w(seg, index, W_STATE).load(Relaxed) >> 32) as u32 + 1;
+        for (i, k) in key.words().iter().enumerate() {
+            w(seg, index, W_KEY + i).store(*k, Relaxed);
+        }
+        w(seg, index, W_RANK).store(rank as u64 | (nranks as u64) << 32, Relaxed);
+        for word in [
+            W_STARTED,
+            W_STARTED_AT,
+            W_COMPLETED,
+            W_OPS,
+            W_ERR_SEQ,
+            W_ERR_LEN,
+        ] {
+            w(seg, index, word).store(0, Relaxed);
+        }
+        w(seg, index, W_STATE).store(LIVE as u64 | (generation as u64) << 32, Release);
+        Some(SlotRef { index, generation })
+    }
+
+    /// The communicator of `s` was destroyed: say so, and let the slot be reused later.
+    pub fn destroyed(&mut self, seg: &Segment, s: SlotRef) {
+        set_state(seg, s, DESTROYED);
+        self.reusable.push_back(s.index);
+    }
+}
+
+/// Sets the state of slot `s` (kept with its generation).
+pub fn set_state(seg: &Segment, s: SlotRef, state: u32) {
+    w(seg, s.index, W_STATE).store(state as u64 | (s.generation as u64) << 32, Release);
+}
+
+/// An operation started (one writer per communicator rank).
+pub fn started(seg: &Segment, s: SlotRef, seq: u64, at_ns: u64, op: u8) {
+    w(seg, s.index, W_STARTED_AT).store(at_ns, Relaxed);
+    let ops = w(seg, s.index, W_OPS);
+    ops.store((ops.load(Relaxed) & !0xff) | op as u64, Relaxed);
+    w(seg, s.index, W_STARTED).store(seq, Release);
+}
+
+/// The start time of operation `seq`, if it is the last one started here.
+pub fn started_at(seg: &Segment, s: SlotRef, seq: u64) -> Option<u64> {
+    (w(seg, s.index, W_STARTED).load(Acquire) == seq)
+        .then(|| w(seg, s.index, W_STARTED_AT).load(Relaxed))
+}
+
+/// Operation `seq` completed with `outcome`; a failure's text is kept
+/// (cut to [`ERROR_BYTES`]) before the completion is published.
+pub fn completed(seg: &Segment, s: SlotRef, seq: u64, op: u8, outcome: u16, error: Option<&str>) {
+    if let Some(text) = error {
+        let b = text.as_bytes();
+        let n = b.len().min(ERROR_BYTES);
+        for (i, c) in b[..n].chunks(8).enumerate() {
+            let mut word = [0u8; 8];
+            word[..c.len()].copy_from_slice(c);
+            w(seg, s.index, W_ERR + i).store(u64::from_le_bytes(word), Relaxed);
+        }
+        w(seg, s.index, W_ERR_LEN).store(n as u64, Relaxed);
+        w(seg, s.index, W_ERR_SEQ).store(seq, Release);
+    }
+    let ops = w(seg, s.index, W_OPS);
+    let started_op = ops.load(Relaxed) & 0xff;
+    ops.store(
+        started_op | (op as u64) << 8 | (outcome as u64) << 16,
+        Relaxed,
+    );
+    w(seg, s.index, W_COMPLETED).store(seq, Release);
+}
+
+/// Whether slot `s` is still communicator `key`'s rank `rank` (not
+/// destroyed, not reused): the rank's check of its per-thread cache.
+pub fn holds(seg: &Segment, s: SlotRef, key: &CommKey, rank: u32) -> bool {
+    if s.index as u64 >= seg.geometry().slots {
+        return false;
+    }
+    let st = w(seg, s.index, W_STATE).load(Acquire);
+    let k = key.words();
+    (st >> 32) as u32 == s.generation
+        && matches!(st as u32, LIVE | FAILED | ABORTED)
+        && w(seg, s.index, W_RANK).load(Relaxed) as u32 == rank
+        && (0..KEY_WORDS).all(|i| w(seg, s.index, W_KEY + i).load(Relaxed) == k[i])
+}
+
+/// A slot as the sidecar reads it (any bit pattern is a valid view).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotView {
+    pub state: u32,
+    pub generation: u32,
+    pub key: CommKey,
+    pub rank: u32,
+    pub nranks: u32,
+    pub started_seq: u64,
+    pub started_ns: u64,
+    pub started_op: u8,
+    pub completed_seq: u64,
+    pub completed_op: u8,
+    pub outcome: u16,
+}
+
+impl SlotView {
+    /// Whether the communicator `key` rank `rank` that registered this slot
+    /// with generation `generation` is destroyed: the slot says so, or it
+    /// has changed hands (only a destroyed communicator's slot is reused).
+    pub fn destroyed_for(&self, generation: u32, key: &CommKey, rank: u32) -> bool {
+        self.generation != generation
+            || self.key != *key
+            || self.rank != rank
+            || matches!(self.state, FREE | DESTROYED)
+    }
+}
+
+/// Reads slot `index` (`None` beyond the table). A view torn by a
+/// concurrent writer is read again, a few times at most.
+pub fn read(seg: &Segment, index: u16) -> Option<SlotView> {
+    if index as u64 >= seg.geometry().slots {
+        return None;
+    }
+    let mut view = None;
+    for _ in 0..4 {
+        let s0 = w(seg, index, W_STATE).load(Acquire);
+        let mut key = [0u64; KEY_WORDS];
+        for (i, k) in key.iter_mut().enumerate() {
+            *k = w(seg, index, W_KEY + i).load(Relaxed);
+        }
+        let rank = w(seg, index, W_RANK).load(Relaxed);
+        let completed_seq = w(seg, index, W_COMPLETED).load(Acquire);
+        let started_seq = w(seg, index, W_STARTED).load(Acquire);
+        let started_ns = w(seg, index, W_STARTED_AT).load(Relaxed);
+        let ops = w(seg, index, W_OPS).load(Relaxed);
+        view = Some(SlotView {
+            state: s0 as u32,
+            generation: (s0 >> 32) as u32,
+            key: CommKey::from_words(&key),
+            rank: rank as u32,
+            nranks: (rank >> 32) as u32,
+            started_seq,
+            started_ns,
+            started_op: ops as u8,
+            completed_seq,
+            completed_op: (ops >> 8) as u8,
+            outcome: (ops >> 16) as u16,
+        });
+        if w(seg, index, W_STATE).load(Acquire) == s0 {
+            break;
+        }
+    }
+    view
+}
+
+/// The error text of operation `seq` in slot `index`, if that is the last
+/// failure the slot holds.
+pub fn error_text(seg: &Segment, index: u16, seq: u64) -> Option<String> {
+    if index as u64 >= seg.geometry().slots || w(seg, index, W_ERR_SEQ).load(Acquire) != seq {
+        return None;
+    }
+    let n = (w(seg, index, W_ERR_LEN).load(Relaxed) as usize).min(ERROR_BYTES);
+    let mut b = Vec::with_capacity(n);
+    for i in 0..n.div_ceil(8) {
+        b.extend_from_slice(&w(seg, index, W_ERR + i).load(Relaxed).to_le_bytes());
+    }
+    b.truncate(n);
+    Some(String::from_utf8_lossy(&b).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ring::layout::Geometry;
+
+    #[test]
+    fn a_slot_tells_live_from_destroyed_and_keeps_progress() {
+        let seg = Segment::create(Geometry::with_records(64)).unwrap();
+        let mut a = Allocator::new(&seg);
+        let key = CommKey::of("c1");
+        let s = a.open(&seg, &key, 2, 4).unwrap();
+        started(&seg, s, 7, 1000, 1);
+        assert_eq!(started_at(&seg, s, 7), Some(1000));
+        assert_eq!(started_at(&seg, s, 6), None);
+        completed(&seg, s, 7, 1, 1, Some("peer 3 is gone"));
+        let v = read(&seg, s.index).unwrap();
+        assert_eq!((v.state, v.rank, v.nranks, v.key), (LIVE, 2, 4, key));
+        assert_eq!(
+            (
+                v.started_seq,
+                v.started_ns,
+                v.started_op,
+                v.completed_seq,
+                v.outcome
+            ),
+            (7, 1000, 1, 7, 1)
+        );
+        assert_eq!(
+            error_text(&seg, s.index, 7).as_deref(),
+            Some("peer 3 is gone")
+        );
+        assert_eq!(error_text(&seg, s.index, 8), None);
+        assert!(!v.destroyed_for(s.generation, &key, 2));
+        a.destroyed(&seg, s);
+        assert!(
+            read(&seg, s.index)
+                .unwrap()
+                .destroyed_for(s.generation, &key, 2)
+        );
+        assert!(read(&seg, 60000).is_none());
+    }
+
+    /// Never-used slots go first; a destroyed one is reused with the next
+    /// generation, so the old registration reads as destroyed.
+    #[test]
+    fn slots_are_reused_only_when_the_table_is_full() {
+        let seg = Segment::create(Geometry {
+            records: 64,
+            slots: 2,
+        })
+        .unwrap();
+        let mut a = Allocator::new(&seg);
+        let (k1, k2, k3) = (CommKey::of("a"), CommKey::of("b"), CommKey::of("a"));
+        let s1 = a.open(&seg, &k1, 0, 2).unwrap();
+        a.destroyed(&seg, s1);
+        let s2 = a.open(&seg, &k2, 0, 2).unwrap();
+        assert_ne!(s2.index, s1.index, "a never-used slot first");
+        let s3 = a.open(&seg, &k3, 0, 2).unwrap();
+        assert_eq!((s3.index, s3.generation), (s1.index, s1.generation + 1));
+        assert!(a.open(&seg, &k3, 1, 2).is_none(), "full");
+        let v = read(&seg, s1.index).unwrap();
+        assert!(
+            v.destroyed_for(s1.generation, &k1, 0),
+            "same label, new generation"
+        );
+        assert!(!v.destroyed_for(s3.generation, &k3, 0));
+    }
+
+    #[test]
+    fn long_error_texts_are_cut() {
+        let seg = Segment::create(Geometry::with_records(64)).unwrap();
+        let mut a = Allocator::new(&seg);
+        let s = a.open(&seg, &CommKey::of("c"), 0, 1).unwrap();
+        completed(&seg, s, 1, 1, 1, Some(&"x".repeat(1000)));
+        assert_eq!(error_text(&seg, s.index, 1).unwrap().len(), ERROR_BYTES);
+    }
+}
