@@ -225,13 +225,14 @@ mod tests {
             job: "j".into(),
             ..Default::default()
         };
-        let conn = e.add_proc(hello, None, tx);
+        let conn = e.add_proc(hello, None, tx, None, liveness::Liveness::Unknown);
         e.on_message(
             conn,
             rpc::rank_message::Msg::Register(rpc::Register {
                 comm_id: "c".into(),
                 rank: 0,
                 nranks: 2,
+                ..Default::default()
             }),
         );
         (e, rx)
