@@ -1,9 +1,12 @@
-//! What `e2e/run.sh` relies on, checked without docker or a cluster:
-//! the image build (docker/Dockerfile names packages of this workspace and
-//! copies artifacts that cargo produces), the chart values it sets, the
-//! manifests it applies, the short name and status fields its kubectl
-//! commands use, and the rollout settings it exercises.
+//! What `e2e/run.sh` relies on, checked without docker or a cluster: the
+//! image build (docker/build-release.sh builds packages of this workspace
+//! and copies artifacts that cargo produces; the Dockerfile and
+//! docker/rootfs-images.sh put the same files at the same paths), the chart
+//! values it sets, the manifests it applies and the edits it makes to them,
+//! the programs those manifests run being in their images, the short name
+//! and status fields its kubectl commands use, and the rollout settings.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -70,83 +73,174 @@ fn workspace() -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// Shell text with `\`-continued lines joined.
+fn joined(text: &str) -> String {
+    text.replace("\\\n", " ")
+}
+
+fn unquote(w: &str) -> &str {
+    w.trim_matches(|c| c == '"' || c == '\'')
+}
+
+/// The files docker/build-release.sh leaves in its output directory.
+fn release_outputs() -> BTreeSet<String> {
+    let script = joined(&read("docker/build-release.sh"));
+    let mut out = BTreeSet::new();
+    for line in script.lines() {
+        let words: Vec<&str> = line.split_whitespace().map(unquote).collect();
+        let base = |p: &str| p.rsplit('/').next().unwrap().to_string();
+        match words.first() {
+            Some(&"cp") if words.len() >= 3 => {
+                let dest = words[words.len() - 1];
+                if dest == "$out/" {
+                    out.extend(words[1..words.len() - 1].iter().map(|a| base(a)));
+                } else if let Some(name) = dest.strip_prefix("$out/") {
+                    out.insert(name.to_string());
+                }
+            }
+            Some(&"cc") => {
+                let o = words.iter().position(|w| *w == "-o").expect("cc -o");
+                let name = words[o + 1].strip_prefix("$out/").expect("cc -o $out/...");
+                out.insert(name.to_string());
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 #[test]
-fn dockerfile_builds_what_the_workspace_produces() {
-    let docker = read("docker/Dockerfile");
+fn release_build_builds_what_the_workspace_produces() {
+    let script = joined(&read("docker/build-release.sh"));
     let ws = workspace();
-    let packages: Vec<&str> = ws.iter().map(|(p, _)| p.as_str()).collect();
+    let mut built = 0;
+    for line in script.lines().filter(|l| l.contains("cargo build")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mut packages = vec![];
+        for w in words.windows(2) {
+            if w[0] == "-p" {
+                let p = ws
+                    .iter()
+                    .find(|(name, _)| name == w[1])
+                    .unwrap_or_else(|| panic!("-p {} is not a workspace package", w[1]));
+                packages.push(p);
+                built += 1;
+            }
+        }
+        for w in words.windows(2).filter(|w| w[0] == "--bin") {
+            assert!(
+                packages.iter().any(|(_, a)| a.iter().any(|b| b == w[1])),
+                "--bin {} is not a binary of {packages:?}",
+                w[1]
+            );
+        }
+    }
+    assert!(
+        built >= 4,
+        "operator, weft, the NCCL library and the examples are built"
+    );
     let produced: Vec<&str> = ws
         .iter()
         .flat_map(|(_, a)| a.iter().map(String::as_str))
         .collect();
-    let words: Vec<&str> = docker.split_whitespace().collect();
-    let mut built = 0;
-    // `-p PACKAGE` of the cargo commands (not `mkdir -p`).
-    let joined = docker.replace("\\\n", " ");
-    let cargo_words: Vec<&str> = joined
-        .lines()
-        .flat_map(|l| l.split("&&"))
-        .filter(|seg| seg.contains("cargo build"))
-        .flat_map(str::split_whitespace)
-        .collect();
-    for w in cargo_words.windows(2) {
-        if w[0] == "-p" {
-            assert!(
-                packages.contains(&w[1]),
-                "Dockerfile builds -p {} which is not a workspace package ({packages:?})",
-                w[1]
-            );
-            built += 1;
-        }
-    }
-    assert!(built >= 3, "operator, weft and the NCCL library are built");
     let mut copied = vec![];
-    for w in &words {
-        if let Some(artifact) = w.strip_prefix("target/release/") {
+    for w in script.split_whitespace().map(unquote) {
+        if let Some(artifact) = w.strip_prefix("$target/release/") {
+            if w.ends_with("release/") {
+                continue; // -L "$target/release"
+            }
             assert!(
                 produced.contains(&artifact),
-                "Dockerfile copies target/release/{artifact}, which the build does not produce \
-                 (it produces {produced:?})"
+                "copies target/release/{artifact}, which no build produces ({produced:?})"
             );
             copied.push(artifact);
         }
     }
-    for want in ["weft-operator", "weft", "libnccl.so"] {
-        assert!(copied.contains(&want), "Dockerfile does not copy {want}");
+    for want in [
+        "weft-operator",
+        "weft",
+        "libnccl.so",
+        "resilient-train",
+        "otlp-sink",
+    ] {
+        assert!(
+            copied.contains(&want),
+            "build-release.sh does not copy {want}"
+        );
     }
-    // Files the final stages take from the builder were put in /out by a cp.
-    let mut outputs: Vec<String> = vec![];
-    for seg in joined.lines().flat_map(|l| l.split("&&")) {
-        let args: Vec<&str> = seg.split_whitespace().collect();
-        if args.first() != Some(&"cp") || args.len() < 3 {
-            continue;
-        }
-        let dest = args[args.len() - 1];
-        let base = |p: &str| p.rsplit('/').next().unwrap().to_string();
-        if dest.ends_with('/') {
-            outputs.extend(args[1..args.len() - 1].iter().map(|a| base(a)));
-        } else {
-            outputs.push(base(dest));
-        }
+    let outputs = release_outputs();
+    for want in [
+        "weft-operator",
+        "weft",
+        "libnccl.so.2",
+        "resilient-train",
+        "otlp-sink",
+        "nccl-dropin",
+    ] {
+        assert!(
+            outputs.contains(want),
+            "{want} not in the output ({outputs:?})"
+        );
     }
-    let mut taken = 0;
-    for line in docker
+    // The NCCL program is the unmodified test source, built on our header.
+    assert!(script.contains("libcomm/capi/tests/c/dropin.c"));
+    assert!(root().join("libcomm/capi/tests/c/dropin.c").exists());
+    assert!(script.contains("-I libcomm/include"));
+    assert!(root().join("libcomm/include/nccl.h").exists());
+}
+
+/// `COPY --from=builder /out/NAME DEST` of the Dockerfile, as (NAME, DEST).
+fn dockerfile_files() -> BTreeSet<(String, String)> {
+    read("docker/Dockerfile")
         .lines()
         .filter(|l| l.starts_with("COPY --from=builder"))
-    {
-        let src = line.split_whitespace().nth(2).unwrap();
-        let name = src.strip_prefix("/out/").expect("copies from /out");
-        assert!(
-            outputs.iter().any(|o| o == name),
-            "{name} not put in /out ({outputs:?})"
-        );
-        taken += 1;
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let name = w[2].strip_prefix("/out/").expect("copies from /out");
+            (name.to_string(), w[3].to_string())
+        })
+        .collect()
+}
+
+/// `put "$dir" "$bin/NAME" DEST MODE` of docker/rootfs-images.sh.
+fn rootfs_files() -> BTreeSet<(String, String)> {
+    read("docker/rootfs-images.sh")
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("put "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().map(unquote).collect();
+            let name = w[2].strip_prefix("$bin/").expect("puts a built file");
+            (name.to_string(), w[3].to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn dockerfile_and_rootfs_images_hold_the_same_files() {
+    let docker = read("docker/Dockerfile");
+    assert!(
+        docker.contains("docker/build-release.sh /out"),
+        "the builder runs build-release.sh"
+    );
+    for stage in [
+        "AS weft-operator",
+        "AS weft\n",
+        "FROM weft AS weft-examples",
+    ] {
+        assert!(docker.contains(stage), "Dockerfile has no stage {stage:?}");
     }
-    assert_eq!(taken, 3, "operator, weft, libnccl.so.2");
-    for stage in ["AS weft-operator", "AS weft"] {
-        assert!(docker.contains(stage), "Dockerfile has no stage {stage}");
+    let outputs = release_outputs();
+    let from_docker = dockerfile_files();
+    for (name, _) in &from_docker {
+        assert!(outputs.contains(name), "{name} is not built ({outputs:?})");
     }
-    // The build context is the repository root; these must exist in it.
+    assert_eq!(from_docker.len(), 6, "{from_docker:?}");
+    assert_eq!(
+        rootfs_files(),
+        from_docker,
+        "docker/rootfs-images.sh and docker/Dockerfile put different files in the images"
+    );
     for line in docker
         .lines()
         .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
@@ -166,46 +260,94 @@ fn bash_n(rel: &str) {
     assert!(ok, "bash -n {rel}");
 }
 
+/// Every shell file of e2e/ and docker/, relative to the root.
+fn scripts() -> Vec<String> {
+    let mut v = vec![];
+    for dir in ["e2e", "e2e/scenarios", "docker"] {
+        let mut files: Vec<String> = std::fs::read_dir(root().join(dir))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sh"))
+            .map(|n| format!("{dir}/{n}"))
+            .collect();
+        files.sort();
+        v.extend(files);
+    }
+    v
+}
+
+/// The e2e scripts' text, continuation lines joined.
+fn e2e_text() -> String {
+    scripts()
+        .iter()
+        .filter(|s| s.starts_with("e2e/"))
+        .map(|s| joined(&read(s)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
-fn run_sh_uses_what_exists() {
-    bash_n("e2e/run.sh");
-    let run = read("e2e/run.sh");
+fn e2e_scripts_use_what_exists() {
+    let scripts = scripts();
+    assert!(scripts.len() >= 8, "{scripts:?}");
+    for s in &scripts {
+        bash_n(s);
+    }
+    let run = e2e_text();
     let values: serde_yaml::Value = serde_yaml::from_str(&read("charts/weft/values.yaml")).unwrap();
     // every --set KEY=... names a chart value
-    let words: Vec<&str> = run.split_whitespace().collect();
+    let words: Vec<&str> = run.split_whitespace().map(unquote).collect();
     let mut sets = 0;
     for w in words.windows(2) {
-        if w[0] == "--set" {
+        if w[0] == "--set" || w[0] == "(--set" {
             let key = w[1].split('=').next().unwrap();
             let mut v = &values;
             for part in key.split('.') {
                 v = v
                     .get(part)
-                    .unwrap_or_else(|| panic!("run.sh sets {key}, not in values.yaml"));
+                    .unwrap_or_else(|| panic!("e2e sets {key}, not in values.yaml"));
             }
             sets += 1;
         }
     }
-    assert!(sets >= 5);
-    // files it applies
+    assert!(sets >= 6, "{sets} --set");
+    // files it uses
     for w in &words {
-        let w = w.trim_matches('"');
         if let Some(rel) = w.strip_prefix("$ROOT/") {
+            let rel = rel.trim_end_matches(['"', ')', ';']);
+            if rel.contains('*') {
+                continue;
+            }
             assert!(
                 root().join(rel).exists(),
-                "run.sh uses {rel}, which is missing"
+                "e2e uses {rel}, which is missing"
             );
         }
     }
+    // every scenario run.sh lists is defined, and every defined one listed
+    let all = run
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ALL=("))
+        .expect("ALL=(...) in run.sh")
+        .trim_end_matches(')');
+    let listed: BTreeSet<String> = all
+        .split_whitespace()
+        .map(|s| s.replace('-', "_"))
+        .collect();
+    let defined: BTreeSet<String> = run
+        .lines()
+        .filter_map(|l| l.strip_prefix("scenario_"))
+        .filter_map(|l| l.split("()").next())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(listed, defined, "scenarios listed in ALL vs defined");
     // the short name it uses is the CRD's (cj is CronJob's)
     let crd = CollectiveJob::crd();
     let short = crd.spec.names.short_names.clone().unwrap();
     assert_eq!(short, ["cjob"]);
-    for bad in [" cj ", " cj/", "cj/", "get cj "] {
-        assert!(
-            !run.contains(bad),
-            "run.sh uses the short name cj ({bad:?})"
-        );
+    for bad in [" cj ", " cj/", "get cj "] {
+        assert!(!run.contains(bad), "e2e uses the short name cj ({bad:?})");
     }
     assert!(run.contains("cjob/"));
     // every .status.FIELD it reads is a status field of the CRD
@@ -217,27 +359,61 @@ fn run_sh_uses_what_exists() {
             .chars()
             .take_while(|c| c.is_ascii_alphanumeric())
             .collect();
+        if field.is_empty() || field == "containerStatuses" {
+            continue; // a pod's status, not the job's
+        }
         assert!(
             status.get(&field).is_some(),
-            "run.sh reads .status.{field}, not a CollectiveJob status field"
+            "e2e reads .status.{field}, not a CollectiveJob status field"
         );
         fields += 1;
     }
-    assert!(fields >= 10);
+    assert!(fields >= 15, "{fields} status reads");
     // labels it selects pods by
     assert!(run.contains(weft_operator::resources::LABEL_JOB));
     assert!(run.contains(&weft_operator::resources::LABEL_EPOCH.replace('.', "\\.")));
+    assert!(run.contains(&weft_operator::resources::LABEL_INCARNATION.replace('.', "\\.")));
+}
+
+/// The manifests e2e applies: every CollectiveJob in them.
+const MANIFESTS: &[&str] = &[
+    "e2e/restart-job.yaml",
+    "e2e/nccl-dropin.yaml",
+    "e2e/telemetry-job.yaml",
+    "examples/bench-allreduce.yaml",
+    "examples/replace-rank.yaml",
+    "examples/pytorch-ddp.yaml",
+];
+
+/// (image stage, files it holds under /usr/local/bin) from the Dockerfile.
+fn programs_of(stage: &str) -> Vec<String> {
+    let files = dockerfile_files();
+    let own = |wanted: &[&str]| -> Vec<String> {
+        files
+            .iter()
+            .filter(|(n, _)| wanted.contains(&n.as_str()))
+            .filter_map(|(_, dest)| dest.strip_prefix("/usr/local/bin/").map(str::to_string))
+            .collect()
+    };
+    match stage {
+        "weft" => own(&["weft"]),
+        // FROM weft
+        "weft-examples" => own(&["weft", "resilient-train", "nccl-dropin", "otlp-sink"]),
+        "weft-operator" => own(&["weft-operator"]),
+        other => panic!("no stage {other}"),
+    }
 }
 
 #[test]
-fn manifests_applied_by_e2e_decode_and_validate() {
+fn manifests_applied_by_e2e_decode_validate_and_run_what_their_image_holds() {
     let mut jobs = 0;
-    for rel in [
-        "e2e/restart-job.yaml",
-        "examples/bench-allreduce.yaml",
-        "examples/pytorch-ddp.yaml",
-    ] {
-        for doc in serde_yaml::Deserializer::from_str(&read(rel)) {
+    for rel in MANIFESTS {
+        let text = read(rel);
+        assert!(
+            !text.contains("transport: tcp"),
+            "{rel}: manifests use the proxy (transport auto); e2e's TCP run edits it"
+        );
+        for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = serde_yaml::Value::deserialize(doc).unwrap();
             if v.get("kind").and_then(|k| k.as_str()) != Some("CollectiveJob") {
                 continue;
@@ -247,13 +423,76 @@ fn manifests_applied_by_e2e_decode_and_validate() {
             job.metadata.uid = Some("uid".into());
             weft_operator::resources::validate(&job).unwrap_or_else(|e| panic!("{rel}: {e}"));
             jobs += 1;
+            let spec = job.spec.template.spec.as_ref().unwrap();
+            for c in &spec.containers {
+                let image = c.image.clone().unwrap_or_default();
+                let Some(stage) = image
+                    .strip_prefix("ghcr.io/weft-dev/")
+                    .and_then(|s| s.strip_suffix(":0.1.0"))
+                else {
+                    continue; // not one of ours (PyTorch's)
+                };
+                // What runs: the command, or the one `weft run ... --` starts.
+                let argv = c.command.clone().unwrap_or_default();
+                let mut progs = vec![argv[0].clone()];
+                if let Some(i) = argv.iter().position(|w| w == "--") {
+                    progs.push(argv[i + 1].clone());
+                }
+                let held = programs_of(stage);
+                for p in progs
+                    .iter()
+                    .filter(|p| !["sleep", "sh"].contains(&p.as_str()))
+                {
+                    assert!(
+                        held.contains(p),
+                        "{rel}: {p} is not in image {stage} ({held:?})"
+                    );
+                }
+            }
         }
     }
-    assert_eq!(jobs, 3);
-    // run.sh swaps this image for the locally built one
-    assert!(read("e2e/restart-job.yaml").contains("ghcr.io/weft-dev/weft:0.1.0"));
-    assert!(read("examples/bench-allreduce.yaml").contains("ghcr.io/weft-dev/weft:0.1.0"));
-    assert!(read("e2e/run.sh").contains("s#ghcr.io/weft-dev/weft:0.1.0#weft:$TAG#"));
+    assert_eq!(jobs, MANIFESTS.len());
+    // The e2e swaps these images for the locally built ones.
+    assert!(
+        read("e2e/lib.sh").contains(r"s#ghcr.io/weft-dev/\(weft[a-z-]*\):0.1.0#$REPO/\1:$TAG#g")
+    );
+}
+
+/// The edits the scenarios make to the manifests they apply still match
+/// lines of those manifests: `apply "$ROOT/FILE" 's/^LINE$/...'`.
+#[test]
+fn e2e_edits_match_their_manifests() {
+    let text = e2e_text();
+    let mut edits = 0;
+    for line in text.lines() {
+        let Some(i) = line.find("apply \"$ROOT/") else {
+            continue;
+        };
+        let rest = &line[i + "apply \"$ROOT/".len()..];
+        let file = rest.split('"').next().unwrap();
+        let manifest = read(file);
+        for arg in rest.split(['"', '\'']).skip(1) {
+            if let Some(pat) = arg.strip_prefix("s/^").and_then(|a| a.split("$/").next()) {
+                assert!(
+                    manifest.lines().any(|l| l == pat),
+                    "{file} has no line {pat:?} for the edit {arg:?}"
+                );
+                edits += 1;
+            } else if arg.starts_with("s|\\\"resilient-train\\\", ") || arg.starts_with("s|") {
+                assert!(
+                    manifest
+                        .lines()
+                        .any(|l| l.contains("\"resilient-train\", ") && l.ends_with(']')),
+                    "{file}: no one-line command running resilient-train to edit"
+                );
+                edits += 1;
+            } else if let Some(pat) = arg.strip_prefix("s#").and_then(|a| a.split('#').next()) {
+                assert!(manifest.contains(pat), "{file} has no {pat:?} for {arg:?}");
+                edits += 1;
+            }
+        }
+    }
+    assert!(edits >= 8, "only {edits} edits found");
 }
 
 /// Issue 19 (3): rollouts finish with 1 and 2 replicas, and the kubelet's
@@ -301,10 +540,8 @@ fn docs_and_examples_use_the_cjob_short_name() {
         "README.md".to_string(),
         "charts/weft/templates/NOTES.txt".to_string(),
         "charts/weft/README.md".to_string(),
-        "e2e/run.sh".to_string(),
-        "e2e/README.md".to_string(),
     ];
-    for dir in ["docs", "examples", "e2e"] {
+    for dir in ["docs", "examples", "e2e", "e2e/scenarios"] {
         for e in std::fs::read_dir(root().join(dir)).unwrap().flatten() {
             let p = e.path();
             if p.is_file() {
@@ -336,7 +573,7 @@ fn docs_and_examples_use_the_cjob_short_name() {
             }
         }
     }
-    assert!(checked >= 8, "only {checked} files checked");
+    assert!(checked >= 12, "only {checked} files checked");
     let crd = read("crds/collectivejob.yaml");
     assert!(crd.contains("shortNames:\n    - cjob\n"), "committed CRD");
 }

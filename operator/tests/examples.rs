@@ -148,3 +148,64 @@ fn examples_include_pytorch_jobs() {
         "{file}: {rest:?}"
     );
 }
+
+/// CPU in millicores of a Kubernetes quantity ("100m", "1", "0.5").
+fn millicores(q: &str) -> u64 {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or_else(|_| panic!("cpu {q}")),
+        None => (q.parse::<f64>().unwrap_or_else(|_| panic!("cpu {q}")) * 1000.0) as u64,
+    }
+}
+
+/// Issue 31 (2): the CPU examples (no GPU asked) schedule on a 2-CPU node
+/// (a laptop's kind cluster, e2e's local cluster) next to the operator: a
+/// whole job's CPU requests, the injected sidecar included, stay within one
+/// CPU, and every workload container caps its memory.
+#[test]
+fn cpu_examples_fit_a_two_cpu_node() {
+    let mut checked = 0;
+    for (file, _, mut job) in example_jobs() {
+        let wants_gpu = containers(&job).iter().any(|c| {
+            let r = c.resources.clone().unwrap_or_default();
+            [r.requests, r.limits]
+                .iter()
+                .flatten()
+                .any(|m| m.contains_key("nvidia.com/gpu"))
+        });
+        if wants_gpu {
+            continue;
+        }
+        job.metadata.namespace = Some("default".into());
+        job.metadata.uid = Some("00000000-0000-0000-0000-000000000001".into());
+        let mut cpu = 0;
+        for i in 0..job.spec.replicas {
+            let spec = desired_pod(&job, i, 0, &OperatorConfig::default())
+                .spec
+                .expect("a pod spec");
+            for c in spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten())
+            {
+                let requests = c.resources.clone().unwrap_or_default().requests;
+                if let Some(q) = requests.as_ref().and_then(|r| r.get("cpu")) {
+                    cpu += millicores(&q.0);
+                }
+            }
+        }
+        assert!(
+            cpu <= 1000,
+            "{file}: the job requests {cpu}m CPU with its sidecars; keep it within 1000m so it fits a 2-CPU node"
+        );
+        for c in containers(&job) {
+            let limits = c.resources.clone().unwrap_or_default().limits;
+            assert!(
+                limits.is_some_and(|l| l.contains_key("memory")),
+                "{file}: container {} has no memory limit",
+                c.name
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 2, "only {checked} CPU examples");
+}

@@ -7,7 +7,7 @@
 //! - A listener hands each connection that opens with a [`Route`]'s preface
 //!   to that route's [`ConnectionHandler`] (the proxy's connections share the
 //!   engine's peer port).
-//! - The proxy reports a lost host through [`JobEvents`].
+//! - The proxy reports a lost host connection through [`JobEvents`].
 //! - The engine's status shows the proxy's connections through [`HostViews`].
 
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -55,6 +55,10 @@ pub trait JobEvents: Send + Sync {
     /// A peer host is lost (`reason` names it): record it and fail every
     /// local communicator.
     fn host_lost(&self, reason: &str);
+    /// The proxy's connection to a peer host ended (`reason` names it),
+    /// after the proxy failed the ranks with a channel to that host. Whether
+    /// the job's other communicators fail too is the job's policy.
+    fn host_connection_lost(&self, reason: &str);
 }
 
 /// One peer host's connection, as the proxy sees it.

@@ -1,6 +1,7 @@
 //! A real OTLP/gRPC trace receiver for the tests (the OpenTelemetry
 //! collector's `TraceService`, served by tonic on 127.0.0.1): it keeps every
-//! span it is sent, with its attributes as text.
+//! span it is sent, with its attributes as text. The `otlp-sink` program
+//! serves the same receiver in a cluster (e2e).
 //!
 //! Self-contained (it uses only tonic, tokio and opentelemetry-proto) so
 //! that the C ABI's tests (`libcomm/capi/tests/capi.rs`), which cannot
@@ -92,23 +93,27 @@ impl TraceService for Receiver {
     }
 }
 
+/// Serves `r` on a bound listener until the process ends.
+pub async fn serve(r: Receiver, l: std::net::TcpListener) -> std::io::Result<()> {
+    l.set_nonblocking(true)?;
+    let l = tokio::net::TcpListener::from_std(l)?;
+    tonic::transport::Server::builder()
+        .add_service(TraceServiceServer::new(r))
+        .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l))
+        .await
+        .map_err(std::io::Error::other)
+}
+
 /// Serves the receiver on 127.0.0.1 on a thread of its own; returns its port.
 pub fn start(r: Receiver) -> (u16, std::thread::JoinHandle<()>) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
-    l.set_nonblocking(true).unwrap();
     let h = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).unwrap();
-            let _ = tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(r))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l))
-                .await;
-        });
+        let _ = rt.block_on(serve(r, l));
     });
     (port, h)
 }

@@ -272,6 +272,45 @@ fn ras_polling_storm_during_init_splits_collectives_and_aborts() {
     assert_eq!(sc.http_get("/healthz").unwrap().0, 200);
 }
 
+/// Ranks that finish and return from main without closing their agent
+/// (as `weft bench` and resilient-train do) are not taken for dead: their
+/// last messages arrive and the stream ends cleanly (issue 31 (8): on a
+/// cluster, a sidecar declared such a rank dead with "h2 protocol error").
+#[test]
+fn ranks_exiting_without_close_are_not_declared_dead() {
+    let sc = Sidecar::start(cli(), &[]);
+    for round in 0..5 {
+        let run = job::run(
+            with_env(
+                JobSpec::new(common::worker(), 4, &["sc_exit", "30"]),
+                &sc.rank_env(),
+            )
+            .timeout(Duration::from_secs(60)),
+        );
+        run.assert_success();
+        let t = Instant::now();
+        let s = loop {
+            let s = status(&sc);
+            if s.comms.is_empty() || t.elapsed() > Duration::from_secs(5) {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            s.async_errors.iter().all(|e| !e.contains("died")),
+            "round {round}: a clean exit taken for a death: {:?}\n{}",
+            s.async_errors,
+            sc.log()
+        );
+        assert!(s.comms.is_empty(), "round {round}: {:?}", s.comms);
+        assert!(
+            s.processes.iter().all(|p| p.state != "dead"),
+            "round {round}: {:?}",
+            s.processes
+        );
+    }
+}
+
 // ---------------------------------------------------------------- lifecycle
 
 fn wait_running(sc: &Sidecar, ranks: usize) {

@@ -50,7 +50,7 @@ params! {
         "`0`: communicators initialise without blocking (NCCL's `blocking = 0`)";
     WEFT_SHM_RING_BYTES: usize = Bytes, Computed("1 MiB (less with many local ranks)"), Comm, [Libcomm],
         "capacity of each shared-memory ring (a power of two, 4096 - 1 GiB)";
-    WEFT_HOSTNAME: String = Str, Computed("hostname + boot id + netns"), Comm, [Libcomm, Agent, Sidecar],
+    WEFT_HOSTNAME: String = Str, Computed("hostname + boot id + netns"), Comm, [Libcomm, Agent, Sidecar, Bench],
         "host identity override (places ranks on simulated hosts)";
     WEFT_LISTEN_ADDR: String = Str, Computed("loopback when the bootstrap address is loopback (every rank on this host), else the bootstrap address for rank 0's root and all interfaces for peer endpoints"), Comm, [Libcomm],
         "IP address the peer endpoint and the bootstrap root bind and advertise (`0.0.0.0`: every interface)";
@@ -159,7 +159,7 @@ params! {
         "this process's rank";
     WEFT_LOCAL_RANK: usize = Int, Unset(""), Launch, [Bench, Run],
         "this process's rank on its node (picks its GPU)";
-    WEFT_WORLD_SIZE: usize = Int, Unset(""), Launch, [Libcomm, Run, Operator],
+    WEFT_WORLD_SIZE: usize = Int, Unset(""), Launch, [Libcomm, Run, Bench, Operator],
         "ranks in the job";
     WEFT_LOCAL_RANKS: usize = Int, Unset(""), Launch, [Run, Operator],
         "ranks on this node (pod)";

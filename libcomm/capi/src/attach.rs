@@ -32,13 +32,10 @@ pub fn ensure() {
         };
         let path = path.to_string_lossy().into_owned();
         match weft_agent::install_from_env(None) {
-            Ok(_) => {
-                // Flush queued events and end the stream cleanly at a normal
-                // exit, so the sidecar does not take this process for dead.
-                // SAFETY: registering a plain extern "C" function.
-                unsafe { libc::atexit(close_at_exit) };
-                log(Level::Info, &format!("attached to the sidecar at {path}"));
-            }
+            // The agent flushes its queue and ends the stream cleanly at a
+            // normal exit (its own atexit), so the sidecar does not take this
+            // process for dead.
+            Ok(_) => log(Level::Info, &format!("attached to the sidecar at {path}")),
             Err(e) => log(
                 Level::Warn,
                 &format!(
@@ -49,19 +46,12 @@ pub fn ensure() {
     });
 }
 
-extern "C" fn close_at_exit() {
-    if let Some(a) = weft_agent::installed() {
-        a.close();
-    }
-}
-
 /// Without a sidecar, OTLP export asked for: this process exports its spans.
 #[cfg(feature = "embedded-spans")]
 fn embedded_spans(name: &str, url: &str) {
     match weft_agent::spans_only::install_from_env() {
+        // Flushed at a normal exit by the agent's own atexit.
         Ok(_) => {
-            // SAFETY: registering a plain extern "C" function.
-            unsafe { libc::atexit(close_at_exit) };
             log(
                 Level::Info,
                 &format!(

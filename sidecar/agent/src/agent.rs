@@ -385,13 +385,29 @@ pub fn install_from_env(engine: Option<StartEmbedded>) -> Result<Arc<Agent>, Str
         .map_err(|_| "the sidecar did not answer within 10 s".to_string())??;
     let _ = AGENT.set(agent.clone());
     libcomm::observe::set_observer(agent.clone());
+    // A normal exit (return from main, `process::exit`) flushes what is
+    // queued and ends the control stream cleanly: without it the process's
+    // last messages (its communicators' Deregister) were cut off with the
+    // connection, and its sidecar took a rank that had finished for a dead
+    // one (issue 31 (8)). Programs need not call `close` themselves.
+    // SAFETY: registering a plain extern "C" function, once per process.
+    unsafe { libc::atexit(close_at_exit) };
     Ok(agent)
 }
 
+extern "C" fn close_at_exit() {
+    if let Some(a) = AGENT.get() {
+        a.close();
+    }
+}
+
 impl Agent {
-    /// Flushes what is queued (bounded) and stops; call before a normal exit.
+    /// Flushes what is queued (bounded) and stops. Runs by itself at a
+    /// normal exit of the process (`atexit`); later calls do nothing.
     pub fn close(&self) {
-        self.closing.store(true, Ordering::Relaxed);
+        if self.closing.swap(true, Ordering::Relaxed) {
+            return;
+        }
         if let Some(r) = &self.reporter {
             r.segment().mark_closing();
         }

@@ -40,10 +40,12 @@ pub struct BenchArgs {
     /// sendrecv (nccl-tests' spellings work too: allreduce, all_reduce_perf, ...).
     #[arg(value_name = "OP", value_parser = parse_op)]
     pub coll: BenchOp,
-    /// Number of ranks (processes on this machine).
+    /// Number of ranks, all started on this machine [default: 2]; in a pod
+    /// of a CollectiveJob, or as a rank a launcher started, the job's world
+    /// size (WEFT_WORLD_SIZE), which -n may only repeat.
     #[arg(short = 'n', long = "nranks", visible_alias = "ranks", value_name = "N",
-          default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub nranks: u32,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub nranks: Option<u32>,
     /// Smallest size in bytes (K, M, G suffixes: powers of 1024).
     #[arg(short = 'b', long = "minbytes", value_name = "SIZE", default_value = "8",
           value_parser = parse_size)]
@@ -123,10 +125,11 @@ impl BenchArgs {
                 self.min_bytes, self.max_bytes
             ));
         }
-        if self.root >= self.nranks {
+        let nranks = self.nranks.unwrap_or(super::placement::DEFAULT_RANKS);
+        if self.root >= nranks {
             return Err(format!(
-                "--root {} is out of range for {} ranks",
-                self.root, self.nranks
+                "--root {} is out of range for {nranks} ranks",
+                self.root
             ));
         }
         if let Some(a) = &self.algo {
@@ -136,7 +139,7 @@ impl BenchArgs {
         // Both buffers of the largest size must be addressable.
         let largest = self
             .coll
-            .layout(self.max_bytes, self.dtype, self.nranks as usize)
+            .layout(self.max_bytes, self.dtype, nranks as usize)
             .buffer_elems();
         if largest.checked_mul(self.dtype.size() * 2).is_none() {
             return Err(format!("--maxbytes {} is too large", self.max_bytes));
@@ -149,8 +152,6 @@ impl BenchArgs {
         let mut v: Vec<String> = vec![
             "bench-rank".into(),
             self.coll.name().into(),
-            "-n".into(),
-            self.nranks.to_string(),
             "-b".into(),
             self.min_bytes.to_string(),
             "-e".into(),
@@ -168,6 +169,10 @@ impl BenchArgs {
             "-r".into(),
             self.root.to_string(),
         ];
+        if let Some(n) = self.nranks {
+            v.push("-n".into());
+            v.push(n.to_string());
+        }
         if self.check {
             v.push("--check".into());
         }
@@ -207,7 +212,7 @@ mod tests {
         assert_eq!(a.coll, BenchOp::AllReduce);
         assert_eq!(
             (a.nranks, a.min_bytes, a.max_bytes, a.factor),
-            (2, 8, 32 << 20, 2)
+            (None, 8, 32 << 20, 2)
         );
         assert_eq!((a.warmup, a.iters, a.root), (5, 20, 0));
         assert_eq!(a.dtype, DataType::F32);
@@ -245,7 +250,7 @@ mod tests {
         assert_eq!(a.coll, BenchOp::AllGather);
         assert_eq!(
             (a.nranks, a.min_bytes, a.max_bytes, a.factor),
-            (3, 8, 65536, 8)
+            (Some(3), 8, 65536, 8)
         );
         assert_eq!(a.dtype, DataType::F16);
         assert_eq!(a.redop, ReduceOp::Max);

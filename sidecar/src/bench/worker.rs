@@ -24,15 +24,28 @@ use weft_contract::params;
 /// Where rank 0 reports the total of wrong elements to `weft bench`.
 pub const RESULT_ENV: &str = params::WEFT_BENCH_RESULT.name();
 
-/// Runs one rank; returns its exit code.
+/// Runs one rank; returns its exit code. Under `weft bench` the first rank
+/// of the machine reports the wrong values to it ([`RESULT_ENV`]); a rank
+/// that another launcher started exits 1 itself when a value was wrong.
 pub fn main(args: &BenchArgs) -> i32 {
+    let rank = params::WEFT_RANK.raw().unwrap_or_else(|| "?".into());
+    let fail = |e: &str| {
+        let _ = writeln!(std::io::stderr(), "weft bench: rank {rank}: {e}");
+        1
+    };
     match run(args) {
-        Ok(()) => 0,
-        Err(e) => {
-            let rank = params::WEFT_RANK.raw().unwrap_or_else(|| "?".into());
-            let _ = writeln!(std::io::stderr(), "weft bench: rank {rank}: {e}");
-            1
-        }
+        Ok(wrong) => match params::WEFT_BENCH_RESULT.raw_os() {
+            Some(path) if params::WEFT_LOCAL_RANK.get().unwrap_or(0) == 0 => {
+                match std::fs::write(&path, format!("wrong={wrong}\n")) {
+                    Ok(()) => 0,
+                    Err(e) => fail(&format!("writing {}: {e}", path.to_string_lossy())),
+                }
+            }
+            Some(_) => 0,
+            None if wrong > 0 => fail(&format!("{wrong} wrong values")),
+            None => 0,
+        },
+        Err(e) => fail(&e),
     }
 }
 
@@ -109,7 +122,12 @@ fn err(what: &str, e: libcomm::Error) -> String {
     format!("{what}: {e}")
 }
 
+/// The host this rank reports in the header: `WEFT_HOSTNAME` when set (as
+/// libcomm's host identity), else the machine's (in a pod, the pod's) name.
 fn hostname() -> String {
+    if let Some(h) = params::WEFT_HOSTNAME.raw().filter(|h| !h.is_empty()) {
+        return h;
+    }
     let mut b = [0u8; 256];
     // SAFETY: the buffer is valid for its length.
     let r = unsafe { libc::gethostname(b.as_mut_ptr().cast(), b.len()) };
@@ -263,7 +281,36 @@ impl Bench<'_> {
     }
 }
 
-fn run(args: &BenchArgs) -> Result<(), String> {
+/// Bytes of a host name in the header's gather (Linux's HOST_NAME_MAX is 64).
+const HOST_BYTES: usize = 64;
+
+/// Every rank's pid and host name, gathered for the header.
+fn who_is_where(comm: &Communicator) -> Result<Vec<(u32, String)>, String> {
+    let n = comm.count();
+    let mut mine = [0u8; 8 + HOST_BYTES];
+    mine[..8].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
+    let host = hostname();
+    let len = host.len().min(HOST_BYTES);
+    mine[8..8 + len].copy_from_slice(&host.as_bytes()[..len]);
+    let mut all = vec![0u8; n * mine.len()];
+    comm.all_gather(&mine, &mut all)
+        .map_err(|e| err("gathering rank information", e))?;
+    Ok(all
+        .chunks(mine.len())
+        .map(|c| {
+            let pid = u64::from_le_bytes(c[..8].try_into().unwrap_or_default());
+            let name = &c[8..];
+            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            (
+                pid as u32,
+                String::from_utf8_lossy(&name[..end]).into_owned(),
+            )
+        })
+        .collect())
+}
+
+/// The benchmark on this rank; returns the wrong values over all ranks.
+fn run(args: &BenchArgs) -> Result<u64, String> {
     // Under `weft run --sidecar` (or in a pod) report to the sidecar; the
     // embedded engine is not worth its thread for a benchmark.
     if params::WEFT_SIDECAR_SOCKET
@@ -275,11 +322,10 @@ fn run(args: &BenchArgs) -> Result<(), String> {
     let comm = Communicator::from_env().map_err(|e| err("joining the communicator", e))?;
     let rank = comm.rank();
     let n = comm.count();
-    if n != args.nranks as usize {
-        return Err(format!(
-            "started with {n} ranks but -n {} was asked",
-            args.nranks
-        ));
+    if let Some(asked) = args.nranks
+        && n != asked as usize
+    {
+        return Err(format!("started with {n} ranks but -n {asked} was asked"));
     }
     let coll: BenchOp = args.coll;
     let dt: DataType = args.dtype;
@@ -319,11 +365,6 @@ fn run(args: &BenchArgs) -> Result<(), String> {
             .map_err(|e| format!("filling GPU {}: {e}", g.dev))?;
     }
 
-    // Who is where, for the header.
-    let mut pids = vec![0u64; n];
-    comm.all_gather(&[std::process::id() as u64], &mut pids)
-        .map_err(|e| err("gathering rank information", e))?;
-    let host = hostname();
     let header = Header {
         op: coll.name(),
         nranks: n,
@@ -338,7 +379,7 @@ fn run(args: &BenchArgs) -> Result<(), String> {
             Device::Host => "host",
         },
         algo: args.algo.clone(),
-        ranks: pids.iter().map(|&p| (p as u32, host.clone())).collect(),
+        ranks: who_is_where(&comm)?,
     };
     let mut out = std::io::stdout();
     let print = rank == 0 && !args.json;
@@ -385,13 +426,10 @@ fn run(args: &BenchArgs) -> Result<(), String> {
         };
         let _ = out.write_all(text.as_bytes());
         let _ = out.flush();
-        if let Some(path) = params::WEFT_BENCH_RESULT.raw_os() {
-            std::fs::write(&path, format!("wrong={}\n", report::total_wrong(&rows)))
-                .map_err(|e| format!("writing {}: {e}", path.to_string_lossy()))?;
-        }
     }
     comm.destroy()
         .map_err(|e| err("destroying the communicator", e))?;
     drop(b);
-    Ok(())
+    // Every rank holds the sum over ranks (the checks all-reduce it).
+    Ok(report::total_wrong(&rows))
 }

@@ -67,33 +67,49 @@ impl Engine {
     pub fn status(&self) -> rpc::Status {
         let mut s = (*self.state.snapshot()).clone();
         if let Some(p) = self.host_views.get() {
-            for v in p.host_views() {
-                let ip = v.ip.to_string();
-                let i = match s.hosts.iter().position(|h| {
-                    h.addr
-                        .rsplit_once(':')
-                        .map(|x| x.0.trim_matches(['[', ']']))
-                        == Some(&ip)
-                }) {
-                    Some(i) => i,
-                    None => {
-                        s.hosts.push(rpc::HostStatus {
-                            host: v.name.clone(),
-                            addr: ip.clone(),
-                            state: "unknown".into(),
-                            ..Default::default()
-                        });
-                        s.hosts.len() - 1
-                    }
-                };
-                let h = &mut s.hosts[i];
-                h.proxy = v.state.into();
-                h.proxy_tx_bytes = v.tx_bytes;
-                h.proxy_rx_bytes = v.rx_bytes;
-                h.proxy_connects = v.connects;
-            }
+            merge_host_views(&mut s.hosts, p.host_views());
         }
         s
+    }
+}
+
+/// Puts the proxy's view of each peer host on that host's heartbeat entry.
+/// A heartbeat entry is keyed by the `--peers` address, which in a pod is a
+/// DNS name (`job-1.job.ns.svc:29401`) where the proxy knows the IP: the
+/// entry is the one with that IP or, failing that, with the host name the
+/// peer reported to both. Only a host that heartbeats do not know gets an
+/// entry of its own.
+fn merge_host_views(hosts: &mut Vec<rpc::HostStatus>, views: Vec<crate::seams::HostView>) {
+    for v in views {
+        let ip = v.ip.to_string();
+        let same_ip = |h: &rpc::HostStatus| {
+            h.addr
+                .rsplit_once(':')
+                .map(|x| x.0.trim_matches(['[', ']']))
+                == Some(&ip)
+        };
+        let same_name = |h: &rpc::HostStatus| !v.name.is_empty() && h.host == v.name;
+        let i = match hosts
+            .iter()
+            .position(same_ip)
+            .or_else(|| hosts.iter().position(same_name))
+        {
+            Some(i) => i,
+            None => {
+                hosts.push(rpc::HostStatus {
+                    host: v.name.clone(),
+                    addr: ip.clone(),
+                    state: "unknown".into(),
+                    ..Default::default()
+                });
+                hosts.len() - 1
+            }
+        };
+        let h = &mut hosts[i];
+        h.proxy = v.state.into();
+        h.proxy_tx_bytes = v.tx_bytes;
+        h.proxy_rx_bytes = v.rx_bytes;
+        h.proxy_connects = v.connects;
     }
 }
 
@@ -102,6 +118,25 @@ impl JobEvents for Engine {
         self.state.lock().push_error(reason.to_string());
         self.state.publish(&self.state.lock());
         self.fail_comm("", reason, 0);
+    }
+
+    /// Under `ReplaceRank` (a recovery board) the job outlives a lost pod:
+    /// the proxy has failed the ranks with a channel to it, the pod's own
+    /// sidecar (terminating) or the heartbeats (a silent peer, `peers.rs`)
+    /// name its ranks dead on the board, and the survivors shrink around
+    /// them. Failing every communicator here would also fail the ones they
+    /// built without it (a deleted pod's sidecar closes its connections
+    /// after its ranks' deaths were known and the survivors had shrunk).
+    /// Without a board a lost host fails the whole job here.
+    fn host_connection_lost(&self, reason: &str) {
+        if self.board.get().is_none() {
+            return self.host_lost(reason);
+        }
+        self.state.lock().push_error(reason.to_string());
+        self.state.publish(&self.state.lock());
+        log(&format!(
+            "{reason}: only its channels fail (the recovery board names its ranks dead)"
+        ));
     }
 }
 
@@ -169,5 +204,133 @@ pub async fn terminate(engine: &Arc<Engine>, sig: &str, grace: Duration) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::seams::HostView;
+
+    /// An engine with one attached rank of communicator `c`; returns the
+    /// queue its commands (aborts) arrive on.
+    type Commands = tokio::sync::mpsc::Receiver<Result<rpc::SidecarCommand, tonic::Status>>;
+
+    fn engine_with_a_rank() -> (Arc<Engine>, Commands) {
+        let e = Engine::new("j".into(), "h".into(), None);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let hello = rpc::Hello {
+            pid: 7,
+            hostname: "h".into(),
+            job: "j".into(),
+            ..Default::default()
+        };
+        let conn = e.add_proc(hello, None, tx, None, liveness::Liveness::Unknown);
+        e.on_message(
+            conn,
+            rpc::rank_message::Msg::Register(rpc::Register {
+                comm_id: "c".into(),
+                rank: 0,
+                nranks: 2,
+                ..Default::default()
+            }),
+        );
+        (e, rx)
+    }
+
+    /// Issue 31: a deleted pod's sidecar closed its proxy connections after
+    /// the survivors had shrunk around its ranks, and the lost connection
+    /// failed their new communicator. Under ReplaceRank (a board) it fails
+    /// only the proxy's channels to that host; otherwise the whole job.
+    #[test]
+    fn a_lost_connection_fails_the_job_only_without_a_recovery_board() {
+        let (e, mut rx) = engine_with_a_rank();
+        e.host_connection_lost("lost host p-1 (10.0.0.2): its sidecar closed the connection");
+        assert!(
+            rx.try_recv().is_ok(),
+            "without a board every communicator fails"
+        );
+
+        let (e, mut rx) = engine_with_a_rank();
+        let dir = std::env::temp_dir().join(format!("weft-engine-board-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let me = board::PodRanks {
+            offset: 0,
+            count: 1,
+            incarnation: 0,
+        };
+        let b = board::Board::new(dir.clone(), me, 2).unwrap();
+        assert!(e.board.set(Arc::new(b)).is_ok());
+        e.host_connection_lost("lost host p-1 (10.0.0.2): its sidecar closed the connection");
+        assert!(
+            rx.try_recv().is_err(),
+            "with a board no communicator is failed for it"
+        );
+        assert_eq!(e.status().async_errors.len(), 1, "the loss is recorded");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn heartbeat(addr: &str, host: &str) -> rpc::HostStatus {
+        rpc::HostStatus {
+            host: host.into(),
+            addr: addr.into(),
+            state: "up".into(),
+            ..Default::default()
+        }
+    }
+
+    fn view(ip: &str, name: &str) -> HostView {
+        HostView {
+            ip: ip.parse().unwrap(),
+            name: name.into(),
+            state: "connected",
+            tx_bytes: 10,
+            rx_bytes: 20,
+            connects: 1,
+        }
+    }
+
+    /// In a pod the peer is named by DNS; the proxy knows its IP: one entry.
+    #[test]
+    fn a_peer_named_by_dns_is_listed_once() {
+        let mut hosts = vec![heartbeat("bench-1.bench.ns.svc:29401", "bench-1")];
+        merge_host_views(&mut hosts, vec![view("10.88.0.7", "bench-1")]);
+        assert_eq!(hosts.len(), 1, "{hosts:?}");
+        assert_eq!(hosts[0].addr, "bench-1.bench.ns.svc:29401");
+        assert_eq!(
+            (hosts[0].proxy.as_str(), hosts[0].proxy_rx_bytes),
+            ("connected", 20)
+        );
+    }
+
+    #[test]
+    fn a_peer_named_by_ip_matches_its_ip() {
+        let mut hosts = vec![
+            heartbeat("10.0.0.1:29401", "a"),
+            heartbeat("[fd00::2]:29401", "b"),
+        ];
+        merge_host_views(
+            &mut hosts,
+            vec![view("fd00::2", "other-name"), view("10.0.0.1", "")],
+        );
+        assert_eq!(hosts.len(), 2, "{hosts:?}");
+        assert!(hosts.iter().all(|h| h.proxy == "connected"));
+    }
+
+    /// A host only the proxy knows (no heartbeat entry yet) is listed too.
+    #[test]
+    fn a_host_only_the_proxy_knows_gets_its_own_entry() {
+        let mut hosts = vec![heartbeat("bench-1.bench.ns.svc:29401", "bench-1")];
+        merge_host_views(&mut hosts, vec![view("10.88.0.9", "bench-2")]);
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(
+            (
+                hosts[1].host.as_str(),
+                hosts[1].addr.as_str(),
+                hosts[1].state.as_str()
+            ),
+            ("bench-2", "10.88.0.9", "unknown")
+        );
+        assert_eq!(hosts[0].proxy, "", "the other entry is untouched");
     }
 }

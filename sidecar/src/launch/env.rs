@@ -5,7 +5,8 @@
 
 use std::io;
 use std::net::{Ipv4Addr, TcpListener};
-use weft_contract::env::RankEnv;
+use weft_contract::env::{EnvError, PodEnv, RankEnv, names};
+use weft_contract::params::Lookup;
 
 /// Loopback address every local rank uses for rendezvous.
 pub const LOCALHOST: &str = "127.0.0.1";
@@ -84,6 +85,22 @@ impl JobEnv {
             .map(|(k, v)| (k.to_string(), v))
             .collect()
     }
+}
+
+/// The operator's pod contract when this process runs in one of its pods
+/// (`WEFT_RESTART_EPOCH` is the operator's mark: `weft run` never sets it);
+/// `None` elsewhere.
+pub fn operator_pod(lookup: Lookup<'_>) -> Result<Option<PodEnv>, EnvError> {
+    if lookup(names::WEFT_RESTART_EPOCH).is_none() {
+        return Ok(None);
+    }
+    PodEnv::from_lookup(lookup).map(Some)
+}
+
+/// The rank a launcher gave this process (`WEFT_RANK`), when one started it:
+/// such a process is one of its job's ranks, never the start of a new set.
+pub fn launched_rank(lookup: Lookup<'_>) -> Option<String> {
+    lookup(names::WEFT_RANK)
 }
 
 /// Job names end up in file names (`/dev/shm/weft-<job>-*`) and in Kubernetes

@@ -204,14 +204,9 @@ fn os_message(e: &io::Error) -> String {
     }
 }
 
-/// The operator's pod contract, when `weft run` runs inside one of its pods
-/// (`WEFT_RESTART_EPOCH` is the operator's mark: `weft run` never sets it).
-fn pod_env() -> Result<Option<weft_contract::env::PodEnv>, LaunchError> {
-    if weft_contract::params::WEFT_RESTART_EPOCH.raw_os().is_none() {
-        return Ok(None);
-    }
-    weft_contract::env::PodEnv::from_env()
-        .map(Some)
+/// The operator's pod contract, when `weft run` runs inside one of its pods.
+pub(crate) fn pod_env() -> Result<Option<weft_contract::env::PodEnv>, LaunchError> {
+    env::operator_pod(&weft_contract::params::process_env)
         .map_err(|e| LaunchError::InvalidSpec(format!("inside an operator pod: {e}")))
 }
 
@@ -223,6 +218,13 @@ fn pod_job_env(
     spec: &LaunchSpec,
     pod: weft_contract::env::PodEnv,
 ) -> Result<env::JobEnv, LaunchError> {
+    // A rank of the pod (WEFT_RANK set) that starts a launcher would start
+    // the pod's ranks a second time, with the same numbers.
+    if let Some(rank) = env::launched_rank(&weft_contract::params::process_env) {
+        return Err(LaunchError::InvalidSpec(format!(
+            "this process is already rank {rank} of the pod's job (WEFT_RANK is set: a launcher started it); run the program directly, not under another launcher"
+        )));
+    }
     if spec.ranks != pod.local_ranks as usize {
         return Err(LaunchError::InvalidSpec(format!(
             "-n {} inside a pod of {} rank(s) per replica (WEFT_LOCAL_RANKS): start exactly the pod's ranks, e.g. -n $(WEFT_LOCAL_RANKS)",

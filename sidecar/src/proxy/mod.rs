@@ -351,7 +351,8 @@ impl Proxy {
 
     /// The connection to a host is gone: fail every rank with a channel to
     /// it (raised in their control blocks: they see it in their next wait
-    /// iteration), and, as a lost host, the whole job here.
+    /// iteration), and tell the job (which fails the rest of it here unless
+    /// it outlives a lost pod).
     pub fn lose(&self, c: &Arc<HostConn>, why: &str) {
         let was = c.state.swap(LOST, Ordering::AcqRel);
         if was == LOST {
@@ -384,7 +385,7 @@ impl Proxy {
         for a in atts {
             a.fail(&reason);
         }
-        self.events.host_lost(&reason);
+        self.events.host_connection_lost(&reason);
         self.rebuild(&self.lock());
     }
 }

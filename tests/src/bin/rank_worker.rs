@@ -51,6 +51,7 @@ fn main() {
         "hostile" => mode_hostile(),
         "sc_traced" => sidecar_modes::traced(),
         "sc_storm" => sidecar_modes::storm(),
+        "sc_exit" => sidecar_modes::exit_without_close(),
         "sc_hang" => sidecar_modes::hang(),
         "sc_behind" => sidecar_modes::behind(),
         "sc_payload" => sidecar_modes::payload(),

@@ -1,4 +1,5 @@
-//! `rank-worker train STEPS SCENARIO VICTIM STEP`: data-parallel least
+//! `rank-worker train STEPS SCENARIO VICTIM STEP [--step-ms=N]` (also the
+//! `resilient-train` program): data-parallel least
 //! squares under libcomm's `Resilient`, for `weft run --replace-failed`.
 //!
 //! Each logical rank owns a fixed shard of samples; a step sums the shards'
@@ -162,12 +163,33 @@ fn env_u32(name: &str) -> u32 {
         .unwrap_or(0)
 }
 
+/// `--step-ms=N`: sleep N ms after each step and report progress every 10
+/// steps (`@ step N size=S t=MS`), for jobs that must run long enough to
+/// lose a pod on purpose (the e2e ReplaceRank scenarios).
+fn step_pause(flags: &[&String]) -> Result<Duration, String> {
+    let mut pause = Duration::ZERO;
+    for f in flags {
+        let ms = f
+            .strip_prefix("--step-ms=")
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("unknown option {f} (--step-ms=N)"))?;
+        pause = Duration::from_millis(ms);
+    }
+    Ok(pause)
+}
+
 pub fn run(args: &[String]) -> Result<(), String> {
+    let (flags, args): (Vec<&String>, Vec<&String>) =
+        args.iter().partition(|a| a.starts_with("--"));
+    let pause = step_pause(&flags)?;
     let steps: u64 = args.first().and_then(|s| s.parse().ok()).ok_or("STEPS")?;
-    let scenario = args.get(1).cloned().unwrap_or_else(|| "none".into());
+    let scenario = args
+        .get(1)
+        .map(|s| s.to_string())
+        .unwrap_or_else(|| "none".into());
     let victim: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(0);
     let at: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let device = args.get(4).is_some_and(|a| a == "device");
+    let device = args.get(4).is_some_and(|a| *a == "device");
     let inc = env_u32("WEFT_INCARNATION");
     let logical = env_u32("WEFT_RANK") as usize;
     if scenario == "grow" && inc == 1 && logical == victim {
@@ -249,6 +271,17 @@ pub fn run(args: &[String]) -> Result<(), String> {
         })
         .map_err(|e| format!("step {}: {e}", r.steps_done()))?;
         events(&mut r);
+        if !pause.is_zero() {
+            if r.steps_done() % 10 == 0 {
+                say(format!(
+                    "@ step {} size={} t={}",
+                    r.steps_done(),
+                    r.size(),
+                    now_ms()
+                ));
+            }
+            std::thread::sleep(pause);
+        }
     }
     r.finish(&mut model).map_err(|e| format!("finish: {e}"))?;
     events(&mut r);

@@ -120,6 +120,20 @@ pub fn traced() {
     println!("@ done=1 dropped={}", agent.dropped());
 }
 
+/// `sc_exit OPS`: checked collectives on the world, the communicator
+/// destroyed, and a return from main without `Agent::close`, as programs
+/// that attach do (`weft bench`, resilient-train): the agent's own exit
+/// hook must end the control stream cleanly.
+pub fn exit_without_close() {
+    let _agent = attach();
+    let w = ok(Communicator::from_env(), "init");
+    for i in 0..arg(2, "30") {
+        step(&w, i);
+    }
+    ok(w.destroy(), "destroy");
+    println!("@ done=1");
+}
+
 /// `sc_storm ROUNDS OPS`: rounds of split, checked collectives, and (every
 /// third round) abort of the split, while the test polls status.
 pub fn storm() {
