@@ -239,6 +239,12 @@ params! {
         "the rank a failure test kills";
     WEFT_TEST_RELEASE: String = Str, Unset(""), Test, [Tests],
         "a failure test's release signal";
+    WEFT_XHOST_SCENARIO: String = Str, Unset(""), Test, [Tests],
+        "which scenario a rank process of the cross-host GPU test runs (set by the test for its children)";
+    WEFT_XHOST_RANK: u64 = Int, Unset(""), Test, [Tests],
+        "that rank process's rank (set by the cross-host GPU test)";
+    WEFT_XHOST_ID: String = Str, Unset(""), Test, [Tests],
+        "the communicator id the cross-host GPU test's rank processes share";
     WEFT_TEST_MISMATCH_BIG: bool = OnIf1, Unset(""), Test, [Tests],
         "`1`: the mismatch test's ranks differ enough to take different all-reduce algorithms";
     WEFT_TEST_INHERITED: String = Str, Unset(""), Test, [Tests],

@@ -98,12 +98,23 @@ impl Fault {
             self.own.control().reason()
         } else {
             // A local origin wrote its reason in its own block; a remote
-            // one's came with its notice, into ours.
+            // one's came with its notice, into ours, or into the block of
+            // the rank of this host that got the notice first (which then
+            // raised the failure here without the reason: `spread`).
             self.locals
                 .iter()
                 .find(|(r, _)| *r == origin)
                 .map(|(_, m)| m.control().reason())
-                .unwrap_or_else(|| self.own.control().reason())
+                .or_else(|| Some(self.own.control().reason()).filter(|r| !r.is_empty()))
+                .or_else(|| {
+                    self.locals
+                        .iter()
+                        .map(|(_, m)| m.control())
+                        .filter(|c| c.failure().map(|f| f.0) == Some(origin))
+                        .map(|c| c.reason())
+                        .find(|r| !r.is_empty())
+                })
+                .unwrap_or_default()
         };
         Some(Raised {
             origin,
@@ -117,5 +128,37 @@ impl Fault {
 impl NoticeSink for Fault {
     fn learn(&self, origin: usize, kind: u32, reason: &str) {
         Fault::learn(self, origin, kind, reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(rank: usize, own: &Arc<Mapping>, peer: (usize, &Arc<Mapping>)) -> Fault {
+        Fault {
+            rank,
+            own: own.clone(),
+            locals: vec![(peer.0, peer.1.clone())],
+            tcp: Mutex::new(Vec::new()),
+            notify: None,
+        }
+    }
+
+    /// A remote rank's notice reaches one rank of this host; the others
+    /// learn of the failure from it through shared memory and must still
+    /// name the notice's reason, not only "rank N failed" (issue 32: a
+    /// survivor of a SIGKILL on the other host named the wrong rank).
+    #[test]
+    fn a_remote_reason_reaches_every_local_rank() {
+        let a = Arc::new(Mapping::create_memfd("fault-test-a", 2, 4096).unwrap().0);
+        let b = Arc::new(Mapping::create_memfd("fault-test-b", 2, 4096).unwrap().0);
+        let (r0, r1) = (fault(0, &a, (1, &b)), fault(1, &b, (0, &a)));
+        r0.learn(2, crate::transport::shm::FAIL_ERROR, "rank 3 (pid 9) exited");
+        for f in [&r0, &r1] {
+            let got = f.check().expect("raised");
+            assert_eq!(got.origin, 2);
+            assert_eq!(got.reason, "rank 3 (pid 9) exited", "rank {}", f.rank);
+        }
     }
 }
