@@ -154,7 +154,11 @@ mod tests {
         let a = Arc::new(Mapping::create_memfd("fault-test-a", 2, 4096).unwrap().0);
         let b = Arc::new(Mapping::create_memfd("fault-test-b", 2, 4096).unwrap().0);
         let (r0, r1) = (fault(0, &a, (1, &b)), fault(1, &b, (0, &a)));
-        r0.learn(2, crate::transport::shm::FAIL_ERROR, "rank 3 (pid 9) exited");
+        r0.learn(
+            2,
+            crate::transport::shm::FAIL_ERROR,
+            "rank 3 (pid 9) exited",
+        );
         for f in [&r0, &r1] {
             let got = f.check().expect("raised");
             assert_eq!(got.origin, 2);
