@@ -181,6 +181,31 @@ impl Agent {
     }
 }
 
+/// What its control-stream session needs of the agent (attached mode).
+impl attached::Owner for Agent {
+    fn hello(&self) -> rpc::Hello {
+        hello(&self.job, self.pid, 0)
+    }
+    fn registrations(&self) -> Vec<RankMessage> {
+        Agent::registrations(self)
+    }
+    fn passed_fds(&self) -> Vec<OwnedFd> {
+        Agent::passed_fds(self)
+    }
+    fn act(&self, comm: &str, reason: &str, fail: bool) {
+        Agent::act(self, comm, reason, fail)
+    }
+    fn closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+    fn reconnected(&self) {
+        self.reconnects.fetch_add(1, Ordering::Relaxed);
+    }
+    fn cut(&self) -> &tokio::sync::Notify {
+        &self.cut
+    }
+}
+
 impl Observer for Agent {
     fn on_op(&self, ev: &OpEvent) {
         match &self.reporter {

@@ -11,16 +11,36 @@
 //! refuses the attach: it is terminating) are the communicators failed
 //! ("lost the sidecar"), as a pod going away must.
 
-use crate::agent::{Agent, hello};
 use crate::client;
 use crate::rpc::{self, RankMessage};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use weft_contract::params;
+
+/// What a session needs of the agent that owns it. The agent implements it,
+/// so this module never names the agent and the two do not import each
+/// other.
+pub(crate) trait Owner: Send + Sync + 'static {
+    /// The `Hello` that opens a stream.
+    fn hello(&self) -> rpc::Hello;
+    /// The `Register` of every live communicator (sent again on a reconnect).
+    fn registrations(&self) -> Vec<RankMessage>;
+    /// The descriptors passed with a connection's first bytes (the telemetry
+    /// segment, the lifeline).
+    fn passed_fds(&self) -> Vec<std::os::fd::OwnedFd>;
+    /// Carries out a command of the sidecar (abort or fail a communicator;
+    /// `comm` empty: every one).
+    fn act(&self, comm: &str, reason: &str, fail: bool);
+    /// Whether the owner is closing (a broken stream is then not reopened).
+    fn closing(&self) -> bool;
+    /// Counts a reconnect.
+    fn reconnected(&self);
+    /// The test hook that cuts the stream.
+    fn cut(&self) -> &tokio::sync::Notify;
+}
 
 /// Longest a session may stay down for reasons other than a gone sidecar.
 const RECONNECT_LIMIT: Duration = Duration::from_secs(30);
@@ -74,7 +94,7 @@ fn classify(e: tonic::transport::Error) -> OpenError {
     OpenError::Transient(e.to_string())
 }
 
-async fn open(a: &Arc<Agent>, socket: &Path) -> Result<Session, OpenError> {
+async fn open<A: Owner>(a: &Arc<A>, socket: &Path) -> Result<Session, OpenError> {
     let a2 = a.clone();
     let fds: client::PassFds = Arc::new(move || a2.passed_fds());
     let channel = client::connect_passing(socket.to_path_buf(), Some(fds))
@@ -82,7 +102,7 @@ async fn open(a: &Arc<Agent>, socket: &Path) -> Result<Session, OpenError> {
         .map_err(classify)?;
     // Hello, then every live communicator, then the queue.
     let mut first = vec![RankMessage {
-        msg: Some(rpc::rank_message::Msg::Hello(hello(&a.job, a.pid, 0))),
+        msg: Some(rpc::rank_message::Msg::Hello(a.hello())),
     }];
     first.extend(a.registrations());
     let (out, out_rx) = mpsc::channel::<RankMessage>(1024);
@@ -98,8 +118,8 @@ async fn open(a: &Arc<Agent>, socket: &Path) -> Result<Session, OpenError> {
 
 /// Forwards lifecycle messages and executes commands until the stream
 /// breaks or the agent closes.
-async fn serve(
-    a: &Agent,
+async fn serve<A: Owner>(
+    a: &A,
     s: Session,
     rx: &mut mpsc::Receiver<RankMessage>,
     close: &mut oneshot::Receiver<()>,
@@ -132,7 +152,7 @@ async fn serve(
                 Ok(None) => break "it closed the control stream".to_string(),
                 Err(e) => break e.message().to_string(),
             },
-            _ = a.cut.notified() => break "cut by the test hook".to_string(),
+            _ = a.cut().notified() => break "cut by the test hook".to_string(),
         }
     };
     Ended::Broken(why)
@@ -140,8 +160,8 @@ async fn serve(
 
 /// Runs the sessions of the process's life. The first open answers on
 /// `ready` (its failure fails the install).
-pub(crate) async fn run(
-    a: Arc<Agent>,
+pub(crate) async fn run<A: Owner>(
+    a: Arc<A>,
     socket: PathBuf,
     mut rx: mpsc::Receiver<RankMessage>,
     mut close: oneshot::Receiver<()>,
@@ -166,11 +186,11 @@ pub(crate) async fn run(
     };
     let _ = ready.send(Ok(()));
     loop {
-        let why = match serve(&a, session, &mut rx, &mut close).await {
+        let why = match serve(&*a, session, &mut rx, &mut close).await {
             Ended::Closed => return,
             Ended::Broken(why) => why,
         };
-        if a.closing.load(Ordering::Relaxed) {
+        if a.closing() {
             return;
         }
         eprintln!(
@@ -179,16 +199,16 @@ pub(crate) async fn run(
         );
         session = match reopen(&a, &socket).await {
             Ok(s) => s,
-            Err(gone) => return lost(&a, &socket, &gone),
+            Err(gone) => return lost(&*a, &socket, &gone),
         };
-        a.reconnects.fetch_add(1, Ordering::Relaxed);
+        a.reconnected();
         eprintln!("weft: reconnected to the sidecar at {}", socket.display());
     }
 }
 
 /// Opens a session again, with backoff; an error says why the sidecar
 /// counts as gone.
-async fn reopen(a: &Arc<Agent>, socket: &Path) -> Result<Session, String> {
+async fn reopen<A: Owner>(a: &Arc<A>, socket: &Path) -> Result<Session, String> {
     let deadline = Instant::now() + RECONNECT_LIMIT;
     let mut wait = BACKOFF_FIRST;
     loop {
@@ -206,7 +226,7 @@ async fn reopen(a: &Arc<Agent>, socket: &Path) -> Result<Session, String> {
 
 /// The pod's sidecar is gone (killed, or the pod is going away): fail
 /// rather than run on unobserved and unproxied.
-fn lost(a: &Agent, socket: &Path, why: &str) {
+fn lost<A: Owner>(a: &A, socket: &Path, why: &str) {
     let host = params::WEFT_HOSTNAME.raw().unwrap_or_else(crate::host_name);
     let reason = format!(
         "lost the sidecar at {} on host {host}: {why}",
