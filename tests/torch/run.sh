@@ -21,7 +21,8 @@
 #                     new group of the survivors, not shrink_group; no library involved)
 #     coldstart       coldstart.py three times: init + first bf16/fp32 all_reduce of fresh processes,
 #                     Weft (empty kernel cache; NPROC ranks and as many as NCCL runs) and NCCL
-#     suite-cold      the suite with an empty kernel cache, then again warm (seconds of each)
+#     suite-cold      the suite with an empty kernel cache, then again warm (seconds of each);
+#                     SUITE_LAUNCH=weft runs it under weft run (MPS when ranks share a GPU)
 #     ddp             ddp_step.py: a DDP step of a ~400M-parameter transformer, NCCL and Weft
 #                     alternately, one rank per GPU (DDP_ARGS: e.g. "--layers 8")
 #     stalls          stalls.py under `weft run -n $NPROC` (Weft; MPS when ranks share a GPU):
@@ -55,7 +56,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --lib) WEFT_LIB=$2; shift 2 ;;
     --weft) WEFT_BIN=$2; shift 2 ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -181,7 +182,11 @@ print('libnccl loaded:', loaded_nccl())
       c=$(mktemp -d)
       for pass in cold warm; do
         t0=$(date +%s.%N)
-        WEFT_KERNEL_CACHE=$c LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" $SUITE >"$f.$pass" 2>&1
+        if [ "${SUITE_LAUNCH:-torchrun}" = weft ]; then   # weft run: MPS when ranks share a GPU
+          WEFT_KERNEL_CACHE=$c WEFT_PRELOAD="$WEFT_LIB" $TO "$WEFT_BIN" run -n "$NPROC" --timeout $((STEP_TIMEOUT - 10)) -- "$PYTHON" $SUITE >"$f.$pass" 2>&1
+        else
+          WEFT_KERNEL_CACHE=$c LD_PRELOAD="$WEFT_LIB" $TO "$PYTHON" -m torch.distributed.run --nproc-per-node "$NPROC" $SUITE >"$f.$pass" 2>&1
+        fi
         rc=$?; t1=$(date +%s.%N)
         echo "SUITE-TIME $pass rc=$rc seconds=$(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") $(grep -E 'SUMMARY' "$f.$pass" | tail -1)"
         [ $rc = 0 ] || break
