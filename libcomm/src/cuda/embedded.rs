@@ -162,9 +162,11 @@ mod tests {
     fn the_library_carries_every_kernel_for_every_architecture() {
         let images = images();
         if images.is_empty() {
+            // .ci/run installs NVRTC: in CI its absence is a failure.
             assert!(
-                weft_contract::params::WEFT_REQUIRE_NVRTC.raw().as_deref() != Some("1"),
-                "WEFT_REQUIRE_NVRTC=1 but the build compiled no kernels"
+                weft_contract::params::WEFT_REQUIRE_NVRTC.raw().as_deref() != Some("1")
+                    && std::env::var("CI").as_deref() != Ok("true"),
+                "WEFT_REQUIRE_NVRTC=1 or CI=true, but the build compiled no kernels"
             );
             eprintln!(
                 "SKIPPED: this build has no kernels compiled ahead of time (no NVRTC at build time)"
