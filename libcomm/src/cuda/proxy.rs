@@ -302,7 +302,11 @@ impl ProxySide {
         // Up to the wait nothing the stream does needs the thread; after
         // it, a failure must release the wait itself.
         let before_wait = || -> CudaResult<()> {
-            for &(dev, bytes, host) in &map {
+            // Outputs the operation fills whole are not copied in.
+            for (r, &(dev, bytes, host)) in regions.iter().zip(&map) {
+                if !r.read {
+                    continue;
+                }
                 unsafe {
                     check(
                         sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, bytes, stream),

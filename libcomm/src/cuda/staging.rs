@@ -26,6 +26,9 @@ pub(super) struct DevRegion {
     pub bytes: usize,
     /// Some buffer in it is written.
     pub write: bool,
+    /// Some buffer in it is read: a region that is only written (an
+    /// output the operation fills whole) need not be copied in.
+    pub read: bool,
 }
 
 /// The device regions of `bufs` (buffers in host memory are left out),
@@ -44,12 +47,14 @@ pub(super) fn device_regions(bufs: Vec<Buf>) -> Vec<DevRegion> {
             let end = (b.ptr + b.bytes as u64).max(last.dev + last.bytes as u64);
             last.bytes = (end - last.dev) as usize;
             last.write |= b.write;
+            last.read |= !b.write;
             continue;
         }
         regions.push(DevRegion {
             dev: b.ptr,
             bytes: b.bytes,
             write: b.write,
+            read: !b.write,
         });
     }
     regions
