@@ -11,11 +11,14 @@ pub enum Phase {
 }
 
 /// One collective, point-to-point operation or group on one rank.
+///
+/// Borrowed from the communicator: building it costs the operation no
+/// allocation (an observer that keeps it copies what it needs).
 #[derive(Debug, Clone)]
-pub struct OpEvent {
+pub struct OpEvent<'a> {
     /// The job's label (read once per process).
     pub job: &'static str,
-    pub comm_id: String,
+    pub comm_id: &'a str,
     pub rank: usize,
     pub nranks: usize,
     /// `all_reduce`, ..., `send`, `recv`, or `group`.

@@ -27,7 +27,7 @@ pub trait Observer: Send + Sync {
     /// Called on the thread running the operation: must not block. By
     /// reference: the started event is the completed one's too, built
     /// once per operation.
-    fn on_op(&self, ev: &OpEvent);
+    fn on_op(&self, ev: &OpEvent<'_>);
     fn on_comm(&self, ev: CommEvent);
 }
 

@@ -14,8 +14,8 @@ use std::time::SystemTime;
 pub(crate) struct Seq(AtomicU64);
 
 /// The context of one running operation; `None` everywhere when no observer is set.
-pub(crate) struct Started {
-    ev: OpEvent,
+pub(crate) struct Started<'a> {
+    ev: OpEvent<'a>,
 }
 
 pub(crate) struct Who<'a> {
@@ -28,7 +28,12 @@ pub(crate) struct Who<'a> {
 /// Reports the start of `ops` (one op, or a group when `group`), labelled
 /// with the decision that runs it (the tuner's, the device backend's, or
 /// `group`): recorded as made, never decided again here.
-pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) -> Option<Started> {
+pub(crate) fn start<'a>(
+    who: &Who<'a>,
+    ops: &[Op],
+    group: bool,
+    algo: &'static str,
+) -> Option<Started<'a>> {
     let o = observer()?;
     let (op, dtype, bytes) = if group || ops.len() != 1 {
         let bytes = ops.iter().map(|op| op.bytes() as u64).sum();
@@ -41,7 +46,7 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
     static JOB: OnceLock<&'static str> = OnceLock::new();
     let ev = OpEvent {
         job: JOB.get_or_init(|| Box::leak(crate::bootstrap::ctx::job_label().into_boxed_str())),
-        comm_id: who.comm_id.to_string(),
+        comm_id: who.comm_id,
         rank: who.rank,
         nranks: who.nranks,
         op,
@@ -59,7 +64,7 @@ pub(crate) fn start(who: &Who<'_>, ops: &[Op], group: bool, algo: &'static str) 
 }
 
 /// Reports the completion of what [`start`] reported.
-pub(crate) fn finish<R>(s: Option<Started>, r: &Result<R>) {
+pub(crate) fn finish<R>(s: Option<Started<'_>>, r: &Result<R>) {
     let (Some(s), Some(o)) = (s, observer()) else {
         return;
     };

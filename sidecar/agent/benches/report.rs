@@ -86,10 +86,10 @@ fn push_alone() -> f64 {
     best
 }
 
-fn event(comm: &str, seq: u64, phase: Phase) -> OpEvent {
+fn event(comm: &str, seq: u64, phase: Phase) -> OpEvent<'_> {
     OpEvent {
         job: "bench",
-        comm_id: comm.into(),
+        comm_id: comm,
         rank: 0,
         nranks: 4,
         op: "all_reduce",
@@ -155,7 +155,7 @@ struct Observe {
 }
 
 impl Observer for Observe {
-    fn on_op(&self, ev: &OpEvent) {
+    fn on_op(&self, ev: &OpEvent<'_>) {
         if self.on.load(Ordering::Relaxed) {
             self.rep.op(ev);
         }

@@ -207,7 +207,7 @@ impl attached::Owner for Agent {
 }
 
 impl Observer for Agent {
-    fn on_op(&self, ev: &OpEvent) {
+    fn on_op(&self, ev: &OpEvent<'_>) {
         match &self.reporter {
             Some(r) => r.op(ev),
             None => {

@@ -151,7 +151,7 @@ impl Reporter {
     }
 
     /// Reports one event of an operation.
-    pub fn op(&self, ev: &OpEvent) {
+    pub fn op(&self, ev: &OpEvent<'_>) {
         let key = CommKey::of(&ev.comm_id);
         let rank = ev.rank as u32;
         let slot = self.slot(&key, &ev.comm_id, rank);
@@ -219,10 +219,10 @@ mod tests {
     use crate::ring::queue::Drainer;
     use std::time::{Duration, Instant};
 
-    fn ev(comm: &str, rank: usize, seq: u64, phase: Phase, t: u64, err: bool) -> OpEvent {
+    fn ev(comm: &str, rank: usize, seq: u64, phase: Phase, t: u64, err: bool) -> OpEvent<'_> {
         OpEvent {
             job: "j",
-            comm_id: comm.into(),
+            comm_id: comm,
             rank,
             nranks: 4,
             op: "all_reduce",
