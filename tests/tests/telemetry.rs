@@ -82,9 +82,10 @@ fn stop(sc: &mut Sidecar) {
 
 /// 4 ranks, 250,000 8-byte all-reduces each, one sidecar, a span budget of
 /// 200 a second: the job succeeds with no false death, no GOAWAY, no
-/// aborted communicator; every operation is counted exactly once (read or
-/// dropped, and each read one exported alone or in an aggregate); the
-/// aggregates carry the right rank and communicator.
+/// aborted communicator; every operation is counted exactly once in the
+/// metrics (from the slot counters, whether it also came as a record, was
+/// sampled out or its record was dropped) and exported exactly once, alone
+/// or in an aggregate; the aggregates carry the right rank and communicator.
 #[test]
 fn a_flood_of_a_million_collectives_is_counted_and_kills_nothing() {
     const N: u64 = 250_000;
@@ -108,17 +109,17 @@ fn a_flood_of_a_million_collectives_is_counted_and_kills_nothing() {
     );
     run.assert_success();
     let took = t.elapsed();
-    let (mut issued, mut dropped) = (0, 0);
+    let (mut issued, mut dropped, mut records) = (0, 0, 0);
     let mut pids = BTreeMap::new();
     for r in 0..4 {
         let f = run.facts(r);
         assert_eq!(num(&f, "issued"), N);
-        assert_eq!(
-            num(&f, "reported") + num(&f, "dropped"),
-            N,
-            "rank {r}: every operation in the ring or counted as dropped"
+        assert!(
+            num(&f, "reported") + num(&f, "dropped") <= N,
+            "rank {r}: at most one record per operation"
         );
         issued += N;
+        records += num(&f, "reported");
         dropped += num(&f, "dropped");
         pids.insert(run.ranks[r].pid.to_string(), r.to_string());
     }
@@ -134,10 +135,10 @@ fn a_flood_of_a_million_collectives_is_counted_and_kills_nothing() {
     let read = sc.metric("weft_collectives_total");
     let lost = sc.metric("weft_events_dropped_total");
     eprintln!(
-        "flood: {issued} collectives in {took:.1?} ({:.0}/s), {read} read, {lost} dropped (ranks say {dropped})",
+        "flood: {issued} collectives in {took:.1?} ({:.0}/s), {read} counted, {records} records, {lost} records dropped (ranks say {dropped})",
         issued as f64 / took.as_secs_f64()
     );
-    assert_eq!(read + lost, issued as f64, "read + dropped = issued");
+    assert_eq!(read, issued as f64, "every operation counted");
     assert_eq!(lost, dropped as f64);
     assert_eq!(
         s.dropped_events as f64, lost,
@@ -146,7 +147,7 @@ fn a_flood_of_a_million_collectives_is_counted_and_kills_nothing() {
     assert_eq!(
         sc.metric("weft_span_records_total"),
         read,
-        "each read one exported once"
+        "each operation exported once"
     );
     assert!(alarms(&sc.log()).is_empty(), "{}", sc.log());
     assert_eq!(sc.metric("weft_stream_breaks_total"), 0.0);
@@ -169,7 +170,7 @@ fn a_flood_of_a_million_collectives_is_counted_and_kills_nothing() {
     assert_eq!(
         counted + spans_dropped,
         read,
-        "the spans account for every operation read"
+        "the spans account for every operation"
     );
     let aggs: Vec<_> = spans
         .iter()

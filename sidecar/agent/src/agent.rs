@@ -466,14 +466,16 @@ impl Agent {
         }
     }
 
-    /// Operations this process could not report: dropped by a full ring
-    /// (or, without a ring, all of them).
+    /// Records dropped by a full ring (their operations are still counted
+    /// in their slots), or, without a ring, every operation.
     pub fn dropped(&self) -> u64 {
         self.reporter.as_ref().map_or(0, |r| r.segment().dropped())
             + self.unreported.load(Ordering::Relaxed)
     }
 
-    /// Operations reported into the ring so far.
+    /// Records written into the ring so far: every failure and slow call,
+    /// and the rest up to `ring::slots::RECORDS_PER_SEC` per communicator
+    /// (every operation is counted in its slot either way).
     pub fn reported(&self) -> u64 {
         self.reporter.as_ref().map_or(0, |r| r.segment().produced())
     }

@@ -10,11 +10,16 @@
 //! it) is always exported, from a second budget of the same size. What no
 //! budget covers is folded into an aggregate per communicator, rank and
 //! operation, exported once per [`INTERVAL`] (count, bytes, latency
-//! minimum, mean and maximum, errors). So every record lands in exactly
-//! one exported span: the sum of `weft.count` over the spans is the
-//! number of records read, and metrics (which count every record) stay
-//! exact whatever is exported.
+//! minimum, mean and maximum, errors). Operations the rank only counted
+//! (above 20,000 a second per communicator it records a sample, besides
+//! every failure and every call of 200 us or more: `ring::slots`) are
+//! folded into the same aggregates ([`Policy::fold`]). So every operation
+//! lands in exactly one exported span: the sum of `weft.count` over the
+//! spans is the number of operations completed, and metrics (read from
+//! the counters) stay exact whatever is exported.
 
+use crate::ring::slots::OpCount;
+use crate::ring::tally::Tallied;
 use crate::ring::{CommKey, Record};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -68,8 +73,11 @@ pub struct AggKey {
     pub op: u8,
 }
 
-/// The records of one key in one interval.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The operations of one key in one interval: those that came as records
+/// and those only counted. Minimum and maximum are over the records and the
+/// mean of the counted rest; since every call of 200 us or more is a record
+/// (`slots::RECORD_SLOWER_THAN_NS`), a maximum that matters is exact.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Aggregate {
     pub count: u64,
     pub bytes: u64,
@@ -105,6 +113,23 @@ impl Aggregate {
         self.last_end_ns = self.last_end_ns.max(r.end_ns);
         self.dtype = r.dtype;
         self.algo = r.algo;
+    }
+
+    /// Adds operations known only by their counters, read at `now_ns`.
+    fn fold(&mut self, c: &OpCount, now_ns: u64) {
+        let mean = c.busy_ns / c.ops.max(1);
+        let began = now_ns.saturating_sub(c.busy_ns);
+        if self.count == 0 {
+            (self.min_ns, self.max_ns) = (mean, mean);
+            self.first_start_ns = began;
+        }
+        self.count += c.ops;
+        self.bytes = self.bytes.saturating_add(c.bytes);
+        self.min_ns = self.min_ns.min(mean);
+        self.max_ns = self.max_ns.max(mean);
+        self.total_ns = self.total_ns.saturating_add(c.busy_ns);
+        self.first_start_ns = self.first_start_ns.min(began);
+        self.last_end_ns = self.last_end_ns.max(now_ns);
     }
 }
 
@@ -247,32 +272,13 @@ impl Policy {
         } else if self.spans.take() {
             Export::Span
         } else {
-            let key = AggKey {
+            self.aggregate(AggKey {
                 comm: r.comm,
                 rank: r.rank,
                 nranks: r.nranks,
                 op: r.op,
-            };
-            let key = if self.aggregates.len() < MAX_KEYS || self.aggregates.contains_key(&key) {
-                key
-            } else {
-                overflow_key()
-            };
-            self.aggregates
-                .entry(key)
-                .or_insert(Aggregate {
-                    count: 0,
-                    bytes: 0,
-                    errors: 0,
-                    min_ns: 0,
-                    max_ns: 0,
-                    total_ns: 0,
-                    first_start_ns: 0,
-                    last_end_ns: 0,
-                    dtype: 0,
-                    algo: 0,
-                })
-                .add(r);
+            })
+            .add(r);
             Export::Aggregated
         };
         let c = &mut self.counts;
@@ -283,6 +289,34 @@ impl Policy {
             Export::Aggregated => c.aggregated += 1,
         }
         e
+    }
+
+    /// Operations the rank only counted (`ring::tally`: no record of them
+    /// came), folded into their aggregate at `now_ns` (ns since the Unix
+    /// epoch).
+    pub fn fold(&mut self, t: &Tallied, now_ns: u64) {
+        if t.count.ops == 0 {
+            return;
+        }
+        self.aggregate(AggKey {
+            comm: t.comm,
+            rank: t.rank,
+            nranks: t.nranks,
+            op: t.op,
+        })
+        .fold(&t.count, now_ns);
+        self.counts.aggregated += t.count.ops;
+    }
+
+    /// The aggregate of `key` this interval (the overflow key's once the
+    /// map is full).
+    fn aggregate(&mut self, key: AggKey) -> &mut Aggregate {
+        let key = if self.aggregates.len() < MAX_KEYS || self.aggregates.contains_key(&key) {
+            key
+        } else {
+            overflow_key()
+        };
+        self.aggregates.entry(key).or_default()
     }
 
     fn slow(&mut self, r: &Record, now: Instant) -> bool {
@@ -390,6 +424,37 @@ mod tests {
         assert_ne!(p.decide(&rec("a", 80_001, true), t), Export::Slow);
         // Another communicator has no history yet.
         assert_ne!(p.decide(&rec("b", 10_000_000, true), t), Export::Slow);
+    }
+
+    /// Operations only counted join their key's aggregate: count, bytes and
+    /// mean over all of them; min and max over the records and the rest's mean.
+    #[test]
+    fn counted_operations_are_folded_into_the_aggregates() {
+        let t = Instant::now();
+        let mut p = Policy::new(0, t);
+        assert_eq!(p.decide(&rec("a", 1000, true), t), Export::Aggregated);
+        let counted = Tallied {
+            comm: CommKey::of("a"),
+            rank: 0,
+            nranks: 2,
+            op: codes::op_code("all_reduce"),
+            count: OpCount {
+                ops: 99,
+                bytes: 99 * 8,
+                busy_ns: 99 * 3000,
+            },
+        };
+        p.fold(&counted, 5_000_000);
+        let aggs = p.flush(t);
+        assert_eq!(aggs.len(), 1);
+        let a = aggs[0].1;
+        assert_eq!(
+            (a.count, a.bytes, a.min_ns, a.max_ns),
+            (100, 800, 1000, 3000)
+        );
+        assert_eq!(a.mean_ns(), (1000 + 99 * 3000) / 100);
+        assert_eq!(a.last_end_ns, 5_000_000);
+        assert_eq!(p.counts().aggregated, 100);
     }
 
     /// Garbage keys cannot grow the maps without bound.

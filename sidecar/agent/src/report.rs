@@ -185,24 +185,39 @@ impl Reporter {
         if let Some(s) = slot {
             slots::completed(&self.seg, s, ev.seq, op, outcome, error);
         }
-        queue::push(
-            &self.seg,
-            &Record {
-                comm: key,
-                rank,
-                nranks: ev.nranks as u32,
-                op,
-                dtype: memo(1, ev.dtype, codes::dtype_code),
-                algo: memo(2, ev.algo, codes::algo_code),
-                group: ev.group,
-                outcome,
-                slot: slot.map_or(record::NO_SLOT, |s| s.index),
-                bytes: ev.bytes,
-                seq: ev.seq,
-                start_ns: start,
-                end_ns: at,
-            },
-        );
+        let busy = at.saturating_sub(start);
+        // Failures, slow calls, communicators without a slot and, at high
+        // rates, a sample: the rest are only counted (below).
+        let record = slot.is_none_or(|s| {
+            error.is_some()
+                || busy >= slots::RECORD_SLOWER_THAN_NS
+                || slots::record_due(&self.seg, s, at)
+        });
+        // Recorded first, counted second: a reader that reads the counters
+        // before the ring has every counted operation's record.
+        if record {
+            queue::push(
+                &self.seg,
+                &Record {
+                    comm: key,
+                    rank,
+                    nranks: ev.nranks as u32,
+                    op,
+                    dtype: memo(1, ev.dtype, codes::dtype_code),
+                    algo: memo(2, ev.algo, codes::algo_code),
+                    group: ev.group,
+                    outcome,
+                    slot: slot.map_or(record::NO_SLOT, |s| s.index),
+                    bytes: ev.bytes,
+                    seq: ev.seq,
+                    start_ns: start,
+                    end_ns: at,
+                },
+            );
+        }
+        if let Some(s) = slot {
+            slots::count(&self.seg, s, op, ev.bytes, busy);
+        }
     }
 }
 

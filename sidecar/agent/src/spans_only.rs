@@ -11,6 +11,7 @@
 
 use crate::agent::{Commands, Embedded};
 use crate::ring::queue::Drainer;
+use crate::ring::tally::Tally;
 use crate::ring::{CommKey, Record, Segment};
 use crate::rpc::{Hello, rank_message::Msg};
 use crate::spans::{Origin, ProcessSpans, SpanExporter};
@@ -58,6 +59,7 @@ fn start(
         exporter,
         reader: Mutex::new(seg.map(|s| Reader {
             drainer: Drainer::new(s),
+            tally: Tally::new(),
             spans: ProcessSpans::new(origin, Instant::now()),
             batch: Vec::with_capacity(BATCH),
         })),
@@ -79,6 +81,7 @@ fn start(
 
 struct Reader {
     drainer: Drainer,
+    tally: Tally,
     spans: ProcessSpans,
     batch: Vec<Record>,
 }
@@ -105,11 +108,15 @@ impl SpansOnly {
             return false;
         };
         let now = Instant::now();
+        let seg = r.drainer.segment().clone();
+        // Counters before the ring (`ring::tally`); only their unrecorded
+        // rest matters here (no metrics in process).
+        r.tally.read(&seg, 0..seg.slots_used());
         loop {
             r.batch.clear();
             let n = r.drainer.drain(&mut r.batch, BATCH, now);
-            let seg = r.drainer.segment().clone();
             for rec in &r.batch {
+                r.tally.recorded(rec, seg.geometry().slots);
                 if let (_, Some(span)) = r.spans.record(rec, &seg, &label, now) {
                     self.exporter.record(span);
                 }
@@ -117,6 +124,10 @@ impl SpansOnly {
             if n < BATCH {
                 break;
             }
+        }
+        let now_ns = crate::report::nanos(std::time::SystemTime::now());
+        for t in r.tally.unrecorded() {
+            r.spans.policy.fold(&t, now_ns);
         }
         for span in r.spans.flush(&label, now, last) {
             self.exporter.record(span);

@@ -1,10 +1,15 @@
 //! Reading the ranks' telemetry segments (`weft_agent::ring`): every few
-//! milliseconds (2-5, sooner while records flow) the engine drains each
-//! process's ring in batches. Every record counts in the metrics (exact:
-//! nothing is sampled there) and goes through the export policy into spans
+//! milliseconds (2-5, sooner while records flow) the engine reads each
+//! process's slot counters, then drains its ring in batches. The counters
+//! make the operation and byte metrics (exact: every operation counts,
+//! recorded or not); records make the error counts and the latency
+//! histogram (every failure and every call of 200 us or more; at high rates
+//! a sample of the rest) and go through the export policy into spans
 //! (`weft_agent::spans::ProcessSpans`, shared with the in-process
 //! exporter); the RAS view of each communicator rank is refreshed from its
-//! slot in the segment; the ring's drop counter becomes
+//! slot in the segment; operations that were only counted are folded into
+//! the export policy's aggregates (`weft_agent::ring::tally`); the ring's
+//! drop counter becomes
 //! `weft_events_dropped_total` and the process's `dropped_events`.
 //!
 //! A process's ring is drained before any of its lifecycle messages is
@@ -17,10 +22,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 use weft_agent::export::Export;
+use weft_agent::report::nanos;
 use weft_agent::ring::queue::Drainer;
+use weft_agent::ring::record::NO_SLOT;
 use weft_agent::ring::slots::{self, SlotRef, SlotView};
+use weft_agent::ring::tally::Tally;
 use weft_agent::ring::{CommKey, Record, Segment, codes};
 use weft_agent::spans::{Origin, ProcessSpans};
 
@@ -79,6 +87,7 @@ pub struct ProcRing {
 
 struct Inner {
     drainer: Drainer,
+    tally: Tally,
     spans: ProcessSpans,
     batch: Vec<Record>,
     /// Full labels of the process's communicators, by key.
@@ -90,11 +99,20 @@ struct Inner {
     exports: HashMap<&'static str, Counter>,
 }
 
+impl Inner {
+    /// The metric handles of op code `op` (looked up once per process).
+    fn op_metrics(&mut self, m: &Metrics, op: u8) -> &OpMetrics {
+        let op = (op as usize).min(self.ops.len() - 1);
+        self.ops[op].get_or_insert_with(|| OpMetrics::of(m, codes::op_name(op as u8)))
+    }
+}
+
 impl ProcRing {
     pub fn new(seg: Arc<Segment>, origin: Origin) -> ProcRing {
         ProcRing {
             inner: Mutex::new(Inner {
                 drainer: Drainer::new(seg.clone()),
+                tally: Tally::new(),
                 spans: ProcessSpans::new(origin, Instant::now()),
                 batch: Vec::with_capacity(1024),
                 labels: HashMap::new(),
@@ -205,22 +223,33 @@ impl ProcRing {
         let i = &mut *g;
         let now = Instant::now();
         let mut total = 0;
+        // Counters before the ring (`ring::tally` says why).
+        for t in i.tally.read(&self.seg, 0..self.seg.slots_used()) {
+            let m = i.op_metrics(&e.metrics, t.op);
+            m.collectives.inc_by(t.count.ops);
+            m.bytes.inc_by(t.count.bytes);
+        }
+        let max_slots = self.seg.geometry().slots;
         loop {
             i.batch.clear();
             let n = i.drainer.drain(&mut i.batch, BATCH, now);
             total += n;
-            let labels = &i.labels;
-            let label = |k: &CommKey| labels.get(k).cloned().unwrap_or_else(|| k.text());
-            for r in &i.batch {
-                let op = (r.op as usize).min(i.ops.len() - 1);
-                let m = i.ops[op].get_or_insert_with(|| OpMetrics::of(&e.metrics, r.op_name()));
-                m.collectives.inc();
-                m.bytes.inc_by(r.bytes);
+            for k in 0..n {
+                let r = i.batch[k]; // a copy: `i` is borrowed again below
+                let m = i.op_metrics(&e.metrics, r.op);
+                if r.slot == NO_SLOT {
+                    // Counted nowhere else: its communicator has no slot.
+                    m.collectives.inc();
+                    m.bytes.inc_by(r.bytes);
+                }
                 if !r.ok() {
                     m.errors.inc();
                 }
                 m.latency.observe(r.duration_ns() as f64 / 1e9);
-                let (how, span) = i.spans.record(r, &self.seg, &label, now);
+                i.tally.recorded(&r, max_slots);
+                let labels = &i.labels;
+                let label = |k: &CommKey| labels.get(k).cloned().unwrap_or_else(|| k.text());
+                let (how, span) = i.spans.record(&r, &self.seg, &label, now);
                 count_export(&mut i.exports, &e.metrics, how, 1);
                 if let (Some(s), Some(t)) = (span, e.telemetry.get()) {
                     t.record(s);
@@ -229,6 +258,11 @@ impl ProcRing {
             if n < BATCH {
                 break;
             }
+        }
+        let now_ns = nanos(SystemTime::now());
+        for t in i.tally.unrecorded() {
+            i.spans.policy.fold(&t, now_ns);
+            count_export(&mut i.exports, &e.metrics, Export::Aggregated, t.count.ops);
         }
         let labels = &i.labels;
         let label = |k: &CommKey| labels.get(k).cloned().unwrap_or_else(|| k.text());

@@ -4,7 +4,7 @@
 /// "WEFTRNG1", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEFTRNG1");
 /// Bumped on any change of the layout below (a reader refuses another).
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// The header: one page.
 pub const HEADER_WORDS: usize = 512;
@@ -12,7 +12,7 @@ pub const HEADER_WORDS: usize = 512;
 /// one cache line).
 pub const RECORD_WORDS: usize = 8;
 /// Words of one communicator slot (see `slots`).
-pub const SLOT_WORDS: usize = 48;
+pub const SLOT_WORDS: usize = 96;
 
 /// Ring capacities (records) a segment may have: powers of two in this range.
 pub const MIN_RECORDS: u64 = 64;
@@ -44,6 +44,8 @@ pub const H_DROPPED: usize = 24;
 /// The consumer's position (records consumed), for a reader that maps the
 /// segment again (a reconnect) to go on where the last one stopped.
 pub const H_HEAD: usize = 32;
+/// Slots ever opened (the highest index + 1): a reader scans no further.
+pub const H_SLOTS_USED: usize = 40;
 
 pub const FLAG_CLOSING: u64 = 1;
 
@@ -126,6 +128,6 @@ mod tests {
         );
         // The counters do not share a cache line with each other or the rest.
         const { assert!(H_TAIL >= 8 && H_DROPPED - H_TAIL >= 8 && H_HEAD - H_DROPPED >= 8) };
-        const { assert!(H_HEAD + 8 <= HEADER_WORDS) };
+        const { assert!(H_HEAD + 8 <= H_SLOTS_USED && H_SLOTS_USED + 8 <= HEADER_WORDS) };
     }
 }

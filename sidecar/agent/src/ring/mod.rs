@@ -1,7 +1,9 @@
 //! The per-process telemetry segment a rank shares with its pod's sidecar:
-//! every collective is reported by writing one fixed-size record into a
-//! ring in shared memory, with no system call and no lock, and the sidecar
-//! drains the ring in batches on a timer. The same segment holds a table of
+//! every collective is counted in its communicator's slot and, at low
+//! rates (and always when it failed or was slow), also written as one
+//! fixed-size record into a ring in shared memory, with no system call and
+//! no lock; the sidecar drains the ring in batches on a timer and learns
+//! of the operations that were only counted from the counters (`tally`). The same segment holds a table of
 //! the process's communicators (their lifecycle and progress), written
 //! synchronously by the rank, so the sidecar can tell a clean exit from a
 //! death even after the process is gone.
@@ -18,7 +20,9 @@
 //! slots            the communicator table: per slot a state word
 //!                  (free, live, failed, aborted, destroyed), the
 //!                  communicator's key, rank and size, its last started
-//!                  and completed operation, the text of its last error
+//!                  and completed operation, per operation code the
+//!                  operations, bytes and busy time so far, the text of its
+//!                  last error
 //! ring             `capacity` records of 8 words (one cache line): a
 //!                  sequence word (publication), then the record by value
 //!                  (`Record`)
@@ -39,6 +43,7 @@ pub mod queue;
 pub mod record;
 pub mod segment;
 pub mod slots;
+pub mod tally;
 
 pub use record::{CommKey, Record};
 pub use segment::{Segment, SegmentError};

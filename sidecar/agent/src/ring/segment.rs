@@ -239,6 +239,15 @@ impl Segment {
         self.word(layout::H_DROPPED).load(Ordering::Relaxed)
     }
 
+    /// Slots the process ever opened (the rest were never used), bounded
+    /// by the geometry whatever the word says.
+    pub fn slots_used(&self) -> u16 {
+        self.word(layout::H_SLOTS_USED)
+            .load(Ordering::Relaxed)
+            .min(self.geometry().slots)
+            .min(u16::MAX as u64) as u16
+    }
+
     /// The process says it is exiting normally (its agent closed).
     pub fn mark_closing(&self) {
         self.word(layout::H_FLAGS)

@@ -15,14 +15,25 @@
 //! word 7      started op | completed op << 8 | outcome << 16
 //! word 8      sequence number of the last failed operation
 //! word 9      length of its error text
-//! word 10..   the error text (304 bytes)
+//! word 10     record credit, ns (the rank's own: see `record_due`)
+//! word 11     when the credit was last topped up, ns since the Unix epoch
+//! word 16..   per operation code: operations completed, bytes, busy ns
+//! word 56..   the error text (320 bytes)
 //! ```
+//!
+//! The counters (words 16..) are exact: every completed operation of the
+//! communicator rank adds to them, whether or not it also went into the
+//! ring as a record. At high rates only some operations become records
+//! (`record_due`), and the reader learns about the others from the
+//! counters alone: one cache line written per operation, in memory the
+//! rank owns, instead of a ring entry the reader takes away each time.
 //!
 //! A slot is reused (with the next generation) only after its communicator
 //! was destroyed, and never-used slots go first, so the sidecar has as long
 //! as possible to see `destroyed` before a slot changes hands; a slot whose
 //! generation moved on was destroyed.
 
+use super::codes;
 use super::layout::SLOT_WORDS;
 use super::record::{CommKey, KEY_WORDS};
 use super::segment::Segment;
@@ -44,7 +55,14 @@ const W_COMPLETED: usize = W_STARTED_AT + 1;
 const W_OPS: usize = W_COMPLETED + 1;
 const W_ERR_SEQ: usize = W_OPS + 1;
 const W_ERR_LEN: usize = W_ERR_SEQ + 1;
-const W_ERR: usize = W_ERR_LEN + 1;
+const W_CREDIT: usize = W_ERR_LEN + 1;
+const W_CREDIT_AT: usize = W_CREDIT + 1;
+/// On their own cache lines: written at every operation, read by the sidecar
+/// once per drain.
+const W_COUNTS: usize = 16;
+/// Counter words per operation code: completed, bytes, busy ns.
+const COUNT_WORDS: usize = 3;
+const W_ERR: usize = (W_COUNTS + codes::OPS.len() * COUNT_WORDS).next_multiple_of(8);
 /// Bytes of error text a slot keeps.
 pub const ERROR_BYTES: usize = (SLOT_WORDS - W_ERR) * 8;
 
@@ -103,9 +121,16 @@ impl Allocator {
             W_OPS,
             W_ERR_SEQ,
             W_ERR_LEN,
-        ] {
+            W_CREDIT_AT,
+        ]
+        .into_iter()
+        .chain(W_COUNTS..W_COUNTS + codes::OPS.len() * COUNT_WORDS)
+        {
             w(seg, index, word).store(0, Relaxed);
         }
+        w(seg, index, W_CREDIT).store(RECORD_BURST_NS, Relaxed);
+        seg.word(super::layout::H_SLOTS_USED)
+            .fetch_max(index as u64 + 1, Relaxed);
         w(seg, index, W_STATE).store(LIVE as u64 | (generation as u64) << 32, Release);
         Some(SlotRef { index, generation })
     }
@@ -157,6 +182,79 @@ pub fn completed(seg: &Segment, s: SlotRef, seq: u64, op: u8, outcome: u16, erro
         Relaxed,
     );
     w(seg, s.index, W_COMPLETED).store(seq, Release);
+}
+
+/// Records a communicator rank sends through the ring per second at most,
+/// beside failures and calls slower than [`RECORD_SLOWER_THAN_NS`]: far
+/// above what becomes a span (`WEFT_SPANS_PER_SEC`, 1,000 by default) and
+/// enough for the sidecar's recent medians, yet 2% of 1.2 million 8-byte
+/// all-reduces a second, so the ring's cost (a cache line the sidecar takes
+/// away per record) is off the small collectives' path.
+pub const RECORDS_PER_SEC: u64 = 20_000;
+const RECORD_COST_NS: u64 = 1_000_000_000 / RECORDS_PER_SEC;
+/// One second of records: a job's first 20,000 operations are all records
+/// (and so spans, within the sidecar's own burst of 10 s x 1,000).
+const RECORD_BURST_NS: u64 = RECORDS_PER_SEC * RECORD_COST_NS;
+/// A call at least this long is always a record (the export policy's floor
+/// for a slow call: only such calls can be slow).
+pub const RECORD_SLOWER_THAN_NS: u64 = 200_000;
+
+/// Whether the operation that completed at `now_ns` in slot `s` becomes a
+/// ring record: a token bucket of [`RECORDS_PER_SEC`] in the slot's own
+/// words (one writer: the communicator rank's thread of the moment).
+pub fn record_due(seg: &Segment, s: SlotRef, now_ns: u64) -> bool {
+    let credit = w(seg, s.index, W_CREDIT);
+    let at = w(seg, s.index, W_CREDIT_AT);
+    let mut c = credit.load(Relaxed);
+    let last = at.load(Relaxed);
+    if now_ns > last {
+        c = c.saturating_add(now_ns - last).min(RECORD_BURST_NS);
+        at.store(now_ns, Relaxed);
+    }
+    let due = c >= RECORD_COST_NS;
+    credit.store(if due { c - RECORD_COST_NS } else { c }, Relaxed);
+    due
+}
+
+/// Adds one completed operation of code `op` to slot `s`'s counters.
+pub fn count(seg: &Segment, s: SlotRef, op: u8, bytes: u64, busy_ns: u64) {
+    let base = W_COUNTS + (op as usize).min(codes::OPS.len() - 1) * COUNT_WORDS;
+    for (i, add) in [1, bytes, busy_ns].into_iter().enumerate() {
+        let word = w(seg, s.index, base + i);
+        word.store(word.load(Relaxed).wrapping_add(add), Relaxed);
+    }
+}
+
+/// The operation counter of code `op` in slot `s` (for tests that write
+/// garbage into it).
+#[cfg(test)]
+pub(crate) fn counter_word(seg: &Segment, s: SlotRef, op: u8) -> &std::sync::atomic::AtomicU64 {
+    w(seg, s.index, W_COUNTS + op as usize * COUNT_WORDS)
+}
+
+/// One operation code's counters in a slot (they only grow, and wrap).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCount {
+    pub ops: u64,
+    pub bytes: u64,
+    pub busy_ns: u64,
+}
+
+/// The counters of slot `index`, by operation code (`None` beyond the table).
+pub fn counts(seg: &Segment, index: u16) -> Option<[OpCount; codes::OPS.len()]> {
+    if index as u64 >= seg.geometry().slots {
+        return None;
+    }
+    let mut out = [OpCount::default(); codes::OPS.len()];
+    for (op, c) in out.iter_mut().enumerate() {
+        let base = W_COUNTS + op * COUNT_WORDS;
+        *c = OpCount {
+            ops: w(seg, index, base).load(Relaxed),
+            bytes: w(seg, index, base + 1).load(Relaxed),
+            busy_ns: w(seg, index, base + 2).load(Relaxed),
+        };
+    }
+    Some(out)
 }
 
 /// Whether slot `s` is still communicator `key`'s rank `rank` (not
