@@ -11,15 +11,24 @@
 //! difference smaller for one pass.
 //!
 //! Nothing read from the segment is trusted: counters that go backwards
-//! (garbage, or a slot reused) start a new baseline instead of a huge delta.
+//! (garbage, or a slot reused) or forwards faster than any rank can
+//! ([`MAX_OPS_PER_SEC`], [`MAX_BYTES_PER_OP`]) start a new baseline
+//! instead of a huge delta, so a hostile process cannot blow up the
+//! sidecar's metrics.
 
 use super::codes;
 use super::record::{CommKey, NO_SLOT, Record};
 use super::segment::Segment;
 use super::slots::{self, OpCount};
 use std::collections::HashMap;
+use std::time::Instant;
 
 const OPS: usize = codes::OPS.len();
+/// More operations than this per second and slot are garbage (an 8-byte
+/// all-reduce on one rank takes about 50 ns).
+pub const MAX_OPS_PER_SEC: u64 = 100_000_000;
+/// More bytes than this per operation are garbage (1 TiB).
+pub const MAX_BYTES_PER_OP: u64 = 1 << 40;
 
 /// Per operation code of one slot: cumulative counts.
 #[derive(Debug, Clone, Copy, Default)]
@@ -56,6 +65,8 @@ pub struct Tallied {
 #[derive(Debug, Default)]
 pub struct Tally {
     slots: HashMap<u16, SlotTally>,
+    /// When the counters were last read.
+    last_read: Option<Instant>,
 }
 
 fn minus(a: OpCount, b: OpCount) -> OpCount {
@@ -83,6 +94,14 @@ impl Tally {
     /// rank and op code completed since the last read (for exact metrics).
     pub fn read(&mut self, seg: &Segment, indexes: impl IntoIterator<Item = u16>) -> Vec<Tallied> {
         let mut out = Vec::new();
+        let now = Instant::now();
+        // What a rank could have done since the last read (a second's worth
+        // the first time: a new slot's counters start at 0).
+        let secs = self.last_read.map_or(1.0, |t| {
+            now.saturating_duration_since(t).as_secs_f64() + 0.01
+        });
+        self.last_read = Some(now);
+        let max_ops = (secs * MAX_OPS_PER_SEC as f64) as u64;
         for index in indexes {
             let (Some(v), Some(counts)) = (slots::read(seg, index), slots::counts(seg, index))
             else {
@@ -105,18 +124,21 @@ impl Tally {
                 *t = fresh();
             }
             t.generation = Some(v.generation);
-            for (op, (c, now)) in t.ops.iter_mut().zip(counts).enumerate() {
-                if now.ops < c.counted.ops {
-                    // Went backwards: not ours to explain; start again here.
+            for (op, (c, seen)) in t.ops.iter_mut().zip(counts).enumerate() {
+                let delta = minus(seen, c.counted);
+                if seen.ops < c.counted.ops
+                    || delta.ops > max_ops
+                    || delta.bytes / delta.ops.max(1) > MAX_BYTES_PER_OP
+                {
+                    // Not what a rank does: start again here.
                     *c = OpTally {
-                        counted: now,
-                        recorded: now,
+                        counted: seen,
+                        recorded: seen,
                         folded: OpCount::default(),
                     };
                     continue;
                 }
-                let delta = minus(now, c.counted);
-                c.counted = now;
+                c.counted = seen;
                 if delta.ops > 0 {
                     out.push(Tallied {
                         comm: t.key,
@@ -307,6 +329,10 @@ mod tests {
         assert!(t.unrecorded().is_empty());
         slots::count(&seg, s, 1, 8, 100);
         assert_eq!(t.read(&seg, [s.index])[0].count.ops, 1);
+        // Forwards faster than any rank: ignored as well.
+        slots::counter_word(&seg, s, 1).store(1 << 50, std::sync::atomic::Ordering::Relaxed);
+        assert!(t.read(&seg, [s.index]).is_empty());
+        assert!(t.unrecorded().is_empty());
         let mut bad = Record {
             comm: CommKey::of("c"),
             rank: 0,
