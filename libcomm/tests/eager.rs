@@ -4,11 +4,11 @@
 //! more calls still delivers, destroy with a send nobody receives returns an
 //! error in bounded time. The same across processes: `tests/tests/p2p.rs`.
 
-use libcomm::{Communicator, Config, Error, Group, TransportPref};
+use libcomm::{Config, Error, Group, TransportPref};
 use std::thread;
 
 mod common;
-use common::comms;
+use common::{comms, each};
 use std::time::{Duration, Instant};
 
 fn splitmix(mut x: u64) -> u64 {
@@ -42,18 +42,6 @@ fn data(seed: u64, round: u64, rank: usize, n: usize) -> Vec<f32> {
             1.0 + (r >> 40) as f32 / (1u64 << 24) as f32 * 1000.0
         })
         .collect()
-}
-
-fn each<F>(comms: &[Communicator], f: F)
-where
-    F: Fn(&Communicator) + Sync,
-{
-    thread::scope(|s| {
-        for c in comms {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
 }
 
 const SIZES: [usize; 3] = [333, 1 << 20, 16 << 20];

@@ -8,7 +8,7 @@ use libcomm::{CommState, Communicator, Config, ErrorKind, ReduceOp, ShrinkMode, 
 use std::thread;
 
 mod common;
-use common::comms;
+use common::{comms, each};
 use std::time::{Duration, Instant};
 
 fn cfg() -> Config {
@@ -130,13 +130,9 @@ fn a_survivor_that_never_arrives_fails_the_shrink_in_bounded_time() {
     cs[3].abort().unwrap();
     // Ranks 0 and 1 shrink; rank 2 (a second failure) never does.
     let t0 = Instant::now();
-    thread::scope(|s| {
-        for c in &cs[..2] {
-            s.spawn(move || {
-                let e = c.shrink(&[3], None, ShrinkMode::Abort).unwrap_err();
-                assert_eq!(e.kind(), ErrorKind::RemoteError, "{e}");
-            });
-        }
+    each(&cs[..2], |c| {
+        let e = c.shrink(&[3], None, ShrinkMode::Abort).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RemoteError, "{e}");
     });
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     // Shrinking again without rank 2 as well works.
@@ -447,11 +443,7 @@ fn split_after_revoke_by_parity_on_every_rank() {
         revoke_and_settle(&cs[0]);
     });
     // Every rank revokes (idempotent on rank 0), then splits.
-    thread::scope(|s| {
-        for c in &cs {
-            s.spawn(move || revoke_and_settle(c));
-        }
-    });
+    each(&cs, revoke_and_settle);
     // Operations are refused: with the revoke (rank 0) or with the error
     // that broke the others' collective first.
     for c in &cs {
@@ -519,14 +511,10 @@ fn split_after_revoke_with_a_rank_that_never_calls_fails_bounded() {
     // with a remote error naming the missing caller, as any split would.
     cs[2].abort().unwrap();
     let t0 = Instant::now();
-    thread::scope(|s| {
-        for c in &cs[..2] {
-            s.spawn(move || {
-                revoke_and_settle(c);
-                let e = c.split(Some(0), 0).unwrap_err();
-                assert_eq!(e.kind(), ErrorKind::RemoteError, "{e}");
-            });
-        }
+    each(&cs[..2], |c| {
+        revoke_and_settle(c);
+        let e = c.split(Some(0), 0).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::RemoteError, "{e}");
     });
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     // Shrinking without it still works.

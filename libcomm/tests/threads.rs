@@ -5,19 +5,7 @@ use libcomm::{CommState, Communicator, Error, Group, ReduceOp};
 use std::thread;
 
 mod common;
-use common::comms;
-
-fn each<F>(comms: &[Communicator], f: F)
-where
-    F: Fn(&Communicator) + Sync,
-{
-    thread::scope(|s| {
-        for c in comms {
-            let f = &f;
-            s.spawn(move || f(c));
-        }
-    });
-}
+use common::{comms, each};
 
 #[test]
 fn all_reduce_sum_in_threads() {

@@ -21,13 +21,13 @@ use crate::errors::{
 use crate::group;
 use crate::handles::{self, CommEntry, Ended};
 use crate::lifecycle::{
-    barrier, do_split, finalized_error, log_ready, register, settle, state_code,
+    adopt, barrier, do_split, finalized_error, log_ready, register, settle, state_code,
 };
 use libcomm::{CommState, Communicator, DataType, Memory, Op, ShrinkMode, UniqueId};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// `ncclComm_t`: a checked handle (see `handles`), passed as a pointer-sized value.
 pub type ncclComm_t = *mut c_void;
@@ -270,7 +270,7 @@ nccl_api! {
 /// inside ncclGroupStart/End the call is deferred to ncclGroupEnd instead
 /// (as NCCL does for split, shrink and grow), which writes the handle then.
 unsafe fn make_now_or_at_group_end(
-    parent: Option<std::sync::Arc<crate::handles::CommEntry>>,
+    parent: Option<Arc<CommEntry>>,
     newcomm: *mut ncclComm_t,
     run: impl FnOnce() -> CResult<(usize, NcclResult)> + Send + 'static,
 ) -> CResult<NcclResult> {
@@ -326,25 +326,27 @@ nccl_api! {
     }
 }
 
-/// Registers a communicator made by shrink or grow (blocking ones pass the
-/// end-of-init barrier, as after init and split).
-fn adopt(
-    c: Communicator,
-    blocking: bool,
-    cfg: libcomm::Config,
-    what: &str,
-    from: &str,
-) -> CResult<(usize, NcclResult)> {
-    let code = state_code(&c);
-    let (hd, e) = register(c, blocking, cfg)?;
-    if blocking {
-        settle(hd, &e)?;
-    }
-    errors::log(
-        Level::Info,
-        &format!("{what}: {} made from {from}", e.describe()),
-    );
-    Ok((hd, code))
+/// Makes `parent`'s child with `make` (a shrink or a grow, given the
+/// parent's communicator and the child's config, `config` resolved against
+/// the parent's) now or at ncclGroupEnd, and registers it.
+unsafe fn make_child(
+    parent: Arc<CommEntry>,
+    newcomm: *mut ncclComm_t,
+    config: *const NcclConfig,
+    what: &'static str,
+    make: impl FnOnce(&Communicator, libcomm::Config) -> libcomm::Result<Communicator> + Send + 'static,
+) -> CResult<NcclResult> {
+    let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
+    let run = {
+        let parent = parent.clone();
+        move || {
+            let child = make(&parent.comm, cfg.clone())
+                .map_err(|e| Fail::from(e).context(parent.describe()))?;
+            let origin = format!("made from {}", parent.describe());
+            adopt(child, blocking, cfg, what, &origin)
+        }
+    };
+    make_now_or_at_group_end(Some(parent), newcomm, run)
 }
 
 nccl_api! {
@@ -394,18 +396,9 @@ nccl_api! {
                 parent.describe()
             )));
         }
-        let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
-        let run = {
-            let parent = parent.clone();
-            move || {
-                let child = parent
-                    .comm
-                    .shrink(&excluded, Some(cfg.clone()), mode)
-                    .map_err(|e| Fail::from(e).context(parent.describe()))?;
-                adopt(child, blocking, cfg, "ncclCommShrink", &parent.describe())
-            }
-        };
-        make_now_or_at_group_end(Some(parent), newcomm, run)
+        make_child(parent, newcomm, config, "ncclCommShrink", move |comm, cfg| {
+            comm.shrink(&excluded, Some(cfg), mode)
+        })
     }
 }
 
@@ -480,7 +473,7 @@ nccl_api! {
             let run = move || {
                 let c = Communicator::join(&uid, n_ranks as usize, rank as usize, cfg.clone())
                     .map_err(|e| Fail::from(e).context(format!("ncclCommGrow: new rank {rank} of {n_ranks}")))?;
-                adopt(c, blocking, cfg, "ncclCommGrow", "a unique id")
+                adopt(c, blocking, cfg, "ncclCommGrow", "made from a unique id")
             };
             return make_now_or_at_group_end(None, newcomm, run);
         }
@@ -491,18 +484,9 @@ nccl_api! {
                 parent.describe()
             )));
         }
-        let (cfg, blocking) = config::resolve(config, Some(&parent.cfg))?;
-        let run = {
-            let parent = parent.clone();
-            move || {
-                let child = parent
-                    .comm
-                    .grow(n_ranks as usize, uid.as_ref(), Some(cfg.clone()))
-                    .map_err(|e| Fail::from(e).context(parent.describe()))?;
-                adopt(child, blocking, cfg, "ncclCommGrow", &parent.describe())
-            }
-        };
-        make_now_or_at_group_end(Some(parent), newcomm, run)
+        make_child(parent, newcomm, config, "ncclCommGrow", move |comm, cfg| {
+            comm.grow(n_ranks as usize, uid.as_ref(), Some(cfg))
+        })
     }
 }
 

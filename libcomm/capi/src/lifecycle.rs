@@ -121,15 +121,31 @@ pub fn do_split(
     let Some(c) = child else {
         return Ok((0, SUCCESS));
     };
+    adopt(
+        c,
+        blocking,
+        cfg,
+        what,
+        &format!("split from {}", parent.describe()),
+    )
+}
+
+/// Registers a communicator made by split, shrink or grow (blocking ones
+/// pass the end-of-init barrier, as after init); `origin` ends the log line
+/// ("split from ...", "made from ...").
+pub fn adopt(
+    c: Communicator,
+    blocking: bool,
+    cfg: Config,
+    what: &str,
+    origin: &str,
+) -> CResult<(usize, NcclResult)> {
     let code = state_code(&c);
     let (hd, e) = register(c, blocking, cfg)?;
     if blocking {
         settle(hd, &e)?;
     }
-    errors::log(
-        Level::Info,
-        &format!("{what}: {} split from {}", e.describe(), parent.describe()),
-    );
+    errors::log(Level::Info, &format!("{what}: {} {origin}", e.describe()));
     Ok((hd, code))
 }
 

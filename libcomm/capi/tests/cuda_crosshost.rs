@@ -333,6 +333,12 @@ impl Rank {
             .collect()
     }
 
+    /// Enqueues an in-place sum of `count` f32 at `buf`; the return code.
+    fn sum_in_place(&self, buf: u64, count: usize) -> i32 {
+        let p = buf as *mut c_void;
+        unsafe { pncclAllReduce(p, p, count, F32, SUM, self.comm, self.st()) }
+    }
+
     fn check(&self, what: &str, count: usize, got: &[f32], want: impl Fn(usize) -> f32) {
         for (i, g) in got.iter().enumerate() {
             let w = want(i);
@@ -418,17 +424,7 @@ impl Rank {
         let buf = mem::alloc(self.dev, count * 4).unwrap();
         let call = || {
             let t = Instant::now();
-            let rc = unsafe {
-                pncclAllReduce(
-                    buf as *const c_void,
-                    buf as *mut c_void,
-                    count,
-                    F32,
-                    SUM,
-                    self.comm,
-                    self.st(),
-                )
-            };
+            let rc = self.sum_in_place(buf, count);
             let us = t.elapsed().as_secs_f64() * 1e6;
             assert_eq!(rc, 0);
             us
@@ -457,17 +453,7 @@ impl Rank {
         let started = Instant::now();
         let mut i = 0u64;
         while started.elapsed() < Duration::from_secs(120) {
-            let rc = unsafe {
-                pncclAllReduce(
-                    buf as *const c_void,
-                    buf as *mut c_void,
-                    count,
-                    F32,
-                    SUM,
-                    self.comm,
-                    self.st(),
-                )
-            };
+            let rc = self.sum_in_place(buf, count);
             if rc == 0 {
                 self.sync();
             }

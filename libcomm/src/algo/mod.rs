@@ -97,6 +97,41 @@ struct Chunks {
     k: usize,
 }
 
+/// This rank's place on a ring over [`Chunks`]: its neighbours, and where
+/// each chunk lies in the buffer, in bytes.
+struct RingPlace {
+    n: usize,
+    r: usize,
+    right: usize,
+    left: usize,
+    count: usize,
+    es: usize,
+}
+
+impl RingPlace {
+    fn new(c: &Resources, ring: Chunks) -> RingPlace {
+        let (n, r) = (c.ctx.nranks, c.ctx.rank);
+        RingPlace {
+            n,
+            r,
+            right: (r + 1) % n,
+            left: (r + n - 1) % n,
+            count: ring.count,
+            es: ring.dt.size(),
+        }
+    }
+
+    /// Byte offset of chunk `ch`.
+    fn at(&self, ch: usize) -> usize {
+        bound(ch, self.count, self.n) * self.es
+    }
+
+    /// Bytes of chunk `ch`.
+    fn len(&self, ch: usize) -> usize {
+        (bound(ch + 1, self.count, self.n) - bound(ch, self.count, self.n)) * self.es
+    }
+}
+
 fn copy(dst: *mut u8, src: *const u8, bytes: usize) {
     if bytes > 0 && !std::ptr::eq(dst, src) {
         unsafe { std::ptr::copy(src, dst, bytes) };
@@ -118,9 +153,11 @@ pub(crate) fn all_reduce(c: &mut Resources, o: &Op, algo: Algo) -> Result<()> {
         finish_avg(op, dt, recv, count, n);
         return Ok(());
     }
+    // The descriptor with its input prepared, for the algorithms below.
+    let prepared = Op { send: src, ..*o };
     match algo {
-        Algo::RecursiveDoubling => all_reduce_rd(c, src, recv, count, dt, op),
-        Algo::Direct | Algo::Ll => all_reduce_direct(c, src, recv, count, dt, op),
+        Algo::RecursiveDoubling => all_reduce_rd(c, &prepared, op),
+        Algo::Direct | Algo::Ll => all_reduce_direct(c, &prepared, op),
         _ if op == ReduceOp::Avg => {
             // The owned chunk is divided between the two halves.
             let ring = Chunks { count, dt, k: 1 };
@@ -166,14 +203,9 @@ impl Resources {
 /// One step: every rank sends its buffer to every other rank, then combines
 /// all n buffers in rank order (so every rank computes bit-identical results).
 /// One round of wake-ups instead of log2(n): the latency path for tiny buffers.
-fn all_reduce_direct(
-    c: &mut Resources,
-    src: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
+/// `o`'s input is prepared (see [`prepared_input`]); `op` is its reduction.
+fn all_reduce_direct(c: &mut Resources, o: &Op, op: ReduceOp) -> Result<()> {
+    let (src, recv, count, dt) = (o.send, o.recv, o.count, o.dtype);
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
     let tmp = c.scratch(bytes * n);
@@ -228,28 +260,30 @@ fn ring_reduce_scatter_steps(
     ring: Chunks,
     op: Combine,
 ) -> usize {
-    let Chunks { count, dt, k } = ring;
-    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
-    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    let at = |ch: usize| bound(ch, count, n) * es;
-    let len = |ch: usize| (bound(ch + 1, count, n) - bound(ch, count, n)) * es;
+    let p = RingPlace::new(c, ring);
+    let (n, r, k) = (p.n, p.r, ring.k);
     for s in 0..n - 1 {
         let sc = (k + r + 2 * n - 1 - s) % n;
         let rc = (k + r + 2 * n - 2 - s) % n;
         let send = if s == 0 {
-            Xfer::send(right, unsafe { src.add(at(sc)) }, len(sc))
+            Xfer::send(p.right, unsafe { src.add(p.at(sc)) }, p.len(sc))
         } else {
             // The previous receive (just pushed) reduced this chunk.
             let gate = xs.len() - 1;
-            Xfer::send(right, unsafe { work.add(at(sc)) as *const u8 }, len(sc)).gated(gate)
+            Xfer::send(
+                p.right,
+                unsafe { work.add(p.at(sc)) as *const u8 },
+                p.len(sc),
+            )
+            .gated(gate)
         };
         xs.push(send);
-        let other = unsafe { src.add(at(rc)) };
+        let other = unsafe { src.add(p.at(rc)) };
         xs.push(Xfer::recv_reduce(
-            left,
-            unsafe { work.add(at(rc)) },
-            len(rc),
-            red(dt, op, other),
+            p.left,
+            unsafe { work.add(p.at(rc)) },
+            p.len(rc),
+            red(ring.dt, op, other),
         ));
     }
     (k + r) % n
@@ -274,15 +308,12 @@ fn ring_all_gather_steps(
     ring: Chunks,
     first_gate: Option<usize>,
 ) {
-    let Chunks { count, dt, k } = ring;
-    let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
-    let (right, left) = ((r + 1) % n, (r + n - 1) % n);
-    let at = |ch: usize| bound(ch, count, n) * es;
-    let len = |ch: usize| (bound(ch + 1, count, n) - bound(ch, count, n)) * es;
+    let p = RingPlace::new(c, ring);
+    let (n, r, k) = (p.n, p.r, ring.k);
     for s in 0..n - 1 {
         let sc = (k + r + n - s) % n;
         let rc = (k + r + 2 * n - 1 - s) % n;
-        let send = Xfer::send(right, unsafe { buf.add(at(sc)) }, len(sc));
+        let send = Xfer::send(p.right, unsafe { buf.add(p.at(sc)) }, p.len(sc));
         let gate = if s == 0 {
             first_gate
         } else {
@@ -292,21 +323,16 @@ fn ring_all_gather_steps(
             Some(g) => send.gated(g),
             None => send,
         });
-        xs.push(Xfer::recv(left, unsafe { buf.add(at(rc)) }, len(rc)));
+        xs.push(Xfer::recv(p.left, unsafe { buf.add(p.at(rc)) }, p.len(rc)));
     }
 }
 
 /// Recursive doubling, with the usual fold of the ranks beyond the largest
 /// power of two into their neighbours first. Every combine is commutative, so
-/// every rank ends with bit-identical results.
-fn all_reduce_rd(
-    c: &mut Resources,
-    src: *const u8,
-    recv: *mut u8,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
+/// every rank ends with bit-identical results. `o`'s input is prepared
+/// (see [`prepared_input`]); `op` is its reduction.
+fn all_reduce_rd(c: &mut Resources, o: &Op, op: ReduceOp) -> Result<()> {
+    let (src, recv, count, dt) = (o.send, o.recv, o.count, o.dtype);
     let (n, r, es) = (c.ctx.nranks, c.ctx.rank, dt.size());
     let bytes = count * es;
     let comb = op.combine();

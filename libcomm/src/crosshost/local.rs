@@ -245,46 +245,37 @@ pub unsafe fn run_local(step: &LocalStep, mover: &mut dyn LocalMover, mem: &Mem<
             copy(src, &dst.part(parts[me]));
             unsafe { mover.exchange(&to_each(&|_| *src), &from_each(&|j| dst.part(parts[j])))? };
         }
-        LocalStep::Reduce { src, dst, root } => unsafe {
-            if me != *root {
-                mover.exchange(&[(*root, ptr(src), len(src))], &[])?;
-            } else {
-                reduce_in(mover, mem, &[], ptr(src), src.count, ptr(dst))?;
-            }
+        // Outside the root, a rooted step is one transfer with the root:
+        // this rank's input to it (reduce, gather) or its output from it.
+        LocalStep::Reduce { src, root, .. } | LocalStep::Gather { src, root, .. }
+            if me != *root =>
+        unsafe {
+            mover.exchange(&[(*root, ptr(src), len(src))], &[])?;
         },
-        LocalStep::Broadcast { buf, root } => unsafe {
-            if me == *root {
-                mover.exchange(&to_each(&|_| *buf), &[])?;
-            } else {
-                mover.exchange(&[], &[(*root, ptr(buf), len(buf))])?;
-            }
+        LocalStep::Broadcast { buf: dst, root } | LocalStep::Scatter { dst, root, .. }
+            if me != *root =>
+        unsafe {
+            mover.exchange(&[], &[(*root, ptr(dst), len(dst))])?;
+        },
+        // The root's side of each rooted step.
+        LocalStep::Reduce { src, dst, .. } => unsafe {
+            reduce_in(mover, mem, &[], ptr(src), src.count, ptr(dst))?;
+        },
+        LocalStep::Broadcast { buf, .. } => unsafe {
+            mover.exchange(&to_each(&|_| *buf), &[])?;
         },
         LocalStep::Gather {
-            src,
-            parts,
-            dst,
-            root,
-        } => unsafe {
-            if me != *root {
-                mover.exchange(&[(*root, ptr(src), len(src))], &[])?;
-            } else {
-                copy(src, &dst.part(parts[me]));
-                mover.exchange(&[], &from_each(&|j| dst.part(parts[j])))?;
-            }
-        },
+            src, parts, dst, ..
+        } => {
+            copy(src, &dst.part(parts[me]));
+            unsafe { mover.exchange(&[], &from_each(&|j| dst.part(parts[j])))? };
+        }
         LocalStep::Scatter {
-            src,
-            parts,
-            dst,
-            root,
-        } => unsafe {
-            if me != *root {
-                mover.exchange(&[], &[(*root, ptr(dst), len(dst))])?;
-            } else {
-                mover.exchange(&to_each(&|j| src.part(parts[j])), &[])?;
-                copy(&src.part(parts[me]), dst);
-            }
-        },
+            src, parts, dst, ..
+        } => {
+            unsafe { mover.exchange(&to_each(&|j| src.part(parts[j])), &[])? };
+            copy(&src.part(parts[me]), dst);
+        }
         LocalStep::AllToAll { src, out, dst, inp } => {
             let sends = to_each(&|j| src.part(out[j]));
             unsafe { mover.exchange(&sends, &from_each(&|j| dst.part(inp[j])))? };

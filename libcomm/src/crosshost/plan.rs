@@ -727,18 +727,25 @@ impl Ctx<'_> {
         });
     }
 
-    fn broadcast_rails(&self, b: &mut Builder, n: usize, root: usize) {
-        let hr = self.layout.host(root);
+    /// A broadcast's first phase: the root's input reaches every rank of
+    /// its host (the receive buffer of `n` elements, returned).
+    fn broadcast_on_root_host(&self, b: &mut Builder, n: usize, root: usize) -> Region {
         let out = self.recv(n);
         if self.me == root {
             b.copy(self.send(n), out);
         }
-        if self.h == hr {
+        if self.h == self.layout.host(root) {
             b.local(LocalStep::Broadcast {
                 buf: out,
                 root: self.layout.local(root),
             });
         }
+        out
+    }
+
+    fn broadcast_rails(&self, b: &mut Builder, n: usize, root: usize) {
+        let hr = self.layout.host(root);
+        let out = self.broadcast_on_root_host(b, n, root);
         let parts = split(n, self.k());
         if self.hosts > 1 {
             b.net(NetColl::Broadcast {
@@ -757,17 +764,8 @@ impl Ctx<'_> {
 
     fn broadcast_leaders(&self, b: &mut Builder, n: usize, root: usize) {
         let hr = self.layout.host(root);
-        let out = self.recv(n);
+        let out = self.broadcast_on_root_host(b, n, root);
         let leader = self.layout.leader(self.h, Some(root));
-        if self.me == root {
-            b.copy(self.send(n), out);
-        }
-        if self.h == hr {
-            b.local(LocalStep::Broadcast {
-                buf: out,
-                root: self.layout.local(root),
-            });
-        }
         if self.me == leader && self.hosts > 1 {
             b.net(NetColl::Broadcast {
                 chain: rotated(&self.leaders(Some(root)), hr),

@@ -198,11 +198,13 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
             .position(|&r| r == me)
             .expect("this rank is in the group")
     };
+    // This rank's index in a ring `group`; None when the ring is this rank
+    // alone (nothing to move).
+    let ring_index = |group: &[usize]| (group.len() > 1).then(|| index(group));
     match coll {
         NetColl::AllReduce { group, region } => {
-            if group.len() > 1 {
+            if let Some(i) = ring_index(group) {
                 let blocks = super::plan::split(region.count, group.len());
-                let i = index(group);
                 let rs = b.ring_rs(group, i, region, &blocks, true);
                 b.ring_ag(group, i, region, &blocks, Some(&rs));
             }
@@ -212,8 +214,7 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
             region,
             blocks,
         } => {
-            if group.len() > 1 {
-                let i = index(group);
+            if let Some(i) = ring_index(group) {
                 b.ring_rs(group, i, region, blocks, true);
             }
         }
@@ -222,8 +223,7 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
             region,
             blocks,
         } => {
-            if group.len() > 1 {
-                let i = index(group);
+            if let Some(i) = ring_index(group) {
                 b.ring_ag(group, i, region, blocks, None);
             }
         }

@@ -92,6 +92,24 @@ pub struct Buf {
     pub write: bool,
 }
 
+/// The collectives' constructors, one line each: every one takes `send`,
+/// `recv`, `count` and `dtype`, then its own arguments (`name(args) =>
+/// kind, reduction, root`), and fills the rest of the [`Op`] alike.
+macro_rules! collectives {
+    ($($(#[$doc:meta])* $name:ident($($arg:ident: $ty:ty),*) => $kind:ident, $redop:expr, $root:expr;)*) => {$(
+        $(#[$doc])*
+        pub fn $name(
+            send: *const u8,
+            recv: *mut u8,
+            count: usize,
+            dtype: DataType,
+            $($arg: $ty),*
+        ) -> Op {
+            Op::new(OpKind::$kind, send, recv, count, dtype, $redop, $root)
+        }
+    )*};
+}
+
 impl Op {
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -116,81 +134,23 @@ impl Op {
         }
     }
 
-    /// `send`/`recv` hold `count` elements (they may be equal: in place).
-    pub fn all_reduce(
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Op {
-        Op::new(OpKind::AllReduce, send, recv, count, dtype, Some(op), 0)
-    }
-
-    /// `recv` holds `count` elements everywhere; `send` is read at the root.
-    pub fn broadcast(
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Op {
-        Op::new(OpKind::Broadcast, send, recv, count, dtype, None, root)
-    }
-
-    /// `send` holds `count` elements; `recv` is written at the root.
-    pub fn reduce(
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Op {
-        Op::new(OpKind::Reduce, send, recv, count, dtype, Some(op), root)
-    }
-
-    /// `recv` holds `count * nranks` elements; in place: `send == recv + rank * count`.
-    pub fn all_gather(send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Op {
-        Op::new(OpKind::AllGather, send, recv, count, dtype, None, 0)
-    }
-
-    /// `send` holds `count * nranks` elements; in place: `recv == send + rank * count`.
-    pub fn reduce_scatter(
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Op {
-        Op::new(OpKind::ReduceScatter, send, recv, count, dtype, Some(op), 0)
-    }
-
-    /// `count` elements to and from every rank (`count * nranks` in each buffer).
-    pub fn all_to_all(send: *const u8, recv: *mut u8, count: usize, dtype: DataType) -> Op {
-        Op::new(OpKind::AllToAll, send, recv, count, dtype, None, 0)
-    }
-
-    /// The root's `recv` holds `count * nranks` elements; `send` holds `count`.
-    pub fn gather(
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Op {
-        Op::new(OpKind::Gather, send, recv, count, dtype, None, root)
-    }
-
-    /// The root's `send` holds `count * nranks` elements; `recv` holds `count`.
-    pub fn scatter(
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-    ) -> Op {
-        Op::new(OpKind::Scatter, send, recv, count, dtype, None, root)
+    collectives! {
+        /// `send`/`recv` hold `count` elements (they may be equal: in place).
+        all_reduce(op: ReduceOp) => AllReduce, Some(op), 0;
+        /// `recv` holds `count` elements everywhere; `send` is read at the root.
+        broadcast(root: usize) => Broadcast, None, root;
+        /// `send` holds `count` elements; `recv` is written at the root.
+        reduce(op: ReduceOp, root: usize) => Reduce, Some(op), root;
+        /// `recv` holds `count * nranks` elements; in place: `send == recv + rank * count`.
+        all_gather() => AllGather, None, 0;
+        /// `send` holds `count * nranks` elements; in place: `recv == send + rank * count`.
+        reduce_scatter(op: ReduceOp) => ReduceScatter, Some(op), 0;
+        /// `count` elements to and from every rank (`count * nranks` in each buffer).
+        all_to_all() => AllToAll, None, 0;
+        /// The root's `recv` holds `count * nranks` elements; `send` holds `count`.
+        gather(root: usize) => Gather, None, root;
+        /// The root's `send` holds `count * nranks` elements; `recv` holds `count`.
+        scatter(root: usize) => Scatter, None, root;
     }
 
     /// Sends `count` elements of `buf` to `peer`.

@@ -48,6 +48,16 @@ pub(crate) struct Progress {
     pub done: bool,
 }
 
+impl Progress {
+    /// Whether all `total` stream bytes of the message moved; marks it done
+    /// once they have.
+    fn check_done(&mut self, total: usize) -> bool {
+        let all = self.pos >= total;
+        self.done |= all;
+        all
+    }
+}
+
 pub(crate) fn pad8(n: usize) -> usize {
     n.next_multiple_of(8)
 }
@@ -193,8 +203,7 @@ unsafe fn shm_send(
     p: &mut Progress,
 ) -> StepResult {
     let total = MSG_HDR + pad8(len);
-    if p.pos >= total {
-        p.done = true;
+    if p.check_done(total) {
         return Ok(false);
     }
     let mut space = ring.space().map_err(internal)?;
@@ -221,9 +230,7 @@ unsafe fn shm_send(
     if wrote > 0 {
         ring.publish(wrote);
     }
-    if p.pos >= total {
-        p.done = true;
-    }
+    p.check_done(total);
     Ok(wrote > 0)
 }
 
@@ -235,8 +242,7 @@ unsafe fn shm_recv(
     p: &mut Progress,
 ) -> StepResult {
     let total = MSG_HDR + pad8(len);
-    if p.pos >= total {
-        p.done = true;
+    if p.check_done(total) {
         return Ok(false);
     }
     let mut avail = ring.available().map_err(internal)?;
@@ -272,9 +278,7 @@ unsafe fn shm_recv(
     if consumed > 0 {
         ring.consume(consumed);
     }
-    if p.pos >= total {
-        p.done = true;
-    }
+    p.check_done(total);
     Ok(consumed > 0)
 }
 

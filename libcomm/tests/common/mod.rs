@@ -17,3 +17,17 @@ pub fn comms(n: usize, cfg: Config) -> Vec<Communicator> {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }
+
+/// Runs `f` on every communicator of `comms`, each on its own thread, and
+/// waits for all of them.
+pub fn each<F>(comms: &[Communicator], f: F)
+where
+    F: Fn(&Communicator) + Sync,
+{
+    thread::scope(|s| {
+        for c in comms {
+            let f = &f;
+            s.spawn(move || f(c));
+        }
+    });
+}

@@ -250,18 +250,26 @@ fn send_loop(fd: RawFd, rx: mpsc::Receiver<Task>, sh: &Shared) {
     }
 }
 
+/// The methods [`SendComm`] and [`RecvComm`] share, alike on both ends:
+/// the peer's name from the sockets, registrations in `mrs`.
+macro_rules! endpoint_methods {
+    () => {
+        fn peer(&self) -> &str {
+            &self.sockets.shared.peer
+        }
+
+        fn reg_mr(&mut self, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
+            self.mrs.reg(base, len, kind)
+        }
+
+        fn dereg_mr(&mut self, mr: &Mr) -> Result<(), NetError> {
+            self.mrs.dereg(mr)
+        }
+    };
+}
+
 impl SendComm for TcpSendComm {
-    fn peer(&self) -> &str {
-        &self.sockets.shared.peer
-    }
-
-    fn reg_mr(&mut self, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
-        self.mrs.reg(base, len, kind)
-    }
-
-    fn dereg_mr(&mut self, mr: &Mr) -> Result<(), NetError> {
-        self.mrs.dereg(mr)
-    }
+    endpoint_methods!();
 
     unsafe fn isend(
         &mut self,
@@ -487,17 +495,7 @@ fn recv_loop(fd: RawFd, sh: &Shared, side: &RecvSide) {
 }
 
 impl RecvComm for TcpRecvComm {
-    fn peer(&self) -> &str {
-        &self.sockets.shared.peer
-    }
-
-    fn reg_mr(&mut self, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
-        self.mrs.reg(base, len, kind)
-    }
-
-    fn dereg_mr(&mut self, mr: &Mr) -> Result<(), NetError> {
-        self.mrs.dereg(mr)
-    }
+    endpoint_methods!();
 
     unsafe fn irecv(&mut self, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>, NetError> {
         if let Some(e) = self.sockets.shared.error() {
