@@ -494,6 +494,18 @@ impl FakeApi {
             .map(|e| e["reason"].as_str().unwrap().to_string())
             .collect()
     }
+    /// The notes of the recorded events, oldest first; with a `reason`, only
+    /// the notes of events of that reason.
+    fn event_notes(&self, reason: Option<&str>) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .filter(|e| reason.is_none_or(|r| e["reason"] == r))
+            .map(|e| e["note"].as_str().unwrap().to_string())
+            .collect()
+    }
     fn writes(&self) -> Vec<String> {
         self.0
             .lock()
@@ -1452,16 +1464,7 @@ async fn event_notes_name_each_failure() {
         h.fail_pod(pod, 7);
         h.settle("n").await;
     }
-    let notes: Vec<String> = h
-        .api
-        .0
-        .lock()
-        .unwrap()
-        .events
-        .iter()
-        .filter(|e| e["reason"] == "RankFailed")
-        .map(|e| e["note"].as_str().unwrap().to_string())
-        .collect();
+    let notes = h.api.event_notes(Some("RankFailed"));
     assert_eq!(notes.len(), 2, "{notes:?}");
     assert!(notes[0].contains("pod n-0"), "{notes:?}");
     assert!(notes[1].contains("pod n-1"), "{notes:?}");
@@ -1756,15 +1759,7 @@ async fn replace_rank_recreates_only_the_failed_pod() {
             "RankReplaced"
         ]
     );
-    let notes: Vec<String> = h
-        .api
-        .0
-        .lock()
-        .unwrap()
-        .events
-        .iter()
-        .map(|e| e["note"].as_str().unwrap().to_string())
-        .collect();
+    let notes = h.api.event_notes(None);
     assert!(
         notes[2].contains("pod rr-1 (container main, exit code 137"),
         "{}",
@@ -1997,16 +1992,7 @@ async fn killed_rank_is_named_not_the_peer_that_exited_in_reaction() {
     assert_eq!(st.phase, Some(JobPhase::Restarting));
     let f = st.last_failure.as_ref().unwrap();
     assert_eq!((f.pod.as_str(), f.exit_code), ("k-1", Some(137)));
-    let notes: Vec<String> = h
-        .api
-        .0
-        .lock()
-        .unwrap()
-        .events
-        .iter()
-        .filter(|e| e["reason"] == "RankFailed")
-        .map(|e| e["note"].as_str().unwrap().to_string())
-        .collect();
+    let notes = h.api.event_notes(Some("RankFailed"));
     assert_eq!(
         notes,
         ["Rank failure in pod k-1 (container main, exit code 137, Error)"]

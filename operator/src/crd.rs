@@ -646,6 +646,16 @@ impl CollectiveJob {
     }
 }
 
+/// The CRD's OpenAPI v3 schema as JSON: what the API server validates a
+/// CollectiveJob against and evaluates its CEL rules on.
+pub fn crd_schema() -> serde_json::Value {
+    use kube::CustomResourceExt;
+    let crd = CollectiveJob::crd();
+    let schema = crd.spec.versions[0].schema.as_ref();
+    serde_json::to_value(&schema.expect("the CRD has a schema").open_api_v3_schema)
+        .expect("the schema serialises")
+}
+
 /// The CRD as YAML, exactly as committed in `crds/collectivejob.yaml`.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
@@ -659,11 +669,6 @@ pub fn crd_yaml() -> String {
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
-
-    fn schema() -> serde_json::Value {
-        let crd = CollectiveJob::crd();
-        serde_json::to_value(&crd.spec.versions[0].schema).unwrap()["openAPIV3Schema"].clone()
-    }
 
     #[test]
     fn crd_identity() {
@@ -691,7 +696,7 @@ mod tests {
 
     #[test]
     fn schema_has_minimums_enums_defaults_and_cel() {
-        let s = schema();
+        let s = crd_schema();
         let spec = &s["properties"]["spec"];
         assert_eq!(
             spec["properties"]["replicas"]["minimum"].as_f64(),
@@ -742,7 +747,7 @@ mod tests {
     /// by the API server and then broke the operator's list of every job.
     #[test]
     fn pod_template_is_typed() {
-        let s = schema();
+        let s = crd_schema();
         let tmpl = &s["properties"]["spec"]["properties"]["template"];
         let pod = &tmpl["properties"]["spec"];
         assert!(

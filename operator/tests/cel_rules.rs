@@ -3,21 +3,8 @@
 //! transition rules against the old object), so a bad spec is known to be
 //! refused with a clear message without needing a cluster.
 
-use kube::CustomResourceExt;
 use serde_json::{Value, json};
-use weft_operator::crd::CollectiveJob;
-
-fn schema() -> Value {
-    let crd = CollectiveJob::crd();
-    serde_json::to_value(
-        &crd.spec.versions[0]
-            .schema
-            .as_ref()
-            .unwrap()
-            .open_api_v3_schema,
-    )
-    .unwrap()
-}
+use weft_operator::crd::crd_schema;
 
 fn base() -> Value {
     json!({
@@ -34,7 +21,7 @@ fn base() -> Value {
 
 fn check(obj: &Value, old: Option<&Value>) -> Result<(), String> {
     kube_cel::Validator::new()
-        .validate(&schema(), obj, old)
+        .validate(&crd_schema(), obj, old)
         .map_err(|e| e.to_string())
 }
 

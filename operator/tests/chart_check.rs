@@ -7,12 +7,13 @@
 //! index; any other problem fails it.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use kube::ResourceExt;
 use weft_operator::crd::CollectiveJob;
 use weft_operator::resources::{OperatorConfig, desired_pod, desired_secret, desired_service};
+use weft_testkit::run_bounded;
 
 const REQUIREMENTS: &[&str] = &[
     "helm-python-sdk==0.2.2",
@@ -27,28 +28,7 @@ fn root() -> PathBuf {
 
 /// Runs a command with a deadline, returning (success, stdout+stderr).
 fn run(cmd: &mut Command, limit: Duration) -> (bool, String) {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let start = Instant::now();
-    loop {
-        if let Some(_status) = child.try_wait().unwrap() {
-            break;
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{cmd:?} exceeded {limit:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(cmd, limit);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -7,9 +7,8 @@
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::Container;
-use kube::CustomResourceExt;
 use serde::Deserialize;
-use weft_operator::crd::CollectiveJob;
+use weft_operator::crd::{CollectiveJob, crd_schema};
 use weft_operator::resources::{OperatorConfig, desired_pod, validate};
 
 fn root() -> PathBuf {
@@ -42,18 +41,6 @@ fn example_jobs() -> Vec<(String, serde_yaml::Value, CollectiveJob)> {
     out
 }
 
-fn schema() -> serde_json::Value {
-    let crd = CollectiveJob::crd();
-    serde_json::to_value(
-        &crd.spec.versions[0]
-            .schema
-            .as_ref()
-            .unwrap()
-            .open_api_v3_schema,
-    )
-    .unwrap()
-}
-
 fn containers(job: &CollectiveJob) -> Vec<Container> {
     let spec = job.spec.template.spec.as_ref().expect("a pod spec");
     spec.containers.clone()
@@ -73,7 +60,7 @@ fn every_example_parses_validates_and_renders() {
         jobs.len() >= 3,
         "expected at least three example CollectiveJobs"
     );
-    let schema = schema();
+    let schema = crd_schema();
     for (file, value, mut job) in jobs {
         let json: serde_json::Value = serde_json::to_value(&value).unwrap();
         kube_cel::Validator::new()

@@ -18,18 +18,21 @@ use std::time::Instant;
 /// (that of HTTP/2, which gRPC speaks).
 pub const PREFACE_LEN: usize = 24;
 
-/// Takes over a connection a listener accepted (the preface consumed). It
-/// must be authenticated by `deadline` (the listener's handshake deadline,
-/// counted from accept) and holds `admission` until it is: the connection's
-/// place among the listener's unauthenticated connections.
+/// A connection a listener accepted and hands over (the preface consumed).
+pub struct Handover {
+    pub stream: TcpStream,
+    pub from: SocketAddr,
+    /// The listener's handshake deadline, counted from accept: the
+    /// connection must be authenticated by then.
+    pub deadline: Instant,
+    /// The connection's place among the listener's unauthenticated
+    /// connections, held until it is authenticated.
+    pub admission: Box<dyn Admission>,
+}
+
+/// Takes over the connections a listener hands over.
 pub trait ConnectionHandler: Send + Sync {
-    fn handle(
-        &self,
-        s: TcpStream,
-        from: SocketAddr,
-        deadline: Instant,
-        admission: Box<dyn Admission>,
-    );
+    fn handle(&self, conn: Handover);
 }
 
 /// A connection's place in a listener's caps. Dropping it frees the place;

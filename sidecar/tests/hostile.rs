@@ -153,6 +153,21 @@ impl Sidecar {
             .map_or(0, |v| v as u64)
     }
 
+    /// `weft ras` against this sidecar's socket answers (within 3 s);
+    /// `when` says under what, for the failure message.
+    fn assert_ras_answers(&self, when: &str) {
+        let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["ras", "--timeout", "3", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        assert!(
+            ras.status.success(),
+            "weft ras {when}: {}",
+            String::from_utf8_lossy(&ras.stderr)
+        );
+    }
+
     fn threads(&self) -> usize {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         s.lines()
@@ -287,16 +302,7 @@ fn a_flood_of_slow_and_silent_connections_is_closed_in_time_and_health_answers()
         max_threads = max_threads.max(sc.threads());
         std::thread::sleep(Duration::from_millis(100));
     }
-    let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["ras", "--timeout", "3", "--socket"])
-        .arg(&sc.socket)
-        .output()
-        .unwrap();
-    assert!(
-        ras.status.success(),
-        "weft ras under the flood: {}",
-        String::from_utf8_lossy(&ras.stderr)
-    );
+    sc.assert_ras_answers("under the flood");
     eprintln!(
         "slowest /healthz under the flood: {max_health:?}; sidecar threads {threads_before} -> {max_threads}"
     );
@@ -670,16 +676,7 @@ fn connection_caps_keep_health_ras_and_attach_working_under_a_flood() {
         assert_eq!(code, 200, "{body}");
         assert!(took < Duration::from_secs(1), "/healthz took {took:?}");
     }
-    let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["ras", "--timeout", "3", "--socket"])
-        .arg(&sc.socket)
-        .output()
-        .unwrap();
-    assert!(
-        ras.status.success(),
-        "weft ras under the flood: {}",
-        String::from_utf8_lossy(&ras.stderr)
-    );
+    sc.assert_ras_answers("under the flood");
     // A new rank attaches; the first is still attached and alive.
     let second = attach(&rt, &sc.socket, "wrong").map(|_| ());
     assert!(
@@ -863,16 +860,7 @@ fn mutated_openings_on_every_port_leave_the_sidecar_serving() {
     let (code, body, took) = sc.get("/healthz");
     assert_eq!(code, 200, "{body}");
     assert!(took < Duration::from_secs(1), "{took:?}");
-    let ras = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(["ras", "--timeout", "3", "--socket"])
-        .arg(&sc.socket)
-        .output()
-        .unwrap();
-    assert!(
-        ras.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ras.stderr)
-    );
+    sc.assert_ras_answers("after the mutated openings");
     let rss = rss_kib(sc.child.id());
     eprintln!("sidecar RSS {rss0} KiB -> {rss} KiB");
     assert!(rss < rss0 + 64 * 1024, "RSS {rss0} KiB -> {rss} KiB");

@@ -89,11 +89,16 @@ impl Job {
         cmd
     }
 
-    /// Runs `weft ARGS` in every pod at once; returns each pod's run.
-    fn run_pods(&self, args: &[&str]) -> Vec<Run> {
+    /// Runs `weft ARGS` in every pod at once, with `env` on top of the pod
+    /// contract; returns each pod's run.
+    fn run_pods(&self, args: &[&str], env: &[(&str, &str)]) -> Vec<Run> {
         let start = Instant::now();
         let children: Vec<_> = (0..self.pods)
-            .map(|i| self.pod_cmd(i, args).spawn().expect("start weft"))
+            .map(|i| {
+                let mut cmd = self.pod_cmd(i, args);
+                cmd.envs(env.iter().copied());
+                cmd.spawn().expect("start weft")
+            })
             .collect();
         children.into_iter().map(|c| finish(c, start)).collect()
     }
@@ -171,10 +176,10 @@ fn a_launcher_inside_a_rank_of_a_pod_is_refused() {
     assert!(run.err().contains("already rank 1"), "{}", run.err());
 }
 
-/// Checks the two pods' runs of `weft bench all_reduce` on 2 x 2 ranks:
-/// one table, printed by rank 0's pod, naming each rank's own host; the
-/// other pod says its ranks finished.
-fn assert_one_job_of_four(runs: &[Run], sizes: &[&str]) {
+/// Checks the two pods' runs of a `weft bench` job of 2 x 2 ranks: both
+/// succeeded, and rank 0's pod alone printed one table of 4 ranks without a
+/// wrong value. Returns that table.
+fn assert_one_table_of_four(runs: &[Run]) -> String {
     for (i, r) in runs.iter().enumerate() {
         assert_eq!(
             r.code,
@@ -191,6 +196,16 @@ fn assert_one_job_of_four(runs: &[Run], sizes: &[&str]) {
         1,
         "{table}"
     );
+    assert!(table.contains("# Out of bounds values : 0 OK\n"), "{table}");
+    assert_eq!(runs[1].out(), "", "only rank 0 prints the table");
+    table
+}
+
+/// Checks the two pods' runs of plain `weft bench all_reduce` on 2 x 2
+/// ranks: one table (rows of `sizes`), naming each rank's own host; the
+/// other pod says its ranks finished.
+fn assert_one_job_of_four(runs: &[Run], sizes: &[&str]) {
+    let table = assert_one_table_of_four(runs);
     for (rank, host) in [(0, "pod-0"), (1, "pod-0"), (2, "pod-1"), (3, "pod-1")] {
         let line = table
             .lines()
@@ -198,14 +213,12 @@ fn assert_one_job_of_four(runs: &[Run], sizes: &[&str]) {
             .unwrap_or_else(|| panic!("no header line of rank {rank}:\n{table}"));
         assert!(line.contains(&format!(" on {host:>10} ")), "{line}");
     }
-    assert!(table.contains("# Out of bounds values : 0 OK\n"), "{table}");
     let rows: Vec<&str> = table
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .map(|l| l.split_whitespace().next().unwrap())
         .collect();
     assert_eq!(rows, sizes, "{table}");
-    assert_eq!(runs[1].out(), "", "only rank 0 prints the table");
     assert!(
         runs[1]
             .err()
@@ -238,7 +251,7 @@ fn bench_in_each_pod_is_one_job_over_the_pods() {
     let job = Job::new(2, 2);
     let mut args = vec!["bench"];
     args.extend_from_slice(BENCH);
-    assert_one_job_of_four(&job.run_pods(&args), &["1024", "8192", "65536"]);
+    assert_one_job_of_four(&job.run_pods(&args, &[]), &["1024", "8192", "65536"]);
 }
 
 /// examples/bench-allreduce.yaml's own command (its sweep cut at 64K to
@@ -271,7 +284,7 @@ fn the_bench_examples_command_runs_in_its_pods() {
     argv[e + 1] = "64K".into();
     argv.extend(["--timeout".into(), "25".into()]);
     let args: Vec<&str> = argv[1..].iter().map(String::as_str).collect();
-    let runs = Job::new(2, 2).run_pods(&args);
+    let runs = Job::new(2, 2).run_pods(&args, &[]);
     assert_one_job_of_four(&runs, &["1024", "4096", "16384", "65536"]);
 }
 
@@ -287,33 +300,7 @@ fn bench_under_weft_run_in_each_pod_is_one_job_over_the_pods() {
         weft_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let start = Instant::now();
-    let children: Vec<_> = (0..2)
-        .map(|i| {
-            let mut c = job.pod_cmd(i, &args);
-            c.env("PATH", &path);
-            c.spawn().expect("start weft")
-        })
-        .collect();
-    let runs: Vec<Run> = children.into_iter().map(|c| finish(c, start)).collect();
-    for (i, r) in runs.iter().enumerate() {
-        assert_eq!(
-            r.code,
-            Some(0),
-            "pod {i}\nstdout:\n{}\nstderr:\n{}",
-            r.out(),
-            r.err()
-        );
-    }
-    let table = runs[0].out();
-    assert!(table.contains("# nRanks 4 "), "{table}");
-    assert_eq!(
-        table.matches("Collective test starting").count(),
-        1,
-        "{table}"
-    );
-    assert!(table.contains("# Out of bounds values : 0 OK\n"), "{table}");
-    assert_eq!(runs[1].out(), "", "only rank 0 prints the table");
+    assert_one_table_of_four(&job.run_pods(&args, &[("PATH", &path)]));
 }
 
 #[test]

@@ -8,8 +8,9 @@
 
 mod common;
 
+use common::now_ms;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use weft_tests::job::{self, JobRun, JobSpec};
 use weft_tests::netns::Net;
 
@@ -17,13 +18,6 @@ const BOOT_PORT: u16 = 7300;
 
 fn worker() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_net-worker"))
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
 }
 
 fn hosts(n: usize) -> Option<Net> {

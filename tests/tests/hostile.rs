@@ -13,6 +13,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use weft_testkit::Rng;
 use weft_tests::job::{self, JobRun, JobSpec, Running};
 
 /// Ranks of the attacked jobs, each on its own simulated host (TCP between
@@ -96,20 +97,6 @@ fn port_pid(s: &str) -> (u16, u32) {
     )
 }
 
-/// A small deterministic generator (the attacks are reproducible).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// A bootstrap-protocol frame as an attacker makes it: a valid header,
 /// `payload`, and a made-up tag.
 fn frame(kind: u8, declared_len: u32, payload: &[u8], rng: &mut Rng) -> Vec<u8> {
@@ -168,7 +155,7 @@ fn forged_connects_are_refused_before_anything_is_kept() {
     let (port, pid) = port_pid(&ctl.wait(&format!("port.{}", RANKS - 1), &mut job));
     let (rss0, fd0) = (mem(pid, "VmRSS:"), fds(pid));
     let target: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     let t = Instant::now();
     let mut held = Vec::new();
     for _ in 0..4200 {
@@ -298,7 +285,7 @@ fn bootstrap_root_reads_little_before_the_mac_and_binds_loopback() {
     let attackers: Vec<_> = (0..32u64)
         .map(|i| {
             std::thread::spawn(move || {
-                let mut rng = Rng(0x5eed_0300 + i);
+                let mut rng = Rng::new(0x5eed_0300 + i);
                 let Ok(mut s) = TcpStream::connect_timeout(&root, Duration::from_secs(5)) else {
                     return;
                 };

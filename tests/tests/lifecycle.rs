@@ -4,8 +4,9 @@
 mod common;
 
 use common::num;
+use std::collections::HashMap;
 use std::time::Duration;
-use weft_tests::job::{self, JobSpec};
+use weft_tests::job::{self, JobRun, JobSpec};
 
 #[test]
 fn split_colors_keys_nocolor_nested_and_concurrent_with_parent() {
@@ -51,6 +52,26 @@ fn abort_fails_every_rank_within_seconds() {
     }
 }
 
+/// The last rank of `run` was SIGKILLed and every other one survived it,
+/// reporting a `RemoteError`: returns the survivors' facts, by rank.
+fn survivors_of_a_killed_last_rank(run: &JobRun) -> Vec<HashMap<String, String>> {
+    let victim = run.ranks.len() - 1;
+    assert_eq!(
+        run.ranks[victim].signal,
+        Some(libc::SIGKILL),
+        "{}",
+        run.dump()
+    );
+    (0..victim)
+        .map(|r| {
+            assert_eq!(run.ranks[r].code, Some(0), "survivor {r}:\n{}", run.dump());
+            let f = run.facts(r);
+            assert_eq!(f["kind"], "RemoteError", "rank {r}: {}", run.dump());
+            f
+        })
+        .collect()
+}
+
 fn killed_rank(n: usize, transport: &str) {
     let run = job::run(
         JobSpec::new(common::worker(), n, &["kill"])
@@ -58,19 +79,9 @@ fn killed_rank(n: usize, transport: &str) {
             .env("WEFT_PEER_TIMEOUT_MS", "2000")
             .timeout(Duration::from_secs(60)),
     );
-    let victim = n - 1;
-    assert_eq!(
-        run.ranks[victim].signal,
-        Some(libc::SIGKILL),
-        "{}",
-        run.dump()
-    );
-    for r in 0..victim {
-        assert_eq!(run.ranks[r].code, Some(0), "survivor {r}:\n{}", run.dump());
-        let f = run.facts(r);
-        assert_eq!(f["kind"], "RemoteError", "rank {r}: {}", run.dump());
+    for (r, f) in survivors_of_a_killed_last_rank(&run).iter().enumerate() {
         assert!(
-            num(&f, "detect_ms") < 4000,
+            num(f, "detect_ms") < 4000,
             "rank {r} needed {} ms",
             f["detect_ms"]
         );
@@ -93,10 +104,10 @@ fn sigkilled_rank_fails_survivors_tcp() {
     killed_rank(3, "tcp");
 }
 
-#[test]
-fn mismatched_counts_fail_that_communicator_only() {
-    let run =
-        job::run(JobSpec::new(common::worker(), 3, &["mismatch"]).timeout(Duration::from_secs(60)));
+/// The `mismatch` worker on 3 ranks: the mismatched collective fails on
+/// every rank within 3 s, and the world communicator still works after.
+fn mismatched_counts_fail(spec: JobSpec) {
+    let run = job::run(spec.timeout(Duration::from_secs(60)));
     run.assert_success();
     for r in 0..3 {
         let f = run.facts(r);
@@ -105,21 +116,18 @@ fn mismatched_counts_fail_that_communicator_only() {
     }
 }
 
+#[test]
+fn mismatched_counts_fail_that_communicator_only() {
+    mismatched_counts_fail(JobSpec::new(common::worker(), 3, &["mismatch"]));
+}
+
 /// Counts so different that rank 0 all-reduces through the latency slots and
 /// the others through the rings: still an error on every rank, not a hang.
 #[test]
 fn mismatched_counts_across_algorithms_fail() {
-    let run = job::run(
-        JobSpec::new(common::worker(), 3, &["mismatch"])
-            .env("WEFT_TEST_MISMATCH_BIG", "1")
-            .timeout(Duration::from_secs(60)),
+    mismatched_counts_fail(
+        JobSpec::new(common::worker(), 3, &["mismatch"]).env("WEFT_TEST_MISMATCH_BIG", "1"),
     );
-    run.assert_success();
-    for r in 0..3 {
-        let f = run.facts(r);
-        assert!(num(&f, "mismatch_ms") < 3000, "{}", run.dump());
-        assert_eq!(f["world"], "ok");
-    }
 }
 
 #[test]
@@ -165,19 +173,9 @@ fn a_peer_killed_while_idle_shows_in_async_error_shm() {
             .timeout(Duration::from_secs(60)),
     );
     let _ = std::fs::remove_dir_all(&ctl);
-    let victim = n - 1;
-    assert_eq!(
-        run.ranks[victim].signal,
-        Some(libc::SIGKILL),
-        "{}",
-        run.dump()
-    );
-    for r in 0..victim {
-        assert_eq!(run.ranks[r].code, Some(0), "survivor {r}:\n{}", run.dump());
-        let f = run.facts(r);
-        assert_eq!(f["kind"], "RemoteError", "rank {r}: {}", run.dump());
+    for (r, f) in survivors_of_a_killed_last_rank(&run).iter().enumerate() {
         assert_eq!(f["names_victim"], "true", "rank {r}: {}", run.dump());
-        assert!(num(&f, "detect_ms") < 3000, "rank {r}: {}", run.dump());
+        assert!(num(f, "detect_ms") < 3000, "rank {r}: {}", run.dump());
     }
 }
 

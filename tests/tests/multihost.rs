@@ -5,8 +5,9 @@
 
 mod common;
 
-use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use common::{cli, now_ms};
+use std::thread::{Scope, ScopedJoinHandle};
+use std::time::{Duration, Instant};
 use weft_tests::job::{self, JobRun, JobSpec};
 use weft_tests::netns::Net;
 use weft_tests::sidecar::Sidecar;
@@ -14,17 +15,6 @@ use weft_tests::sidecar::Sidecar;
 const PEER_PORT: u16 = 7100;
 const BOOT_PORT: u16 = 7200;
 const PER_HOST: usize = 2;
-
-fn cli() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_weft-cli"))
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
 
 struct Cluster {
     sidecars: Vec<Sidecar>,
@@ -132,6 +122,17 @@ impl Cluster {
             .timeout(limit)
     }
 
+    /// Starts the `sc_hang` job in `scope` (its ranks run collectives until
+    /// one fails) and returns once every rank runs.
+    fn start_hang<'scope>(
+        &'scope self,
+        scope: &'scope Scope<'scope, '_>,
+    ) -> ScopedJoinHandle<'scope, JobRun> {
+        let h = scope.spawn(|| job::run(self.spec(&["sc_hang"], Duration::from_secs(90))));
+        self.wait_running();
+        h
+    }
+
     fn wait_running(&self) {
         let t = Instant::now();
         for sc in &self.sidecars {
@@ -174,6 +175,57 @@ fn errors(run: &JobRun) -> Vec<String> {
         .collect()
 }
 
+/// Every rank of `run` failed (the worker's exit code 3); returns how long
+/// after `t0` (ms since the epoch) the last one did.
+fn every_rank_failed(run: &JobRun, t0: u128) -> u128 {
+    let mut worst = 0;
+    for r in &run.ranks {
+        assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
+        let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
+        worst = worst.max(at.saturating_sub(t0));
+    }
+    worst
+}
+
+/// No rank of `run` opened a TCP connection of its own: every byte to
+/// another host went through the sidecars' proxy.
+fn assert_proxied(run: &JobRun) {
+    for r in &run.ranks {
+        let f = run.facts(r.rank);
+        assert_eq!(common::num(&f, "tcp_conns"), 0, "proxied: {f:?}");
+    }
+}
+
+/// Cuts host 1's link while the `sc_hang` job `hang` runs on the 2 hosts
+/// of `c`: every rank fails within twice the peer timeout `timeout_ms`,
+/// its error naming the host it lost. Returns the run and the errors.
+fn cut_the_link(
+    c: &Cluster,
+    hang: ScopedJoinHandle<'_, JobRun>,
+    timeout_ms: u64,
+    what: &str,
+) -> (JobRun, Vec<String>) {
+    let t0 = now_ms();
+    c.net.cut(1);
+    let run = hang.join().unwrap();
+    let errs = errors(&run);
+    let worst = every_rank_failed(&run, t0);
+    for r in &run.ranks {
+        let lost = &c.net.hosts[1 - r.rank / PER_HOST];
+        assert!(
+            errs[r.rank].contains(lost.as_str()),
+            "rank {}'s error names {lost}: {}",
+            r.rank,
+            errs[r.rank]
+        );
+    }
+    eprintln!(
+        "{what}: every rank failed within {worst} ms (peer timeout {timeout_ms} ms); errors: {errs:?}"
+    );
+    assert!(worst < (timeout_ms as u128) * 2, "{worst} ms");
+    (run, errs)
+}
+
 #[test]
 fn collectives_across_2_3_and_4_namespace_hosts_are_right() {
     for hosts in [2, 3, 4] {
@@ -207,8 +259,7 @@ fn cutting_a_link_fails_every_rank_naming_the_lost_host() {
         return;
     };
     std::thread::scope(|sc| {
-        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
-        c.wait_running();
+        let h = c.start_hang(sc);
         // Job-wide RAS from host 0's sidecar: every rank of the job, none missing.
         let s = weft_tests_rt()
             .block_on(weft::ras::fetch_with(c.sidecars[0].socket.clone(), true))
@@ -230,29 +281,8 @@ fn cutting_a_link_fails_every_rank_naming_the_lost_host() {
             vec![2, 3],
             "host 0 alone sees ranks 2 and 3 missing"
         );
-        let t0 = now_ms();
-        c.net.cut(1);
-        let run = h.join().unwrap();
-        let errs = errors(&run);
-        let mut worst = 0;
-        for r in &run.ranks {
-            let f = run.facts(r.rank);
-            assert_eq!(common::num(&f, "tcp_conns"), 0, "proxied: {f:?}");
-            assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
-            let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
-            worst = worst.max(at.saturating_sub(t0));
-            let lost = &c.net.hosts[1 - r.rank / PER_HOST];
-            assert!(
-                errs[r.rank].contains(lost.as_str()),
-                "rank {}'s error names {lost}: {}",
-                r.rank,
-                errs[r.rank]
-            );
-        }
-        eprintln!(
-            "link cut: every rank failed within {worst} ms (peer timeout {TIMEOUT_MS} ms); errors: {errs:?}"
-        );
-        assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
+        let (run, _) = cut_the_link(&c, h, TIMEOUT_MS, "link cut");
+        assert_proxied(&run);
     });
 }
 
@@ -263,19 +293,12 @@ fn killing_a_hosts_sidecar_fails_every_rank() {
         return;
     };
     let run = std::thread::scope(|sc| {
-        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
-        c.wait_running();
+        let h = c.start_hang(sc);
         let t0 = now_ms();
         c.sidecars[1].signal(libc::SIGKILL);
         let run = h.join().unwrap();
-        let mut worst = 0;
-        for r in &run.ranks {
-            let f = run.facts(r.rank);
-            assert_eq!(common::num(&f, "tcp_conns"), 0, "proxied: {f:?}");
-            assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
-            let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
-            worst = worst.max(at.saturating_sub(t0));
-        }
+        let worst = every_rank_failed(&run, t0);
+        assert_proxied(&run);
         let errs = errors(&run);
         eprintln!("sidecar killed: every rank failed within {worst} ms; errors: {errs:?}");
         assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
@@ -315,8 +338,7 @@ fn sigterm_to_one_hosts_sidecar_fails_the_whole_job_within_2s() {
         return;
     };
     let (run, t0) = std::thread::scope(|sc| {
-        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
-        c.wait_running();
+        let h = c.start_hang(sc);
         let t0 = now_ms();
         c.sidecars[1].signal(libc::SIGTERM);
         (h.join().unwrap(), t0)
@@ -325,12 +347,7 @@ fn sigterm_to_one_hosts_sidecar_fails_the_whole_job_within_2s() {
         .wait(Duration::from_secs(5))
         .expect("sidecar exits");
     assert!(st.success(), "{st:?}\n{}", c.sidecars[1].log());
-    let mut worst = 0;
-    for r in &run.ranks {
-        assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
-        let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
-        worst = worst.max(at.saturating_sub(t0));
-    }
+    let worst = every_rank_failed(&run, t0);
     eprintln!(
         "sigterm on host 1: every rank failed within {worst} ms; errors: {:?}",
         errors(&run)
@@ -752,27 +769,11 @@ fn cutting_a_link_is_noticed_by_the_proxy_alone() {
         return;
     };
     std::thread::scope(|sc| {
-        let h = sc.spawn(|| job::run(c.spec(&["sc_hang"], Duration::from_secs(90))));
-        c.wait_running();
-        let t0 = now_ms();
-        c.net.cut(1);
-        let run = h.join().unwrap();
-        let errs = errors(&run);
-        let mut worst = 0;
-        for r in &run.ranks {
-            assert_eq!(r.code, Some(3), "rank {} must fail\n{}", r.rank, run.dump());
-            let at: u128 = run.facts(r.rank)["failed_at_ms"].parse().unwrap();
-            worst = worst.max(at.saturating_sub(t0));
-            let lost = &c.net.hosts[1 - r.rank / PER_HOST];
-            assert!(
-                errs[r.rank].contains(lost.as_str()) && errs[r.rank].contains("lost host"),
-                "rank {}'s error names {lost}: {}",
-                r.rank,
-                errs[r.rank]
-            );
+        let h = c.start_hang(sc);
+        let (_, errs) = cut_the_link(&c, h, TIMEOUT_MS, "link cut, proxy alone");
+        for (r, e) in errs.iter().enumerate() {
+            assert!(e.contains("lost host"), "rank {r}: {e}");
         }
-        eprintln!("link cut, proxy alone: every rank failed within {worst} ms; errors: {errs:?}");
-        assert!(worst < (TIMEOUT_MS as u128) * 2, "{worst} ms");
     });
 }
 

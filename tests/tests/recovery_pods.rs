@@ -15,6 +15,7 @@
 
 mod common;
 
+use common::cli;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -26,10 +27,6 @@ use weft_tests::sidecar::Sidecar;
 const STEPS: u64 = 40;
 /// The whole scenario, reference run included, ends within this.
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn cli() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_weft-cli"))
-}
 
 /// One pod: its sidecar and its workload (`weft run -n 1`).
 struct Pod {

@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::num;
+use common::{cli, now_ms, num};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -14,17 +13,6 @@ use weft::rpc;
 use weft_tests::job::{self, JobRun, JobSpec};
 use weft_tests::otlp;
 use weft_tests::sidecar::Sidecar;
-
-fn cli() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_weft-cli"))
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis()
-}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

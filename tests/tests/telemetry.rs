@@ -6,10 +6,9 @@
 
 mod common;
 
-use common::num;
+use common::{cli, num};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -19,10 +18,6 @@ use weft_agent::ring::{Segment, queue};
 use weft_tests::job::{self, JobRun, JobSpec};
 use weft_tests::otlp;
 use weft_tests::sidecar::Sidecar;
-
-fn cli() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_weft-cli"))
-}
 
 fn run_job(
     sc: &Sidecar,

@@ -12,6 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use weft::{LaunchSpec, launch};
+use weft_testkit::run_bounded;
 
 /// Every NCCL function the issue requires; each is exported with a `p` twin.
 const FUNCTIONS: &[&str] = &[
@@ -112,31 +113,6 @@ fn install_dir() -> &'static Path {
         std::fs::create_dir_all(root.join("bin")).unwrap();
         root
     })
-}
-
-/// Runs a command to completion within `limit`, killing it on timeout.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> std::process::Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{cmd:?} ran longer than {limit:?} and was killed\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Compiles `tests/c/<name>.c` against our header and the installed library.

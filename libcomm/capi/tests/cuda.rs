@@ -7,6 +7,7 @@
 use libcomm::cuda::{self, mem};
 use nccl::api::*;
 use std::ffi::c_void;
+use weft_testkit::Rng;
 
 const F32: i32 = 7;
 const F16: i32 = 6;
@@ -64,19 +65,10 @@ fn combine(op: i32, a: f64, b: f64) -> f64 {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Small integers: exact in every type, products of 4 stay exact.
-    fn value(&mut self, dt: i32) -> f64 {
-        let v = (self.next() % 7) as f64;
-        if dt == I32 || dt == U8 { v } else { v - 3.0 }
-    }
+/// A small integer of `rng`: exact in every type, products of 4 stay exact.
+fn small_value(rng: &mut Rng, dt: i32) -> f64 {
+    let v = (rng.next_u64() % 7) as f64;
+    if dt == I32 || dt == U8 { v } else { v - 3.0 }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -145,7 +137,7 @@ fn cuda_collectives_match_host_reference() {
     if ndev > 2 {
         sizes.push(ndev);
     }
-    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rng = Rng::new(0x9e3779b97f4a7c15);
     let mut failures = Vec::new();
     let mut cases = 0;
     for &n in &sizes {
@@ -246,7 +238,7 @@ fn one_case(
     };
     // Inputs, poisoned outputs.
     let inputs: Vec<Vec<f64>> = (0..nu)
-        .map(|_| (0..in_elems).map(|_| rng.value(dt)).collect())
+        .map(|_| (0..in_elems).map(|_| small_value(rng, dt)).collect())
         .collect();
     let poison = vec![0xA5u8; out_elems.max(in_elems) * e];
     let mut bufs: Vec<(u64, u64)> = Vec::new();
@@ -509,12 +501,12 @@ fn communicators_sharing_gpus_keep_their_own_flags() {
     // A: all-reduce of 1M floats; B: broadcast from root 0, then reduce to
     // root n - 1, of 3M floats (odd sizes of each algorithm family).
     let (ca, cb) = (1usize << 20, 3 * (1usize << 20) + 5);
-    let mut rng = Rng(0x5eed_cafe_f00d_d00d);
+    let mut rng = Rng::new(0x5eed_cafe_f00d_d00d);
     let in_a: Vec<Vec<f64>> = (0..nu)
-        .map(|_| (0..ca).map(|_| rng.value(F32)).collect())
+        .map(|_| (0..ca).map(|_| small_value(&mut rng, F32)).collect())
         .collect();
     let in_b: Vec<Vec<f64>> = (0..nu)
-        .map(|_| (0..cb).map(|_| rng.value(F32)).collect())
+        .map(|_| (0..cb).map(|_| small_value(&mut rng, F32)).collect())
         .collect();
     let upload = |d: i32, v: &[f64]| {
         let bytes = f32_bytes(v);
@@ -616,9 +608,9 @@ fn premulsum_reads_a_device_scalar_when_called() {
     let nu = n as usize;
     let comms = init_all(&(0..n).collect::<Vec<i32>>());
     let count = 1001usize;
-    let mut rng = Rng(0xfeed_5ca1_ab1e_0001);
+    let mut rng = Rng::new(0xfeed_5ca1_ab1e_0001);
     let inputs: Vec<Vec<f64>> = (0..nu)
-        .map(|_| (0..count).map(|_| rng.value(F32)).collect())
+        .map(|_| (0..count).map(|_| small_value(&mut rng, F32)).collect())
         .collect();
     let send: Vec<u64> = (0..n).map(|d| mem::alloc(d, count * 4).unwrap()).collect();
     let recv: Vec<u64> = (0..n).map(|d| mem::alloc(d, count * 4).unwrap()).collect();
@@ -701,10 +693,10 @@ type RankPhase<'a> = dyn Fn(usize, ncclComm_t, *mut c_void, &[u64]) + Sync + 'a;
 /// `(rank, step)`.
 fn ring_data(rank: usize, step: usize, count: usize) -> Vec<u8> {
     let mut rng =
-        Rng(0x9e37_79b9_7f4a_7c15 ^ ((rank as u64) << 32) ^ ((step as u64 + 1) * 0x1234_5678));
+        Rng::new(0x9e37_79b9_7f4a_7c15 ^ ((rank as u64) << 32) ^ ((step as u64 + 1) * 0x1234_5678));
     let mut b = vec![0u8; count * 4];
     for out in b.chunks_exact_mut(4) {
-        out.copy_from_slice(&(((rng.next() % 1_000_000) + 1) as f32).to_le_bytes());
+        out.copy_from_slice(&(((rng.next_u64() % 1_000_000) + 1) as f32).to_le_bytes());
     }
     b
 }

@@ -2,23 +2,24 @@
 //! cleans up, an invalid spec fails, a suspended job deletes its pods, a
 //! resumed one says so, and a job past its deadline fails.
 
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::SignedDuration;
 
 use super::lifecycle::{fail, finish, suspend};
-use super::{COND_SUSPENDED, Plan, secs_until};
-use crate::crd::{CollectiveJob, CollectiveJobStatus, JobPhase};
+use super::{COND_SUSPENDED, Observed, Plan, secs_until};
+use crate::crd::JobPhase;
 use crate::resources::validate;
-use crate::status::{PodView, set_condition};
+use crate::status::set_condition;
 
 /// Applies the gates; true when one of them decided the whole plan.
-pub(super) fn decided(
-    job: &CollectiveJob,
-    old: &CollectiveJobStatus,
-    views: &[PodView],
-    now: Timestamp,
-    p: &mut Plan,
-) -> bool {
-    let generation = job.metadata.generation;
+pub(super) fn decided(obs: &Observed, p: &mut Plan) -> bool {
+    let Observed {
+        job,
+        old,
+        all: views,
+        now,
+        generation,
+        ..
+    } = *obs;
     if old.phase.is_some_and(JobPhase::is_terminal) {
         finish(job, views, now, p);
         return true;
@@ -49,28 +50,25 @@ pub(super) fn decided(
             "Job resumed; pods are recreated",
         );
     }
-    deadline_passed(job, old, views, now, p)
+    deadline_passed(obs, p)
 }
 
 /// The deadline counts time since the pods of the (last resumed) run were
 /// first created. Fails the job once it has passed, else makes sure the job
 /// is reconciled when it does.
-fn deadline_passed(
-    job: &CollectiveJob,
-    old: &CollectiveJobStatus,
-    views: &[PodView],
-    now: Timestamp,
-    p: &mut Plan,
-) -> bool {
-    let (Some(limit), Some(start)) = (job.spec.run_policy.active_deadline_seconds, &old.start_time)
-    else {
+fn deadline_passed(obs: &Observed, p: &mut Plan) -> bool {
+    let now = obs.now;
+    let (Some(limit), Some(start)) = (
+        obs.job.spec.run_policy.active_deadline_seconds,
+        &obs.old.start_time,
+    ) else {
         return false;
     };
     let deadline = start.0 + SignedDuration::from_secs(limit);
     if now >= deadline {
         let msg = format!("job ran longer than activeDeadlineSeconds ({limit}s)");
-        fail(p, "DeadlineExceeded", &msg, now, job.metadata.generation);
-        finish(job, views, now, p);
+        fail(p, "DeadlineExceeded", &msg, now, obs.generation);
+        finish(obs.job, obs.all, now, p);
         return true;
     }
     p.requeue_at_most(secs_until(deadline, now));

@@ -122,8 +122,8 @@ impl Plan {
     }
 }
 
-/// What the phases after the gates read: the job, its status as read, the
-/// time, and its pods split by epoch.
+/// What the phases read: the job, its status as read, the time, and its pods
+/// (all of them, and split by epoch).
 struct Observed<'a> {
     job: &'a CollectiveJob,
     /// The status as read (the plan's status is the one being written).
@@ -179,11 +179,11 @@ pub fn plan(job: &CollectiveJob, pods: &[Pod], now: Timestamp) -> Plan {
     };
     let views: Vec<PodView> = pods.iter().map(classify).collect();
     refresh_spec_fields(job, &mut p.status);
-    if gates::decided(job, &old, &views, now, &mut p) {
+    let obs = Observed::new(job, &old, &views, now);
+    if gates::decided(&obs, &mut p) {
         return p;
     }
 
-    let obs = Observed::new(job, &old, &views, now);
     cleanup::stale_pods(&obs, &mut p);
     let replacing = recovery::in_progress(&old.recoveries, obs.epoch);
     cleanup::replaced_pods(&obs, &replacing, &mut p);

@@ -47,6 +47,17 @@ fn started(j: CollectiveJob) -> (CollectiveJob, Vec<Pod>) {
     (j, set_all(pods, "Running", true, None))
 }
 
+/// The job once its pods of epoch 0 are created and a restart is decided
+/// (epoch 1, phase Restarting), with those pods.
+fn restart_decided(j: CollectiveJob) -> (CollectiveJob, Vec<Pod>) {
+    let p = plan(&j, &[], t(0));
+    let (mut j, pods) = apply(j, vec![], &p);
+    let st = j.status.as_mut().unwrap();
+    st.restart_epoch = 1;
+    st.phase = Some(JobPhase::Restarting);
+    (j, pods)
+}
+
 /// The pod in `phase` after its workload exited with `code`.
 fn exited(pod: &Pod, phase: &str, code: i32) -> Pod {
     with_status(pod.clone(), phase, false, vec![cs_exited("main", code)])
@@ -184,14 +195,8 @@ fn failure_restarts_with_new_epoch_then_recreates() {
 
 #[test]
 fn stale_terminating_pods_block_recreation() {
-    let j = job("a", 2, 1);
-    let p = plan(&j, &[], t(0));
-    let (mut j, pods) = apply(j, vec![], &p);
-    // restart decided: epoch 1, old pods still terminating
-    let mut st = j.status.clone().unwrap();
-    st.restart_epoch = 1;
-    st.phase = Some(JobPhase::Restarting);
-    j.status = Some(st);
+    let (j, pods) = restart_decided(job("a", 2, 1));
+    // old pods still terminating
     let pods: Vec<Pod> = pods
         .into_iter()
         .map(|mut p| {
@@ -208,13 +213,7 @@ fn stale_terminating_pods_block_recreation() {
 
 #[test]
 fn old_pods_stuck_terminating_are_force_deleted() {
-    let j = job("a", 1, 1);
-    let p = plan(&j, &[], t(0));
-    let (mut j, pods) = apply(j, vec![], &p);
-    let mut st = j.status.clone().unwrap();
-    st.restart_epoch = 1;
-    st.phase = Some(JobPhase::Restarting);
-    j.status = Some(st);
+    let (j, pods) = restart_decided(job("a", 1, 1));
     let mut pod = pods[0].clone();
     pod.metadata.deletion_timestamp = Some(Time(t(30)));
     let p = plan(&j, std::slice::from_ref(&pod), t(60));

@@ -7,7 +7,7 @@
 use super::Engine;
 use super::authority::Rewriter;
 use super::limits::{Gate, Slot, Ticket};
-use crate::seams::{Admission, PREFACE_LEN, Route};
+use crate::seams::{Admission, Handover, PREFACE_LEN, Route};
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -353,7 +353,12 @@ pub async fn accept_loop(
                             };
                             match (t.into_std(), from) {
                                 (Ok(t), Some(from)) => {
-                                    h.handle(t, from, deadline, Box::new(Held(ticket, hs)));
+                                    h.handle(Handover {
+                                        stream: t,
+                                        from,
+                                        deadline,
+                                        admission: Box::new(Held(ticket, hs)),
+                                    });
                                     return;
                                 }
                                 _ => ("short", format!("lost before the {} handshake", r.name)),

@@ -48,12 +48,29 @@ struct Stream {
     open: bool,
 }
 
+impl Stream {
+    /// The two streams of one rank: its stdout and stderr pipes, both open.
+    fn of_rank(rank: usize, stdout: OwnedFd, stderr: OwnedFd) -> [Stream; 2] {
+        [(stdout, false), (stderr, true)].map(|(fd, is_stderr)| Stream {
+            fd,
+            rank,
+            is_stderr,
+            pending: Vec::new(),
+            mid_line: false,
+            open: true,
+        })
+    }
+}
+
+/// Pipes of ranks started later (a replaced rank): (rank, stdout, stderr),
+/// picked up by the output thread.
+type Added = std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>;
+
 /// The running output thread.
 pub struct Pump {
     done: Arc<AtomicBool>,
     handle: JoinHandle<Vec<RankOutput>>,
-    /// Pipes of ranks started later (a replaced rank), picked up by the thread.
-    added: Arc<std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>>,
+    added: Arc<Added>,
 }
 
 impl Pump {
@@ -62,20 +79,11 @@ impl Pump {
         let ranks = pipes.len();
         let mut streams = Vec::with_capacity(2 * ranks);
         for (rank, (out, err)) in pipes.into_iter().enumerate() {
-            for (fd, is_stderr) in [(out, false), (err, true)] {
-                streams.push(Stream {
-                    fd,
-                    rank,
-                    is_stderr,
-                    pending: Vec::new(),
-                    mid_line: false,
-                    open: true,
-                });
-            }
+            streams.extend(Stream::of_rank(rank, out, err));
         }
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
-        let added: Arc<std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>> = Default::default();
+        let added: Arc<Added> = Default::default();
         let incoming = added.clone();
         let handle = std::thread::Builder::new()
             .name("weft-output".into())
@@ -123,23 +131,12 @@ fn digits(mut n: usize) -> usize {
     d
 }
 
-type Added = std::sync::Mutex<Vec<(usize, OwnedFd, OwnedFd)>>;
-
 fn pump(streams: &mut Vec<Stream>, w: &mut Writer, done: &AtomicBool, added: &Added) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut deadline: Option<Instant> = None;
     loop {
         for (rank, out, err) in added.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            for (fd, is_stderr) in [(out, false), (err, true)] {
-                streams.push(Stream {
-                    fd,
-                    rank,
-                    is_stderr,
-                    pending: Vec::new(),
-                    mid_line: false,
-                    open: true,
-                });
-            }
+            streams.extend(Stream::of_rank(rank, out, err));
         }
         let open: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].open).collect();
         if open.is_empty() {

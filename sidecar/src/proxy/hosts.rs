@@ -6,7 +6,7 @@
 use super::wire::{self, Challenge, FRAME_HEADER, Frame, Hello};
 use super::{HostConn, LOST, Proxy, UP};
 use crate::error::SidecarError;
-use crate::seams::Admission;
+use crate::seams::Handover;
 use libcomm::handshake;
 use libcomm::sockets::{self, DataOpts};
 use std::io::{ErrorKind, Read, Write};
@@ -117,16 +117,16 @@ fn handshake_dial(
 }
 
 /// A connection on the peer port that opened with the proxy preface: it
-/// must finish the handshake by `deadline` (counted from accept, the
-/// preface included); `admission` (its place among the port's
+/// must finish the handshake by its deadline (counted from accept, the
+/// preface included); its admission (its place among the port's
 /// unauthenticated connections) is held until then.
-pub fn accept(
-    p: Arc<Proxy>,
-    s: TcpStream,
-    from: SocketAddr,
-    deadline: Instant,
-    admission: Box<dyn Admission>,
-) {
+pub fn accept(p: Arc<Proxy>, conn: Handover) {
+    let Handover {
+        stream: s,
+        from,
+        deadline,
+        admission,
+    } = conn;
     let _ = std::thread::Builder::new()
         .name("weft-proxy-accept".into())
         .stack_size(128 << 10)

@@ -30,7 +30,7 @@ pub mod wire;
 
 use crate::log::log;
 use crate::metrics::Metrics;
-use crate::seams::{Admission, ConnectionHandler, HostView, HostViews, JobEvents, Route};
+use crate::seams::{ConnectionHandler, Handover, HostView, HostViews, JobEvents, Route};
 use arc_swap::ArcSwap;
 use libcomm::sidecar_link::{Attached, Doorbell, InRing, OutRing};
 use prometheus_client::metrics::counter::Counter;
@@ -429,14 +429,8 @@ pub fn start(
 struct PeerAcceptor(Arc<Proxy>);
 
 impl ConnectionHandler for PeerAcceptor {
-    fn handle(
-        &self,
-        s: TcpStream,
-        from: SocketAddr,
-        deadline: Instant,
-        admission: Box<dyn Admission>,
-    ) {
-        hosts::accept(self.0.clone(), s, from, deadline, admission);
+    fn handle(&self, conn: Handover) {
+        hosts::accept(self.0.clone(), conn);
     }
 }
 

@@ -8,6 +8,20 @@ pub fn worker() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_rank-worker"))
 }
 
+/// The test build of the `weft` command line (its `weft-cli` binary).
+pub fn cli() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_weft-cli"))
+}
+
+/// Wall-clock milliseconds since the Unix epoch: the clock the ranks stamp
+/// their facts with (`failed_at_ms`, ...), so times compare across processes.
+pub fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+}
+
 /// The data seed: `WEFT_TEST_SEED` to reproduce a failure, else fresh per run
 /// (printed, so every failure names it).
 pub fn seed() -> u64 {
