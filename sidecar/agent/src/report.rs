@@ -228,13 +228,21 @@ fn hash(k: &CommKey) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ring::layout::Geometry;
     use crate::ring::queue::Drainer;
     use std::time::{Duration, Instant};
 
-    fn ev(comm: &str, rank: usize, seq: u64, phase: Phase, t: u64, err: bool) -> OpEvent<'_> {
+    /// An event of a 4-rank 4 KiB all-reduce at `t` ns (failed with `err`).
+    pub(crate) fn ev(
+        comm: &str,
+        rank: usize,
+        seq: u64,
+        phase: Phase,
+        t: u64,
+        err: bool,
+    ) -> OpEvent<'_> {
         OpEvent {
             job: "j",
             comm_id: comm,

@@ -211,38 +211,17 @@ impl Tally {
 mod tests {
     use super::*;
     use crate::report::Reporter;
+    use crate::report::tests::ev;
     use crate::ring::layout::Geometry;
     use crate::ring::queue::Drainer;
-    use libcomm::observe::{OpEvent, Phase};
+    use libcomm::observe::Phase;
     use std::sync::Arc;
-    use std::time::{Duration, Instant, UNIX_EPOCH};
+    use std::time::Instant;
 
     /// One operation of communicator "c" rank 0: started at `t0`, lasting `d` ns.
     fn op(r: &Reporter, seq: u64, t0: u64, d: u64, failed: bool) {
-        let mut ev = OpEvent {
-            job: "j",
-            comm_id: "c",
-            rank: 0,
-            nranks: 2,
-            op: "all_reduce",
-            dtype: "float",
-            bytes: 8,
-            algo: "ll",
-            seq,
-            group: false,
-            phase: Phase::Started,
-            outcome: None,
-            time: UNIX_EPOCH + Duration::from_nanos(t0),
-        };
-        r.op(&ev);
-        ev.phase = Phase::Completed;
-        ev.outcome = Some(if failed {
-            Err("peer gone".into())
-        } else {
-            Ok(())
-        });
-        ev.time = UNIX_EPOCH + Duration::from_nanos(t0 + d);
-        r.op(&ev);
+        r.op(&ev("c", 0, seq, Phase::Started, t0, false));
+        r.op(&ev("c", 0, seq, Phase::Completed, t0 + d, failed));
     }
 
     /// A reader's pass as the sidecar makes it: counters, then the ring.
