@@ -152,9 +152,9 @@ impl Reporter {
 
     /// Reports one event of an operation.
     pub fn op(&self, ev: &OpEvent<'_>) {
-        let key = CommKey::of(&ev.comm_id);
+        let key = CommKey::of(ev.comm_id);
         let rank = ev.rank as u32;
-        let slot = self.slot(&key, &ev.comm_id, rank);
+        let slot = self.slot(&key, ev.comm_id, rank);
         let at = nanos(ev.time);
         let op = memo(0, ev.op, codes::op_code);
         if ev.phase == Phase::Started {
