@@ -12,8 +12,10 @@
 //! | file | its one job |
 //! |---|---|
 //! | `event.rs` | the events ([`OpEvent`], [`CommEvent`]) and the [`AbortHandle`] a Ready event carries |
+//! | `clock.rs` | wall-clock stamps cheap enough for every collective (the TSC, scaled per thread) |
 //! | `ops.rs` | reporting one operation's (or group's) start and completion, with its sequence number |
 
+mod clock;
 mod event;
 mod ops;
 

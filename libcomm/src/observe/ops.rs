@@ -7,7 +7,6 @@ use crate::error::Result;
 use crate::op::Op;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::SystemTime;
 
 /// Per communicator: the sequence counter of its operations.
 #[derive(Debug, Default)]
@@ -57,7 +56,7 @@ pub(crate) fn start<'a>(
         group,
         phase: Phase::Started,
         outcome: None,
-        time: SystemTime::now(),
+        time: super::clock::now(),
     };
     o.on_op(&ev);
     Some(Started { ev })
@@ -71,6 +70,6 @@ pub(crate) fn finish<R>(s: Option<Started<'_>>, r: &Result<R>) {
     let mut ev = s.ev;
     ev.phase = Phase::Completed;
     ev.outcome = Some(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-    ev.time = SystemTime::now();
+    ev.time = super::clock::now();
     o.on_op(&ev);
 }
