@@ -140,7 +140,11 @@ mod tests {
             worst = worst.min(off);
             std::thread::sleep(Duration::from_micros(300));
         }
-        assert!(worst > -50_000, "a stamp was {} us off the wall clock", -worst / 1000);
+        assert!(
+            worst > -50_000,
+            "a stamp was {} us off the wall clock",
+            -worst / 1000
+        );
         let a = now();
         std::thread::sleep(Duration::from_millis(30));
         let d = now().duration_since(a).unwrap();
