@@ -84,11 +84,10 @@ fn venv() -> Option<PathBuf> {
     );
     if !ok {
         if network_failure(&out) {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "pip cannot reach the package index in CI:\n{out}"
+            weft_testkit::skip_outside_ci(
+                false,
+                &format!("chart checks: pip cannot reach the package index:\n{out}"),
             );
-            eprintln!("SKIPPED chart checks: pip cannot reach the package index:\n{out}");
             return None;
         }
         panic!("pip install failed (not a network problem):\n{out}");

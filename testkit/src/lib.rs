@@ -3,7 +3,9 @@
 //!
 //! - [`run_bounded`]: run a command to its end within a time limit, its
 //!   output collected, killing it (and failing the test) past the limit;
-//! - [`Rng`]: a small deterministic generator, so a failure replays.
+//! - [`Rng`]: a small deterministic generator, so a failure replays;
+//! - [`skip_outside_ci`]: a prerequisite missing on a developer's machine
+//!   skips (said on stderr), but fails where CI must have provided it.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
@@ -122,4 +124,15 @@ mod tests {
             first[..3].iter().map(|&v| v as u8).collect::<Vec<_>>()
         );
     }
+}
+
+/// A test's prerequisite is missing: under `CI=true` (or when `required`:
+/// e.g. `WEFT_REQUIRE_NVRTC=1`) that is a failure, since .ci/run provides
+/// it; elsewhere the test prints `SKIPPED: <why>` and the caller returns.
+pub fn skip_outside_ci(required: bool, why: &str) {
+    assert!(
+        !required && std::env::var("CI").as_deref() != Ok("true"),
+        "{why}: CI (or the setting that requires it) should have provided it"
+    );
+    eprintln!("SKIPPED: {why}");
 }

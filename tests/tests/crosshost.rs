@@ -20,20 +20,6 @@ fn worker() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_net-worker"))
 }
 
-fn hosts(n: usize) -> Option<Net> {
-    match Net::create(n) {
-        Ok(net) => Some(net),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "cannot create network namespaces ({e}): .ci/run should have made this possible"
-            );
-            eprintln!("SKIPPED: cannot create network namespaces here ({e})");
-            None
-        }
-    }
-}
-
 /// A directory the ranks and the test signal each other through.
 struct Ctl(PathBuf);
 
@@ -97,7 +83,7 @@ fn spec<'a>(net: &'a Net, placement: &[usize], args: &[&str], ctl: &Ctl) -> JobS
 #[test]
 fn every_collective_across_namespace_hosts_matches_the_reference() {
     for placement in [vec![2, 2], vec![1, 1, 1], vec![2, 1]] {
-        let Some(net) = hosts(placement.len()) else {
+        let Some(net) = common::netns_hosts(placement.len()) else {
             return;
         };
         let ctl = Ctl::new("coll");
@@ -133,7 +119,7 @@ fn survivors(run: &JobRun, victim: usize) -> Vec<(usize, String, u128)> {
 /// one, signals `victim` with `sig`, and checks that every survivor fails
 /// naming it within `bound` of the signal.
 fn fault(placement: &[usize], victim: usize, sig: i32, timeout_ms: u64, bound: Duration) {
-    let Some(net) = hosts(placement.len()) else {
+    let Some(net) = common::netns_hosts(placement.len()) else {
         return;
     };
     let ctl = Ctl::new(if sig == libc::SIGKILL { "kill" } else { "stop" });
@@ -189,7 +175,7 @@ fn a_rank_stopped_mid_transfer_fails_every_survivor_naming_it() {
 #[test]
 fn hostile_clients_on_the_engine_listener_are_refused_and_the_job_goes_on() {
     use std::io::{Read, Write};
-    let Some(net) = hosts(2) else {
+    let Some(net) = common::netns_hosts(2) else {
         return;
     };
     let ctl = Ctl::new("hostile");
@@ -261,7 +247,7 @@ fn hostile_clients_on_the_engine_listener_are_refused_and_the_job_goes_on() {
 #[test]
 #[ignore = "a measurement, run by hand"]
 fn measure_byte_mover_beside_the_tcp_transport() {
-    let Some(net) = hosts(2) else {
+    let Some(net) = common::netns_hosts(2) else {
         return;
     };
     let ctl = Ctl::new("bw");

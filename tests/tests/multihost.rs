@@ -38,19 +38,7 @@ fn cluster_full(
     peer_timeout_ms: u64,
     heartbeats: bool,
 ) -> Option<Cluster> {
-    let net = match Net::create(hosts) {
-        Ok(n) => n,
-        Err(e) => {
-            // CI installs iproute2 and runs as root: there a missing namespace is a
-            // failure, not a skip.
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "cannot create network namespaces ({e}): .ci/run should have made this possible"
-            );
-            eprintln!("SKIPPED: cannot create network namespaces here ({e})");
-            return None;
-        }
-    };
+    let net = common::netns_hosts(hosts)?;
     let mut sidecars: Vec<Sidecar> = Vec::new();
     for h in 0..hosts {
         let peers: Vec<String> = (0..hosts)

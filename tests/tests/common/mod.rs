@@ -46,3 +46,19 @@ pub fn num(facts: &std::collections::HashMap<String, String>, key: &str) -> u64 
         .parse()
         .unwrap_or_else(|_| panic!("{key} is not a number: {facts:?}"))
 }
+
+/// `n` network-namespace hosts, or `None` (the test skips) where `ip netns`
+/// is not permitted; CI installs iproute2 and runs as root, so there a
+/// missing namespace is a failure.
+pub fn netns_hosts(n: usize) -> Option<weft_tests::netns::Net> {
+    match weft_tests::netns::Net::create(n) {
+        Ok(net) => Some(net),
+        Err(e) => {
+            weft_testkit::skip_outside_ci(
+                false,
+                &format!("cannot create network namespaces here ({e})"),
+            );
+            None
+        }
+    }
+}
