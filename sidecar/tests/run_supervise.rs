@@ -213,11 +213,10 @@ fn shared_memory_of_the_job_is_removed() {
     let shm = std::path::Path::new("/dev/shm");
     if !shm.is_dir() {
         // Every Linux CI machine has it: there a missing /dev/shm fails.
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "no /dev/shm on a CI machine"
+        weft_testkit::skip_outside_ci(
+            false,
+            "shared_memory_of_the_job_is_removed: no /dev/shm here",
         );
-        eprintln!("SKIPPED shared_memory_of_the_job_is_removed: no /dev/shm here");
         return;
     }
     let job = format!("shmtest{}", std::process::id());

@@ -82,6 +82,17 @@ impl Rng {
     }
 }
 
+/// A test's prerequisite is missing: under `CI=true` (or when `required`:
+/// e.g. `WEFT_REQUIRE_NVRTC=1`) that is a failure, since .ci/run provides
+/// it; elsewhere the test prints `SKIPPED: <why>` and the caller returns.
+pub fn skip_outside_ci(required: bool, why: &str) {
+    assert!(
+        !required && std::env::var("CI").as_deref() != Ok("true"),
+        "{why}: CI (or the setting that requires it) should have provided it"
+    );
+    eprintln!("SKIPPED: {why}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,15 +135,4 @@ mod tests {
             first[..3].iter().map(|&v| v as u8).collect::<Vec<_>>()
         );
     }
-}
-
-/// A test's prerequisite is missing: under `CI=true` (or when `required`:
-/// e.g. `WEFT_REQUIRE_NVRTC=1`) that is a failure, since .ci/run provides
-/// it; elsewhere the test prints `SKIPPED: <why>` and the caller returns.
-pub fn skip_outside_ci(required: bool, why: &str) {
-    assert!(
-        !required && std::env::var("CI").as_deref() != Ok("true"),
-        "{why}: CI (or the setting that requires it) should have provided it"
-    );
-    eprintln!("SKIPPED: {why}");
 }

@@ -59,7 +59,7 @@ fn start(
         exporter,
         reader: Mutex::new(seg.map(|s| Reader {
             drainer: Drainer::new(s),
-            tally: Tally::new(),
+            tally: Tally::default(),
             spans: ProcessSpans::new(origin, Instant::now()),
             batch: Vec::with_capacity(BATCH),
         })),

@@ -112,7 +112,7 @@ impl ProcRing {
         ProcRing {
             inner: Mutex::new(Inner {
                 drainer: Drainer::new(seg.clone()),
-                tally: Tally::new(),
+                tally: Tally::default(),
                 spans: ProcessSpans::new(origin, Instant::now()),
                 batch: Vec::with_capacity(1024),
                 labels: HashMap::new(),

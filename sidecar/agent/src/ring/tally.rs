@@ -86,10 +86,6 @@ fn plus(a: OpCount, b: OpCount) -> OpCount {
 }
 
 impl Tally {
-    pub fn new() -> Tally {
-        Tally::default()
-    }
-
     /// Reads the counters of slots `indexes`; returns what each communicator
     /// rank and op code completed since the last read (for exact metrics).
     pub fn read(&mut self, seg: &Segment, indexes: impl IntoIterator<Item = u16>) -> Vec<Tallied> {
@@ -244,7 +240,7 @@ mod tests {
         let seg = Arc::new(Segment::create(Geometry::with_records(1 << 15)).unwrap());
         let r = Reporter::new(seg.clone());
         r.opened("c", 0, 2).unwrap();
-        let (mut t, mut d) = (Tally::new(), Drainer::new(seg.clone()));
+        let (mut t, mut d) = (Tally::default(), Drainer::new(seg.clone()));
         let (mut counted, mut records, mut unrecorded, mut failed, mut slow) = (0, 0, 0, 0, 0);
         let t0 = 1_000_000_000_000;
         for i in 0..100_000u64 {
@@ -279,7 +275,7 @@ mod tests {
         let seg = Arc::new(Segment::create(Geometry::with_records(1 << 10)).unwrap());
         let r = Reporter::new(seg.clone());
         r.opened("c", 0, 2).unwrap();
-        let (mut t, mut d) = (Tally::new(), Drainer::new(seg.clone()));
+        let (mut t, mut d) = (Tally::default(), Drainer::new(seg.clone()));
         for i in 0..500u64 {
             // 1,000 a second for half a second, after a long burst's worth.
             op(&r, i + 1, 5_000_000_000 + i * 1_000_000, 5_000, false);
@@ -297,7 +293,7 @@ mod tests {
         let seg = Arc::new(Segment::create(Geometry::with_records(64)).unwrap());
         let r = Reporter::new(seg.clone());
         let s = r.opened("c", 0, 2).unwrap();
-        let mut t = Tally::new();
+        let mut t = Tally::default();
         for _ in 0..5 {
             slots::count(&seg, s, 1, 8, 100);
         }
