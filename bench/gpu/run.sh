@@ -4,7 +4,7 @@
 # Usage: bench/gpu/run.sh [phases...]
 #   phases: info build mpibuild smoke rtest rtestv rtestc rtestl chainquick rtest0 coldstart check checkg
 #           check9 share1 chaincheck chainlite linescheck bcastreduce mpicheck mpi wbench table
-#           perfp2p lat mpilat tune chaintune linestune sidecar save unsave
+#           perfp2p lat mpilat tune chaintune linestune sidecar sidecarhost save unsave
 # Layout next to this script (never committed; built/copied per run):
 #   nccl-tests/      git archive of github.com/NVIDIA/nccl-tests (2.19.6), built here
 #                    with MPI=0 (build/) and MPI=1 (build-mpi/)
@@ -328,6 +328,17 @@ sidecar)
   log sidecar nccl-tests all_reduce_perf -g $NG
   $VS plain "env LD_LIBRARY_PATH=$OURS_LD $W run -n 1 -- $T/all_reduce_perf -g $NG $SZ -n 2000 -w 50" \
     sidecar "env LD_LIBRARY_PATH=$OURS_LD $W run --sidecar -n 1 -- $T/all_reduce_perf -g $NG $SZ -n 2000 -w 50" \
+    2>&1 | tee -a $OUT/sidecar.txt ;;
+sidecarhost)
+  # Issue 30, host memory only, at the noise floor: 4 ranks, 8 B - 8 KiB,
+  # 20,000 calls a size after 20,000 warm-up calls (so the job's start is
+  # behind every size), two interleaved pairs without/with the sidecar
+  # (their difference shows the noise), ROUNDS of them (default 9).
+  W=$D/weft/weft; B="$W bench-rank all_reduce -n 4 -b 8 -e 8K -f 2 -i 20000 -w 20000"
+  log sidecarhost weft bench-rank host n=4
+  python3 $D/../sidecar_vs.py ${ROUNDS:-9} \
+    plain "$W run -n 4 -- $B" sidecar "$W run --sidecar -n 4 -- $B" \
+    plain2 "$W run -n 4 -- $B" sidecar2 "$W run --sidecar -n 4 -- $B" \
     2>&1 | tee -a $OUT/sidecar.txt ;;
 save)
   # Built nccl-tests binaries back to the caller (one file: carry it next time).

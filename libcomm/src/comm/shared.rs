@@ -41,7 +41,7 @@ pub(crate) struct CommShared {
     worker: Mutex<Option<JoinHandle<()>>>,
     ended_at: Mutex<Option<SystemTime>>,
     /// Sequence numbers of operations, for the observer (`observe/`).
-    pub(crate) obs_seq: observe::Seq,
+    pub(crate) meter: observe::Meter,
     /// A weak pointer to this record, for the observer's abort handle.
     me: OnceLock<std::sync::Weak<CommShared>>,
     /// The device side (CUDA), set up by the first operation on device memory.
@@ -83,7 +83,7 @@ impl CommShared {
             cancel: AtomicBool::new(false),
             worker: Mutex::new(None),
             ended_at: Mutex::new(None),
-            obs_seq: Default::default(),
+            meter: Default::default(),
             me: OnceLock::new(),
             dev: Mutex::new(Default::default()),
             device_word: OnceLock::new(),
@@ -161,6 +161,7 @@ impl CommShared {
             nranks: self.nranks,
             handle: AbortHandle(self.me.get().cloned().unwrap_or_default() as _),
         });
+        self.meter.attach(&self.label, self.rank);
     }
 
     /// The observer's view of this communicator (see `observe/`).
@@ -169,7 +170,7 @@ impl CommShared {
             comm_id: &self.label,
             rank: self.rank,
             nranks: self.nranks,
-            seq: &self.obs_seq,
+            meter: &self.meter,
         }
     }
 

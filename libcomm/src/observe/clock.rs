@@ -22,11 +22,21 @@ const RESAMPLE_NS: u64 = 20_000_000;
 
 /// A wall-clock stamp for an event.
 pub(crate) fn now() -> SystemTime {
+    at(now_ns())
+}
+
+/// The same stamp, in ns since the Unix epoch.
+pub(crate) fn now_ns() -> u64 {
     #[cfg(target_arch = "x86_64")]
     if invariant_tsc() {
-        return tsc::now();
+        return tsc::now_ns();
     }
-    SystemTime::now()
+    wall_ns()
+}
+
+/// A stamp from [`now_ns`] as a time.
+pub(crate) fn at(ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns)
 }
 
 fn wall_ns() -> u64 {
@@ -51,7 +61,7 @@ fn invariant_tsc() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 mod tsc {
-    use super::{Duration, RESAMPLE_NS, SystemTime, UNIX_EPOCH, wall_ns};
+    use super::{RESAMPLE_NS, wall_ns};
     use std::cell::Cell;
 
     /// One thread's samples: (tsc, wall ns) of its first and latest, and
@@ -74,9 +84,9 @@ mod tsc {
         unsafe { core::arch::x86_64::_rdtsc() }
     }
 
-    pub(super) fn now() -> SystemTime {
+    pub(super) fn now_ns() -> u64 {
         let t = ticks();
-        let ns = SAMPLES.with(|c| {
+        SAMPLES.with(|c| {
             let s = match c.get() {
                 None => {
                     let w = wall_ns();
@@ -115,8 +125,7 @@ mod tsc {
             }
             c.set(Some(n));
             w
-        });
-        UNIX_EPOCH + Duration::from_nanos(ns)
+        })
     }
 }
 

@@ -7,21 +7,27 @@
 //!
 //! The sidecar client (`weft::agent`) installs an observer that forwards
 //! events to `weft sidecar` (or to the same engine in-process). Without an
-//! observer the cost is one atomic load per operation.
+//! observer the cost is one atomic load per operation. In tight loops
+//! (`sample.rs`) only one call in 32 is timed and becomes events; the
+//! others go to the communicator's [`OpCounter`], which the observer hands
+//! out once the communicator is Ready.
 //!
 //! | file | its one job |
 //! |---|---|
 //! | `event.rs` | the events ([`OpEvent`], [`CommEvent`]) and the [`AbortHandle`] a Ready event carries |
 //! | `clock.rs` | wall-clock stamps cheap enough for every collective (the TSC, scaled per thread) |
 //! | `ops.rs` | reporting one operation's (or group's) start and completion, with its sequence number |
+//! | `sample.rs` | which operations are timed (all at low rates, one in 32 in tight loops) |
 
 mod clock;
 mod event;
 mod ops;
+mod sample;
 
 pub(crate) use event::Lever;
 pub use event::{AbortHandle, CommEvent, OpEvent, Phase};
-pub(crate) use ops::{Seq, Who, finish, start};
+pub(crate) use ops::{Meter, Who, finish, start};
+pub use sample::{FAST_MEAN_NS, SAMPLE_EVERY, SLOW_WINDOW_NS};
 
 use std::sync::{Arc, OnceLock};
 
@@ -31,6 +37,26 @@ pub trait Observer: Send + Sync {
     /// once per operation.
     fn on_op(&self, ev: &OpEvent<'_>);
     fn on_comm(&self, ev: CommEvent);
+    /// Where communicator `comm_id` rank `rank` counts the operations it
+    /// does not time (`sample.rs`); asked once, right after its Ready
+    /// event. `None` (the default): every operation is timed and comes
+    /// to [`on_op`](Self::on_op).
+    fn counter(&self, comm_id: &str, rank: usize) -> Option<Arc<dyn OpCounter>> {
+        let _ = (comm_id, rank);
+        None
+    }
+}
+
+/// One communicator rank's counters for its untimed operations: called on
+/// the thread running the operation, at the rate of the collectives, so
+/// an implementation does a few stores and nothing that blocks. An
+/// untimed operation that fails is not counted here: it comes to
+/// [`Observer::on_op`] as a completed event (without a start before it).
+pub trait OpCounter: Send + Sync {
+    /// Untimed operation `seq` (`all_reduce`, ..., `group`) started.
+    fn started(&self, seq: u64, op: &'static str);
+    /// Untimed operation `seq` completed without an error.
+    fn completed(&self, seq: u64, op: &'static str, bytes: u64);
 }
 
 static OBSERVER: OnceLock<Arc<dyn Observer>> = OnceLock::new();

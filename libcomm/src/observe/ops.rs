@@ -1,27 +1,104 @@
 //! Reporting operations: a started and a completed event per operation
 //! (or group) on one rank, sharing a sequence number per communicator.
+//! Timed operations (all of them at low rates: `sample.rs`) go to the
+//! observer as [`OpEvent`]s with their clock stamps; untimed ones only to
+//! the communicator's [`OpCounter`], unless they fail (a failure is always
+//! an event).
 
 use super::event::{OpEvent, Phase};
-use super::observer;
+use super::sample::Sampler;
+use super::{OpCounter, clock, observer};
 use crate::error::Result;
 use crate::op::Op;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::SystemTime;
 
-/// Per communicator: the sequence counter of its operations.
-#[derive(Debug, Default)]
-pub(crate) struct Seq(AtomicU64);
+/// Per communicator rank: its operations' sequence numbers, which of them
+/// are timed, and the observer's counter for the others.
+#[derive(Default)]
+pub(crate) struct Meter {
+    seq: AtomicU64,
+    sampler: Sampler,
+    /// Set once the communicator is Ready (`None`: every operation timed).
+    counter: OnceLock<Option<Arc<dyn OpCounter>>>,
+}
 
-/// The context of one running operation; `None` everywhere when no observer is set.
+impl std::fmt::Debug for Meter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meter")
+            .field("seq", &self.seq)
+            .field("sampler", &self.sampler)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Meter {
+    /// Asks the observer for communicator `comm_id` rank `rank`'s counter
+    /// (after its Ready event).
+    pub(crate) fn attach(&self, comm_id: &str, rank: usize) {
+        if let Some(o) = observer() {
+            let _ = self.counter.set(o.counter(comm_id, rank));
+        }
+    }
+
+    /// The next sequence number: a load and a store, one writer at a time.
+    fn next(&self) -> u64 {
+        let seq = self.seq.load(Ordering::Relaxed) + 1;
+        self.seq.store(seq, Ordering::Relaxed);
+        seq
+    }
+
+    /// The counter, when this operation goes untimed.
+    fn untimed(&self) -> Option<&Arc<dyn OpCounter>> {
+        let c = self.counter.get()?.as_ref()?;
+        self.sampler.untimed().then_some(c)
+    }
+}
+
+/// One running operation (or group) on one rank: what its events say,
+/// built into an [`OpEvent`] only when one is sent (an untimed operation
+/// that succeeds sends none).
 pub(crate) struct Started<'a> {
-    ev: OpEvent<'a>,
+    comm_id: &'a str,
+    rank: usize,
+    nranks: usize,
+    op: &'static str,
+    dtype: &'static str,
+    bytes: u64,
+    algo: &'static str,
+    seq: u64,
+    group: bool,
+    /// Untimed: where its completion is counted.
+    counter: Option<&'a Arc<dyn OpCounter>>,
+}
+
+impl<'a> Started<'a> {
+    fn event(&self, phase: Phase, time: SystemTime) -> OpEvent<'a> {
+        static JOB: OnceLock<&'static str> = OnceLock::new();
+        OpEvent {
+            job: JOB.get_or_init(|| Box::leak(crate::bootstrap::ctx::job_label().into_boxed_str())),
+            comm_id: self.comm_id,
+            rank: self.rank,
+            nranks: self.nranks,
+            op: self.op,
+            dtype: self.dtype,
+            bytes: self.bytes,
+            algo: self.algo,
+            seq: self.seq,
+            group: self.group,
+            phase,
+            outcome: None,
+            time,
+        }
+    }
 }
 
 pub(crate) struct Who<'a> {
     pub comm_id: &'a str,
     pub rank: usize,
     pub nranks: usize,
-    pub seq: &'a Seq,
+    pub meter: &'a Meter,
 }
 
 /// Reports the start of `ops` (one op, or a group when `group`), labelled
@@ -42,9 +119,7 @@ pub(crate) fn start<'a>(
     } else {
         (ops[0].name(), ops[0].dtype.name(), ops[0].bytes() as u64)
     };
-    static JOB: OnceLock<&'static str> = OnceLock::new();
-    let ev = OpEvent {
-        job: JOB.get_or_init(|| Box::leak(crate::bootstrap::ctx::job_label().into_boxed_str())),
+    let mut s = Started {
         comm_id: who.comm_id,
         rank: who.rank,
         nranks: who.nranks,
@@ -52,24 +127,34 @@ pub(crate) fn start<'a>(
         dtype,
         bytes,
         algo,
-        seq: who.seq.0.fetch_add(1, Ordering::Relaxed) + 1,
+        seq: who.meter.next(),
         group,
-        phase: Phase::Started,
-        outcome: None,
-        time: super::clock::now(),
+        counter: who.meter.untimed(),
     };
-    o.on_op(&ev);
-    Some(Started { ev })
+    if let Some(c) = s.counter {
+        c.started(s.seq, op);
+        return Some(s);
+    }
+    let ns = clock::now_ns();
+    who.meter.sampler.timed(s.seq, ns);
+    o.on_op(&s.event(Phase::Started, clock::at(ns)));
+    s.counter = None;
+    Some(s)
 }
 
 /// Reports the completion of what [`start`] reported.
 pub(crate) fn finish<R>(s: Option<Started<'_>>, r: &Result<R>) {
-    let (Some(s), Some(o)) = (s, observer()) else {
+    let Some(s) = s else {
         return;
     };
-    let mut ev = s.ev;
-    ev.phase = Phase::Completed;
+    if let (Some(c), Ok(_)) = (s.counter, r) {
+        c.completed(s.seq, s.op, s.bytes);
+        return;
+    }
+    let Some(o) = observer() else {
+        return;
+    };
+    let mut ev = s.event(Phase::Completed, clock::now());
     ev.outcome = Some(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-    ev.time = super::clock::now();
     o.on_op(&ev);
 }

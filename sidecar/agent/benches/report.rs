@@ -10,13 +10,15 @@
 //! - `libcomm`: an 8-byte all-reduce on a one-rank communicator (a copy),
 //!   without an observer, with one that does nothing (libcomm's cost of
 //!   building the events) and with the agent's: the whole cost a rank pays.
+//!   Back to back, so libcomm times one call in 32 and the agent's slot
+//!   counter takes the rest (`libcomm::observe` sampling).
 //!
 //! Each figure is the least and the median of 5 rounds: on a shared
 //! machine the least is the cost, the median shows the noise. A consumer
 //! starved of CPU lets the ring fill; drops are printed (a dropped record
 //! costs less than a published one).
 
-use libcomm::observe::{CommEvent, Observer, OpEvent, Phase};
+use libcomm::observe::{CommEvent, Observer, OpCounter, OpEvent, Phase};
 use libcomm::{Communicator, ReduceOp};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -151,7 +153,26 @@ fn report(threads: usize) -> (f64, u64) {
 /// does nothing (libcomm's own cost of building the events).
 struct Observe {
     rep: Reporter,
-    on: AtomicBool,
+    on: Arc<AtomicBool>,
+}
+
+/// The agent's slot counter, switched like [`Observe`].
+struct Counter {
+    slot: weft_agent::report::SlotCounter,
+    on: Arc<AtomicBool>,
+}
+
+impl OpCounter for Counter {
+    fn started(&self, seq: u64, op: &'static str) {
+        if self.on.load(Ordering::Relaxed) {
+            self.slot.started(seq, op);
+        }
+    }
+    fn completed(&self, seq: u64, op: &'static str, bytes: u64) {
+        if self.on.load(Ordering::Relaxed) {
+            self.slot.completed(seq, op, bytes);
+        }
+    }
 }
 
 impl Observer for Observe {
@@ -159,6 +180,12 @@ impl Observer for Observe {
         if self.on.load(Ordering::Relaxed) {
             self.rep.op(ev);
         }
+    }
+    fn counter(&self, comm_id: &str, rank: usize) -> Option<Arc<dyn OpCounter>> {
+        Some(Arc::new(Counter {
+            slot: self.rep.counter(comm_id, rank as u32)?,
+            on: self.on.clone(),
+        }))
     }
     fn on_comm(&self, ev: CommEvent) {
         if let CommEvent::Ready {
@@ -197,7 +224,7 @@ fn libcomm_path(rounds: usize) -> (f64, f64, f64, u64) {
     let seg = segment();
     let obs = Arc::new(Observe {
         rep: Reporter::new(seg.clone()),
-        on: AtomicBool::new(false),
+        on: Arc::new(AtomicBool::new(false)),
     });
     libcomm::observe::set_observer(obs.clone());
     let stop = Arc::new(AtomicBool::new(false));

@@ -27,7 +27,7 @@ use crate::ring::layout::Geometry;
 use crate::ring::slots::{self, SlotRef};
 use crate::rpc::{self, RankMessage, rank_message::Msg};
 use crate::{attached, auth};
-use libcomm::observe::{AbortHandle, CommEvent, Observer, OpEvent};
+use libcomm::observe::{AbortHandle, CommEvent, Observer, OpCounter, OpEvent};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -214,6 +214,11 @@ impl Observer for Agent {
                 self.unreported.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+
+    fn counter(&self, comm_id: &str, rank: usize) -> Option<Arc<dyn OpCounter>> {
+        let c = self.reporter.as_ref()?.counter(comm_id, rank as u32)?;
+        Some(Arc::new(c))
     }
 
     fn on_comm(&self, ev: CommEvent) {

@@ -12,7 +12,8 @@
 //! operation, exported once per [`INTERVAL`] (count, bytes, latency
 //! minimum, mean and maximum, errors). Operations the rank only counted
 //! (above 20,000 a second per communicator it records a sample, besides
-//! every failure and every call of 200 us or more: `ring::slots`) are
+//! every failure and every call of 200 us or more: `ring::slots`; above
+//! 200,000 a second libcomm times one call in 32 and counts the rest) are
 //! folded into the same aggregates ([`Policy::fold`]). So every operation
 //! lands in exactly one exported span: the sum of `weft.count` over the
 //! spans is the number of operations completed, and metrics (read from
@@ -75,16 +76,23 @@ pub struct AggKey {
 
 /// The operations of one key in one interval: those that came as records
 /// and those only counted. Minimum and maximum are over the records and the
-/// mean of the counted rest; since every call of 200 us or more is a record
-/// (`slots::RECORD_SLOWER_THAN_NS`), a maximum that matters is exact.
+/// mean of the counted rest; since every timed call of 200 us or more is a
+/// record (`slots::RECORD_SLOWER_THAN_NS`), a maximum that matters is exact
+/// while libcomm times every call (below 200,000 calls a second per
+/// communicator: `libcomm::observe`'s sampling).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Aggregate {
     pub count: u64,
     pub bytes: u64,
     pub errors: u64,
+    /// Over the operations whose time is known (`timed`).
     pub min_ns: u64,
     pub max_ns: u64,
     pub total_ns: u64,
+    /// Operations whose time `total_ns` holds: records with a duration,
+    /// and counted-only operations of a pass that timed some (libcomm
+    /// times one in 32 in tight loops), at those ones' mean.
+    pub timed: u64,
     pub first_start_ns: u64,
     pub last_end_ns: u64,
     /// The last record's type and algorithm (usually the only ones).
@@ -94,40 +102,52 @@ pub struct Aggregate {
 
 impl Aggregate {
     pub fn mean_ns(&self) -> u64 {
-        self.total_ns / self.count.max(1)
+        self.total_ns / self.timed.max(1)
+    }
+
+    /// `n` operations that took `each_ns` each.
+    fn time(&mut self, each_ns: u64, n: u64) {
+        if self.timed == 0 {
+            (self.min_ns, self.max_ns) = (each_ns, each_ns);
+        }
+        self.timed += n;
+        self.min_ns = self.min_ns.min(each_ns);
+        self.max_ns = self.max_ns.max(each_ns);
+        self.total_ns = self.total_ns.saturating_add(each_ns.saturating_mul(n));
     }
 
     fn add(&mut self, r: &Record) {
         let d = r.duration_ns();
         if self.count == 0 {
-            self.min_ns = d;
             self.first_start_ns = r.start_ns;
         }
         self.count += 1;
         self.bytes = self.bytes.saturating_add(r.bytes);
         self.errors += u64::from(!r.ok());
-        self.min_ns = self.min_ns.min(d);
-        self.max_ns = self.max_ns.max(d);
-        self.total_ns = self.total_ns.saturating_add(d);
+        // An untimed operation that failed is a record without a duration.
+        if d > 0 || r.ok() {
+            self.time(d, 1);
+        }
         self.first_start_ns = self.first_start_ns.min(r.start_ns);
         self.last_end_ns = self.last_end_ns.max(r.end_ns);
         self.dtype = r.dtype;
         self.algo = r.algo;
     }
 
-    /// Adds operations known only by their counters, read at `now_ns`.
+    /// Adds operations known only by their counters, read at `now_ns`:
+    /// their busy time is the timed ones' (`c.timed`), at whose mean the
+    /// rest are taken; a pass that timed none adds no time.
     fn fold(&mut self, c: &OpCount, now_ns: u64) {
-        let mean = c.busy_ns / c.ops.max(1);
-        let began = now_ns.saturating_sub(c.busy_ns);
+        let mean = (c.timed > 0).then(|| c.busy_ns / c.timed);
+        let began = now_ns.saturating_sub(mean.map_or(0, |m| m.saturating_mul(c.ops)));
         if self.count == 0 {
-            (self.min_ns, self.max_ns) = (mean, mean);
             self.first_start_ns = began;
         }
         self.count += c.ops;
         self.bytes = self.bytes.saturating_add(c.bytes);
-        self.min_ns = self.min_ns.min(mean);
-        self.max_ns = self.max_ns.max(mean);
-        self.total_ns = self.total_ns.saturating_add(c.busy_ns);
+        if let Some(m) = mean {
+            self.time(m, c.ops);
+        }
         self.first_start_ns = self.first_start_ns.min(began);
         self.last_end_ns = self.last_end_ns.max(now_ns);
     }
@@ -427,7 +447,8 @@ mod tests {
     }
 
     /// Operations only counted join their key's aggregate: count, bytes and
-    /// mean over all of them; min and max over the records and the rest's mean.
+    /// mean over all of them (the untimed ones at the timed ones' mean);
+    /// min and max over the records and the rest's mean.
     #[test]
     fn counted_operations_are_folded_into_the_aggregates() {
         let t = Instant::now();
@@ -441,7 +462,8 @@ mod tests {
             count: OpCount {
                 ops: 99,
                 bytes: 99 * 8,
-                busy_ns: 99 * 3000,
+                busy_ns: 3 * 3000,
+                timed: 3,
             },
         };
         p.fold(&counted, 5_000_000);

@@ -1,6 +1,8 @@
 //! The rank's hot path: each operation libcomm reports becomes a slot
-//! update (started) and one ring record (completed) in the telemetry
-//! segment. No lock, no allocation and no system call per operation: the
+//! update (started) and, completed, counts in its slot and at times a ring
+//! record in the telemetry segment. Operations libcomm does not time (tight
+//! loops: `libcomm::observe`'s sampling) come through a [`SlotCounter`]
+//! bound to the communicator's slot: a few stores, no lookup. No lock, no allocation and no system call per operation: the
 //! communicator's slot is found through a per-thread cache (checked against
 //! the slot's own words), names become codes through a per-thread memo.
 //! Lifecycle (a communicator opened, failed, aborted, destroyed) takes a
@@ -9,7 +11,7 @@
 use crate::ring::queue;
 use crate::ring::slots::{self, Allocator, SlotRef};
 use crate::ring::{CommKey, Record, Segment, codes, record};
-use libcomm::observe::{OpEvent, Phase};
+use libcomm::observe::{OpCounter, OpEvent, Phase};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,6 +125,16 @@ impl Reporter {
             .collect()
     }
 
+    /// The counter of communicator `comm` rank `rank`'s untimed
+    /// operations (`None` without a slot: then libcomm times them all).
+    pub fn counter(&self, comm: &str, rank: u32) -> Option<SlotCounter> {
+        let slot = *self.table().live.get(&(comm.to_string(), rank))?;
+        Some(SlotCounter {
+            seg: self.seg.clone(),
+            slot,
+        })
+    }
+
     /// Records of communicators that had no slot (the table was full).
     pub fn unslotted(&self) -> u64 {
         self.unslotted.load(Ordering::Relaxed)
@@ -164,15 +176,16 @@ impl Reporter {
             }
             return;
         }
-        let start = match slot {
+        // None for an untimed operation that failed: it has no start.
+        let started = match slot {
             Some(s) => slots::started_at(&self.seg, s, ev.seq),
             None => {
                 self.unslotted.fetch_add(1, Ordering::Relaxed);
                 let (h, r, seq, t) = LAST_START.with(Cell::get);
                 (h == hash(&key) && r == rank && seq == ev.seq).then_some(t)
             }
-        }
-        .unwrap_or(at);
+        };
+        let start = started.unwrap_or(at);
         let error = match &ev.outcome {
             Some(Err(e)) => Some(e.as_str()),
             _ => None,
@@ -216,8 +229,30 @@ impl Reporter {
             );
         }
         if let Some(s) = slot {
-            slots::count(&self.seg, s, op, ev.bytes, busy);
+            // Timed: a start and a duration (the rule `Tally::recorded` applies).
+            let timed = started.is_some() && busy > 0;
+            slots::count(&self.seg, s, op, ev.bytes, timed.then_some(busy));
         }
+    }
+}
+
+/// One communicator rank's untimed operations, straight into its slot.
+/// The slot stays this communicator's until it is destroyed, and libcomm
+/// reports no operation after that.
+pub struct SlotCounter {
+    seg: Arc<Segment>,
+    slot: SlotRef,
+}
+
+impl OpCounter for SlotCounter {
+    fn started(&self, seq: u64, op: &'static str) {
+        slots::started_untimed(&self.seg, self.slot, seq, memo(0, op, codes::op_code));
+    }
+
+    fn completed(&self, seq: u64, op: &'static str, bytes: u64) {
+        let op = memo(0, op, codes::op_code);
+        slots::completed(&self.seg, self.slot, seq, op, codes::OK, None);
+        slots::count(&self.seg, self.slot, op, bytes, None);
     }
 }
 
@@ -304,6 +339,38 @@ pub(crate) mod tests {
         let v = slots::read(&seg, s.index).unwrap();
         assert!(v.destroyed_for(s.generation, &CommKey::of("c"), 1));
         assert!(r.live().is_empty());
+    }
+
+    /// Untimed operations (libcomm's sampling) go through the slot's
+    /// counter: counted, their start seen without a time, no record; an
+    /// untimed one that fails is a record without a duration, counted but
+    /// not timed; a timed one adds its busy time.
+    #[test]
+    fn untimed_operations_are_counted_in_their_slot() {
+        let seg = Arc::new(Segment::create(Geometry::with_records(64)).unwrap());
+        let r = Reporter::new(seg.clone());
+        let s = r.opened("c", 0, 4).unwrap();
+        let c = r.counter("c", 0).unwrap();
+        assert!(r.counter("c", 1).is_none());
+        c.started(1, "all_reduce");
+        let v = slots::read(&seg, s.index).unwrap();
+        assert_eq!((v.started_seq, v.started_ns, v.completed_seq), (1, 0, 0));
+        assert_eq!(slots::started_at(&seg, s, 1), None);
+        c.completed(1, "all_reduce", 4096);
+        c.started(2, "all_reduce");
+        r.op(&ev("c", 0, 2, Phase::Completed, 900, true));
+        r.op(&ev("c", 0, 3, Phase::Started, 1000, false));
+        r.op(&ev("c", 0, 3, Phase::Completed, 1700, false));
+        let ar = codes::op_code("all_reduce") as usize;
+        let n = slots::counts(&seg, s.index).unwrap()[ar];
+        assert_eq!((n.ops, n.bytes, n.busy_ns, n.timed), (3, 3 * 4096, 700, 1));
+        let mut out = Vec::new();
+        Drainer::new(seg.clone()).drain(&mut out, 10, Instant::now());
+        let got: Vec<_> = out
+            .iter()
+            .map(|r| (r.seq, r.ok(), r.duration_ns()))
+            .collect();
+        assert_eq!(got, [(2, false, 0), (3, true, 700)]);
     }
 
     /// A communicator with no slot (a full table) still gets its records,

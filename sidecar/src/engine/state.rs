@@ -85,8 +85,17 @@ impl RankEntry {
             return false;
         }
         let before = (self.started_seq, self.completed_seq, self.state.clone());
+        // An untimed start (libcomm's sampling) has no time: the first
+        // drain that sees it stands in (2-5 ms late: nothing next to the
+        // seconds a stuck rank is given).
+        if self.started_seq != v.started_seq {
+            self.started_at = if v.started_ns != 0 {
+                v.started_ns
+            } else {
+                now_nanos()
+            };
+        }
         self.started_seq = v.started_seq;
-        self.started_at = v.started_ns;
         self.started_op = codes::op_name(v.started_op).into();
         if v.completed_seq > 0 {
             self.completed_seq = v.completed_seq;

@@ -4,7 +4,7 @@
 /// "WEFTRNG1", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEFTRNG1");
 /// Bumped on any change of the layout below (a reader refuses another).
-pub const VERSION: u64 = 2;
+pub const VERSION: u64 = 3;
 
 /// The header: one page.
 pub const HEADER_WORDS: usize = 512;

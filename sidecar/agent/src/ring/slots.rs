@@ -10,7 +10,7 @@
 //! word 1..=2  communicator key
 //! word 3      rank | nranks << 32
 //! word 4      last started sequence number
-//! word 5      its start, ns since the Unix epoch
+//! word 5      its start, ns since the Unix epoch (0: not timed)
 //! word 6      last completed sequence number
 //! word 7      started op | completed op << 8 | outcome << 16
 //! word 8      sequence number of the last failed operation
@@ -18,12 +18,15 @@
 //! word 10     record credit, ns (the rank's own: see `record_due`)
 //! word 11     when the credit was last topped up, ns since the Unix epoch
 //! word 16..   per operation code: operations completed, bytes, busy ns
-//! word 56..   the error text (320 bytes)
+//!             of the timed ones, how many were timed
+//! word 64..   the error text (256 bytes)
 //! ```
 //!
 //! The counters (words 16..) are exact: every completed operation of the
 //! communicator rank adds to them, whether or not it also went into the
-//! ring as a record. At high rates only some operations become records
+//! ring as a record. Busy time covers the timed operations only (at high
+//! rates libcomm times one in 32: `libcomm::observe` `sample.rs`), so a
+//! mean is busy over timed. At high rates only some operations become records
 //! (`record_due`), and the reader learns about the others from the
 //! counters alone: one cache line written per operation, in memory the
 //! rank owns, instead of a ring entry the reader takes away each time.
@@ -60,8 +63,8 @@ const W_CREDIT_AT: usize = W_CREDIT + 1;
 /// On their own cache lines: written at every operation, read by the sidecar
 /// once per drain.
 const W_COUNTS: usize = 16;
-/// Counter words per operation code: completed, bytes, busy ns.
-const COUNT_WORDS: usize = 3;
+/// Counter words per operation code: completed, bytes, busy ns, timed.
+const COUNT_WORDS: usize = 4;
 const W_ERR: usize = (W_COUNTS + codes::OPS.len() * COUNT_WORDS).next_multiple_of(8);
 /// Bytes of error text a slot keeps.
 pub const ERROR_BYTES: usize = (SLOT_WORDS - W_ERR) * 8;
@@ -155,10 +158,17 @@ pub fn started(seg: &Segment, s: SlotRef, seq: u64, at_ns: u64, op: u8) {
     w(seg, s.index, W_STARTED).store(seq, Release);
 }
 
-/// The start time of operation `seq`, if it is the last one started here.
+/// An untimed operation started: its start time is 0 (unknown).
+pub fn started_untimed(seg: &Segment, s: SlotRef, seq: u64, op: u8) {
+    started(seg, s, seq, 0, op);
+}
+
+/// The start time of operation `seq`, if it is the last one started here
+/// and was timed.
 pub fn started_at(seg: &Segment, s: SlotRef, seq: u64) -> Option<u64> {
     (w(seg, s.index, W_STARTED).load(Acquire) == seq)
         .then(|| w(seg, s.index, W_STARTED_AT).load(Relaxed))
+        .filter(|t| *t != 0)
 }
 
 /// Operation `seq` completed with `outcome`; a failure's text is kept
@@ -216,12 +226,19 @@ pub fn record_due(seg: &Segment, s: SlotRef, now_ns: u64) -> bool {
     due
 }
 
-/// Adds one completed operation of code `op` to slot `s`'s counters.
-pub fn count(seg: &Segment, s: SlotRef, op: u8, bytes: u64, busy_ns: u64) {
+/// Adds one completed operation of code `op` to slot `s`'s counters:
+/// `busy_ns` when it was timed.
+pub fn count(seg: &Segment, s: SlotRef, op: u8, bytes: u64, busy_ns: Option<u64>) {
     let base = W_COUNTS + (op as usize).min(codes::OPS.len() - 1) * COUNT_WORDS;
-    for (i, add) in [1, bytes, busy_ns].into_iter().enumerate() {
+    let add = |i: usize, n: u64| {
         let word = w(seg, s.index, base + i);
-        word.store(word.load(Relaxed).wrapping_add(add), Relaxed);
+        word.store(word.load(Relaxed).wrapping_add(n), Relaxed);
+    };
+    add(0, 1);
+    add(1, bytes);
+    if let Some(ns) = busy_ns {
+        add(2, ns);
+        add(3, 1);
     }
 }
 
@@ -237,7 +254,9 @@ pub(crate) fn counter_word(seg: &Segment, s: SlotRef, op: u8) -> &std::sync::ato
 pub struct OpCount {
     pub ops: u64,
     pub bytes: u64,
+    /// Of the timed operations.
     pub busy_ns: u64,
+    pub timed: u64,
 }
 
 /// The counters of slot `index`, by operation code (`None` beyond the table).
@@ -252,6 +271,7 @@ pub fn counts(seg: &Segment, index: u16) -> Option<[OpCount; codes::OPS.len()]> 
             ops: w(seg, index, base).load(Relaxed),
             bytes: w(seg, index, base + 1).load(Relaxed),
             busy_ns: w(seg, index, base + 2).load(Relaxed),
+            timed: w(seg, index, base + 3).load(Relaxed),
         };
     }
     Some(out)

@@ -74,6 +74,7 @@ fn minus(a: OpCount, b: OpCount) -> OpCount {
         ops: a.ops.saturating_sub(b.ops),
         bytes: a.bytes.saturating_sub(b.bytes),
         busy_ns: a.busy_ns.saturating_sub(b.busy_ns),
+        timed: a.timed.saturating_sub(b.timed),
     }
 }
 
@@ -82,6 +83,7 @@ fn plus(a: OpCount, b: OpCount) -> OpCount {
         ops: a.ops.saturating_add(b.ops),
         bytes: a.bytes.saturating_add(b.bytes),
         busy_ns: a.busy_ns.saturating_add(b.busy_ns),
+        timed: a.timed.saturating_add(b.timed),
     }
 }
 
@@ -175,6 +177,9 @@ impl Tally {
                 ops: 1,
                 bytes: r.bytes,
                 busy_ns: r.duration_ns(),
+                // The rank's rule: an untimed operation that failed is a
+                // record without a duration, and not timed in the counters.
+                timed: u64::from(r.duration_ns() > 0),
             },
         );
     }
@@ -295,14 +300,14 @@ mod tests {
         let s = r.opened("c", 0, 2).unwrap();
         let mut t = Tally::default();
         for _ in 0..5 {
-            slots::count(&seg, s, 1, 8, 100);
+            slots::count(&seg, s, 1, 8, Some(100));
         }
         assert_eq!(t.read(&seg, [s.index])[0].count.ops, 5);
         // Another writer scribbles op 1's count back to 1: a new baseline.
         slots::counter_word(&seg, s, 1).store(1, std::sync::atomic::Ordering::Relaxed);
         assert!(t.read(&seg, [s.index]).is_empty());
         assert!(t.unrecorded().is_empty());
-        slots::count(&seg, s, 1, 8, 100);
+        slots::count(&seg, s, 1, 8, Some(100));
         assert_eq!(t.read(&seg, [s.index])[0].count.ops, 1);
         // Forwards faster than any rank: ignored as well.
         slots::counter_word(&seg, s, 1).store(1 << 50, std::sync::atomic::Ordering::Relaxed);

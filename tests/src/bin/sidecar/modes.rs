@@ -37,8 +37,12 @@ fn now_ms() -> u128 {
         .as_millis()
 }
 
-/// One checked collective of the pattern, picked by `i` (all ranks agree).
+/// One checked collective of the pattern, picked by `i` (all ranks agree),
+/// after a pause: collectives a few microseconds apart are a tight loop
+/// that libcomm only samples (one timed call in 32), and the scenarios
+/// that use `step` check that every call is a span.
 fn step(c: &Communicator, i: usize) {
+    std::thread::sleep(Duration::from_micros(20));
     let (n, r) = (c.count(), c.rank());
     match i % 3 {
         0 => {
@@ -95,6 +99,7 @@ pub fn traced() {
     }
     // Then GROUPS group calls on the world (one span each, op "group").
     for g in 0..GROUPS {
+        std::thread::sleep(Duration::from_micros(20)); // as in `step`
         let mut a = [w.rank() as u64, g as u64];
         let mut b = [1u64];
         let mut grp = libcomm::Group::new();
