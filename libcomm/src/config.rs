@@ -33,6 +33,10 @@ pub struct Config {
     pub listen_addr: Option<String>,
     /// A label shown in errors and logs (NCCL's `commName`).
     pub name: Option<String>,
+    /// Collectives of at least this many bytes on a communicator spanning
+    /// hosts run on the cross-host engine (`WEFT_CROSSHOST_MIN_BYTES`;
+    /// `None`: never).
+    pub cross_engine_min_bytes: Option<usize>,
 }
 
 impl Default for Config {
@@ -48,6 +52,7 @@ impl Default for Config {
             hostname: None,
             listen_addr: None,
             name: None,
+            cross_engine_min_bytes: None,
         }
     }
 }
@@ -103,6 +108,9 @@ impl Config {
             }
             c.shm_ring_bytes = Some(n);
         }
+        c.cross_engine_min_bytes = params::WEFT_CROSSHOST_MIN_BYTES
+            .try_get()
+            .map_err(|e| Error::arg(e.to_string()))?;
         c.hostname = env_str(params::WEFT_HOSTNAME);
         c.listen_addr = env_str(params::WEFT_LISTEN_ADDR);
         if let Some(b) = params::NCCL_COMM_BLOCKING

@@ -39,6 +39,7 @@ mod transport;
 
 pub use bootstrap::handshake;
 pub use bootstrap::unique_id::{UNIQUE_ID_BYTES, UniqueId};
+pub use comm::cross_mover::CommMover;
 pub use comm::{Communicator, Group};
 pub use config::{Config, TransportPref};
 pub use data::types::{DataType, Element, F8E4M3, F8E5M2, ReduceOp};

@@ -100,6 +100,85 @@ fn every_collective_across_namespace_hosts_matches_the_reference() {
     }
 }
 
+/// The communicator's own collectives across namespace hosts on the
+/// cross-host engine (`WEFT_CROSSHOST_MIN_BYTES`, `comm/cross_engine.rs`):
+/// every collective the engine takes, at sizes below and above the
+/// threshold, checked on random data by `weft bench-rank --check`, on
+/// 2 hosts x 2 ranks and 3 hosts x 1 (a threshold of 16 KiB), and on 2
+/// hosts x 1 with a threshold of 1 byte (the collectives that build the
+/// engine qualify too: they must take the flat path, not wait for the
+/// engine they build); each rank logs that the engine runs its large
+/// collectives.
+#[test]
+fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
+    let cli = env!("CARGO_BIN_EXE_weft-cli");
+    for (placement, min) in [
+        (vec![2, 2], "16384"),
+        (vec![1, 1, 1], "16384"),
+        (vec![1, 1], "1"),
+    ] {
+        let Some(net) = common::netns_hosts(placement.len()) else {
+            return;
+        };
+        let ctl = Ctl::new("engine");
+        let n = placement.iter().sum::<usize>().to_string();
+        for op in [
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "alltoall",
+            "broadcast",
+            "reduce",
+        ] {
+            let args = [
+                "exec",
+                cli,
+                "bench-rank",
+                op,
+                "-n",
+                &n,
+                "-b",
+                "4K",
+                "-e",
+                "1M",
+                "-f",
+                "16",
+                "-w",
+                "1",
+                "-i",
+                "2",
+                "--check",
+            ];
+            let run = job::run(
+                spec(&net, &placement, &args, &ctl)
+                    .env("WEFT_PROXY", "0")
+                    .env("WEFT_CROSSHOST_MIN_BYTES", min)
+                    .env("WEFT_DEBUG", "INFO"),
+            );
+            run.assert_success();
+            let out = &run.ranks[0].stdout;
+            assert!(
+                out.contains("Out of bounds values : 0 OK"),
+                "{op} on {placement:?}: {out}"
+            );
+            let said = format!("{}{}", run.ranks[0].stdout, run.ranks[0].stderr);
+            eprintln!(
+                "{op} on {placement:?}: checked; rank 0: {}",
+                said.lines()
+                    .find(|l| l.contains("cross-host engine"))
+                    .unwrap_or("(no engine line)")
+            );
+            for (r, rank) in run.ranks.iter().enumerate() {
+                let log = format!("{}{}", rank.stdout, rank.stderr);
+                assert!(
+                    log.contains("run on the cross-host engine"),
+                    "{op} on {placement:?}, rank {r} never took the engine:\n{log}"
+                );
+            }
+        }
+    }
+}
+
 /// Every survivor's error and when it came.
 fn survivors(run: &JobRun, victim: usize) -> Vec<(usize, String, u128)> {
     (0..run.ranks.len())
@@ -115,17 +194,28 @@ fn survivors(run: &JobRun, victim: usize) -> Vec<(usize, String, u128)> {
         .collect()
 }
 
-/// Starts a loop of all-reduces on `placement`, waits until every rank ran
-/// one, signals `victim` with `sig`, and checks that every survivor fails
-/// naming it within `bound` of the signal.
-fn fault(placement: &[usize], victim: usize, sig: i32, timeout_ms: u64, bound: Duration) {
+/// Starts a loop of all-reduces on `placement` (the worker's `mode`:
+/// `loop` on the engine itself, `commloop` through the communicator with
+/// `WEFT_CROSSHOST_MIN_BYTES`), waits until every rank ran one, signals
+/// `victim` with `sig`, and checks that every survivor fails naming it
+/// within `bound` of the signal.
+fn fault(
+    mode: &str,
+    placement: &[usize],
+    victim: usize,
+    sig: i32,
+    timeout_ms: u64,
+    bound: Duration,
+) {
     let Some(net) = common::netns_hosts(placement.len()) else {
         return;
     };
     let ctl = Ctl::new(if sig == libc::SIGKILL { "kill" } else { "stop" });
     let n: usize = placement.iter().sum();
     let timeout = timeout_ms.to_string();
-    let spec = spec(&net, placement, &["loop", "2000000"], &ctl).env("WEFT_TIMEOUT_MS", &timeout);
+    let spec = spec(&net, placement, &[mode, "2000000"], &ctl)
+        .env("WEFT_TIMEOUT_MS", &timeout)
+        .env("WEFT_CROSSHOST_MIN_BYTES", "65536");
     let job = job::spawn(spec);
     ctl.wait_all(&(0..n).map(|r| format!("running.{r}")).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_millis(100));
@@ -160,16 +250,48 @@ fn fault(placement: &[usize], victim: usize, sig: i32, timeout_ms: u64, bound: D
 fn a_rank_killed_mid_transfer_fails_every_survivor_naming_it() {
     // Rank 2 is local rank 0 of host 1: its host's survivor meets it in a
     // local phase, the others over the network.
-    fault(&[2, 2], 2, libc::SIGKILL, 0, Duration::from_secs(3));
-    fault(&[1, 1, 1], 1, libc::SIGKILL, 0, Duration::from_secs(3));
+    for mode in ["loop", "commloop"] {
+        fault(mode, &[2, 2], 2, libc::SIGKILL, 0, Duration::from_secs(3));
+        fault(
+            mode,
+            &[1, 1, 1],
+            1,
+            libc::SIGKILL,
+            0,
+            Duration::from_secs(3),
+        );
+    }
 }
 
 #[test]
 fn a_rank_stopped_mid_transfer_fails_every_survivor_naming_it() {
     let timeout = 2000;
     let bound = Duration::from_millis(timeout) + Duration::from_secs(3);
-    fault(&[2, 2], 2, libc::SIGSTOP, timeout, bound);
-    fault(&[1, 1, 1], 1, libc::SIGSTOP, timeout, bound);
+    for mode in ["loop", "commloop"] {
+        fault(mode, &[2, 2], 2, libc::SIGSTOP, timeout, bound);
+        fault(mode, &[1, 1, 1], 1, libc::SIGSTOP, timeout, bound);
+    }
+}
+
+/// An abort of the communicator (from another thread) releases a call
+/// waiting in its cross-host engine for a rank that never joins: every
+/// aborting rank's call returns an error within a second.
+#[test]
+fn an_abort_releases_a_call_waiting_in_the_communicators_engine() {
+    let Some(net) = common::netns_hosts(2) else {
+        return;
+    };
+    let ctl = Ctl::new("abort");
+    let run = job::run(
+        spec(&net, &[2, 1], &["commabort"], &ctl).env("WEFT_CROSSHOST_MIN_BYTES", "65536"),
+    );
+    run.assert_success();
+    for r in 0..2 {
+        let f = run.facts(r);
+        let after = common::num(&f, "after_ms");
+        eprintln!("rank {r}: {after} ms after its abort: {}", f["error"]);
+        assert!(after < 1000, "rank {r}: {after} ms:\n{}", run.dump());
+    }
 }
 
 #[test]
@@ -304,20 +426,31 @@ fn measure_byte_mover_beside_the_tcp_transport() {
         "-i",
         "4",
     ];
-    let run = job::run(spec(&net, &[1, 1], &bench, &ctl).env("WEFT_PROXY", "0"));
-    run.assert_success();
-    let busbw: Vec<String> = run.ranks[0]
-        .stdout
-        .lines()
-        .filter_map(|l| {
-            let c: Vec<&str> = l.split_whitespace().collect();
-            (c.len() > 8 && c[0].parse::<usize>().is_ok()).then(|| c[7].to_string())
-        })
-        .collect();
-    rows.push((
-        "transport/tcp.rs all_reduce busbw (weft bench)".into(),
-        busbw,
-    ));
+    // `weft bench`'s all-reduce: the flat host path over the TCP transport,
+    // then the communicator's own cross-host engine (`WEFT_CROSSHOST_MIN_BYTES`).
+    for (name, engine) in [
+        ("transport/tcp.rs all_reduce busbw (weft bench)", None),
+        (
+            "communicator all_reduce on its engine (weft bench, WEFT_CROSSHOST_MIN_BYTES=1)",
+            Some("1"),
+        ),
+    ] {
+        let mut spec = spec(&net, &[1, 1], &bench, &ctl).env("WEFT_PROXY", "0");
+        if let Some(min) = engine {
+            spec = spec.env("WEFT_CROSSHOST_MIN_BYTES", min);
+        }
+        let run = job::run(spec);
+        run.assert_success();
+        let busbw: Vec<String> = run.ranks[0]
+            .stdout
+            .lines()
+            .filter_map(|l| {
+                let c: Vec<&str> = l.split_whitespace().collect();
+                (c.len() > 8 && c[0].parse::<usize>().is_ok()).then(|| c[7].to_string())
+            })
+            .collect();
+        rows.push((name.into(), busbw));
+    }
     println!(
         "| path | {} |",
         sizes

@@ -226,6 +226,8 @@ impl Communicator {
         if let DeviceSlot::On(dc) = &*lock(&self.s.dev) {
             dc.drain();
         }
+        // Then the cross-host engine and its host-local communicator.
+        self.s.cross.close();
         // Eager host sends still pending are delivered first (bounded: see
         // progress/eager.rs); the flusher thread ends before the resources go.
         self.s.flusher.stop();

@@ -25,8 +25,14 @@
 //! | `flusher.rs` | the eager-send flusher thread |
 //! | `watch.rs` | the device watch thread |
 //! | `reconf.rs` | `Reconf`: revoke, shrink and grow bookkeeping |
+//! | `cross_mover.rs` | the communicator as the cross-host engine's handle exchange and host-local mover (`CommMover`) |
+//! | `cross_engine.rs` | large collectives of a communicator spanning hosts on the cross-host engine (opt-in: `WEFT_CROSSHOST_MIN_BYTES`) |
+//! | `cross_slot.rs` | the communicator's engine slot, and what releases a call in it on abort |
 
 pub(crate) mod communicator;
+mod cross_engine;
+pub mod cross_mover;
+mod cross_slot;
 mod device;
 pub(crate) mod flusher;
 pub(crate) mod group;

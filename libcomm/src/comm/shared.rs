@@ -42,6 +42,9 @@ pub(crate) struct CommShared {
     ended_at: Mutex<Option<SystemTime>>,
     /// Sequence numbers of operations, for the observer (`observe/`).
     pub(crate) meter: observe::Meter,
+    /// The cross-host engine, when one runs this communicator's large
+    /// collectives (`cross_engine.rs`).
+    pub(crate) cross: super::cross_slot::Slot,
     /// A weak pointer to this record, for the observer's abort handle.
     me: OnceLock<std::sync::Weak<CommShared>>,
     /// The device side (CUDA), set up by the first operation on device memory.
@@ -84,6 +87,7 @@ impl CommShared {
             worker: Mutex::new(None),
             ended_at: Mutex::new(None),
             meter: Default::default(),
+            cross: Default::default(),
             me: OnceLock::new(),
             dev: Mutex::new(Default::default()),
             device_word: OnceLock::new(),
@@ -379,6 +383,14 @@ impl CommShared {
         if let Some(f) = self.fault.get() {
             f.raise(FAIL_ABORT, reason);
         }
+        self.cross.release(
+            Error::Aborted {
+                comm: self.label.clone(),
+                rank: self.rank,
+                by: Some(self.rank),
+            },
+            reason,
+        );
         self.join_worker();
         // Pending eager sends are dropped with the resources, after their
         // flusher thread ended.
@@ -394,6 +406,14 @@ impl CommShared {
 
     /// Raises a failure with a reason (the observer's handle: lost host, dead rank).
     pub(crate) fn fail_with(&self, reason: &str) {
+        self.cross.release(
+            Error::Remote {
+                comm: self.label.clone(),
+                rank: self.rank,
+                detail: reason.to_string(),
+            },
+            reason,
+        );
         match self.fault.get() {
             Some(f) => f.raise(FAIL_ERROR, reason),
             None => {

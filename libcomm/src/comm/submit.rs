@@ -39,6 +39,10 @@ impl Communicator {
             .map_or(tuner::Shape::ranks(self.s.nranks), |c| c.shape());
         let d = tuner::decide(&op, &shape, &self.s.cfg.algo);
         let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
+        if let Some(r) = self.on_cross_engine(&op) {
+            observe::finish(obs, &r);
+            return r;
+        }
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or
             // copied (`progress/eager.rs`).

@@ -90,11 +90,35 @@ impl Shared {
         g.get_or_insert(e).clone()
     }
 
+    /// Fails with `e` (the first error stays): every waiter is released.
+    fn fail(&self, e: Error) {
+        self.set_error(e);
+        self.abort.store(true, Ordering::Release);
+        self.flags.release_all();
+    }
+
     fn aborted(&self) -> Error {
         Error::Aborted {
             comm: self.cfg.label.clone(),
             rank: self.cfg.rank,
             by: Some(self.cfg.rank),
+        }
+    }
+}
+
+/// Fails a running engine from outside whatever holds it (an abort of its
+/// communicator while a call waits in it).
+pub struct Aborter {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::Thread>,
+}
+
+impl Aborter {
+    /// As [`Engine::fail`].
+    pub fn fail(&self, e: Error) {
+        self.shared.fail(e);
+        if let Some(t) = &self.thread {
+            t.unpark();
         }
     }
 }
@@ -204,11 +228,14 @@ impl Engine {
     /// Fails the engine with `e` (a local phase of the same operation
     /// failed): as [`Engine::abort`], with `e` as the reason the peers hear.
     pub fn fail(&self, e: Error) {
-        self.shared.set_error(e);
-        self.shared.abort.store(true, Ordering::Release);
-        self.shared.flags.release_all();
-        if let Some(t) = &self.thread {
-            t.thread().unpark();
+        self.aborter().fail(e);
+    }
+
+    /// What fails this engine from elsewhere.
+    pub fn aborter(&self) -> Aborter {
+        Aborter {
+            shared: self.shared.clone(),
+            thread: self.thread.as_ref().map(|t| t.thread().clone()),
         }
     }
 }

@@ -46,7 +46,7 @@ pub enum Notice {
 }
 
 /// An all-gather of one fixed-size record per rank, in rank order (the
-/// communicator implements it in `comm_mover.rs`; tests over a board).
+/// communicator implements it in `comm/cross_mover.rs`; tests over a board).
 pub trait Exchange {
     fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>>;
 }

@@ -4,7 +4,7 @@
 //! these steps are the NVLink kernels of a host-local sub-communicator
 //! instead (docs/ARCHITECTURE.md, "Across hosts").
 //!
-//! Two movers: `CommMover` (`comm_mover.rs`: a host-local libcomm
+//! Two movers: `CommMover` (`comm/cross_mover.rs`: a host-local libcomm
 //! communicator, ranks as processes over shared-memory rings), and
 //! [`BoardMover`], ranks that are threads of one process handing each other
 //! pointers.

@@ -1,7 +1,6 @@
 //! Collectives across hosts over the byte mover seam (`net/`).
 //! (Module map and design: docs/ARCHITECTURE.md, "Across hosts".)
 
-mod comm_mover;
 pub mod engine;
 #[cfg(test)]
 mod engine_tests;
@@ -19,7 +18,6 @@ mod testing;
 mod tests;
 pub mod tuner;
 
-pub use comm_mover::CommMover;
 pub use engine::{Engine, EngineConfig};
 pub use flags::{FlagWords, Flags, TERMINAL};
 pub use layout::Layout;

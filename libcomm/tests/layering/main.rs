@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     ("the public API", &["", "fuzz"]),
     ("resilience", &["resilience"]),
-    ("across hosts", &["crosshost"]),
     ("the communicator", &["comm"]),
+    ("across hosts", &["crosshost"]),
     ("observation", &["observe"]),
     ("host algorithms, the CUDA backend", &["algo", "cuda"]),
     ("the progress engine and its resources", &["progress"]),

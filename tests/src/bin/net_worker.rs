@@ -6,7 +6,8 @@
 //! names the scenario. Prints `@ key=value` facts and exits non-zero on any
 //! unexpected result.
 
-use libcomm::crosshost::{Coll, CommMover, CrossHost, Layout, Links, Shape};
+use libcomm::CommMover;
+use libcomm::crosshost::{Coll, CrossHost, Layout, Links, Shape};
 use libcomm::net::tcp::{self, TcpConfig, TcpNet};
 use libcomm::net::{MemKind, RecvBuf, Request};
 use libcomm::{Communicator, Config, DataType, ReduceOp};
@@ -50,7 +51,9 @@ fn main() {
     }
     match arg(1, "").as_str() {
         "coll" => mode_coll(),
-        "loop" => mode_loop(),
+        "loop" => mode_loop(false),
+        "commloop" => mode_loop(true),
+        "commabort" => mode_abort(),
         "hostile" => mode_hostile(),
         "bw" => mode_bw(),
         "arbw" => mode_arbw(),
@@ -250,17 +253,25 @@ fn mode_coll() {
 /// `loop COUNT`: all-reduces of COUNT floats until one fails (a peer was
 /// killed or stopped); touches `running.<rank>` after the first. On the
 /// error prints `@ error=...` (spaces as `_`) and `@ at_ms=` (epoch).
-fn mode_loop() {
+/// `commloop COUNT`: the same through the communicator's own all-reduce
+/// (its cross-host engine when `WEFT_CROSSHOST_MIN_BYTES` says so).
+fn mode_loop(through_comm: bool) {
     let count: usize = ok(arg(2, "1000000").parse(), "count");
     let world = ok(Communicator::from_env(), "init");
     let me = world.rank();
-    let (mut x, _) = cross_host(&world);
-    let n = x.layout().n() as f32;
+    // Through the communicator its own engine runs them
+    // (`WEFT_CROSSHOST_MIN_BYTES`); else the engine is driven directly.
+    let mut x = (!through_comm).then(|| cross_host(&world).0);
+    let n = world.count() as f32;
     let send = vec![1.0f32; count];
     let mut recv = vec![0.0f32; count];
     let started = Instant::now();
     for i in 0.. {
-        match x.all_reduce(&send, &mut recv, ReduceOp::Sum) {
+        let r = match x.as_mut() {
+            Some(x) => x.all_reduce(&send, &mut recv, ReduceOp::Sum),
+            None => world.all_reduce(&send, &mut recv, ReduceOp::Sum),
+        };
+        match r {
             Ok(()) => {
                 if recv[count / 2] != n {
                     fail(format!(
@@ -285,6 +296,43 @@ fn mode_loop() {
             fail("no failure within 90 s");
         }
     }
+}
+
+/// `commabort`: a large all-reduce through the communicator (on its
+/// cross-host engine) that the last rank never joins; every other rank
+/// aborts its communicator from another thread after 500 ms. Prints how
+/// long after the abort the call returned and its error.
+fn mode_abort() {
+    let world = ok(Communicator::from_env(), "init");
+    let n = world.count();
+    let mut v = vec![1.0f32; 1 << 20];
+    // A first call builds the engine everywhere (the last rank too).
+    ok(
+        world.all_reduce_in_place(&mut v, ReduceOp::Sum),
+        "first all-reduce",
+    );
+    if world.rank() == n - 1 {
+        std::thread::sleep(Duration::from_secs(3));
+        std::process::exit(0);
+    }
+    let at = std::sync::Mutex::new(None);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            std::thread::sleep(Duration::from_millis(500));
+            *at.lock().unwrap() = Some(Instant::now());
+            ok(world.abort(), "abort");
+        });
+        let r = world.all_reduce_in_place(&mut v, ReduceOp::Sum);
+        let t = at.lock().unwrap().map(|t| t.elapsed());
+        match (r, t) {
+            (Err(e), Some(t)) => {
+                println!("@ after_ms={}", t.as_millis());
+                println!("@ error={}", e.to_string().replace(' ', "_"));
+            }
+            (Err(e), None) => fail(format!("failed before the abort: {e}")),
+            (Ok(()), _) => fail("the call without the last rank succeeded"),
+        }
+    });
 }
 
 /// `hostile ROUNDS`: publishes this rank's connect handle (hex, in

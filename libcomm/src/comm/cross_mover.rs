@@ -1,11 +1,12 @@
 //! The communicator as the cross-host executor's partner (`crosshost/`,
-//! host memory): the all-gather its handle exchange and layout use
+//! host memory; here, not there, so `crosshost/` stays below the
+//! communicator and the communicator can run collectives on it): the all-gather its handle exchange and layout use
 //! ([`Exchange`]) and the host-local mover ([`CommMover`]): a host-local
 //! communicator's grouped sends and receives, its errors renamed to the
 //! job's ranks.
 
-use super::{Exchange, LocalMover};
-use crate::comm::{Communicator, Group};
+use super::{Communicator, Group};
+use crate::crosshost::{Exchange, LocalMover};
 use crate::data::types::DataType;
 use crate::error::{Error, Result};
 use crate::op::Op;
