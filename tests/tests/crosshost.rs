@@ -57,6 +57,17 @@ impl Drop for Ctl {
 
 /// A job of `placement[h]` ranks on host h (host-major rank order).
 fn spec<'a>(net: &'a Net, placement: &[usize], args: &[&str], ctl: &Ctl) -> JobSpec<'a> {
+    spec_with(net, placement, args, ctl, |_| Vec::new())
+}
+
+/// [`spec`], with `extra(rank)` added to each rank's environment.
+fn spec_with<'a>(
+    net: &'a Net,
+    placement: &[usize],
+    args: &[&str],
+    ctl: &Ctl,
+    extra: impl Fn(usize) -> Vec<(String, String)> + 'a,
+) -> JobSpec<'a> {
     let host_of: Vec<usize> = placement
         .iter()
         .enumerate()
@@ -71,11 +82,13 @@ fn spec<'a>(net: &'a Net, placement: &[usize], args: &[&str], ctl: &Ctl) -> JobS
         .env("WEFT_PEER_TIMEOUT_MS", "10000")
         .per_rank(move |r| {
             let h = host_of[r];
-            vec![
+            let mut v = vec![
                 ("WEFT_TEST_NETNS".into(), net.hosts[h].clone()),
                 ("WEFT_HOSTNAME".into(), net.hosts[h].clone()),
                 ("WEFT_LISTEN_ADDR".into(), net.addrs[h].clone()),
-            ]
+            ];
+            v.extend(extra(r));
+            v
         })
         .timeout(Duration::from_secs(240))
 }
@@ -102,8 +115,9 @@ fn every_collective_across_namespace_hosts_matches_the_reference() {
 
 /// The communicator's own collectives across namespace hosts on the
 /// cross-host engine (`WEFT_CROSSHOST_MIN_BYTES`, `comm/cross_engine.rs`):
-/// every collective the engine takes, at sizes below and above the
-/// threshold, checked on random data by `weft bench-rank --check`, on
+/// every collective the engine takes (and broadcast and reduce, which stay
+/// flat), at sizes below and above the threshold, checked on random data
+/// by `weft bench-rank --check`, on
 /// 2 hosts x 2 ranks and 3 hosts x 1 (a threshold of 16 KiB), and on 2
 /// hosts x 1 with a threshold of 1 byte (the collectives that build the
 /// engine qualify too: they must take the flat path, not wait for the
@@ -168,6 +182,11 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
                     .find(|l| l.contains("cross-host engine"))
                     .unwrap_or("(no engine line)")
             );
+            // Broadcast and reduce stay flat (the bench's own small
+            // all-reduces may still build the engine at a 1-byte threshold).
+            if matches!(op, "broadcast" | "reduce") {
+                continue;
+            }
             for (r, rank) in run.ranks.iter().enumerate() {
                 let log = format!("{}{}", rank.stdout, rank.stderr);
                 assert!(
@@ -177,6 +196,67 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
             }
         }
     }
+}
+
+/// A rank that cannot build its part of the engine (here: a bad
+/// `WEFT_NET_SOCKETS` on rank 1 only) keeps every rank on the flat path:
+/// the collectives still check, no rank says it runs on the engine, and
+/// rank 1 says why.
+#[test]
+fn one_rank_without_an_engine_keeps_every_rank_on_the_flat_path() {
+    let Some(net) = common::netns_hosts(2) else {
+        return;
+    };
+    let ctl = Ctl::new("noengine");
+    let cli = env!("CARGO_BIN_EXE_weft-cli");
+    let args = [
+        "exec",
+        cli,
+        "bench-rank",
+        "all_reduce",
+        "-n",
+        "2",
+        "-b",
+        "64K",
+        "-e",
+        "1M",
+        "-f",
+        "16",
+        "-w",
+        "1",
+        "-i",
+        "2",
+        "--check",
+    ];
+    let bad = |r: usize| {
+        if r == 1 {
+            vec![("WEFT_NET_SOCKETS".to_string(), "0".to_string())]
+        } else {
+            Vec::new()
+        }
+    };
+    let run = job::run(
+        spec_with(&net, &[1, 1], &args, &ctl, bad)
+            .env("WEFT_PROXY", "0")
+            .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
+            .env("WEFT_DEBUG", "INFO"),
+    );
+    run.assert_success();
+    assert!(
+        run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
+        "{}",
+        run.dump()
+    );
+    for rank in &run.ranks {
+        let log = format!("{}{}", rank.stdout, rank.stderr);
+        assert!(
+            !log.contains("run on the cross-host engine"),
+            "{}",
+            run.dump()
+        );
+    }
+    let why = format!("{}{}", run.ranks[1].stdout, run.ranks[1].stderr);
+    assert!(why.contains("was not built"), "{}", run.dump());
 }
 
 /// Every survivor's error and when it came.

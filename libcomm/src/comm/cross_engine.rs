@@ -2,24 +2,27 @@
 //! cross-host engine (`crosshost/`): two levels, a host-local communicator
 //! within each host and the engine's pipelined chunks over the byte mover
 //! (`WEFT_NET_SOCKETS` sockets per peer pair) between hosts, instead of the
-//! flat host algorithms over one TCP connection per peer. On host memory
-//! the engine measured 1.3-2x the flat path from 4 MiB up
-//! (docs/PERFORMANCE.md, "Cross-host byte mover"); device collectives
-//! across hosts run their host part here too (`cuda/proxy.rs` hands its
-//! jobs to the host path).
+//! flat host algorithms over one TCP connection per peer. Host-memory
+//! calls only: device collectives across hosts (`cuda/proxy.rs`) keep the
+//! flat path, because their progress thread cannot run the collectives
+//! that build the engine while it holds a device job. On the 2-core
+//! development VM the engine was no faster than the flat path
+//! (docs/PERFORMANCE.md, "Cross-host byte mover"), hence opt-in.
 //!
 //! Opt-in: `WEFT_CROSSHOST_MIN_BYTES` (every rank the same, like
-//! `WEFT_ALGO`) is the smallest operation that takes the engine; unset,
-//! nothing here runs. The engine is built at the first operation that
+//! `WEFT_ALGO`) is the smallest all-reduce, all-gather, reduce-scatter or
+//! all-to-all that takes the engine; unset, nothing here runs. The engine is built at the first operation that
 //! qualifies, on every rank at the same point of the call order (its
 //! handle exchange and the host split are collectives of the
-//! communicator); a communicator that turns out to live on one host, or
-//! whose engine could not be built, keeps the flat path, logged once.
+//! communicator, and the collectives that build it take the flat path);
+//! a communicator that turns out to live on one host, or whose engine any
+//! rank could not build, keeps the flat path on every rank, logged once.
 //!
 //! Failures stay bounded as on the flat path: the engine names the rank
 //! that failed or went silent (`WEFT_TIMEOUT_MS`), and an abort or a
 //! failure raised on the communicator (the sidecar's lever, the device
-//! watch) releases a call waiting in the engine at once.
+//! watch) releases a call waiting in the engine at once (not yet one still
+//! building it: connecting is bounded by 60 s).
 
 use super::communicator::Communicator;
 use super::cross_mover::CommMover;
@@ -37,30 +40,40 @@ use std::time::{Duration, Instant};
 /// How long building the engine may take (connecting to every remote rank).
 const CONNECT_BOUND: Duration = Duration::from_secs(60);
 
-/// The engine's collective for `op`, when it has one.
+/// The engine's collective for `op`, when it takes it. Broadcast and
+/// reduce stay on the flat path: their non-root ranks may pass no buffer
+/// (NCCL allows it), and every rank must decide alike from what all of
+/// them pass (kind and size).
 fn coll(op: &Op) -> Option<Coll> {
     Some(match op.kind {
         OpKind::AllReduce => Coll::AllReduce,
         OpKind::AllGather => Coll::AllGather,
         OpKind::ReduceScatter => Coll::ReduceScatter,
         OpKind::AllToAll => Coll::AllToAll,
-        OpKind::Broadcast => Coll::Broadcast { root: op.root },
-        OpKind::Reduce => Coll::Reduce { root: op.root },
         _ => return None,
     })
 }
 
+/// Whether every rank said yes, over the flat path.
+fn all_agree(c: &Communicator, yes: bool) -> Result<bool> {
+    let all = crate::crosshost::Exchange::all_gather(c, &[u8::from(yes)])?;
+    Ok(all.iter().all(|v| v.first() == Some(&1)))
+}
+
 impl Communicator {
-    /// Runs `op` (validated, host memory) on the cross-host engine when it
-    /// qualifies; `None`: the flat host path runs it.
-    pub(crate) fn on_cross_engine(&self, op: &Op) -> Option<Result<()>> {
-        let min = self.s.cfg.cross_engine_min_bytes?;
-        let coll = coll(op)?;
-        if op.is_empty() || op.bytes() < min || op.send.is_null() || op.recv.is_null() {
-            return None;
+    /// Whether `op` (validated, host memory) runs on the cross-host
+    /// engine; builds the engine at the first operation that qualifies.
+    /// Called before the operation is reported, so the collectives that
+    /// build the engine are reported as calls of their own before it.
+    pub(crate) fn takes_cross_engine(&self, op: &Op) -> bool {
+        let Some(min) = self.s.cfg.cross_engine_min_bytes else {
+            return false;
+        };
+        if coll(op).is_none() || op.is_empty() || op.bytes() < min {
+            return false;
         }
         if self.s.cross.building.load(Ordering::Acquire) {
-            return None;
+            return false;
         }
         let mut state = lock(&self.s.cross.state);
         if matches!(*state, State::Untried) {
@@ -78,7 +91,7 @@ impl Communicator {
                 Ok(None) => State::Off,
                 Err(e) => {
                     crate::log::warn_log!(
-                        "comm {} rank {}: the cross-host engine could not be built ({e}); the flat host path runs its collectives",
+                        "comm {} rank {}: the cross-host engine was not built ({e}); the flat host path runs its collectives",
                         self.s.label,
                         self.s.rank
                     );
@@ -86,41 +99,89 @@ impl Communicator {
                 }
             };
         }
-        let State::On(x) = &mut *state else {
-            return None;
+        matches!(*state, State::On(_))
+    }
+
+    /// Runs `op` on the engine ([`takes_cross_engine`](Self::takes_cross_engine) said so).
+    pub(crate) fn run_on_cross_engine(&self, op: &Op) -> Result<()> {
+        let mut state = lock(&self.s.cross.state);
+        let (State::On(x), Some(coll)) = (&mut *state, coll(op)) else {
+            return Err(Error::Internal(
+                "the cross-host engine is gone (destroyed meanwhile?)".into(),
+            ));
         };
         let redop = op.redop.unwrap_or(crate::data::types::ReduceOp::Sum);
-        // SAFETY: validated by the caller; the buffers are the operation's.
+        // SAFETY: validated by the caller; every rank passes both buffers
+        // of these collectives.
         let r = unsafe { x.collective(coll, op.send, op.recv, op.count, op.dtype, redop) };
         if let Err(e) = &r {
             self.s.record_failure(e);
         }
-        Some(r)
+        r
     }
 
-    /// The engine over this communicator: its layout by host identity,
-    /// a host-local split, connections to every remote rank. `None` when
-    /// every rank is on one host. With it, the host-local communicator's
-    /// record (to abort it).
+    /// The engine over this communicator: its layout by host identity, a
+    /// host-local split, connections to every remote rank. `None` when
+    /// every rank is on one host or any rank could not build its part:
+    /// every rank ends with the same answer (two agreements over the flat
+    /// path), so none runs a collective on the engine that another runs
+    /// flat. With the engine, the host-local communicator's lever (to
+    /// abort it).
     fn build_cross_engine(&self) -> Result<Option<(CrossHost, Weak<dyn Lever>)>> {
-        let layout = Layout::gather(self)?;
-        let me = self.rank();
+        // What can fail here alone comes first, then one exchange carries
+        // both the host identity and whether this rank is ready.
+        let net = TcpConfig::for_job()
+            .map_err(|e| Error::arg(e.to_string()))
+            .and_then(|c| {
+                TcpNet::new(c)
+                    .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))
+            });
+        let id = crate::sys::topology::host_id(self.s.cfg.hostname.as_deref());
+        let mut mine = id.to_le_bytes().to_vec();
+        mine.push(u8::from(net.is_ok()));
+        let all = crate::crosshost::Exchange::all_gather(self, &mine)?;
+        if all.iter().any(|v| v.get(8) != Some(&1)) {
+            return net.and(Ok(None));
+        }
+        let ids: Vec<u64> = all
+            .iter()
+            .map(|v| u64::from_le_bytes(v[..8].try_into().unwrap_or_default()))
+            .collect();
+        let layout = Layout::from_host_ids(&ids);
         if layout.nhosts() < 2 {
             return Ok(None);
         }
+        let net = net?;
+        let me = self.rank();
         let h = layout.host(me);
-        let local = self
-            .split(Some(h as u32), me as i32)?
-            .ok_or_else(|| Error::Internal("no host-local communicator".into()))?;
-        let net = TcpNet::new(TcpConfig::for_job().map_err(|e| Error::arg(e.to_string()))?)
-            .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))?;
-        let links = Links::connect(
-            net,
-            self,
-            me,
-            &layout.remote(me),
-            Instant::now() + CONNECT_BOUND,
-        )?;
+        // The split and the connections are collectives; whatever fails on
+        // one rank fails (or times out) the same step on the others, and
+        // the last agreement settles it for all.
+        let built = self
+            .split(Some(h as u32), me as i32)
+            .and_then(|l| l.ok_or_else(|| Error::Internal("no host-local communicator".into())))
+            .and_then(|local| {
+                let links = Links::connect(
+                    net,
+                    self,
+                    me,
+                    &layout.remote(me),
+                    Instant::now() + CONNECT_BOUND,
+                )?;
+                let lever = std::sync::Arc::downgrade(&local.s) as Weak<dyn Lever>;
+                let mover = CommMover::new(local, layout.members(h).to_vec());
+                let x = CrossHost::new(
+                    layout.clone(),
+                    links,
+                    Box::new(mover),
+                    &self.s.label,
+                    self.s.cfg.timeout,
+                )?;
+                Ok((x, lever))
+            });
+        if !all_agree(self, built.is_ok())? {
+            return built.and(Ok(None));
+        }
         crate::log::info_log!(
             "comm {} rank {}: collectives of {} bytes and more run on the cross-host engine ({})",
             self.s.label,
@@ -128,15 +189,6 @@ impl Communicator {
             self.s.cfg.cross_engine_min_bytes.unwrap_or(0),
             layout.describe()
         );
-        let record: Weak<dyn Lever> = std::sync::Arc::downgrade(&local.s) as Weak<dyn Lever>;
-        let mover = CommMover::new(local, layout.members(h).to_vec());
-        let x = CrossHost::new(
-            layout,
-            links,
-            Box::new(mover),
-            &self.s.label,
-            self.s.cfg.timeout,
-        )?;
-        Ok(Some((x, record)))
+        built.map(Some)
     }
 }

@@ -79,14 +79,6 @@ fn run_batch(b: Batch<'_>) -> Result<()> {
         observe::finish(obs, &r);
         return r;
     }
-    // One collective (a device job across hosts, a group of one): the
-    // cross-host engine when it takes it.
-    if let [op] = ops.as_slice()
-        && let Some(r) = comm.on_cross_engine(op)
-    {
-        observe::finish(obs, &r);
-        return r;
-    }
     let r = comm.with_resources("group", |c| {
         let mut xs: Vec<Xfer> = ops
             .iter()

@@ -38,11 +38,13 @@ impl Communicator {
             .as_ref()
             .map_or(tuner::Shape::ranks(self.s.nranks), |c| c.shape());
         let d = tuner::decide(&op, &shape, &self.s.cfg.algo);
-        let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
-        if let Some(r) = self.on_cross_engine(&op) {
+        if self.takes_cross_engine(&op) {
+            let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, "crosshost");
+            let r = self.run_on_cross_engine(&op);
             observe::finish(obs, &r);
             return r;
         }
+        let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or
             // copied (`progress/eager.rs`).

@@ -50,8 +50,9 @@ pub trait Observer: Send + Sync {
 /// One communicator rank's counters for its untimed operations: called on
 /// the thread running the operation, at the rate of the collectives, so
 /// an implementation does a few stores and nothing that blocks. An
-/// untimed operation that fails is not counted here: it comes to
-/// [`Observer::on_op`] as a completed event (without a start before it).
+/// untimed operation that fails has had its `started` here, but its
+/// completion comes to [`Observer::on_op`] as a completed event (with no
+/// started event before it), not to `completed`.
 pub trait OpCounter: Send + Sync {
     /// Untimed operation `seq` (`all_reduce`, ..., `group`) started.
     fn started(&self, seq: u64, op: &'static str);

@@ -42,11 +42,12 @@ impl Meter {
         }
     }
 
-    /// The next sequence number: a load and a store, one writer at a time.
+    /// The next sequence number. An atomic increment: a communicator
+    /// spanning hosts reports from two threads (the caller's enqueue and
+    /// the progress thread's job, `cuda/proxy.rs`), and numbers must stay
+    /// unique and rising.
     fn next(&self) -> u64 {
-        let seq = self.seq.load(Ordering::Relaxed) + 1;
-        self.seq.store(seq, Ordering::Relaxed);
-        seq
+        self.seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The counter, when this operation goes untimed.

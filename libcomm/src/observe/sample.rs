@@ -16,8 +16,10 @@
 //! call. What sampling gives up: a slow call among the untimed ones is seen
 //! as its window, not on its own.
 //!
-//! One writer per communicator at a time (NCCL's rule for a communicator):
-//! the state is plain loads and stores, never a read-modify-write.
+//! The state is plain loads and stores, never a read-modify-write: one
+//! thread per communicator at a time is NCCL's rule, and where two report
+//! at once (a communicator spanning hosts: the caller's enqueue and its
+//! progress thread) a lost update only times one call more or fewer.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

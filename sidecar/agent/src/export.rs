@@ -124,8 +124,9 @@ impl Aggregate {
         self.count += 1;
         self.bytes = self.bytes.saturating_add(r.bytes);
         self.errors += u64::from(!r.ok());
-        // An untimed operation that failed is a record without a duration.
-        if d > 0 || r.ok() {
+        // Timed: a duration (an untimed operation that failed is a record
+        // without one), the rule of the slot counters and `Tally::recorded`.
+        if d > 0 {
             self.time(d, 1);
         }
         self.first_start_ns = self.first_start_ns.min(r.start_ns);
