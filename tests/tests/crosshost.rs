@@ -93,6 +93,41 @@ fn spec_with<'a>(
         .timeout(Duration::from_secs(240))
 }
 
+/// `net-worker exec weft bench-rank OP -n N` over `sizes` (min, max,
+/// factor), one warm-up and `iters` timed calls a size, `--check` when
+/// `check`.
+fn bench_rank<'a>(
+    op: &'a str,
+    n: &'a str,
+    sizes: [&'a str; 3],
+    iters: &'a str,
+    check: bool,
+) -> Vec<&'a str> {
+    let [b, e, f] = sizes;
+    let mut v = vec![
+        "exec",
+        env!("CARGO_BIN_EXE_weft-cli"),
+        "bench-rank",
+        op,
+        "-n",
+        n,
+        "-b",
+        b,
+        "-e",
+        e,
+        "-f",
+        f,
+        "-w",
+        "1",
+        "-i",
+        iters,
+    ];
+    if check {
+        v.push("--check");
+    }
+    v
+}
+
 #[test]
 fn every_collective_across_namespace_hosts_matches_the_reference() {
     for placement in [vec![2, 2], vec![1, 1, 1], vec![2, 1]] {
@@ -125,7 +160,6 @@ fn every_collective_across_namespace_hosts_matches_the_reference() {
 /// collectives.
 #[test]
 fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
-    let cli = env!("CARGO_BIN_EXE_weft-cli");
     for (placement, min) in [
         (vec![2, 2], "16384"),
         (vec![1, 1, 1], "16384"),
@@ -144,25 +178,7 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
             "broadcast",
             "reduce",
         ] {
-            let args = [
-                "exec",
-                cli,
-                "bench-rank",
-                op,
-                "-n",
-                &n,
-                "-b",
-                "4K",
-                "-e",
-                "1M",
-                "-f",
-                "16",
-                "-w",
-                "1",
-                "-i",
-                "2",
-                "--check",
-            ];
+            let args = bench_rank(op, &n, ["4K", "1M", "16"], "2", true);
             let run = job::run(
                 spec(&net, &placement, &args, &ctl)
                     .env("WEFT_PROXY", "0")
@@ -208,26 +224,7 @@ fn one_rank_without_an_engine_keeps_every_rank_on_the_flat_path() {
         return;
     };
     let ctl = Ctl::new("noengine");
-    let cli = env!("CARGO_BIN_EXE_weft-cli");
-    let args = [
-        "exec",
-        cli,
-        "bench-rank",
-        "all_reduce",
-        "-n",
-        "2",
-        "-b",
-        "64K",
-        "-e",
-        "1M",
-        "-f",
-        "16",
-        "-w",
-        "1",
-        "-i",
-        "2",
-        "--check",
-    ];
+    let args = bench_rank("all_reduce", "2", ["64K", "1M", "16"], "2", true);
     let bad = |r: usize| {
         if r == 1 {
             vec![("WEFT_NET_SOCKETS".to_string(), "0".to_string())]
@@ -487,25 +484,7 @@ fn measure_byte_mover_beside_the_tcp_transport() {
             .map(|s| f[&format!("busbw_{s}")].clone())
             .collect(),
     ));
-    let cli = env!("CARGO_BIN_EXE_weft-cli");
-    let bench = [
-        "exec",
-        cli,
-        "bench-rank",
-        "all_reduce",
-        "-n",
-        "2",
-        "-b",
-        "1M",
-        "-e",
-        "256M",
-        "-f",
-        "4",
-        "-w",
-        "1",
-        "-i",
-        "4",
-    ];
+    let bench = bench_rank("all_reduce", "2", ["1M", "256M", "4"], "4", false);
     // `weft bench`'s all-reduce: the flat host path over the TCP transport,
     // then the communicator's own cross-host engine (`WEFT_CROSSHOST_MIN_BYTES`).
     for (name, engine) in [

@@ -124,30 +124,22 @@ impl Communicator {
     /// host-local split, connections to every remote rank. `None` when
     /// every rank is on one host or any rank could not build its part:
     /// every rank ends with the same answer (two agreements over the flat
-    /// path), so none runs a collective on the engine that another runs
+    /// path, around the layout's exchange), so none runs a collective on the engine that another runs
     /// flat. With the engine, the host-local communicator's lever (to
     /// abort it).
     fn build_cross_engine(&self) -> Result<Option<(CrossHost, Weak<dyn Lever>)>> {
-        // What can fail here alone comes first, then one exchange carries
-        // both the host identity and whether this rank is ready.
+        // What can fail here alone comes first and is agreed on; then the
+        // layout by host identity.
         let net = TcpConfig::for_job()
             .map_err(|e| Error::arg(e.to_string()))
             .and_then(|c| {
                 TcpNet::new(c)
                     .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))
             });
-        let id = crate::sys::topology::host_id(self.s.cfg.hostname.as_deref());
-        let mut mine = id.to_le_bytes().to_vec();
-        mine.push(u8::from(net.is_ok()));
-        let all = crate::crosshost::Exchange::all_gather(self, &mine)?;
-        if all.iter().any(|v| v.get(8) != Some(&1)) {
+        if !all_agree(self, net.is_ok())? {
             return net.and(Ok(None));
         }
-        let ids: Vec<u64> = all
-            .iter()
-            .map(|v| u64::from_le_bytes(v[..8].try_into().unwrap_or_default()))
-            .collect();
-        let layout = Layout::from_host_ids(&ids);
+        let layout = Layout::gather(self)?;
         if layout.nhosts() < 2 {
             return Ok(None);
         }

@@ -8,12 +8,9 @@ use crate::crosshost::CrossHost;
 use crate::crosshost::engine::Aborter;
 use crate::error::Error;
 use crate::observe::Lever;
+use crate::sys::lock;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Mutex, MutexGuard, Weak};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use std::sync::{Mutex, Weak};
 
 /// A communicator's engine, once asked for.
 #[derive(Default)]
@@ -58,10 +55,8 @@ impl Slot {
     /// Stops the engine and destroys the host-local communicator (the
     /// communicator is being destroyed; no call runs).
     pub(crate) fn close(&self) {
-        let state = std::mem::replace(&mut *lock(&self.state), State::Off);
+        let engine = std::mem::replace(&mut *lock(&self.state), State::Off);
         *lock(&self.stop) = None;
-        if let State::On(x) = state {
-            drop(x);
-        }
+        drop(engine); // after both locks: its thread ends, the local communicator goes
     }
 }

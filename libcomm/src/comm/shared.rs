@@ -20,7 +20,7 @@ use crate::state::{CommState, StateCell};
 use crate::transport::shm::{FAIL_ABORT, FAIL_ERROR};
 use crate::transport::tcp;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
@@ -60,11 +60,7 @@ pub(crate) struct CommShared {
     pub(crate) reconf: Reconf,
 }
 
-/// Locks `m`, past a panic of another holder (the data stays consistent:
-/// every holder leaves it so).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(crate) use crate::sys::lock;
 
 fn since_epoch(t: SystemTime) -> String {
     let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();

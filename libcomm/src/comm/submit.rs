@@ -31,6 +31,12 @@ impl Communicator {
             return Ok(());
         }
         drain_device_work(self);
+        if self.takes_cross_engine(&op) {
+            let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, "crosshost");
+            let r = self.run_on_cross_engine(&op);
+            observe::finish(obs, &r);
+            return r;
+        }
         // Under the resources' lock: a thread that saw the state turn Ready
         // waits here until init has installed them, so every rank decides
         // on the same shape.
@@ -38,12 +44,6 @@ impl Communicator {
             .as_ref()
             .map_or(tuner::Shape::ranks(self.s.nranks), |c| c.shape());
         let d = tuner::decide(&op, &shape, &self.s.cfg.algo);
-        if self.takes_cross_engine(&op) {
-            let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, "crosshost");
-            let r = self.run_on_cross_engine(&op);
-            observe::finish(obs, &r);
-            return r;
-        }
         let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, d.name());
         let r = if op.kind == OpKind::Send {
             // Eager: returns once the message is in the peer's ring or
