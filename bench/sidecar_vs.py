@@ -10,8 +10,11 @@ ROUNDS times (A B C A B C ...), so a machine whose speed drifts treats them
 alike. Per size, the table has each command's median time over the rounds
 and, for every pair of commands (1st and 2nd, 3rd and 4th, ...), the
 second's time over the first's: with the commands given as "without the
-sidecar, with it", that is the sidecar's cost.
+sidecar, with it", that is the sidecar's cost. With VS_PARTIAL=FILE the
+table so far is written there after every round (a run cut short by a
+time limit keeps its finished rounds).
 """
+import os
 import re
 import shlex
 import statistics
@@ -46,12 +49,23 @@ def main():
                 print((p.stdout + p.stderr)[-2000:], file=sys.stderr)
                 continue
             runs[label].append(t)
+        # A run cut short by a time limit still leaves its rounds so far.
+        if os.environ.get("VS_PARTIAL"):
+            with open(os.environ["VS_PARTIAL"], "w") as f:
+                table(r + 1, cmds, runs, f)
+        print(f"round {r + 1} done", file=sys.stderr, flush=True)
+    table(rounds, cmds, runs, sys.stdout)
+
+
+def table(rounds, cmds, runs, out):
+    """The medians so far and each pair's ratio, as a markdown table."""
+    p = lambda line: print(line, file=out, flush=True)
     sizes = sorted({s for rs in runs.values() for t in rs for s in t})
     labels = [label for label, _ in cmds]
     pairs = list(zip(labels[0::2], labels[1::2]))
     head = ["bytes"] + [f"{l} us" for l in labels] + [f"{b}/{a}" for a, b in pairs]
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
+    p("| " + " | ".join(head) + " |")
+    p("|" + "---|" * len(head))
     for s in sizes:
         med = {}
         for l in labels:
@@ -59,9 +73,9 @@ def main():
             med[l] = statistics.median(v) if v else float("nan")
         cells = [str(s)] + [f"{med[l]:.2f}" for l in labels]
         cells += [f"{med[b] / med[a]:.3f}" if med[a] > 0 else "-" for a, b in pairs]
-        print("| " + " | ".join(cells) + " |")
-    print(f"(median of {rounds} interleaved rounds; runs per command: "
-          + ", ".join(f"{l} {len(runs[l])}" for l in labels) + ")")
+        p("| " + " | ".join(cells) + " |")
+    p(f"(median of {rounds} interleaved rounds; runs per command: "
+      + ", ".join(f"{l} {len(runs[l])}" for l in labels) + ")")
 
 
 if __name__ == "__main__":

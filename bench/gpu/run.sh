@@ -315,10 +315,12 @@ sidecar)
   # 4 ranks; device memory: weft bench-rank --device cuda on every GPU, and
   # nccl-tests all_reduce_perf -g $NG in one process on our libnccl.so.2.
   # SIDECAR_HOST_NP ranks for host memory (default 4; the machine's cores
-  # keep them apart), one rank per GPU for device memory.
+  # keep them apart), one rank per GPU for device memory. SIDECAR_SIDES:
+  # which bench-rank sides (default "host cuda"; nccl-tests always runs).
   W=$D/weft/weft; VS="python3 $D/../sidecar_vs.py ${ROUNDS:-5}"
+  export VS_PARTIAL=$OUT/sidecar-partial.md
   SZ="-b 8 -e 64K -f 2"
-  for side in host cuda; do
+  for side in ${SIDECAR_SIDES:-host cuda}; do
     np=${SIDECAR_HOST_NP:-4}; [ $side = cuda ] && np=$NG
     log sidecar weft bench-rank $side n=$np
     $VS plain "env LD_LIBRARY_PATH=$OURS_LD $W run -n $np -- $W bench-rank all_reduce -n $np --device $side $SZ -i 5000 -w 200" \
@@ -330,13 +332,14 @@ sidecar)
     sidecar "env LD_LIBRARY_PATH=$OURS_LD $W run --sidecar -n 1 -- $T/all_reduce_perf -g $NG $SZ -n 2000 -w 50" \
     2>&1 | tee -a $OUT/sidecar.txt ;;
 sidecarhost)
-  # Issue 30, host memory only, at the noise floor: 4 ranks, 8 B - 8 KiB,
-  # 20,000 calls a size after 20,000 warm-up calls (so the job's start is
+  # Issue 30, host memory only, at the noise floor: 4 ranks, 8 B - 64 KiB,
+  # 10,000 calls a size after 10,000 warm-up calls (so the job's start is
   # behind every size), two interleaved pairs without/with the sidecar
-  # (their difference shows the noise), ROUNDS of them (default 9).
-  W=$D/weft/weft; B="$W bench-rank all_reduce -n 4 -b 8 -e 8K -f 2 -i 20000 -w 20000"
+  # (their difference shows the noise), ROUNDS of them (default 9); the
+  # table so far in $OUT/sidecarhost-partial.md after every round.
+  W=$D/weft/weft; B="$W bench-rank all_reduce -n 4 -b 8 -e 64K -f 2 -i 10000 -w 10000"
   log sidecarhost weft bench-rank host n=4
-  python3 $D/../sidecar_vs.py ${ROUNDS:-9} \
+  VS_PARTIAL=$OUT/sidecarhost-partial.md python3 $D/../sidecar_vs.py ${ROUNDS:-9} \
     plain "$W run -n 4 -- $B" sidecar "$W run --sidecar -n 4 -- $B" \
     plain2 "$W run -n 4 -- $B" sidecar2 "$W run --sidecar -n 4 -- $B" \
     2>&1 | tee -a $OUT/sidecar.txt ;;

@@ -1,12 +1,16 @@
 //! The observer hook as an observer sees it: calls spaced out are each
 //! timed and reported as started/completed events; a tight loop is
-//! sampled (one timed call in `SAMPLE_EVERY`), the rest go to the
-//! communicator's counter; every call is accounted for exactly once, with
-//! its own sequence number. One test: the observer is process-wide.
+//! sampled (one timed call in `SAMPLE_EVERY`), the rest are counted in
+//! the untimed words the observer lent the communicator; every call is
+//! accounted for exactly once. One test: the observer is process-wide.
 
-use libcomm::observe::{self, CommEvent, Observer, OpCounter, OpEvent, Phase};
+use libcomm::OpKind;
+use libcomm::observe::{
+    self, CommEvent, CounterWords, Observer, OpEvent, OpName, Phase, UntimedWords,
+};
 use libcomm::{Communicator, ReduceOp};
 use std::collections::BTreeSet;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,42 +18,27 @@ use std::time::Duration;
 struct Seen {
     /// (phase, seq, op, has a time) of every event.
     events: Vec<(Phase, u64, &'static str, bool)>,
-    /// Sequence numbers the counter saw start and complete, bytes counted.
-    started: Vec<u64>,
-    completed: Vec<u64>,
-    bytes: u64,
 }
 
+/// The events, and the untimed words lent to the (one) communicator.
 #[derive(Default)]
-struct Watch(Arc<Mutex<Seen>>);
-
-struct Counter(Arc<Mutex<Seen>>);
-
-impl OpCounter for Counter {
-    fn started(&self, seq: u64, op: &'static str) {
-        assert_eq!(op, "all_reduce");
-        self.0.lock().unwrap().started.push(seq);
-    }
-    fn completed(&self, seq: u64, op: &'static str, bytes: u64) {
-        assert_eq!(op, "all_reduce");
-        let mut s = self.0.lock().unwrap();
-        s.completed.push(seq);
-        s.bytes += bytes;
-    }
+struct Watch {
+    seen: Arc<Mutex<Seen>>,
+    untimed: Arc<UntimedWords>,
 }
 
 impl Observer for Watch {
     fn on_op(&self, ev: &OpEvent<'_>) {
         let stamped = ev.time > std::time::UNIX_EPOCH;
-        self.0
+        self.seen
             .lock()
             .unwrap()
             .events
             .push((ev.phase, ev.seq, ev.op, stamped));
     }
     fn on_comm(&self, _: CommEvent) {}
-    fn counter(&self, _: &str, _: usize) -> Option<Arc<dyn OpCounter>> {
-        Some(Arc::new(Counter(self.0.clone())))
+    fn counter(&self, _: &str, _: usize) -> Option<CounterWords> {
+        Some(CounterWords::in_memory(self.untimed.clone()))
     }
 }
 
@@ -63,8 +52,9 @@ fn timed_completions(s: &Seen) -> Vec<u64> {
 
 #[test]
 fn spaced_calls_are_each_timed_and_tight_loops_sampled_with_every_call_accounted() {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    assert!(observe::set_observer(Arc::new(Watch(seen.clone()))));
+    let watch = Arc::new(Watch::default());
+    let (seen, untimed) = (watch.seen.clone(), watch.untimed.clone());
+    assert!(observe::set_observer(watch));
     let comms = Communicator::init_all(1).unwrap();
     let c = &comms[0];
     let mut v = [3u64];
@@ -87,7 +77,7 @@ fn spaced_calls_are_each_timed_and_tight_loops_sampled_with_every_call_accounted
             s.events.iter().all(|e| e.2 == "all_reduce" && e.3),
             "stamped"
         );
-        assert!(s.started.is_empty() && s.completed.is_empty());
+        assert_eq!(untimed.started.load(Relaxed), 0, "none untimed");
     }
 
     // Back to back: sampled.
@@ -101,22 +91,35 @@ fn spaced_calls_are_each_timed_and_tight_loops_sampled_with_every_call_accounted
         .into_iter()
         .filter(|q| *q > SPACED)
         .collect();
-    let counted: BTreeSet<u64> = s.completed.iter().copied().collect();
+    let ar = OpName::from(OpKind::AllReduce).index();
+    let counted = untimed.counts[ar][0].load(Relaxed);
+    let last_untimed = untimed.completed.load(Relaxed);
     assert_eq!(
-        s.started, s.completed,
-        "each counted call started and completed"
+        untimed.started.load(Relaxed),
+        last_untimed,
+        "the last counted call started and completed"
     );
-    assert_eq!(counted.len(), s.completed.len(), "counted once each");
-    assert!(timed.is_disjoint(&counted));
-    let all: Vec<u64> = timed.union(&counted).copied().collect();
-    assert_eq!(all, (SPACED + 1..=SPACED + TIGHT).collect::<Vec<_>>());
-    assert_eq!(s.bytes, 8 * counted.len() as u64);
+    assert_eq!(untimed.completed_op.load(Relaxed), ar as u64);
+    assert!(!timed.contains(&last_untimed) && last_untimed > SPACED);
+    // Every call once: timed (its own number) or counted, and the last
+    // one of the loop is the last number.
+    assert_eq!(timed.len() as u64 + counted, TIGHT);
+    assert!(timed.iter().all(|q| *q <= SPACED + TIGHT));
+    assert_eq!(
+        timed.last().copied().unwrap_or(0).max(last_untimed),
+        SPACED + TIGHT
+    );
+    assert_eq!(untimed.counts[ar][1].load(Relaxed), 8 * counted);
+    let others: u64 = (0..OpName::COUNT)
+        .filter(|i| *i != ar)
+        .map(|i| untimed.counts[i][0].load(Relaxed))
+        .sum();
+    assert_eq!(others, 0);
     // A loaded test machine can stretch a window past the limits (and
     // time every call in it), but most of a tight loop goes untimed.
     assert!(
-        counted.len() as u64 >= TIGHT / 2,
-        "{} of {TIGHT} counted, {} timed",
-        counted.len(),
+        counted >= TIGHT / 2,
+        "{counted} of {TIGHT} counted, {} timed",
         timed.len()
     );
     assert!(

@@ -9,8 +9,8 @@
 //! events to `weft sidecar` (or to the same engine in-process). Without an
 //! observer the cost is one atomic load per operation. In tight loops
 //! (`sample.rs`) only one call in 32 is timed and becomes events; the
-//! others go to the communicator's [`OpCounter`], which the observer hands
-//! out once the communicator is Ready.
+//! others are counted in [`UntimedWords`] the observer lends the
+//! communicator once it is Ready.
 //!
 //! | file | its one job |
 //! |---|---|
@@ -18,17 +18,21 @@
 //! | `clock.rs` | wall-clock stamps cheap enough for every collective (the TSC, scaled per thread) |
 //! | `ops.rs` | reporting one operation's (or group's) start and completion, with its sequence number |
 //! | `sample.rs` | which operations are timed (all at low rates, one in 32 in tight loops) |
+//! | `untimed.rs` | the words the others are counted in ([`UntimedWords`], lent as [`CounterWords`]) |
 
 mod clock;
 mod event;
 mod ops;
 mod sample;
+mod untimed;
 
 pub(crate) use event::Lever;
 pub use event::{AbortHandle, CommEvent, OpEvent, Phase};
 pub(crate) use ops::{Meter, Who, finish, start};
-pub use sample::{FAST_MEAN_NS, SAMPLE_EVERY, SLOW_WINDOW_NS};
+pub use sample::{FAST_MEAN_NS, SAMPLE_EVERY, SLOW_EXCESS_NS};
+pub use untimed::{CounterWords, OpName, UntimedWords};
 
+pub use crate::op::OP_NAMES;
 use std::sync::{Arc, OnceLock};
 
 pub trait Observer: Send + Sync {
@@ -38,26 +42,15 @@ pub trait Observer: Send + Sync {
     fn on_op(&self, ev: &OpEvent<'_>);
     fn on_comm(&self, ev: CommEvent);
     /// Where communicator `comm_id` rank `rank` counts the operations it
-    /// does not time (`sample.rs`); asked once, right after its Ready
-    /// event. `None` (the default): every operation is timed and comes
-    /// to [`on_op`](Self::on_op).
-    fn counter(&self, comm_id: &str, rank: usize) -> Option<Arc<dyn OpCounter>> {
+    /// does not time (`sample.rs`): words libcomm writes itself
+    /// (`untimed.rs`); asked once, right after its Ready event. An untimed
+    /// operation that fails comes to [`on_op`](Self::on_op) as a
+    /// completed event (with no started event before it). `None` (the
+    /// default): every operation is timed and comes to `on_op`.
+    fn counter(&self, comm_id: &str, rank: usize) -> Option<CounterWords> {
         let _ = (comm_id, rank);
         None
     }
-}
-
-/// One communicator rank's counters for its untimed operations: called on
-/// the thread running the operation, at the rate of the collectives, so
-/// an implementation does a few stores and nothing that blocks. An
-/// untimed operation that fails has had its `started` here, but its
-/// completion comes to [`Observer::on_op`] as a completed event (with no
-/// started event before it), not to `completed`.
-pub trait OpCounter: Send + Sync {
-    /// Untimed operation `seq` (`all_reduce`, ..., `group`) started.
-    fn started(&self, seq: u64, op: &'static str);
-    /// Untimed operation `seq` completed without an error.
-    fn completed(&self, seq: u64, op: &'static str, bytes: u64);
 }
 
 static OBSERVER: OnceLock<Arc<dyn Observer>> = OnceLock::new();

@@ -1,20 +1,24 @@
-//! Which operations are timed. Two clock reads per operation cost more than
-//! 5% of an 8-byte all-reduce on the machines we measure on (a TSC read
-//! is 10-20 ns there, the all-reduce 0.4-0.9 us), so a communicator that
-//! runs operations back to back at a high rate times only one in
-//! [`SAMPLE_EVERY`] of them; the others are counted (operations, bytes) by
-//! the observer's [`OpCounter`](super::OpCounter) without any clock read.
+//! Which operations are timed. A timed operation costs two clock reads, its
+//! events and a ring record now and then: 80 ns on the development VM,
+//! 250-300 ns on the GPU machines we measure on, where an 8-byte host
+//! all-reduce takes 0.8-0.9 us and a one-GPU device all-reduce 4.5-5.5 us.
+//! So a communicator rank that runs operations back to back times only one
+//! in [`SAMPLE_EVERY`] of them; the others it counts itself in the
+//! observer's untimed words (`untimed.rs`) with no clock read and no call.
 //!
 //! The rule, per communicator rank, decided at each timed operation from
-//! the window since the previous timed one: when its operations started
-//! on average less than [`FAST_MEAN_NS`] apart and the whole window took
-//! less than [`SLOW_WINDOW_NS`], the next `SAMPLE_EVERY - 1` operations go
-//! untimed; otherwise every operation is timed. So a job that calls a
-//! collective every few microseconds or more slowly has every call timed
-//! (a span each, as before), and a window that held a slow call (200 us
-//! or more: the rank's "slow call" floor) switches back to timing every
-//! call. What sampling gives up: a slow call among the untimed ones is seen
-//! as its window, not on its own.
+//! the window since the previous timed one: when its operations started on
+//! average less than [`FAST_MEAN_NS`] apart (more than 40,000 a second:
+//! timing each would cost about 1% or more of the time between them) and
+//! the window held no slow call, the next `SAMPLE_EVERY - 1` operations go
+//! untimed; otherwise every operation is timed. A window holds a slow call
+//! when it took [`SLOW_EXCESS_NS`] (the rank's "slow call" floor, 200 us)
+//! more than its operations would have at the previous window's pace: a
+//! slow call switches back to timing every call, so a job that calls a
+//! collective every 25 us or more slowly has every call timed (a span
+//! each), and a slow call after a tight loop is seen on its own soon
+//! after. What sampling gives up: a slow call among the untimed ones is
+//! seen as its window, not on its own.
 //!
 //! The state is plain loads and stores, never a read-modify-write: one
 //! thread per communicator at a time is NCCL's rule, and where two report
@@ -26,10 +30,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// While sampling, one operation in this many is timed.
 pub const SAMPLE_EVERY: u64 = 32;
 /// Sample only operations that start less than this far apart on average
-/// (more than 200,000 a second).
-pub const FAST_MEAN_NS: u64 = 5_000;
-/// A window this long held a slow call (or a pause): time every call.
-pub const SLOW_WINDOW_NS: u64 = 200_000;
+/// (more than 40,000 a second).
+pub const FAST_MEAN_NS: u64 = 25_000;
+/// A window this much longer than its operations took at the previous
+/// window's pace held a slow call (or a pause): time every call.
+pub const SLOW_EXCESS_NS: u64 = 200_000;
 
 #[derive(Debug, Default)]
 pub(crate) struct Sampler {
@@ -38,6 +43,8 @@ pub(crate) struct Sampler {
     /// The last timed operation's start (ns) and sequence number (0: none).
     last_ns: AtomicU64,
     last_seq: AtomicU64,
+    /// The previous window's mean time between starts, ns (0: none).
+    pace_ns: AtomicU64,
 }
 
 impl Sampler {
@@ -56,14 +63,15 @@ impl Sampler {
     pub(crate) fn timed(&self, seq: u64, ns: u64) {
         let (last_seq, last_ns) = (self.last_seq.load(Relaxed), self.last_ns.load(Relaxed));
         let ops = seq.saturating_sub(last_seq);
+        let ordered = last_seq != 0 && ops > 0 && ns >= last_ns;
         let window = ns.saturating_sub(last_ns);
-        let fast = last_seq != 0
-            && ops > 0
-            && ns >= last_ns
-            && window < SLOW_WINDOW_NS
-            && window / ops < FAST_MEAN_NS;
+        let pace = self.pace_ns.load(Relaxed);
+        let slow = window.saturating_sub(ops.saturating_mul(pace)) >= SLOW_EXCESS_NS;
+        let mean = if ordered { window / ops } else { 0 };
+        let fast = ordered && pace > 0 && !slow && mean < FAST_MEAN_NS;
         self.untimed_left
             .store(if fast { SAMPLE_EVERY - 1 } else { 0 }, Relaxed);
+        self.pace_ns.store(mean, Relaxed);
         self.last_seq.store(seq, Relaxed);
         self.last_ns.store(ns, Relaxed);
     }
@@ -95,11 +103,16 @@ mod tests {
     fn tight_loops_are_sampled_and_slow_windows_time_every_call() {
         let s = Sampler::default();
         let (mut seq, mut t) = (0, 1_000_000);
-        assert_eq!(run(&s, &mut seq, &mut t, 1000, 20_000), 1000);
+        assert_eq!(run(&s, &mut seq, &mut t, 1000, 30_000), 1000);
+        // A device collective every 5-10 us (100,000-200,000 a second) is a
+        // tight loop too.
+        let timed = run(&s, &mut seq, &mut t, 3200, 8_000);
+        assert!((100..=102).contains(&timed), "{timed} of 3200 timed");
         let timed = run(&s, &mut seq, &mut t, 32_000, 1_000);
         assert!((1000..=1002).contains(&timed), "{timed} of 32000 timed");
-        // One call of 300 us: the window holding it is slow, so the next
-        // call is timed, and the one after it (1 us later) too.
+        // One call of 300 us: the window holding it is slow (its excess
+        // over the 1 us pace), so the next call is timed, and the one after
+        // it (1 us later) too.
         t += 300_000;
         let timed_after = run(&s, &mut seq, &mut t, 40, 1_000);
         assert!(timed_after >= 2, "{timed_after}");

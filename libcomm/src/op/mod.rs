@@ -33,20 +33,25 @@ pub enum OpKind {
     Recv,
 }
 
+/// Every [`OpKind`]'s name in declaration order, then `group` (a batch of
+/// operations): the names observers see (`observe::OpName`).
+pub const OP_NAMES: [&str; 11] = [
+    "all_reduce",
+    "broadcast",
+    "reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "group",
+];
+
 impl OpKind {
     pub fn name(self) -> &'static str {
-        match self {
-            OpKind::AllReduce => "all_reduce",
-            OpKind::Broadcast => "broadcast",
-            OpKind::Reduce => "reduce",
-            OpKind::AllGather => "all_gather",
-            OpKind::ReduceScatter => "reduce_scatter",
-            OpKind::AllToAll => "all_to_all",
-            OpKind::Gather => "gather",
-            OpKind::Scatter => "scatter",
-            OpKind::Send => "send",
-            OpKind::Recv => "recv",
-        }
+        OP_NAMES[self as usize]
     }
 }
 
@@ -609,6 +614,29 @@ fn check_overlap(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_name_and_group_comes_last() {
+        use OpKind::*;
+        let kinds = [
+            AllReduce,
+            Broadcast,
+            Reduce,
+            AllGather,
+            ReduceScatter,
+            AllToAll,
+            Gather,
+            Scatter,
+            Send,
+            Recv,
+        ];
+        assert_eq!(kinds.len() + 1, OP_NAMES.len());
+        let names: std::collections::HashSet<_> = kinds.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), kinds.len());
+        assert_eq!(AllToAll.name(), "all_to_all");
+        assert_eq!(Recv.name(), "recv");
+        assert_eq!(OP_NAMES[OP_NAMES.len() - 1], "group");
+    }
 
     #[test]
     fn buffers_follow_the_root_rules() {

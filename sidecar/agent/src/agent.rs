@@ -27,7 +27,7 @@ use crate::ring::layout::Geometry;
 use crate::ring::slots::{self, SlotRef};
 use crate::rpc::{self, RankMessage, rank_message::Msg};
 use crate::{attached, auth};
-use libcomm::observe::{AbortHandle, CommEvent, Observer, OpCounter, OpEvent};
+use libcomm::observe::{AbortHandle, CommEvent, CounterWords, Observer, OpEvent};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -216,9 +216,8 @@ impl Observer for Agent {
         }
     }
 
-    fn counter(&self, comm_id: &str, rank: usize) -> Option<Arc<dyn OpCounter>> {
-        let c = self.reporter.as_ref()?.counter(comm_id, rank as u32)?;
-        Some(Arc::new(c))
+    fn counter(&self, comm_id: &str, rank: usize) -> Option<CounterWords> {
+        self.reporter.as_ref()?.counter(comm_id, rank as u32)
     }
 
     fn on_comm(&self, ev: CommEvent) {

@@ -1,8 +1,9 @@
 //! The rank's hot path: each operation libcomm reports becomes a slot
 //! update (started) and, completed, counts in its slot and at times a ring
 //! record in the telemetry segment. Operations libcomm does not time (tight
-//! loops: `libcomm::observe`'s sampling) come through a [`SlotCounter`]
-//! bound to the communicator's slot: a few stores, no lookup. No lock, no allocation and no system call per operation: the
+//! loops: `libcomm::observe`'s sampling) never come here: libcomm counts
+//! them itself in words of the communicator's slot ([`Reporter::counter`]
+//! lends them). No lock, no allocation and no system call per operation: the
 //! communicator's slot is found through a per-thread cache (checked against
 //! the slot's own words), names become codes through a per-thread memo.
 //! Lifecycle (a communicator opened, failed, aborted, destroyed) takes a
@@ -11,9 +12,10 @@
 use crate::ring::queue;
 use crate::ring::slots::{self, Allocator, SlotRef};
 use crate::ring::{CommKey, Record, Segment, codes, record};
-use libcomm::observe::{OpCounter, OpEvent, Phase};
+use libcomm::observe::{CounterWords, OpEvent, Phase};
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -125,14 +127,16 @@ impl Reporter {
             .collect()
     }
 
-    /// The counter of communicator `comm` rank `rank`'s untimed
-    /// operations (`None` without a slot: then libcomm times them all).
-    pub fn counter(&self, comm: &str, rank: u32) -> Option<SlotCounter> {
+    /// Where communicator `comm` rank `rank` counts its untimed operations:
+    /// its slot's untimed words (`None` without a slot: then libcomm times
+    /// them all).
+    pub fn counter(&self, comm: &str, rank: u32) -> Option<CounterWords> {
         let slot = *self.table().live.get(&(comm.to_string(), rank))?;
-        Some(SlotCounter {
-            seg: self.seg.clone(),
-            slot,
-        })
+        let words = NonNull::from(slots::untimed(&self.seg, slot.index));
+        // SAFETY: the words are in the segment's mapping, which the Arc
+        // keeps; the slot stays this communicator's until it is destroyed,
+        // and libcomm writes no operation after that.
+        Some(unsafe { CounterWords::new(self.seg.clone(), words) })
     }
 
     /// Records of communicators that had no slot (the table was full).
@@ -236,26 +240,6 @@ impl Reporter {
     }
 }
 
-/// One communicator rank's untimed operations, straight into its slot.
-/// The slot stays this communicator's until it is destroyed, and libcomm
-/// reports no operation after that.
-pub struct SlotCounter {
-    seg: Arc<Segment>,
-    slot: SlotRef,
-}
-
-impl OpCounter for SlotCounter {
-    fn started(&self, seq: u64, op: &'static str) {
-        slots::started_untimed(&self.seg, self.slot, seq, memo(0, op, codes::op_code));
-    }
-
-    fn completed(&self, seq: u64, op: &'static str, bytes: u64) {
-        let op = memo(0, op, codes::op_code);
-        slots::completed(&self.seg, self.slot, seq, op, codes::OK, None);
-        slots::count(&self.seg, self.slot, op, bytes, None);
-    }
-}
-
 fn hash(k: &CommKey) -> u64 {
     k.words().iter().fold(0u64, |h, w| {
         h.rotate_left(5) ^ w.wrapping_mul(0x9e37_79b9_7f4a_7c15)
@@ -267,6 +251,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::ring::layout::Geometry;
     use crate::ring::queue::Drainer;
+    use libcomm::observe::OpName;
     use std::time::{Duration, Instant};
 
     /// An event of a 4-rank 4 KiB all-reduce at `t` ns (failed with `err`).
@@ -341,8 +326,8 @@ pub(crate) mod tests {
         assert!(r.live().is_empty());
     }
 
-    /// Untimed operations (libcomm's sampling) go through the slot's
-    /// counter: counted, their start seen without a time, no record; an
+    /// Untimed operations (libcomm's sampling), which libcomm counts in the
+    /// slot's untimed words: counted, their start seen without a time, no record; an
     /// untimed one that fails is a record without a duration, counted but
     /// not timed; a timed one adds its busy time.
     #[test]
@@ -351,13 +336,15 @@ pub(crate) mod tests {
         let r = Reporter::new(seg.clone());
         let s = r.opened("c", 0, 4).unwrap();
         let c = r.counter("c", 0).unwrap();
+        let c = c.words();
         assert!(r.counter("c", 1).is_none());
-        c.started(1, "all_reduce");
+        let ar = OpName::from(libcomm::OpKind::AllReduce);
+        c.started(1, ar);
         let v = slots::read(&seg, s.index).unwrap();
         assert_eq!((v.started_seq, v.started_ns, v.completed_seq), (1, 0, 0));
         assert_eq!(slots::started_at(&seg, s, 1), None);
-        c.completed(1, "all_reduce", 4096);
-        c.started(2, "all_reduce");
+        c.completed(1, ar, 4096);
+        c.started(2, ar);
         r.op(&ev("c", 0, 2, Phase::Completed, 900, true));
         r.op(&ev("c", 0, 3, Phase::Started, 1000, false));
         r.op(&ev("c", 0, 3, Phase::Completed, 1700, false));

@@ -4,7 +4,7 @@
 /// "WEFTRNG1", little endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"WEFTRNG1");
 /// Bumped on any change of the layout below (a reader refuses another).
-pub const VERSION: u64 = 3;
+pub const VERSION: u64 = 4;
 
 /// The header: one page.
 pub const HEADER_WORDS: usize = 512;
@@ -12,7 +12,7 @@ pub const HEADER_WORDS: usize = 512;
 /// one cache line).
 pub const RECORD_WORDS: usize = 8;
 /// Words of one communicator slot (see `slots`).
-pub const SLOT_WORDS: usize = 96;
+pub const SLOT_WORDS: usize = 128;
 
 /// Ring capacities (records) a segment may have: powers of two in this range.
 pub const MIN_RECORDS: u64 = 64;

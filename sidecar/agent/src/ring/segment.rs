@@ -79,6 +79,17 @@ impl Map {
         // words have AtomicU64's alignment.
         unsafe { &*self.base.add(i) }
     }
+
+    fn words<const N: usize>(&self, i: usize) -> &[AtomicU64; N] {
+        assert!(
+            i.checked_add(N).is_some_and(|end| end <= self.words),
+            "telemetry ring words {i}+{N} of {}",
+            self.words
+        );
+        // SAFETY: as `word`, for N words in bounds; [AtomicU64; N] has
+        // AtomicU64's layout and alignment.
+        unsafe { &*(self.base.add(i) as *const [AtomicU64; N]) }
+    }
 }
 
 impl Drop for Map {
@@ -209,6 +220,12 @@ impl Segment {
     /// bounds.
     pub fn word(&self, i: usize) -> &AtomicU64 {
         self.map.word(i)
+    }
+
+    /// Words `i..i + N`: one bounds check for a group of words used
+    /// together (a slot, on every operation).
+    pub fn words<const N: usize>(&self, i: usize) -> &[AtomicU64; N] {
+        self.map.words(i)
     }
 
     pub fn geometry(&self) -> Geometry {

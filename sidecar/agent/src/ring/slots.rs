@@ -20,11 +20,18 @@
 //! word 16..   per operation code: operations completed, bytes, busy ns
 //!             of the timed ones, how many were timed
 //! word 64..   the error text (256 bytes)
+//! word 96..   the untimed operations, written by libcomm itself
+//!             (`libcomm::observe::UntimedWords`: last started and
+//!             completed, per operation name: operations and bytes)
 //! ```
 //!
-//! The counters (words 16..) are exact: every completed operation of the
-//! communicator rank adds to them, whether or not it also went into the
-//! ring as a record. Busy time covers the timed operations only (at high
+//! Words 4-7 and 16.. are the agent's, for timed operations (all of them
+//! at low rates); words 96.. are libcomm's, for the others (at high rates
+//! libcomm times one in 32: `libcomm::observe` `sample.rs`). [`read`] and
+//! [`counts`] merge the two: the sequence numbers are one series, so the
+//! later of the two "last started" is the last started. The counters
+//! are exact: every completed operation of the communicator rank adds to
+//! one of them, whether or not it also went into the ring as a record. Busy time covers the timed operations only (at high
 //! rates libcomm times one in 32: `libcomm::observe` `sample.rs`), so a
 //! mean is busy over timed. At high rates only some operations become records
 //! (`record_due`), and the reader learns about the others from the
@@ -40,7 +47,9 @@ use super::codes;
 use super::layout::SLOT_WORDS;
 use super::record::{CommKey, KEY_WORDS};
 use super::segment::Segment;
+use libcomm::observe::{OP_NAMES, OpName, UntimedWords};
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 pub const FREE: u32 = 0;
@@ -66,8 +75,11 @@ const W_COUNTS: usize = 16;
 /// Counter words per operation code: completed, bytes, busy ns, timed.
 const COUNT_WORDS: usize = 4;
 const W_ERR: usize = (W_COUNTS + codes::OPS.len() * COUNT_WORDS).next_multiple_of(8);
+/// libcomm's untimed operations (`UntimedWords`), on their own cache lines.
+const W_UNTIMED: usize = 96;
 /// Bytes of error text a slot keeps.
-pub const ERROR_BYTES: usize = (SLOT_WORDS - W_ERR) * 8;
+pub const ERROR_BYTES: usize = (W_UNTIMED - W_ERR) * 8;
+const _: () = assert!(W_UNTIMED + UntimedWords::WORDS <= SLOT_WORDS);
 
 /// A slot's place and generation: what a `Register` names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,8 +88,28 @@ pub struct SlotRef {
     pub generation: u32,
 }
 
-fn w(seg: &Segment, slot: u16, word: usize) -> &std::sync::atomic::AtomicU64 {
+fn w(seg: &Segment, slot: u16, word: usize) -> &AtomicU64 {
     seg.word(seg.geometry().slot_word(slot as usize) + word)
+}
+
+/// All of slot `index`'s words, with one bounds check: what the
+/// per-operation writers use (a constant index into the array needs none).
+fn words(seg: &Segment, index: u16) -> &[AtomicU64; SLOT_WORDS] {
+    seg.words(seg.geometry().slot_word(index as usize))
+}
+
+/// Slot `index`'s untimed-operation words, which libcomm writes.
+pub fn untimed(seg: &Segment, index: u16) -> &UntimedWords {
+    let w: &[AtomicU64; UntimedWords::WORDS] =
+        seg.words(seg.geometry().slot_word(index as usize) + W_UNTIMED);
+    // SAFETY: UntimedWords is repr(C), of UntimedWords::WORDS AtomicU64s
+    // (libcomm asserts its size and alignment): the same layout as `w`.
+    unsafe { &*(w as *const [AtomicU64; UntimedWords::WORDS]).cast::<UntimedWords>() }
+}
+
+/// The ring's code of each libcomm operation name (by its index).
+fn name_codes() -> [u8; OpName::COUNT] {
+    std::array::from_fn(|i| codes::op_code(OP_NAMES[i]))
 }
 
 /// The rank's side: which slots are free (process-local; the table itself
@@ -128,6 +160,7 @@ impl Allocator {
         ]
         .into_iter()
         .chain(W_COUNTS..W_COUNTS + codes::OPS.len() * COUNT_WORDS)
+        .chain(W_UNTIMED..W_UNTIMED + UntimedWords::WORDS)
         {
             w(seg, index, word).store(0, Relaxed);
         }
@@ -152,15 +185,14 @@ pub fn set_state(seg: &Segment, s: SlotRef, state: u32) {
 
 /// An operation started (one writer per communicator rank).
 pub fn started(seg: &Segment, s: SlotRef, seq: u64, at_ns: u64, op: u8) {
-    w(seg, s.index, W_STARTED_AT).store(at_ns, Relaxed);
-    let ops = w(seg, s.index, W_OPS);
-    ops.store((ops.load(Relaxed) & !0xff) | op as u64, Relaxed);
-    w(seg, s.index, W_STARTED).store(seq, Release);
-}
-
-/// An untimed operation started: its start time is 0 (unknown).
-pub fn started_untimed(seg: &Segment, s: SlotRef, seq: u64, op: u8) {
-    started(seg, s, seq, 0, op);
+    let sw = words(seg, s.index);
+    sw[W_STARTED_AT].store(at_ns, Relaxed);
+    // The same operation as last time (a training loop): nothing to write.
+    let ops = sw[W_OPS].load(Relaxed);
+    if ops & 0xff != op as u64 {
+        sw[W_OPS].store((ops & !0xff) | op as u64, Relaxed);
+    }
+    sw[W_STARTED].store(seq, Release);
 }
 
 /// The start time of operation `seq`, if it is the last one started here
@@ -174,24 +206,24 @@ pub fn started_at(seg: &Segment, s: SlotRef, seq: u64) -> Option<u64> {
 /// Operation `seq` completed with `outcome`; a failure's text is kept
 /// (cut to [`ERROR_BYTES`]) before the completion is published.
 pub fn completed(seg: &Segment, s: SlotRef, seq: u64, op: u8, outcome: u16, error: Option<&str>) {
+    let sw = words(seg, s.index);
     if let Some(text) = error {
         let b = text.as_bytes();
         let n = b.len().min(ERROR_BYTES);
-        for (i, c) in b[..n].chunks(8).enumerate() {
-            let mut word = [0u8; 8];
-            word[..c.len()].copy_from_slice(c);
-            w(seg, s.index, W_ERR + i).store(u64::from_le_bytes(word), Relaxed);
+        for (word, c) in sw[W_ERR..].iter().zip(b[..n].chunks(8)) {
+            let mut bytes = [0u8; 8];
+            bytes[..c.len()].copy_from_slice(c);
+            word.store(u64::from_le_bytes(bytes), Relaxed);
         }
-        w(seg, s.index, W_ERR_LEN).store(n as u64, Relaxed);
-        w(seg, s.index, W_ERR_SEQ).store(seq, Release);
+        sw[W_ERR_LEN].store(n as u64, Relaxed);
+        sw[W_ERR_SEQ].store(seq, Release);
     }
-    let ops = w(seg, s.index, W_OPS);
-    let started_op = ops.load(Relaxed) & 0xff;
-    ops.store(
-        started_op | (op as u64) << 8 | (outcome as u64) << 16,
-        Relaxed,
-    );
-    w(seg, s.index, W_COMPLETED).store(seq, Release);
+    let ops = sw[W_OPS].load(Relaxed);
+    let now = (ops & 0xff) | (op as u64) << 8 | (outcome as u64) << 16;
+    if now != ops {
+        sw[W_OPS].store(now, Relaxed);
+    }
+    sw[W_COMPLETED].store(seq, Release);
 }
 
 /// Records a communicator rank sends through the ring per second at most,
@@ -230,15 +262,15 @@ pub fn record_due(seg: &Segment, s: SlotRef, now_ns: u64) -> bool {
 /// `busy_ns` when it was timed.
 pub fn count(seg: &Segment, s: SlotRef, op: u8, bytes: u64, busy_ns: Option<u64>) {
     let base = W_COUNTS + (op as usize).min(codes::OPS.len() - 1) * COUNT_WORDS;
-    let add = |i: usize, n: u64| {
-        let word = w(seg, s.index, base + i);
-        word.store(word.load(Relaxed).wrapping_add(n), Relaxed);
-    };
-    add(0, 1);
-    add(1, bytes);
+    let c: &[AtomicU64; COUNT_WORDS] = words(seg, s.index)[base..base + COUNT_WORDS]
+        .try_into()
+        .expect("COUNT_WORDS words");
+    let add = |word: &AtomicU64, n: u64| word.store(word.load(Relaxed).wrapping_add(n), Relaxed);
+    add(&c[0], 1);
+    add(&c[1], bytes);
     if let Some(ns) = busy_ns {
-        add(2, ns);
-        add(3, 1);
+        add(&c[2], ns);
+        add(&c[3], 1);
     }
 }
 
@@ -273,6 +305,13 @@ pub fn counts(seg: &Segment, index: u16) -> Option<[OpCount; codes::OPS.len()]> 
             busy_ns: w(seg, index, base + 2).load(Relaxed),
             timed: w(seg, index, base + 3).load(Relaxed),
         };
+    }
+    // libcomm's untimed operations: counted, never timed.
+    let u = untimed(seg, index);
+    for (name, code) in name_codes().into_iter().enumerate() {
+        let c = &mut out[code as usize];
+        c.ops = c.ops.wrapping_add(u.counts[name][0].load(Relaxed));
+        c.bytes = c.bytes.wrapping_add(u.counts[name][1].load(Relaxed));
     }
     Some(out)
 }
@@ -337,7 +376,7 @@ pub fn read(seg: &Segment, index: u16) -> Option<SlotView> {
         let started_seq = w(seg, index, W_STARTED).load(Acquire);
         let started_ns = w(seg, index, W_STARTED_AT).load(Relaxed);
         let ops = w(seg, index, W_OPS).load(Relaxed);
-        view = Some(SlotView {
+        let mut v = SlotView {
             state: s0 as u32,
             generation: (s0 >> 32) as u32,
             key: CommKey::from_words(&key),
@@ -349,12 +388,34 @@ pub fn read(seg: &Segment, index: u16) -> Option<SlotView> {
             completed_seq,
             completed_op: (ops >> 8) as u8,
             outcome: (ops >> 16) as u16,
-        });
+        };
+        merge_untimed(&mut v, untimed(seg, index));
+        view = Some(v);
         if w(seg, index, W_STATE).load(Acquire) == s0 {
             break;
         }
     }
     view
+}
+
+/// The later of libcomm's untimed operations and the timed ones is the
+/// last (one series of sequence numbers): an untimed start's time is
+/// unknown (0), an untimed completion succeeded.
+fn merge_untimed(v: &mut SlotView, u: &UntimedWords) {
+    let code =
+        |w: &AtomicU64| OpName::from_index(w.load(Relaxed)).map_or(0, |n| name_codes()[n.index()]);
+    let completed = u.completed.load(Acquire);
+    if completed > v.completed_seq {
+        v.completed_seq = completed;
+        v.completed_op = code(&u.completed_op);
+        v.outcome = codes::OK;
+    }
+    let started = u.started.load(Acquire);
+    if started > v.started_seq {
+        v.started_seq = started;
+        v.started_ns = 0;
+        v.started_op = code(&u.started_op);
+    }
 }
 
 /// The error text of operation `seq` in slot `index`, if that is the last
@@ -438,6 +499,65 @@ mod tests {
             "same label, new generation"
         );
         assert!(!v.destroyed_for(s3.generation, &k3, 0));
+    }
+
+    /// libcomm's untimed words and the agent's timed ones read as one
+    /// slot: the later start or completion is the last, an untimed start
+    /// has no time, the counters add up; a reopened slot starts from zero.
+    #[test]
+    fn untimed_words_merge_with_the_timed_ones() {
+        let seg = Segment::create(Geometry::with_records(64)).unwrap();
+        let mut a = Allocator::new(&seg);
+        let key = CommKey::of("c1");
+        let s = a.open(&seg, &key, 0, 2).unwrap();
+        let u = untimed(&seg, s.index);
+        let (ar, ag) = (
+            OpName::from(libcomm::OpKind::AllReduce),
+            OpName::from(libcomm::OpKind::AllGather),
+        );
+        started(&seg, s, 1, 5000, codes::op_code("all_reduce"));
+        completed(&seg, s, 1, codes::op_code("all_reduce"), codes::OK, None);
+        count(&seg, s, codes::op_code("all_reduce"), 8, Some(300));
+        for seq in 2..=5 {
+            u.started(seq, ar);
+            u.completed(seq, ar, 8);
+        }
+        u.started(6, ag);
+        let v = read(&seg, s.index).unwrap();
+        assert_eq!(
+            (v.started_seq, v.started_ns, v.started_op, v.completed_seq),
+            (6, 0, codes::op_code("all_gather"), 5)
+        );
+        assert_eq!(
+            (v.completed_op, v.outcome),
+            (codes::op_code("all_reduce"), codes::OK)
+        );
+        let n = counts(&seg, s.index).unwrap()[codes::op_code("all_reduce") as usize];
+        assert_eq!((n.ops, n.bytes, n.busy_ns, n.timed), (5, 40, 300, 1));
+        // A timed failure after them is the last completion.
+        started(&seg, s, 7, 9000, codes::op_code("all_reduce"));
+        completed(&seg, s, 7, codes::op_code("all_reduce"), 3, Some("x"));
+        let v = read(&seg, s.index).unwrap();
+        assert_eq!(
+            (v.started_seq, v.started_ns, v.completed_seq, v.outcome),
+            (7, 9000, 7, 3)
+        );
+        // Garbage in the untimed words is a view, not a crash.
+        u.started_op.store(u64::MAX, Relaxed);
+        u.started.store(u64::MAX, Relaxed);
+        assert_eq!(read(&seg, s.index).unwrap().started_op, 0);
+        a.destroyed(&seg, s);
+        let mut b = Allocator::new(&seg);
+        let again = b.open(&seg, &key, 0, 2).unwrap();
+        assert_eq!(again.index, s.index);
+        let v = read(&seg, again.index).unwrap();
+        assert_eq!((v.started_seq, v.completed_seq), (0, 0));
+        assert!(
+            counts(&seg, again.index)
+                .unwrap()
+                .iter()
+                .all(|c| c.ops == 0)
+        );
     }
 
     #[test]

@@ -37,12 +37,15 @@ fn now_ms() -> u128 {
         .as_millis()
 }
 
+/// Longer than libcomm's sampling threshold: collectives closer together
+/// are a tight loop that libcomm only samples (one timed call in 32), and
+/// the scenarios that use `step` check that every call is a span.
+const PAUSE: Duration = Duration::from_nanos(2 * libcomm::observe::FAST_MEAN_NS);
+
 /// One checked collective of the pattern, picked by `i` (all ranks agree),
-/// after a pause: collectives a few microseconds apart are a tight loop
-/// that libcomm only samples (one timed call in 32), and the scenarios
-/// that use `step` check that every call is a span.
+/// after a [`PAUSE`].
 fn step(c: &Communicator, i: usize) {
-    std::thread::sleep(Duration::from_micros(20));
+    std::thread::sleep(PAUSE);
     let (n, r) = (c.count(), c.rank());
     match i % 3 {
         0 => {
@@ -99,7 +102,7 @@ pub fn traced() {
     }
     // Then GROUPS group calls on the world (one span each, op "group").
     for g in 0..GROUPS {
-        std::thread::sleep(Duration::from_micros(20)); // as in `step`
+        std::thread::sleep(PAUSE); // as in `step`
         let mut a = [w.rank() as u64, g as u64];
         let mut b = [1u64];
         let mut grp = libcomm::Group::new();
