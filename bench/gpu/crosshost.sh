@@ -15,6 +15,8 @@
 #   perf    Weft 2 x 2 and 4 x 1, busbw 1 MiB-256 MiB (checks on) into $OUT/crosshost.txt
 #   nccl    NCCL on the same splits: 2 x 2 on one GPU (NCCL refuses two ranks of one
 #           host on one GPU: recorded), 4 x 1 (NCCL_HOSTID per rank) over its socket transport
+#   engine  Weft 2 x 2 with WEFT_CROSSHOST_MIN_BYTES (XH_ENGINE_MIN, default 1048576): the
+#           progress thread's host part on the cross-host engine
 #   table   busbw side by side from $OUT/crosshost.txt
 # Layout next to this script as run.sh's (weft/libnccl.so.2, nccl-tests/).
 D=$(cd "$(dirname "$0")" && pwd)
@@ -33,9 +35,10 @@ CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; 
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
+  local xs=; [ -n "${WEFT_CROSSHOST_MIN_BYTES:-}" ] && xs="-x WEFT_CROSSHOST_MIN_BYTES"
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
     mpirun --allow-run-as-root --oversubscribe -np 4 --bind-to none \
-      -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE -x XH_PER -x XH_WHO \
+      -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE -x XH_PER -x XH_WHO $xs \
       bash -c 'h=sim-$((OMPI_COMM_WORLD_RANK / XH_PER))
         if [ "$XH_WHO" = nccl ]; then
           export NCCL_HOSTID=$h NCCL_SOCKET_IFNAME=lo
@@ -64,6 +67,14 @@ perf)
     echo "### ours $t hosts=$((4 / per))x$per" >> $OUT/crosshost.txt
     TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
+engine)
+  # As perf, 2 hosts x 2 ranks, with the host part on the cross-host engine
+  # (WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576}, WEFT_NET_SOCKETS default).
+  for t in all_reduce all_gather reduce_scatter alltoall; do
+    log perf ours-engine $t 2 hosts x 2
+    echo "### engine $t hosts=2x2" >> $OUT/crosshost.txt
+    WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours 2 $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done ;;
 nccl)
   log nccl 2 hosts x 2 ranks on one GPU "(expected: refused, duplicate GPU)"
   echo "### nccl all_reduce hosts=2x2" >> $OUT/crosshost.txt

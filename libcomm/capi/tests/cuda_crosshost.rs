@@ -62,10 +62,17 @@ fn now_ms() -> u128 {
 struct Ranks {
     children: Vec<Child>,
     lines: mpsc::Receiver<(usize, String)>,
+    /// Every rank's standard error (its log lines), as they come.
+    logs: std::sync::Arc<std::sync::Mutex<Vec<(usize, String)>>>,
 }
 
 impl Ranks {
     fn start(scenario: &str) -> Ranks {
+        Ranks::start_with(scenario, &[])
+    }
+
+    /// With `env` added to every rank's environment.
+    fn start_with(scenario: &str, env: &[(&str, &str)]) -> Ranks {
         let mut id = std::mem::MaybeUninit::<ncclUniqueId>::zeroed();
         assert_eq!(unsafe { pncclGetUniqueId(id.as_mut_ptr()) }, 0);
         let id = unsafe { id.assume_init() };
@@ -75,6 +82,7 @@ impl Ranks {
             .map(|&c| format!("{:02x}", c as u8))
             .collect();
         let (tx, lines) = mpsc::channel();
+        let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let exe = std::env::current_exe().unwrap();
         let children = (0..NRANKS)
             .map(|r| {
@@ -85,9 +93,19 @@ impl Ranks {
                     .env("WEFT_XHOST_ID", &hex)
                     .env("WEFT_HOSTNAME", host_of(r))
                     .env("WEFT_TIMEOUT_MS", TIMEOUT_MS.to_string())
+                    .envs(env.iter().copied())
                     .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
                     .spawn()
                     .expect("spawning a rank");
+                let err = c.stderr.take().unwrap();
+                let log = logs.clone();
+                std::thread::spawn(move || {
+                    for line in BufReader::new(err).lines().map_while(Result::ok) {
+                        eprintln!("[rank {r}] {line}");
+                        log.lock().unwrap().push((r, line));
+                    }
+                });
                 let out = c.stdout.take().unwrap();
                 let tx = tx.clone();
                 std::thread::spawn(move || {
@@ -101,7 +119,11 @@ impl Ranks {
                 c
             })
             .collect();
-        Ranks { children, lines }
+        Ranks {
+            children,
+            lines,
+            logs,
+        }
     }
 
     /// The next `@` line, or None after `within`.
@@ -167,6 +189,35 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
         "every rank checks its results and exits 0"
     );
     assert!(checked >= NRANKS * 7 * 4, "{checked} checks reported");
+}
+
+/// With `WEFT_CROSSHOST_MIN_BYTES`, the host part of the larger device
+/// collectives runs on the cross-host engine (built on the caller's thread
+/// at the first device operation, run by the progress thread): still every
+/// result against the reference, and every rank says the engine is on.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn device_collectives_on_the_cross_host_engine_match_the_reference() {
+    gpu_or_panic("device_collectives_on_the_cross_host_engine_match_the_reference");
+    let mut ranks = Ranks::start_with(
+        "collectives",
+        &[("WEFT_CROSSHOST_MIN_BYTES", "4096"), ("NCCL_DEBUG", "INFO")],
+    );
+    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
+    let mut checked = 0;
+    while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
+        checked += l.starts_with("ok ") as usize;
+    }
+    assert_eq!(codes, vec![Some(0); NRANKS], "every rank exits 0");
+    assert!(checked >= NRANKS * 7 * 4, "{checked} checks reported");
+    let logs = ranks.logs.lock().unwrap();
+    for r in 0..NRANKS {
+        assert!(
+            logs.iter()
+                .any(|(who, l)| *who == r && l.contains("run on the cross-host engine")),
+            "rank {r} never said the cross-host engine was on"
+        );
+    }
 }
 
 #[test]

@@ -3,16 +3,20 @@
 //! within each host and the engine's pipelined chunks over the byte mover
 //! (`WEFT_NET_SOCKETS` sockets per peer pair) between hosts, instead of the
 //! flat host algorithms over one TCP connection per peer. Host-memory
-//! calls only: device collectives across hosts (`cuda/proxy.rs`) keep the
-//! flat path, because their progress thread cannot run the collectives
-//! that build the engine while it holds a device job. On the 2-core
-//! development VM the engine was no faster than the flat path
-//! (docs/PERFORMANCE.md, "Cross-host byte mover"), hence opt-in.
+//! calls, and the host part of device collectives across hosts: their
+//! progress thread (`cuda/proxy.rs`) cannot run the collectives that build
+//! the engine while it holds a device job, so the caller's thread builds
+//! it when the communicator's first device operation sets its cross-host
+//! path up, and the progress thread only runs collectives on an engine
+//! built already. On the 2-core development VM the engine was no faster
+//! than the flat path (docs/PERFORMANCE.md, "Cross-host byte mover"),
+//! hence opt-in.
 //!
 //! Opt-in: `WEFT_CROSSHOST_MIN_BYTES` (every rank the same, like
 //! `WEFT_ALGO`) is the smallest all-reduce, all-gather, reduce-scatter or
-//! all-to-all that takes the engine; unset, nothing here runs. The engine is built at the first operation that
-//! qualifies, on every rank at the same point of the call order (its
+//! all-to-all that takes the engine; unset, nothing here runs. The engine
+//! is built at the first host operation that qualifies or the first device
+//! operation, on every rank at the same point of the call order (its
 //! handle exchange and the host split are collectives of the
 //! communicator, and the collectives that build it take the flat path);
 //! a communicator that turns out to live on one host, or whose engine any
@@ -66,13 +70,36 @@ impl Communicator {
     /// Called before the operation is reported, so the collectives that
     /// build the engine are reported as calls of their own before it.
     pub(crate) fn takes_cross_engine(&self, op: &Op) -> bool {
+        self.qualifies_for_cross_engine(op) && self.prepare_cross_engine()
+    }
+
+    /// Whether `op` is one the engine runs once built (configured, its
+    /// kind, its size).
+    fn qualifies_for_cross_engine(&self, op: &Op) -> bool {
         let Some(min) = self.s.cfg.cross_engine_min_bytes else {
             return false;
         };
-        if coll(op).is_none() || op.is_empty() || op.bytes() < min {
-            return false;
-        }
-        if self.s.cross.building.load(Ordering::Acquire) {
+        coll(op).is_some() && !op.is_empty() && op.bytes() >= min
+    }
+
+    /// Whether `op` runs on an engine built already; never builds one. For
+    /// the device backend's progress thread, which runs the host part of a
+    /// device collective spanning hosts and cannot run the collectives
+    /// that build the engine (the caller's thread did, in
+    /// [`prepare_cross_engine`](Self::prepare_cross_engine), when the
+    /// communicator's first device operation set its cross-host path up).
+    pub(crate) fn cross_engine_ready_for(&self, op: &Op) -> bool {
+        self.qualifies_for_cross_engine(op)
+            && !self.s.cross.building.load(Ordering::Acquire)
+            && matches!(*lock(&self.s.cross.state), State::On(_))
+    }
+
+    /// Builds the engine if it is configured and was not tried yet (every
+    /// rank at the same point of its calls); whether it is on.
+    pub(crate) fn prepare_cross_engine(&self) -> bool {
+        if self.s.cfg.cross_engine_min_bytes.is_none()
+            || self.s.cross.building.load(Ordering::Acquire)
+        {
             return false;
         }
         let mut state = lock(&self.s.cross.state);
@@ -129,9 +156,16 @@ impl Communicator {
     /// abort it).
     fn build_cross_engine(&self) -> Result<Option<(CrossHost, Weak<dyn Lever>)>> {
         // What can fail here alone comes first and is agreed on; then the
-        // layout by host identity.
-        let net = TcpConfig::for_job()
-            .map_err(|e| Error::arg(e.to_string()))
+        // layout by host identity. The byte mover authenticates with the
+        // communicator's own secret (the unique id it was created from: a
+        // program that passes ids itself has none in its environment).
+        let net = self
+            .s
+            .built
+            .get()
+            .map(|(ctx, _)| ctx.secret)
+            .ok_or_else(|| Error::Internal("the communicator was never built".into()))
+            .and_then(|secret| TcpConfig::from_env(secret).map_err(|e| Error::arg(e.to_string())))
             .and_then(|c| {
                 TcpNet::new(c)
                     .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))

@@ -124,9 +124,15 @@ impl Comms for Lent<'_> {
     }
 
     fn host_runner(&self, c: usize) -> Arc<dyn HostRunner> {
+        let comm = self.comms[c];
         // Its thread reports the host parts while this one reports the calls.
-        self.comms[c].s.meter.reported_from_two_threads();
-        Arc::new(SharedRunner(Arc::downgrade(&self.comms[c].s)))
+        comm.s.meter.reported_from_two_threads();
+        // Its thread cannot build the cross-host engine (collectives of the
+        // communicator, while it holds a device job): built here, on the
+        // caller's thread, at the same call on every rank (the first device
+        // operation), when configured.
+        comm.prepare_cross_engine();
+        Arc::new(SharedRunner(Arc::downgrade(&comm.s)))
     }
 
     fn observed(
@@ -161,9 +167,17 @@ impl HostRunner for SharedRunner {
         let r = ops
             .iter()
             .try_for_each(|op| comm.validate(op))
-            .and_then(|()| {
+            .and_then(|()| match ops {
+                // A large collective on the cross-host engine, when it was
+                // built (`host_runner`).
+                [op] if comm.cross_engine_ready_for(op) => {
+                    let obs = observe::start(&comm.s.who(), ops, false, "crosshost");
+                    let r = comm.run_on_cross_engine(op);
+                    observe::finish(obs, &r);
+                    r
+                }
                 // SAFETY: the caller's (HostRunner::run's contract).
-                unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) }
+                _ => unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) },
             });
         // SAFETY: read once, and `comm` is never dropped or used again.
         drop(unsafe { std::ptr::read(&comm.s) });
