@@ -108,8 +108,10 @@ pub fn untimed(seg: &Segment, index: u16) -> &UntimedWords {
 }
 
 /// The ring's code of each libcomm operation name (by its index).
-fn name_codes() -> [u8; OpName::COUNT] {
-    std::array::from_fn(|i| codes::op_code(OP_NAMES[i]))
+fn name_codes() -> &'static [u8; OpName::COUNT] {
+    static CODES: std::sync::LazyLock<[u8; OpName::COUNT]> =
+        std::sync::LazyLock::new(|| std::array::from_fn(|i| codes::op_code(OP_NAMES[i])));
+    &CODES
 }
 
 /// The rank's side: which slots are free (process-local; the table itself
@@ -308,7 +310,7 @@ pub fn counts(seg: &Segment, index: u16) -> Option<[OpCount; codes::OPS.len()]> 
     }
     // libcomm's untimed operations: counted, never timed.
     let u = untimed(seg, index);
-    for (name, code) in name_codes().into_iter().enumerate() {
+    for (name, &code) in name_codes().iter().enumerate() {
         let c = &mut out[code as usize];
         c.ops = c.ops.wrapping_add(u.counts[name][0].load(Relaxed));
         c.bytes = c.bytes.wrapping_add(u.counts[name][1].load(Relaxed));
