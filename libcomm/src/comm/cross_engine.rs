@@ -151,8 +151,9 @@ impl Communicator {
     /// host-local split, connections to every remote rank. `None` when
     /// every rank is on one host or any rank could not build its part:
     /// every rank ends with the same answer (two agreements over the flat
-    /// path, around the layout's exchange), so none runs a collective on the engine that another runs
-    /// flat. With the engine, the host-local communicator's lever (to
+    /// path; the layout is the bootstrap's host identities, the same on
+    /// every rank), so none runs a collective on the engine that another
+    /// runs flat. With the engine, the host-local communicator's lever (to
     /// abort it).
     fn build_cross_engine(&self) -> Result<Option<(CrossHost, Weak<dyn Lever>)>> {
         // What can fail here alone comes first and is agreed on; then the
@@ -173,7 +174,9 @@ impl Communicator {
         if !all_agree(self, net.is_ok())? {
             return net.and(Ok(None));
         }
-        let layout = Layout::gather(self)?;
+        // The host identities the bootstrap exchanged: the same the device
+        // path decides "spans hosts" from.
+        let layout = Layout::from_host_ids(&self.s.host_ids());
         if layout.nhosts() < 2 {
             return Ok(None);
         }

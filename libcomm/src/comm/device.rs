@@ -115,12 +115,7 @@ impl Comms for Lent<'_> {
     }
 
     fn host_ids(&self, c: usize) -> Vec<u64> {
-        let s = &self.comms[c].s;
-        match s.built.get() {
-            Some((ctx, _)) => ctx.peers.iter().map(|p| p.host_id).collect(),
-            // Not built (never for a Ready communicator): one host, as before.
-            None => vec![0; s.nranks],
-        }
+        self.comms[c].s.host_ids()
     }
 
     fn host_runner(&self, c: usize) -> Arc<dyn HostRunner> {
@@ -189,6 +184,77 @@ impl HostRunner for SharedRunner {
 mod tests {
     use super::*;
     use crate::data::types::{DataType, ReduceOp};
+
+    /// What the first device operation of a communicator spanning hosts
+    /// does (`cuda/batch.rs`): its host runner, taken on the caller's
+    /// thread, builds the cross-host engine when configured, and a large
+    /// collective the runner then runs on another thread (the progress
+    /// thread's job) goes over the engine. Four ranks in this process on
+    /// two simulated hosts (their configurations' host names).
+    #[test]
+    fn a_host_runner_builds_the_cross_host_engine_for_its_thread() {
+        let id = crate::UniqueId::new().unwrap();
+        let comms: Vec<Communicator> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|r| {
+                    let id = &id;
+                    s.spawn(move || {
+                        let mut cfg = crate::Config::from_env().unwrap();
+                        cfg.hostname = Some(["sim-a", "sim-b"][r / 2].into());
+                        cfg.cross_engine_min_bytes = Some(4096);
+                        Communicator::init_with_config(id, 4, r, cfg).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let n = 20_000;
+        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    s.spawn(move || {
+                        let runner = Lent { comms: vec![c] }.host_runner(0);
+                        let send: Vec<f32> =
+                            (0..n).map(|i| ((r + 1) * (i % 7 + 1)) as f32).collect();
+                        let mut recv = vec![0f32; n];
+                        let op = Op::all_reduce(
+                            send.as_ptr().cast(),
+                            recv.as_mut_ptr().cast(),
+                            n,
+                            DataType::F32,
+                            ReduceOp::Sum,
+                        );
+                        assert!(c.cross_engine_ready_for(&op), "rank {r}: no engine");
+                        let small = Op { count: 16, ..op };
+                        assert!(!c.cross_engine_ready_for(&small), "under the threshold");
+                        /// The job, as the progress thread gets it.
+                        struct Job(Op);
+                        // SAFETY: its buffers outlive the thread (joined below).
+                        unsafe impl Send for Job {}
+                        let (job, runner) = (Job(op), &runner);
+                        std::thread::scope(|t| {
+                            t.spawn(move || {
+                                let job = job;
+                                // SAFETY: both buffers live until run returns.
+                                unsafe { runner.run(&[job.0]) }
+                            })
+                            .join()
+                            .unwrap()
+                        })
+                        .unwrap();
+                        recv
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let want: Vec<f32> = (0..n).map(|i| (10 * (i % 7 + 1)) as f32).collect();
+        for (r, out) in outs.iter().enumerate() {
+            assert!(out == &want, "rank {r}: wrong sum");
+        }
+    }
 
     /// The runner the cross-host path's progress thread uses: host
     /// operations from another thread, on the communicator's host path,

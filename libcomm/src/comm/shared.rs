@@ -164,6 +164,15 @@ impl CommShared {
         self.meter.attach(&self.label, self.rank);
     }
 
+    /// Every rank's host identity, by rank, as the bootstrap exchanged them
+    /// (one host before the communicator was built).
+    pub(crate) fn host_ids(&self) -> Vec<u64> {
+        match self.built.get() {
+            Some((ctx, _)) => ctx.peers.iter().map(|p| p.host_id).collect(),
+            None => vec![0; self.nranks],
+        }
+    }
+
     /// The observer's view of this communicator (see `observe/`).
     pub(crate) fn who(&self) -> Who<'_> {
         Who {
