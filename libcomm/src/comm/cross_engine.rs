@@ -35,7 +35,7 @@ use super::shared::lock;
 use crate::crosshost::{Coll, CrossHost, Layout, Links};
 use crate::error::{Error, Result};
 use crate::net::tcp::{TcpConfig, TcpNet};
-use crate::observe::Lever;
+use crate::observe::{self, Lever};
 use crate::op::{Op, OpKind};
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
@@ -129,8 +129,17 @@ impl Communicator {
         matches!(*state, State::On(_))
     }
 
-    /// Runs `op` on the engine ([`takes_cross_engine`](Self::takes_cross_engine) said so).
+    /// Runs `op` on the engine ([`takes_cross_engine`](Self::takes_cross_engine)
+    /// or [`cross_engine_ready_for`](Self::cross_engine_ready_for) said
+    /// so), reported as one `crosshost` call.
     pub(crate) fn run_on_cross_engine(&self, op: &Op) -> Result<()> {
+        let obs = observe::start(&self.s.who(), std::slice::from_ref(op), false, "crosshost");
+        let r = self.run_on_engine(op);
+        observe::finish(obs, &r);
+        r
+    }
+
+    fn run_on_engine(&self, op: &Op) -> Result<()> {
         let mut state = lock(&self.s.cross.state);
         let (State::On(x), Some(coll)) = (&mut *state, coll(op)) else {
             return Err(Error::Internal(

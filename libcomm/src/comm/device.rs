@@ -165,12 +165,7 @@ impl HostRunner for SharedRunner {
             .and_then(|()| match ops {
                 // A large collective on the cross-host engine, when it was
                 // built (`host_runner`).
-                [op] if comm.cross_engine_ready_for(op) => {
-                    let obs = observe::start(&comm.s.who(), ops, false, "crosshost");
-                    let r = comm.run_on_cross_engine(op);
-                    observe::finish(obs, &r);
-                    r
-                }
+                [op] if comm.cross_engine_ready_for(op) => comm.run_on_cross_engine(op),
                 // SAFETY: the caller's (HostRunner::run's contract).
                 _ => unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) },
             });

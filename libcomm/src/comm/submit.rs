@@ -32,10 +32,7 @@ impl Communicator {
         }
         drain_device_work(self);
         if self.takes_cross_engine(&op) {
-            let obs = observe::start(&self.s.who(), std::slice::from_ref(&op), false, "crosshost");
-            let r = self.run_on_cross_engine(&op);
-            observe::finish(obs, &r);
-            return r;
+            return self.run_on_cross_engine(&op);
         }
         // Under the resources' lock: a thread that saw the state turn Ready
         // waits here until init has installed them, so every rank decides

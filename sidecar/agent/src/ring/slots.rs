@@ -89,7 +89,7 @@ pub struct SlotRef {
 }
 
 fn w(seg: &Segment, slot: u16, word: usize) -> &AtomicU64 {
-    seg.word(seg.geometry().slot_word(slot as usize) + word)
+    &words(seg, slot)[word]
 }
 
 /// All of slot `index`'s words, with one bounds check: what the
