@@ -92,6 +92,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import datetime
+import faulthandler
 import os
 import re
 import signal
@@ -136,7 +137,7 @@ def parse(argv=None):
     ap.add_argument("--log-dir", default=None, help="--drive: keep each run's output here")
     ap.add_argument("--allow-fallback", action="store_true", help="--drive: NCCL may shrink by the new-group path")
     ap.add_argument("--debug-logs", action="store_true",
-                    help="--drive: the kill run with NCCL_DEBUG=INFO and TORCH_CPP_LOG_LEVEL=INFO (timed phases in its log)")
+                    help="--drive: the kill run with NCCL_DEBUG=INFO and TORCH_CPP_LOG_LEVEL=INFO and the survivors' Python stacks each second of a shrink_group (timed phases in its log)")
     return ap.parse_args(argv)
 
 
@@ -560,7 +561,14 @@ class Trainer:
         if self.nccl and not self.args.no_shrink_group:
             try:
                 phase("shrink_called")
-                dist.shrink_group(gone, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+                # --debug-logs: where a slow shrink_group waits, as Python
+                # stacks of every thread once a second until it returns.
+                if os.environ.get("RESILIENT_STACKS"):
+                    faulthandler.dump_traceback_later(1.0, repeat=True, file=sys.stderr)
+                try:
+                    dist.shrink_group(gone, shrink_flags=dist.distributed_c10d.SHRINK_ABORT)
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
                 phase("shrink_returned")
                 self.members = survivors
                 self._refresh_comm_ptr()
@@ -831,7 +839,7 @@ def drive(args) -> int:
     kill = ["--kill-rank", str(victim), "--kill-step", str(args.kill_step)] + (["--kill-after"] if args.kill_after else [])
     env = None
     if args.debug_logs:
-        env = dict(os.environ, NCCL_DEBUG="INFO", TORCH_CPP_LOG_LEVEL="INFO")
+        env = dict(os.environ, NCCL_DEBUG="INFO", TORCH_CPP_LOG_LEVEL="INFO", RESILIENT_STACKS="1")
     rc, out, dt1 = run_job(args, "kill", kill, replace=True, env=env)
     n_before = len(problems)
     f, got = finals("kill", rc, out, args, problems)

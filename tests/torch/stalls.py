@@ -23,7 +23,13 @@ taken over those. The worst iteration is named with the rank whose enqueue
 was slowest in it: a large enqueue there is a host-side stall (a lock, an
 allocation, a compile in the library or torch); a large call with a small
 enqueue everywhere is time on the GPU (a kernel waiting for a peer whose
-launch came late, or ranks sharing a GPU that time-slice).
+launch came late, or ranks sharing a GPU that time-slice). Each worst
+iteration also says how long Python's garbage collector ran inside that
+rank's call (`gc`, from `gc.callbacks`): a pause that is all `gc` is the
+interpreter's, not the library's. --no-gc disables the collector during
+the timed calls (as latency-critical loops do), to compare. `--ops
+launch` is the control: the same loop around one elementwise kernel, no
+collective: pauses there are the machine's, the driver's or torch's.
 
 Rank 0 prints one row per (op, size) and appends it to --out (a
 tab-separated table; run.sh collects the Weft and NCCL rows side by side).
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import math
 import os
 import sys
@@ -51,12 +58,27 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+# Nanoseconds Python's garbage collector has run so far (gc.callbacks).
+GC_NS = [0]
+_GC_START = [0]
+
+
+def _gc_timer(phase, _info):
+    if phase == "start":
+        _GC_START[0] = time.perf_counter_ns()
+    else:
+        GC_NS[0] += time.perf_counter_ns() - _GC_START[0]
+
+
+gc.callbacks.append(_gc_timer)
 SIZES = (8, 4 << 10, 64 << 10, 1 << 20)
 
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated: " + ",".join(OPS))
+    ap.add_argument("--ops", default=",".join(OPS),
+                    help="comma-separated: " + ",".join(OPS) + ", launch (the control: one elementwise kernel, no collective)")
     ap.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes, comma-separated")
     ap.add_argument("--iters", type=int, default=1000, help="timed calls per cell")
     ap.add_argument("--warmup", type=int, default=100, help="untimed calls per cell first")
@@ -66,6 +88,7 @@ def parse(argv=None):
     ap.add_argument("--p99-ratio", type=float, default=2.0, help="bound: p99 <= this x p50")
     ap.add_argument("--max-us", type=float, default=1000.0, help="bound: max < this (us)")
     ap.add_argument("--worst", type=int, default=3, help="slowest iterations listed per cell")
+    ap.add_argument("--no-gc", action="store_true", help="disable Python's garbage collector during the timed calls")
     return ap.parse_args(argv)
 
 
@@ -89,6 +112,13 @@ def make_op(name: str, nbytes: int, world: int, dev):
         src = torch.ones(per_rank, dtype=torch.float32, device=dev)
         out = torch.empty(per_rank * world, dtype=torch.float32, device=dev)
         return (lambda: dist.all_gather_into_tensor(out, src)), per_rank * world * 4
+    if name == "launch":
+        # The control: one elementwise kernel, no collective and no
+        # library call. A pause here is the machine's, the driver's or
+        # torch's, never the communication library's.
+        n = max(1, nbytes // 4)
+        t = torch.ones(n, dtype=torch.float32, device=dev)
+        return (lambda: t.add_(1.0)), n * 4
     if name == "reduce_scatter":
         src = torch.ones(per_rank * world, dtype=torch.float32, device=dev)
         out = torch.empty(per_rank, dtype=torch.float32, device=dev)
@@ -96,10 +126,11 @@ def make_op(name: str, nbytes: int, world: int, dev):
     raise SystemExit(f"stalls: unknown op {name!r} (one of {', '.join(OPS)})")
 
 
-def measure(op, iters: int, warmup: int, dev):
-    """(call_ns, enqueue_ns) of each timed call, and the first call's ns
+def measure(op, iters: int, warmup: int, dev, no_gc: bool = False):
+    """(call_ns, enqueue_ns) of each timed call, the first call's ns
     (before the warm-up: what a lazy first use costs, e.g. loading the
-    kernel of this type and op, or the device set-up of the first call)."""
+    kernel of this type and op, or the device set-up of the first call),
+    and the garbage collector's ns inside each timed call."""
     torch.cuda.synchronize(dev)
     t0 = time.perf_counter_ns()
     op()
@@ -108,22 +139,30 @@ def measure(op, iters: int, warmup: int, dev):
     for _ in range(warmup):
         op()
     torch.cuda.synchronize(dev)
-    calls, enq = [0] * iters, [0] * iters
+    calls, enq, gcs = [0] * iters, [0] * iters, [0] * iters
     clock = time.perf_counter_ns
     sync = torch.cuda.synchronize
-    for i in range(iters):
-        t0 = clock()
-        op()
-        t1 = clock()
-        sync(dev)
-        t2 = clock()
-        calls[i] = t2 - t0
-        enq[i] = t1 - t0
-    return calls, enq, first
+    if no_gc:
+        gc.disable()
+    try:
+        for i in range(iters):
+            g0 = GC_NS[0]
+            t0 = clock()
+            op()
+            t1 = clock()
+            sync(dev)
+            t2 = clock()
+            calls[i] = t2 - t0
+            enq[i] = t1 - t0
+            gcs[i] = GC_NS[0] - g0
+    finally:
+        if no_gc:
+            gc.enable()
+    return calls, enq, first, gcs
 
 
 def summarize(per_rank, args):
-    """One row from every rank's (calls, enqueues, first call) of a cell."""
+    """One row from every rank's (calls, enqueues, first call, gc) of a cell."""
     world = len(per_rank)
     iters = len(per_rank[0][0])
     lat = [max(per_rank[r][0][i] for r in range(world)) / 1e3 for i in range(iters)]
@@ -133,7 +172,7 @@ def summarize(per_rank, args):
     notes = []
     for i in worst:
         r = max(range(world), key=lambda r: per_rank[r][1][i])
-        notes.append(f"#{i}:{lat[i]:.0f}us(enq r{r} {per_rank[r][1][i] / 1e3:.0f}us)")
+        notes.append(f"#{i}:{lat[i]:.0f}us(enq r{r} {per_rank[r][1][i] / 1e3:.0f}us gc {per_rank[r][3][i] / 1e3:.0f}us)")
     enq_max = max(max(p[1]) for p in per_rank) / 1e3
     slow = sum(1 for v in lat if v >= args.max_us)
     ok = p99 <= args.p99_ratio * p50 and mx < args.max_us
@@ -172,9 +211,9 @@ def main(argv=None) -> int:
     for name in ops:
         for size in sizes:
             op, nbytes = make_op(name, size, world, dev)
-            calls, enq, first = measure(op, args.iters, args.warmup, dev)
+            got = measure(op, args.iters, args.warmup, dev, args.no_gc)
             gathered = [None] * world
-            dist.all_gather_object(gathered, (calls, enq, first), group=report)
+            dist.all_gather_object(gathered, got, group=report)
             if rank != 0:
                 continue
             r = summarize(gathered, args)

@@ -498,28 +498,32 @@ nccl_api! {
     /// there is nothing left to flush: finalize marks the communicator
     /// finalized (later operations are refused) and returns `ncclSuccess`,
     /// also for non-blocking communicators (whose async error then reads
-    /// `ncclSuccess`). A second finalize: `ncclInvalidUsage`.
+    /// `ncclSuccess`). A failed or aborted communicator (a dead peer, or
+    /// the parent that `ncclCommShrink` with `NCCL_SHRINK_ABORT` revoked)
+    /// has nothing to flush either: its operations ended with the failure,
+    /// which its calls and `ncclCommGetAsyncError` reported. Finalize
+    /// accepts it, so a teardown that finalizes then destroys goes through
+    /// (torch's `shrink_group` does that to the parent; refused, torch
+    /// logged the error with a formatter that imports torch._dynamo: 4.5 s
+    /// of the survivors' recovery). Still initializing, or a second
+    /// finalize: `ncclInvalidUsage`.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
         let e = handles::get(h(comm), "ncclCommFinalize")?;
-        match e.comm.state() {
-            CommState::Ready => {}
-            CommState::Initializing => {
-                return Err(Fail::usage(format!(
-                    "{} is still initializing: poll ncclCommGetAsyncError until ncclSuccess before finalizing",
-                    e.describe()
-                )));
-            }
-            st => {
-                return Err(Fail::usage(format!(
-                    "{} is {st}: finalize needs a ready communicator (destroy or abort it instead)",
-                    e.describe()
-                )));
-            }
+        let st = e.comm.state();
+        if st == CommState::Initializing {
+            return Err(Fail::usage(format!(
+                "{} is still initializing: poll ncclCommGetAsyncError until ncclSuccess before finalizing",
+                e.describe()
+            )));
         }
         if e.finalized.swap(true, Ordering::AcqRel) {
             return Err(Fail::usage(format!("{} was already finalized", e.describe())));
         }
-        errors::log(Level::Info, &format!("{} finalized", e.describe()));
+        let how = match st {
+            CommState::Ready => String::new(),
+            st => format!(" ({st}: nothing left to flush; destroy it next)"),
+        };
+        errors::log(Level::Info, &format!("{} finalized{how}", e.describe()));
         Ok(SUCCESS)
     }
 }

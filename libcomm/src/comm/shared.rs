@@ -206,7 +206,9 @@ impl CommShared {
         let Some(f) = self.fault.get() else {
             return Ok(());
         };
-        if let Some((rank, pid)) = f.dead_local() {
+        // At most once per PEER_SCAN_EVERY: the peers' processes cost
+        // system calls to look at, and applications query in tight loops.
+        if let Some((rank, pid)) = f.dead_local_due() {
             f.raise(
                 FAIL_ERROR,
                 &format!(

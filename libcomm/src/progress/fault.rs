@@ -11,8 +11,18 @@
 use crate::transport::shm::{FAIL_ABORT, Mapping, ST_DESTROYED};
 use crate::transport::tcp::{FailNotify, NoticeSink};
 use std::net::TcpStream;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How often a query may look at the local peers' processes
+/// ([`Fault::dead_local_due`]): each look is a `kill(pid, 0)` and a read of
+/// `/proc/<pid>/stat` per peer (10-30 us on a VM), and torch's watchdog
+/// queries `ncclCommGetAsyncError` once per outstanding work item while it
+/// holds the lock the next collective's enqueue needs: thousands of looks
+/// in a row stalled that enqueue by 20-67 ms (docs/PERFORMANCE-GPU.md,
+/// "Stalls"). A death is still noticed within this much of the next query.
+pub(crate) const PEER_SCAN_EVERY: Duration = Duration::from_millis(2);
 
 pub(crate) struct Fault {
     pub rank: usize,
@@ -22,6 +32,15 @@ pub(crate) struct Fault {
     pub tcp: Mutex<Vec<TcpStream>>,
     /// Where to tell remote peers why, when a failure starts here.
     pub notify: Option<FailNotify>,
+    /// When [`dead_local_due`](Self::dead_local_due) may look again (ns
+    /// since a process-wide epoch).
+    pub next_scan_ns: AtomicU64,
+}
+
+/// Monotonic nanoseconds since the first call in this process.
+fn mono_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 /// A failure seen by this rank: who raised it, whether it was an abort, why.
@@ -74,6 +93,31 @@ impl Fault {
         for s in self.tcp.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
+    }
+
+    /// [`dead_local`](Self::dead_local), at most once per
+    /// [`PEER_SCAN_EVERY`] (between two looks: `None`). For queries that
+    /// an application may make in a tight loop.
+    pub fn dead_local_due(&self) -> Option<(usize, u32)> {
+        if self.locals.is_empty() {
+            return None;
+        }
+        let now = mono_ns();
+        let next = self.next_scan_ns.load(Ordering::Relaxed);
+        if now < next
+            || self
+                .next_scan_ns
+                .compare_exchange(
+                    next,
+                    now + PEER_SCAN_EVERY.as_nanos() as u64,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_err()
+        {
+            return None;
+        }
+        self.dead_local()
     }
 
     /// A local peer whose process is gone without having destroyed its
@@ -142,7 +186,44 @@ mod tests {
             locals: vec![(peer.0, peer.1.clone())],
             tcp: Mutex::new(Vec::new()),
             notify: None,
+            next_scan_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Queries in a tight loop look at the peers' processes once per
+    /// PEER_SCAN_EVERY; the first query looks at once, and a death is seen
+    /// by the first query after the interval.
+    #[test]
+    fn peer_processes_are_looked_at_once_per_interval() {
+        let a = Arc::new(
+            Mapping::create_memfd("fault-test-scan-a", 2, 4096)
+                .unwrap()
+                .0,
+        );
+        let b = Arc::new(
+            Mapping::create_memfd("fault-test-scan-b", 2, 4096)
+                .unwrap()
+                .0,
+        );
+        // The peer's pid: a child that has exited and been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        b.control().pid.store(pid, Ordering::Relaxed);
+        let f = fault(0, &a, (1, &b));
+        assert_eq!(f.dead_local_due(), Some((1, pid)), "the first query looks");
+        let t = Instant::now();
+        let mut seen = 0;
+        while t.elapsed() < PEER_SCAN_EVERY / 2 {
+            seen += f.dead_local_due().is_some() as u32;
+        }
+        assert_eq!(seen, 0, "no second look within the interval");
+        std::thread::sleep(PEER_SCAN_EVERY);
+        assert_eq!(
+            f.dead_local_due(),
+            Some((1, pid)),
+            "the next interval looks again"
+        );
     }
 
     /// A remote rank's notice reaches one rank of this host; the others

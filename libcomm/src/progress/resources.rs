@@ -195,6 +195,7 @@ impl Resources {
                 .map(|&r| (r, local_maps[r].clone().unwrap()))
                 .collect(),
             tcp: Default::default(),
+            next_scan_ns: Default::default(),
             notify: Some(tcp::FailNotify {
                 comm: ctx.id,
                 secret: ctx.secret,

@@ -68,6 +68,9 @@ int main(void) {
   ncclResult_t st = ncclInProgress;
   NCCLCHECK(ncclCommGetAsyncError(world, &st));
   ASSERT(st == ncclSuccess, "revoked parent's async error %d", (int)st);
+  /* Finalize then destroy, as torch's shrink_group tears the parent down:
+     a failed, revoked parent has nothing to flush, so finalize succeeds. */
+  NCCLCHECK(ncclCommFinalize(world));
   NCCLCHECK(ncclCommDestroy(world));
 
   /* Grow back: rank 0 makes the id and also hosts the new rank (a thread). */
