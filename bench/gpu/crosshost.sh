@@ -12,11 +12,12 @@
 #           --test cuda_crosshost --no-run`, stripped): every collective vs a reference,
 #           the 256 MiB call time, SIGKILL / SIGSTOP of a remote rank
 #   check   Weft, 2 hosts x 2 ranks: every collective, 1 MiB-256 MiB, checks on (-c 1)
-#   perf    Weft 2 x 2 and 4 x 1, busbw 1 MiB-256 MiB (checks on) into $OUT/crosshost.txt
+#   perf    Weft 2 x 2 and 4 x 1 (XH_PERS: ranks per host, default "2 1"), busbw
+#           1 MiB-256 MiB (checks on) into $OUT/crosshost.txt
 #   nccl    NCCL on the same splits: 2 x 2 on one GPU (NCCL refuses two ranks of one
 #           host on one GPU: recorded), 4 x 1 (NCCL_HOSTID per rank) over its socket transport
 #   engine  Weft 2 x 2 with WEFT_CROSSHOST_MIN_BYTES (XH_ENGINE_MIN, default 1048576): the
-#           progress thread's host part on the cross-host engine
+#           progress thread's host part on the cross-host engine (XH_ENGINE_COLLS: which)
 #   table   busbw side by side from $OUT/crosshost.txt
 # Layout next to this script as run.sh's (weft/libnccl.so.2, nccl-tests/).
 D=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +36,8 @@ CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; 
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
-  local xs=; [ -n "${WEFT_CROSSHOST_MIN_BYTES:-}" ] && xs="-x WEFT_CROSSHOST_MIN_BYTES"
+  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG; do
+    [ -n "${!v:-}" ] && xs="$xs -x $v"; done
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
     mpirun --allow-run-as-root --oversubscribe -np 4 --bind-to none \
       -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE -x XH_PER -x XH_WHO $xs \
@@ -62,7 +64,7 @@ check)
     TMO=300 xrun ours 2 $TM/${t}_perf -g 1 $SIZES -c 1 -n 2 -w 1 -d float 2>&1 | tee -a $OUT/crosshost-check.txt | CHK
   done ;;
 perf)
-  for per in 2 1; do for t in $COLLS; do
+  for per in ${XH_PERS:-2 1}; do for t in $COLLS; do
     log perf ours $t $((4 / per)) hosts x $per
     echo "### ours $t hosts=$((4 / per))x$per" >> $OUT/crosshost.txt
     TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
@@ -70,7 +72,7 @@ perf)
 engine)
   # As perf, 2 hosts x 2 ranks, with the host part on the cross-host engine
   # (WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576}, WEFT_NET_SOCKETS default).
-  for t in all_reduce all_gather reduce_scatter alltoall; do
+  for t in ${XH_ENGINE_COLLS:-all_reduce all_gather reduce_scatter alltoall}; do
     log perf ours-engine $t 2 hosts x 2
     echo "### engine $t hosts=2x2" >> $OUT/crosshost.txt
     WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours 2 $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'

@@ -195,8 +195,14 @@ impl Communicator {
         // The split and the connections are collectives; whatever fails on
         // one rank fails (or times out) the same step on the others, and
         // the last agreement settles it for all.
+        // The host-local communicator is the engine's own and must be
+        // ready before the engine uses it: blocking, whatever this one's
+        // configuration says (the C ABI starts a communicator made inside
+        // a group non-blocking, as nccl-tests' are; a child split with
+        // that configuration came back still initializing and the
+        // engine's first host-local step failed).
         let built = self
-            .split(Some(h as u32), me as i32)
+            .split_with_config(Some(h as u32), me as i32, self.s.cfg.clone().blocking(true))
             .and_then(|l| l.ok_or_else(|| Error::Internal("no host-local communicator".into())))
             .and_then(|local| {
                 let links = Links::connect(

@@ -185,7 +185,10 @@ mod tests {
     /// thread, builds the cross-host engine when configured, and a large
     /// collective the runner then runs on another thread (the progress
     /// thread's job) goes over the engine. Four ranks in this process on
-    /// two simulated hosts (their configurations' host names).
+    /// two simulated hosts (their configurations' host names), created
+    /// non-blocking as the C ABI creates those made inside a group
+    /// (nccl-tests'): the engine's own host-local split must still be ready
+    /// before its first use.
     #[test]
     fn a_host_runner_builds_the_cross_host_engine_for_its_thread() {
         let id = crate::UniqueId::new().unwrap();
@@ -197,7 +200,10 @@ mod tests {
                         let mut cfg = crate::Config::from_env().unwrap();
                         cfg.hostname = Some(["sim-a", "sim-b"][r / 2].into());
                         cfg.cross_engine_min_bytes = Some(4096);
-                        Communicator::init_with_config(id, 4, r, cfg).unwrap()
+                        let c =
+                            Communicator::init_with_config(id, 4, r, cfg.blocking(false)).unwrap();
+                        c.wait_ready(None).unwrap();
+                        c
                     })
                 })
                 .collect();
