@@ -12,7 +12,10 @@ and, for every pair of commands (1st and 2nd, 3rd and 4th, ...), the
 second's time over the first's: with the commands given as "without the
 sidecar, with it", that is the sidecar's cost. With VS_PARTIAL=FILE the
 table so far is written there after every round (a run cut short by a
-time limit keeps its finished rounds).
+time limit keeps its finished rounds). With VS_RAW=FILE every run's times
+are appended there as one line (`round label size:us ...`), to see how the
+runs of one command spread (a machine whose runs fall into a fast and a
+slow mode shows it there, not in a median).
 """
 import os
 import re
@@ -49,6 +52,10 @@ def main():
                 print((p.stdout + p.stderr)[-2000:], file=sys.stderr)
                 continue
             runs[label].append(t)
+            if os.environ.get("VS_RAW"):
+                with open(os.environ["VS_RAW"], "a") as f:
+                    cells = " ".join(f"{s}:{us}" for s, us in sorted(t.items()))
+                    print(f"{r + 1} {label} {cells}", file=f)
         # A run cut short by a time limit still leaves its rounds so far.
         if os.environ.get("VS_PARTIAL"):
             with open(os.environ["VS_PARTIAL"], "w") as f:

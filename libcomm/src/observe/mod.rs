@@ -29,7 +29,9 @@ mod untimed;
 pub(crate) use event::Lever;
 pub use event::{AbortHandle, CommEvent, OpEvent, Phase};
 pub(crate) use ops::{Meter, Who, finish, start};
-pub use sample::{FAST_MEAN_NS, SAMPLE_EVERY, SLOW_EXCESS_NS};
+pub use sample::{
+    FAST_MEAN_NS, SAMPLE_EVERY, SAMPLE_EVERY_VERY_FAST, SLOW_EXCESS_NS, VERY_FAST_MEAN_NS,
+};
 pub use untimed::{CounterWords, OpName, UntimedWords};
 
 pub use crate::op::OP_NAMES;

@@ -11,7 +11,8 @@
 //! average less than [`FAST_MEAN_NS`] apart (more than 40,000 a second:
 //! timing each would cost about 1% or more of the time between them) and
 //! the window held no slow call, the next `SAMPLE_EVERY - 1` operations go
-//! untimed; otherwise every operation is timed. A window holds a slow call
+//! untimed (`SAMPLE_EVERY_VERY_FAST - 1` above 500,000 a second);
+//! otherwise every operation is timed. A window holds a slow call
 //! when it took [`SLOW_EXCESS_NS`] (the rank's "slow call" floor, 200 us)
 //! more than its operations would have at the previous window's pace: a
 //! slow call switches back to timing every call, so a job that calls a
@@ -19,6 +20,13 @@
 //! each), and a slow call after a tight loop is seen on its own soon
 //! after. What sampling gives up: a slow call among the untimed ones is
 //! seen as its window, not on its own.
+//!
+//! While sampling, the timed operations are those whose sequence number
+//! is a multiple of the period ([`SAMPLE_EVERY`] or
+//! [`SAMPLE_EVERY_VERY_FAST`]): every rank of a communicator numbers
+//! its collectives alike, so the ranks time the same collective. With
+//! each rank timing a different one, a collective of n ranks could wait
+//! for n timed calls (each rank's delays its peers) instead of one.
 //!
 //! The state is plain loads and stores, never a read-modify-write: one
 //! thread per communicator at a time is NCCL's rule, and where two report
@@ -29,6 +37,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// While sampling, one operation in this many is timed.
 pub const SAMPLE_EVERY: u64 = 32;
+/// Above 500,000 operations a second (a mean under [`VERY_FAST_MEAN_NS`]),
+/// one in this many: a timed call costs 250-300 ns on the GPU machine, so
+/// one in 32 is still 1% of a 0.85 us 4-rank host all-reduce, and the
+/// spans of a loop that fast are as telling at one in 256 (4,000 a second
+/// and more). A multiple of [`SAMPLE_EVERY`], so ranks in either mode
+/// still time common collectives.
+pub const SAMPLE_EVERY_VERY_FAST: u64 = 256;
+/// See [`SAMPLE_EVERY_VERY_FAST`].
+pub const VERY_FAST_MEAN_NS: u64 = 2_000;
 /// Sample only operations that start less than this far apart on average
 /// (more than 40,000 a second).
 pub const FAST_MEAN_NS: u64 = 25_000;
@@ -69,8 +86,16 @@ impl Sampler {
         let slow = window.saturating_sub(ops.saturating_mul(pace)) >= SLOW_EXCESS_NS;
         let mean = if ordered { window / ops } else { 0 };
         let fast = ordered && pace > 0 && !slow && mean < FAST_MEAN_NS;
+        // Untimed up to the next multiple of the period (the same
+        // collective on every rank).
+        let every = if mean < VERY_FAST_MEAN_NS {
+            SAMPLE_EVERY_VERY_FAST
+        } else {
+            SAMPLE_EVERY
+        };
+        let left = every - 1 - seq % every;
         self.untimed_left
-            .store(if fast { SAMPLE_EVERY - 1 } else { 0 }, Relaxed);
+            .store(if fast { left } else { 0 }, Relaxed);
         self.pace_ns.store(mean, Relaxed);
         self.last_seq.store(seq, Relaxed);
         self.last_ns.store(ns, Relaxed);
@@ -108,17 +133,42 @@ mod tests {
         // tight loop too.
         let timed = run(&s, &mut seq, &mut t, 3200, 8_000);
         assert!((100..=102).contains(&timed), "{timed} of 3200 timed");
-        let timed = run(&s, &mut seq, &mut t, 32_000, 1_000);
+        let timed = run(&s, &mut seq, &mut t, 32_000, 3_000);
         assert!((1000..=1002).contains(&timed), "{timed} of 32000 timed");
-        // One call of 300 us: the window holding it is slow (its excess
-        // over the 1 us pace), so the next call is timed, and the one after
-        // it (1 us later) too.
+        // Above 500,000 a second, one in 256.
+        let timed = run(&s, &mut seq, &mut t, 25_600, 1_000);
+        assert!((100..=108).contains(&timed), "{timed} of 25600 timed");
+        // One call of 300 us: the window holding it (ended by the next
+        // timed call, at most 256 calls later) is slow (its excess over the
+        // 1 us pace), so the call after that one is timed too.
         t += 300_000;
-        let timed_after = run(&s, &mut seq, &mut t, 40, 1_000);
+        let timed_after = run(&s, &mut seq, &mut t, 300, 1_000);
         assert!(timed_after >= 2, "{timed_after}");
         // Back to a high rate: sampled again.
         let timed = run(&s, &mut seq, &mut t, 3200, 1_000);
         assert!(timed <= 102, "{timed}");
+        // Once sampling, the timed operations are the multiples of
+        // SAMPLE_EVERY, whichever operation the sampling started at: ranks
+        // that started sampling at different calls time the same ones.
+        for start in [7, 64, 100] {
+            let s = Sampler::default();
+            let (mut seq, mut t) = (start, 1_000_000);
+            let mut timed = Vec::new();
+            for _ in 0..200 {
+                seq += 1;
+                t += 3_000;
+                if !s.untimed() {
+                    s.timed(seq, t);
+                    timed.push(seq);
+                }
+            }
+            let aligned: Vec<u64> = timed.iter().copied().skip(3).collect();
+            assert!(
+                aligned.iter().all(|q| q % SAMPLE_EVERY == 0),
+                "from {start}: timed {timed:?}"
+            );
+            assert!(aligned.len() >= 4, "from {start}: timed {timed:?}");
+        }
         // A clock that went backwards never starts sampling.
         let s = Sampler::default();
         s.timed(1, 5_000_000);
