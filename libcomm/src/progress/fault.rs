@@ -17,10 +17,11 @@ use std::time::{Duration, Instant};
 
 /// How often a query may look at the local peers' processes
 /// ([`Fault::dead_local_due`]): each look is a `kill(pid, 0)` and a read of
-/// `/proc/<pid>/stat` per peer (10-30 us on a VM), and torch's watchdog
-/// queries `ncclCommGetAsyncError` once per outstanding work item while it
-/// holds the lock the next collective's enqueue needs: thousands of looks
-/// in a row stalled that enqueue by 20-67 ms (docs/PERFORMANCE-GPU.md,
+/// `/proc/<pid>/stat` per peer (system calls: microseconds), and torch's
+/// watchdog queries `ncclCommGetAsyncError` once per outstanding work item
+/// while it holds the lock the next collective's enqueue needs. With a
+/// look per query, two ranks' enqueues paused 22-67 ms; with this limit
+/// 14-16 ms, what NCCL shows with one rank (docs/PERFORMANCE-GPU.md,
 /// "Stalls"). A death is still noticed within this much of the next query.
 pub(crate) const PEER_SCAN_EVERY: Duration = Duration::from_millis(2);
 
