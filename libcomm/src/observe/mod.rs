@@ -8,16 +8,16 @@
 //! The sidecar client (`weft::agent`) installs an observer that forwards
 //! events to `weft sidecar` (or to the same engine in-process). Without an
 //! observer the cost is one atomic load per operation. In tight loops
-//! (`sample.rs`) only one call in 32 is timed and becomes events; the
-//! others are counted in [`UntimedWords`] the observer lends the
-//! communicator once it is Ready.
+//! (`sample.rs`) only one call in 32 (in 256 above 500,000 a second) is
+//! timed and becomes events; the others are counted in [`UntimedWords`]
+//! the observer lends the communicator once it is Ready.
 //!
 //! | file | its one job |
 //! |---|---|
 //! | `event.rs` | the events ([`OpEvent`], [`CommEvent`]) and the [`AbortHandle`] a Ready event carries |
 //! | `clock.rs` | wall-clock stamps cheap enough for every collective (the TSC, scaled per thread) |
 //! | `ops.rs` | reporting one operation's (or group's) start and completion, with its sequence number |
-//! | `sample.rs` | which operations are timed (all at low rates, one in 32 in tight loops) |
+//! | `sample.rs` | which operations are timed (all at low rates, one in 32 or 256 in tight loops, the same ones on every rank) |
 //! | `untimed.rs` | the words the others are counted in ([`UntimedWords`], lent as [`CounterWords`]) |
 
 mod clock;

@@ -50,6 +50,20 @@ pub const OP_NAMES: [&str; 11] = [
 ];
 
 impl OpKind {
+    /// Every kind, in declaration order (the order of [`OP_NAMES`]).
+    pub const ALL: [OpKind; 10] = [
+        OpKind::AllReduce,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+        OpKind::AllToAll,
+        OpKind::Gather,
+        OpKind::Scatter,
+        OpKind::Send,
+        OpKind::Recv,
+    ];
+
     pub fn name(self) -> &'static str {
         OP_NAMES[self as usize]
     }
@@ -617,24 +631,13 @@ mod tests {
 
     #[test]
     fn every_kind_has_its_own_name_and_group_comes_last() {
-        use OpKind::*;
-        let kinds = [
-            AllReduce,
-            Broadcast,
-            Reduce,
-            AllGather,
-            ReduceScatter,
-            AllToAll,
-            Gather,
-            Scatter,
-            Send,
-            Recv,
-        ];
+        let kinds = OpKind::ALL;
         assert_eq!(kinds.len() + 1, OP_NAMES.len());
+        assert!(kinds.iter().enumerate().all(|(i, k)| *k as usize == i));
         let names: std::collections::HashSet<_> = kinds.iter().map(|k| k.name()).collect();
         assert_eq!(names.len(), kinds.len());
-        assert_eq!(AllToAll.name(), "all_to_all");
-        assert_eq!(Recv.name(), "recv");
+        assert_eq!(OpKind::AllToAll.name(), "all_to_all");
+        assert_eq!(OpKind::Recv.name(), "recv");
         assert_eq!(OP_NAMES[OP_NAMES.len() - 1], "group");
     }
 

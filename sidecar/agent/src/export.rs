@@ -13,7 +13,7 @@
 //! minimum, mean and maximum, errors). Operations the rank only counted
 //! (above 20,000 a second per communicator it records a sample, besides
 //! every failure and every call of 200 us or more: `ring::slots`; above
-//! 200,000 a second libcomm times one call in 32 and counts the rest) are
+//! 40,000 a second libcomm times one call in 32 or 256 and counts the rest) are
 //! folded into the same aggregates ([`Policy::fold`]). So every operation
 //! lands in exactly one exported span: the sum of `weft.count` over the
 //! spans is the number of operations completed, and metrics (read from
@@ -91,7 +91,7 @@ pub struct Aggregate {
     pub total_ns: u64,
     /// Operations whose time `total_ns` holds: records with a duration,
     /// and counted-only operations of a pass that timed some (libcomm
-    /// times one in 32 in tight loops), at those ones' mean.
+    /// times one in 32 or 256 in tight loops), at those ones' mean.
     pub timed: u64,
     pub first_start_ns: u64,
     pub last_end_ns: u64,

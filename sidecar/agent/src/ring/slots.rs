@@ -27,12 +27,12 @@
 //!
 //! Words 4-7 and 16.. are the agent's, for timed operations (all of them
 //! at low rates); words 96.. are libcomm's, for the others (at high rates
-//! libcomm times one in 32: `libcomm::observe` `sample.rs`). [`read`] and
+//! libcomm times one in 32 or 256: `libcomm::observe` `sample.rs`). [`read`] and
 //! [`counts`] merge the two: the sequence numbers are one series, so the
 //! later of the two "last started" is the last started. The counters
 //! are exact: every completed operation of the communicator rank adds to
 //! one of them, whether or not it also went into the ring as a record. Busy time covers the timed operations only (at high
-//! rates libcomm times one in 32: `libcomm::observe` `sample.rs`), so a
+//! rates libcomm times one in 32 or 256: `libcomm::observe` `sample.rs`), so a
 //! mean is busy over timed. At high rates only some operations become records
 //! (`record_due`), and the reader learns about the others from the
 //! counters alone: one cache line written per operation, in memory the
