@@ -5,21 +5,22 @@
 //! rather than lost, and a code read from another process that is out of
 //! range decodes to it too.
 
-/// Operations (`libcomm::observe::OP_NAMES`: `OpKind::name`, plus `group`).
-pub const OPS: &[&str] = &[
-    "other",
-    "all_reduce",
-    "broadcast",
-    "reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "gather",
-    "scatter",
-    "send",
-    "recv",
-    "group",
-];
+/// Operations: "other", then libcomm's names in their order
+/// (`libcomm::observe::OP_NAMES`: `OpKind::name`, then `group`), so an
+/// operation's code is its name's index plus one and the two lists cannot
+/// drift apart.
+pub const OPS: &[&str] = &OPS_TABLE;
+
+const OP_COUNT: usize = libcomm::observe::OP_NAMES.len();
+const OPS_TABLE: [&str; OP_COUNT + 1] = {
+    let mut out = ["other"; OP_COUNT + 1];
+    let mut i = 0;
+    while i < OP_COUNT {
+        out[i + 1] = libcomm::observe::OP_NAMES[i];
+        i += 1;
+    }
+    out
+};
 
 /// Data types (`libcomm::DataType::name`); "" is a group of mixed types.
 pub const DTYPES: &[&str] = &[
@@ -65,6 +66,12 @@ fn name(table: &'static [&'static str], code: u8) -> &'static str {
     table.get(code as usize).copied().unwrap_or(table[0])
 }
 
+/// The code of `libcomm::observe::OP_NAMES[index]` (what libcomm's
+/// `OpName` holds), without a lookup: [`OPS`] is that list behind "other".
+pub const fn op_code_at(index: usize) -> u8 {
+    (index + 1) as u8
+}
+
 pub fn op_code(n: &str) -> u8 {
     code(OPS, n)
 }
@@ -98,9 +105,10 @@ mod tests {
             assert_eq!(dtype_name(c), t.name());
         }
         // Every name libcomm reports an operation by (OpKind's and group).
-        for n in libcomm::observe::OP_NAMES {
+        for (i, n) in libcomm::observe::OP_NAMES.into_iter().enumerate() {
             assert_ne!(op_code(n), 0, "{n}");
             assert_eq!(op_name(op_code(n)), n);
+            assert_eq!(op_code_at(i), op_code(n), "{n}");
         }
         for a in weft_contract::params::CUDA_ALGOS {
             assert_ne!(algo_code(a), 0, "{a}");

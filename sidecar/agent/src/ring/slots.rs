@@ -47,7 +47,7 @@ use super::codes;
 use super::layout::SLOT_WORDS;
 use super::record::{CommKey, KEY_WORDS};
 use super::segment::Segment;
-use libcomm::observe::{OP_NAMES, OpName, UntimedWords};
+use libcomm::observe::{OpName, UntimedWords};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -105,13 +105,6 @@ pub fn untimed(seg: &Segment, index: u16) -> &UntimedWords {
     // SAFETY: UntimedWords is repr(C), of UntimedWords::WORDS AtomicU64s
     // (libcomm asserts its size and alignment): the same layout as `w`.
     unsafe { &*(w as *const [AtomicU64; UntimedWords::WORDS]).cast::<UntimedWords>() }
-}
-
-/// The ring's code of each libcomm operation name (by its index).
-fn name_codes() -> &'static [u8; OpName::COUNT] {
-    static CODES: std::sync::LazyLock<[u8; OpName::COUNT]> =
-        std::sync::LazyLock::new(|| std::array::from_fn(|i| codes::op_code(OP_NAMES[i])));
-    &CODES
 }
 
 /// The rank's side: which slots are free (process-local; the table itself
@@ -310,8 +303,8 @@ pub fn counts(seg: &Segment, index: u16) -> Option<[OpCount; codes::OPS.len()]> 
     }
     // libcomm's untimed operations: counted, never timed.
     let u = untimed(seg, index);
-    for (name, &code) in name_codes().iter().enumerate() {
-        let c = &mut out[code as usize];
+    for name in 0..OpName::COUNT {
+        let c = &mut out[codes::op_code_at(name) as usize];
         c.ops = c.ops.wrapping_add(u.counts[name][0].load(Relaxed));
         c.bytes = c.bytes.wrapping_add(u.counts[name][1].load(Relaxed));
     }
@@ -404,8 +397,9 @@ pub fn read(seg: &Segment, index: u16) -> Option<SlotView> {
 /// last (one series of sequence numbers): an untimed start's time is
 /// unknown (0), an untimed completion succeeded.
 fn merge_untimed(v: &mut SlotView, u: &UntimedWords) {
-    let code =
-        |w: &AtomicU64| OpName::from_index(w.load(Relaxed)).map_or(0, |n| name_codes()[n.index()]);
+    let code = |w: &AtomicU64| {
+        OpName::from_index(w.load(Relaxed)).map_or(0, |n| codes::op_code_at(n.index()))
+    };
     let completed = u.completed.load(Acquire);
     if completed > v.completed_seq {
         v.completed_seq = completed;
