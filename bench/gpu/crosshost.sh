@@ -19,7 +19,11 @@
 #   engine  Weft 2 x 2 with WEFT_CROSSHOST_MIN_BYTES (XH_ENGINE_MIN, default 1048576): the
 #           progress thread's host part on the cross-host engine (XH_ENGINE_COLLS: which)
 #   table   busbw side by side from $OUT/crosshost.txt
+# XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
+# local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1), else
+# every rank on GPU 0.
 # Layout next to this script as run.sh's (weft/libnccl.so.2, nccl-tests/).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 D=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 phases="${*:-info build rtest check perf nccl table}"
@@ -32,15 +36,18 @@ TM=/tmp/nccl-tests/build-mpi
 COLLS=${XH_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
 SIZES=${XH_SIZES:--b 1M -e 256M -f 4}
 CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
-# mpirun of 4 ranks on GPU 0; PER ranks per simulated host; WHO=ours|nccl.
+NP=${XH_NP:-4}
+DEVX="-x NCCL_TESTS_DEVICE"; [ "${XH_DEV:-0}" = local ] && DEVX=
+HALF=$((NP / 2))   # ranks per host of the two-host runs (check, engine)
+# mpirun of NP ranks (on GPU 0 or one each); PER ranks per simulated host; WHO=ours|nccl.
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
   local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG; do
     [ -n "${!v:-}" ] && xs="$xs -x $v"; done
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
-    mpirun --allow-run-as-root --oversubscribe -np 4 --bind-to none \
-      -x LD_LIBRARY_PATH -x NCCL_TESTS_DEVICE -x XH_PER -x XH_WHO $xs \
+    mpirun --allow-run-as-root --oversubscribe -np $NP --bind-to none \
+      -x LD_LIBRARY_PATH $DEVX -x XH_PER -x XH_WHO -x NCCL_NVLS_ENABLE $xs \
       bash -c 'h=sim-$((OMPI_COMM_WORLD_RANK / XH_PER))
         if [ "$XH_WHO" = nccl ]; then
           export NCCL_HOSTID=$h NCCL_SOCKET_IFNAME=lo
@@ -60,34 +67,36 @@ rtest)
   LD_LIBRARY_PATH=$WEFT:$NVRTC timeout 600 $D/weft/crosshost-test --ignored --nocapture --test-threads 1 2>&1 | grep -E "^test |@ (call_us|median|failed)|panicked|test result" ; echo "rc=$?" ;;
 check)
   for t in $COLLS; do
-    log check ours $t 2 hosts x 2 ranks, one GPU
-    TMO=300 xrun ours 2 $TM/${t}_perf -g 1 $SIZES -c 1 -n 2 -w 1 -d float 2>&1 | tee -a $OUT/crosshost-check.txt | CHK
+    log check ours $t 2 hosts x $HALF ranks
+    TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 -n 2 -w 1 -d float 2>&1 | tee -a $OUT/crosshost-check.txt | CHK
   done ;;
 perf)
   for per in ${XH_PERS:-2 1}; do for t in $COLLS; do
-    log perf ours $t $((4 / per)) hosts x $per
-    echo "### ours $t hosts=$((4 / per))x$per" >> $OUT/crosshost.txt
+    log perf ours $t $((NP / per)) hosts x $per
+    echo "### ours $t hosts=$((NP / per))x$per" >> $OUT/crosshost.txt
     TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 engine)
   # As perf, 2 hosts x 2 ranks, with the host part on the cross-host engine
   # (WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576}, WEFT_NET_SOCKETS default).
   for t in ${XH_ENGINE_COLLS:-all_reduce all_gather reduce_scatter alltoall}; do
-    log perf ours-engine $t 2 hosts x 2
-    echo "### engine $t hosts=2x2" >> $OUT/crosshost.txt
-    WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours 2 $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    log perf ours-engine $t 2 hosts x $HALF
+    echo "### engine $t hosts=2x$HALF" >> $OUT/crosshost.txt
+    WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done ;;
 nccl)
-  log nccl 2 hosts x 2 ranks on one GPU "(expected: refused, duplicate GPU)"
-  echo "### nccl all_reduce hosts=2x2" >> $OUT/crosshost.txt
-  TMO=120 xrun nccl 2 $TM/all_reduce_perf -g 1 -b 1M -e 1M -c 1 -n 1 -w 1 2>&1 | tee -a $OUT/crosshost.txt | grep -iE "duplicate|invalid|error|rc=" | head -5
+  if [ "${XH_DEV:-0}" != local ]; then
+    log nccl 2 hosts x 2 ranks on one GPU "(expected: refused, duplicate GPU)"
+    echo "### nccl all_reduce hosts=2x2" >> $OUT/crosshost.txt
+    TMO=120 xrun nccl 2 $TM/all_reduce_perf -g 1 -b 1M -e 1M -c 1 -n 1 -w 1 2>&1 | tee -a $OUT/crosshost.txt | grep -iE "duplicate|invalid|error|rc=" | head -5
+  fi
   for t in $COLLS; do
-    log perf nccl $t 4 hosts x 1, socket transport
-    echo "### nccl $t hosts=4x1" >> $OUT/crosshost.txt
+    log perf nccl $t $NP hosts x 1, socket transport
+    echo "### nccl $t hosts=${NP}x1" >> $OUT/crosshost.txt
     TMO=300 xrun nccl 1 $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done ;;
 table)
   # busbw (out of place) per size: one column per "### who coll hosts" run.
   awk '/^### /{k=$2" "$3" "$4; if (!(k in seen)) {seen[k]=1; keys[++nk]=k}} /^ +[0-9]+ /&&k!=""{b[k" "$1]=$8; sz[$1]=1}
-    END{for (i=1;i<=nk;i++) print keys[i]; for (s in sz) {line=s; for (i=1;i<=nk;i++) line=line"\t"(b[keys[i]" "s]==""?"-":b[keys[i]" "s]); print line}}' $OUT/crosshost.txt | sort -n ;;
+    END{h="#size"; for (i=1;i<=nk;i++) h=h"\t"keys[i]; gsub(/ /,":",h); print h; for (s in sz) {line=s; for (i=1;i<=nk;i++) line=line"\t"(b[keys[i]" "s]==""?"-":b[keys[i]" "s]); print line}}' $OUT/crosshost.txt | sort -n ;;
 esac; done

@@ -33,6 +33,26 @@ def model(layers: int, d: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.TransformerEncoder(layer, layers), torch.nn.Linear(d, d))
 
 
+def simulate_hosts(hosts: int) -> None:
+    """Gives this rank the host identity of its block of ranks, before the
+    library reads it at init: ranks of different identities never map each
+    other's memory, so the job takes the cross-host path as between nodes."""
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    if world % hosts:
+        raise SystemExit(f"--hosts {hosts} does not divide {world} ranks")
+    per = world // hosts
+    name = f"sim-{rank // per}"
+    os.environ["WEFT_HOSTNAME"] = name
+    os.environ["NCCL_HOSTID"] = name
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if per == 1:
+        # One rank per host: NCCL's socket transport, as between machines.
+        os.environ.setdefault("NCCL_NET", "Socket")
+        os.environ.setdefault("NCCL_P2P_DISABLE", "1")
+        os.environ.setdefault("NCCL_SHM_DISABLE", "1")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=32)
@@ -41,7 +61,16 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="split the ranks into this many simulated hosts (issue 32): WEFT_HOSTNAME for Weft, "
+        "NCCL_HOSTID for NCCL (its socket transport when a host has one rank)",
+    )
     args = ap.parse_args()
+    if args.hosts > 1:
+        simulate_hosts(args.hosts)
 
     device = pick_device("nccl")
     torch.cuda.set_device(device)
@@ -77,7 +106,7 @@ def main() -> None:
         q = statistics.quantiles(ts, n=10)
         print(
             f"DDP lib={os.path.basename(os.path.dirname(lib))}/{os.path.basename(lib)} "
-            f"world={dist.get_world_size()} params={params / 1e6:.1f}M "
+            f"world={dist.get_world_size()} hosts={args.hosts} params={params / 1e6:.1f}M "
             f"step_ms median={statistics.median(ts):.2f} p10={q[0]:.2f} p90={q[-1]:.2f} ({len(ts)} steps)",
             flush=True,
         )

@@ -58,8 +58,8 @@ params! {
         "network interface named by the job (`spec.network.interface`); set by the operator, not read yet (bind with `WEFT_LISTEN_ADDR`)";
     WEFT_NET_SOCKETS: usize = Int, Value("4"), Comm, [Libcomm],
         "TCP sockets each connection of the cross-host byte mover stripes a message over (1-64; NCCL's `NCCL_NSOCKS_PERTHREAD` x `NCCL_SOCKET_NTHREADS`), one helper thread each";
-    WEFT_CROSSHOST_MIN_BYTES: usize = Bytes, Unset(""), Comm, [Libcomm],
-        "host-memory all-reduce, all-gather, reduce-scatter and all-to-all of at least this many bytes on a communicator whose ranks span hosts run on the cross-host engine: a host-local level and pipelined chunks over `WEFT_NET_SOCKETS` sockets per peer between hosts (device collectives too: the host part their progress thread runs; built at the first device operation); set it the same on every rank; unset: the flat host algorithms";
+    WEFT_CROSSHOST_MIN_BYTES: usize = Bytes, Computed("4 MiB for device collectives, never for host memory"), Comm, [Libcomm],
+        "all-reduce, all-gather, reduce-scatter and all-to-all (of device memory: broadcast and reduce too) of at least this many bytes on a communicator whose ranks span hosts run on the cross-host engine: a host-local level and pipelined chunks over `WEFT_NET_SOCKETS` sockets per peer between hosts (for device collectives, the host part their progress thread runs; built at the first device operation); set it the same on every rank; unset: 4 MiB for device collectives, and host-memory ones stay on the flat host algorithms; a value above every collective's size keeps all on the flat path";
     WEFT_EAGER_MAX_BYTES: usize = Bytes, Value("1073741824"), Comm, [Libcomm],
         "bytes of host sends a communicator may hold after the calls returned, before their peers received them (eager point-to-point); a send past it blocks until its peer has it";
     WEFT_SPIN_ITERS: u32 = Int, Computed("4000; 0 when ranks outnumber cores"), Comm, [Libcomm],

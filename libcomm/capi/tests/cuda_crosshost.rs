@@ -191,8 +191,8 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
     assert!(checked >= NRANKS * 7 * 4, "{checked} checks reported");
 }
 
-/// With `WEFT_CROSSHOST_MIN_BYTES`, the host part of the larger device
-/// collectives runs on the cross-host engine (built on the caller's thread
+/// With `WEFT_CROSSHOST_MIN_BYTES=4096` (unset: from 4 MiB), the host part
+/// of the device collectives runs on the cross-host engine (built on the caller's thread
 /// at the first device operation, run by the progress thread): still every
 /// result against the reference, and every rank says the engine is on.
 #[test]

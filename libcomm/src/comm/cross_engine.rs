@@ -8,13 +8,17 @@
 //! the engine while it holds a device job, so the caller's thread builds
 //! it when the communicator's first device operation sets its cross-host
 //! path up, and the progress thread only runs collectives on an engine
-//! built already. On the 2-core development VM the engine was no faster
-//! than the flat path (docs/PERFORMANCE.md, "Cross-host byte mover"),
-//! hence opt-in.
+//! built already.
 //!
-//! Opt-in: `WEFT_CROSSHOST_MIN_BYTES` (every rank the same, like
-//! `WEFT_ALGO`) is the smallest all-reduce, all-gather, reduce-scatter or
-//! all-to-all that takes the engine; unset, nothing here runs. The engine
+//! `WEFT_CROSSHOST_MIN_BYTES` (every rank the same, like `WEFT_ALGO`) is
+//! the smallest all-reduce, all-gather, reduce-scatter or all-to-all that
+//! takes the engine. Unset: [`DEVICE_MIN_BYTES`] for device collectives
+//! (on 2 GPUs as two hosts the engine moved up to 3.4x the flat path's bus
+//! bandwidth from 4 MiB and lost below: docs/PERFORMANCE-GPU.md "Across
+//! hosts"), and
+//! never for host memory (on the 2-core development VM the engine was no
+//! faster than the flat path there: docs/PERFORMANCE.md, "Cross-host byte
+//! mover"). A value above every collective's size keeps all flat. The engine
 //! is built at the first host operation that qualifies or the first device
 //! operation, on every rank at the same point of the call order (its
 //! handle exchange and the host split are collectives of the
@@ -44,16 +48,24 @@ use std::time::{Duration, Instant};
 /// How long building the engine may take (connecting to every remote rank).
 const CONNECT_BOUND: Duration = Duration::from_secs(60);
 
+/// The smallest device collective on the engine when
+/// `WEFT_CROSSHOST_MIN_BYTES` is unset (see the module docs).
+pub const DEVICE_MIN_BYTES: usize = 4 << 20;
+
 /// The engine's collective for `op`, when it takes it. Broadcast and
-/// reduce stay on the flat path: their non-root ranks may pass no buffer
-/// (NCCL allows it), and every rank must decide alike from what all of
-/// them pass (kind and size).
-fn coll(op: &Op) -> Option<Coll> {
+/// reduce of host memory stay on the flat path: their non-root ranks may
+/// pass no buffer (NCCL allows it), and every rank must decide alike from
+/// what all of them pass (kind and size). A device collective's host part
+/// always has its buffers (the pinned copies), and the engine's plans
+/// never touch a non-root's unused one.
+fn coll(op: &Op, device: bool) -> Option<Coll> {
     Some(match op.kind {
         OpKind::AllReduce => Coll::AllReduce,
         OpKind::AllGather => Coll::AllGather,
         OpKind::ReduceScatter => Coll::ReduceScatter,
         OpKind::AllToAll => Coll::AllToAll,
+        OpKind::Broadcast if device => Coll::Broadcast { root: op.root },
+        OpKind::Reduce if device => Coll::Reduce { root: op.root },
         _ => return None,
     })
 }
@@ -70,16 +82,26 @@ impl Communicator {
     /// Called before the operation is reported, so the collectives that
     /// build the engine are reported as calls of their own before it.
     pub(crate) fn takes_cross_engine(&self, op: &Op) -> bool {
-        self.qualifies_for_cross_engine(op) && self.prepare_cross_engine()
+        self.qualifies_for_cross_engine(op, false) && self.prepare_cross_engine(false)
+    }
+
+    /// The smallest collective on the engine, for device collectives (the
+    /// host part of which the progress thread runs) or host ones; None:
+    /// none.
+    fn cross_engine_min(&self, device: bool) -> Option<usize> {
+        self.s
+            .cfg
+            .cross_engine_min_bytes
+            .or(device.then_some(DEVICE_MIN_BYTES))
     }
 
     /// Whether `op` is one the engine runs once built (configured, its
     /// kind, its size).
-    fn qualifies_for_cross_engine(&self, op: &Op) -> bool {
-        let Some(min) = self.s.cfg.cross_engine_min_bytes else {
+    fn qualifies_for_cross_engine(&self, op: &Op, device: bool) -> bool {
+        let Some(min) = self.cross_engine_min(device) else {
             return false;
         };
-        coll(op).is_some() && !op.is_empty() && op.bytes() >= min
+        coll(op, device).is_some() && !op.is_empty() && op.bytes() >= min
     }
 
     /// Whether `op` runs on an engine built already; never builds one. For
@@ -89,23 +111,23 @@ impl Communicator {
     /// [`prepare_cross_engine`](Self::prepare_cross_engine), when the
     /// communicator's first device operation set its cross-host path up).
     pub(crate) fn cross_engine_ready_for(&self, op: &Op) -> bool {
-        self.qualifies_for_cross_engine(op)
+        self.qualifies_for_cross_engine(op, true)
             && !self.s.cross.building.load(Ordering::Acquire)
             && matches!(*lock(&self.s.cross.state), State::On(_))
     }
 
-    /// Builds the engine if it is configured and was not tried yet (every
-    /// rank at the same point of its calls); whether it is on.
-    pub(crate) fn prepare_cross_engine(&self) -> bool {
-        if self.s.cfg.cross_engine_min_bytes.is_none()
-            || self.s.cross.building.load(Ordering::Acquire)
+    /// Builds the engine if it is configured (for device collectives when
+    /// `device`) and was not tried yet (every rank at the same point of its
+    /// calls); whether it is on.
+    pub(crate) fn prepare_cross_engine(&self, device: bool) -> bool {
+        if self.cross_engine_min(device).is_none() || self.s.cross.building.load(Ordering::Acquire)
         {
             return false;
         }
         let mut state = lock(&self.s.cross.state);
         if matches!(*state, State::Untried) {
             self.s.cross.building.store(true, Ordering::Release);
-            let built = self.build_cross_engine();
+            let built = self.build_cross_engine(device);
             self.s.cross.building.store(false, Ordering::Release);
             *state = match built {
                 Ok(Some((x, local))) => {
@@ -132,16 +154,16 @@ impl Communicator {
     /// Runs `op` on the engine ([`takes_cross_engine`](Self::takes_cross_engine)
     /// or [`cross_engine_ready_for`](Self::cross_engine_ready_for) said
     /// so), reported as one `crosshost` call.
-    pub(crate) fn run_on_cross_engine(&self, op: &Op) -> Result<()> {
+    pub(crate) fn run_on_cross_engine(&self, op: &Op, device: bool) -> Result<()> {
         let obs = observe::start(&self.s.who(), std::slice::from_ref(op), false, "crosshost");
-        let r = self.run_on_engine(op);
+        let r = self.run_on_engine(op, device);
         observe::finish(obs, &r);
         r
     }
 
-    fn run_on_engine(&self, op: &Op) -> Result<()> {
+    fn run_on_engine(&self, op: &Op, device: bool) -> Result<()> {
         let mut state = lock(&self.s.cross.state);
-        let (State::On(x), Some(coll)) = (&mut *state, coll(op)) else {
+        let (State::On(x), Some(coll)) = (&mut *state, coll(op, device)) else {
             return Err(Error::Internal(
                 "the cross-host engine is gone (destroyed meanwhile?)".into(),
             ));
@@ -164,11 +186,18 @@ impl Communicator {
     /// every rank), so none runs a collective on the engine that another
     /// runs flat. With the engine, the host-local communicator's lever (to
     /// abort it).
-    fn build_cross_engine(&self) -> Result<Option<(CrossHost, Weak<dyn Lever>)>> {
-        // What can fail here alone comes first and is agreed on; then the
-        // layout by host identity. The byte mover authenticates with the
-        // communicator's own secret (the unique id it was created from: a
-        // program that passes ids itself has none in its environment).
+    fn build_cross_engine(&self, device: bool) -> Result<Option<(CrossHost, Weak<dyn Lever>)>> {
+        // The host identities the bootstrap exchanged (the same the device
+        // path decides "spans hosts" from, and the same on every rank): on
+        // one host every rank stops here alike, before any collective.
+        let layout = Layout::from_host_ids(&self.s.host_ids());
+        if layout.nhosts() < 2 {
+            return Ok(None);
+        }
+        // What can fail here alone comes first and is agreed on. The byte
+        // mover authenticates with the communicator's own secret (the
+        // unique id it was created from: a program that passes ids itself
+        // has none in its environment).
         let net = self
             .s
             .built
@@ -182,12 +211,6 @@ impl Communicator {
             });
         if !all_agree(self, net.is_ok())? {
             return net.and(Ok(None));
-        }
-        // The host identities the bootstrap exchanged: the same the device
-        // path decides "spans hosts" from.
-        let layout = Layout::from_host_ids(&self.s.host_ids());
-        if layout.nhosts() < 2 {
-            return Ok(None);
         }
         let net = net?;
         let me = self.rank();
@@ -227,10 +250,11 @@ impl Communicator {
             return built.and(Ok(None));
         }
         crate::log::info_log!(
-            "comm {} rank {}: collectives of {} bytes and more run on the cross-host engine ({})",
+            "comm {} rank {}: {} collectives of {} bytes and more run on the cross-host engine ({})",
             self.s.label,
             self.s.rank,
-            self.s.cfg.cross_engine_min_bytes.unwrap_or(0),
+            if device { "device" } else { "host" },
+            self.cross_engine_min(device).unwrap_or(0),
             layout.describe()
         );
         built.map(Some)

@@ -126,7 +126,7 @@ impl Comms for Lent<'_> {
         // communicator, while it holds a device job): built here, on the
         // caller's thread, at the same call on every rank (the first device
         // operation), when configured.
-        comm.prepare_cross_engine();
+        comm.prepare_cross_engine(true);
         Arc::new(SharedRunner(Arc::downgrade(&comm.s)))
     }
 
@@ -165,7 +165,7 @@ impl HostRunner for SharedRunner {
             .and_then(|()| match ops {
                 // A large collective on the cross-host engine, when it was
                 // built (`host_runner`).
-                [op] if comm.cross_engine_ready_for(op) => comm.run_on_cross_engine(op),
+                [op] if comm.cross_engine_ready_for(op) => comm.run_on_cross_engine(op, true),
                 // SAFETY: the caller's (HostRunner::run's contract).
                 _ => unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) },
             });

@@ -32,7 +32,7 @@ impl Communicator {
         }
         drain_device_work(self);
         if self.takes_cross_engine(&op) {
-            return self.run_on_cross_engine(&op);
+            return self.run_on_cross_engine(&op, false);
         }
         // Under the resources' lock: a thread that saw the state turn Ready
         // waits here until init has installed them, so every rank decides

@@ -284,7 +284,9 @@ struct Running {
 }
 
 impl Running {
-    fn new(call: Call) -> Running {
+    /// `spare`: staging of earlier calls, reused (a fresh buffer of a large
+    /// call's window is mapped and page-faulted in on every call).
+    fn new(call: Call, spare: &mut Vec<Vec<u8>>) -> Running {
         let mut lanes: Vec<Lane> = Vec::new();
         let mut pubs: HashMap<usize, VecDeque<(u64, usize)>> = HashMap::new();
         for (i, s) in call.steps.iter().enumerate() {
@@ -320,7 +322,11 @@ impl Running {
         let window = call.window.max(1);
         for l in &mut lanes {
             if l.slot_len > 0 {
-                l.staging = vec![0u8; l.slot_len * window];
+                let len = l.slot_len * window;
+                l.staging = match spare.iter().position(|b| b.len() >= len) {
+                    Some(i) => spare.swap_remove(i),
+                    None => vec![0u8; len],
+                };
                 l.free = (0..window).rev().collect();
             }
         }
@@ -340,6 +346,8 @@ struct Runner {
     links: Links,
     sh: Arc<Shared>,
     running: Option<Running>,
+    /// Staging buffers of finished calls (see [`Running::new`]).
+    spare: Vec<Vec<u8>>,
     last_progress: Instant,
     last_notice_poll: Instant,
     /// Whom each rank said it waits for (their waits timed out).
@@ -352,6 +360,7 @@ impl Runner {
             links,
             sh,
             running: None,
+            spare: Vec::new(),
             last_progress: Instant::now(),
             last_notice_poll: Instant::now(),
             waits: BTreeMap::new(),
@@ -397,7 +406,7 @@ impl Runner {
                     .pop_front();
                 match next {
                     Some(c) => {
-                        self.running = Some(Running::new(c));
+                        self.running = Some(Running::new(c, &mut self.spare));
                         self.last_progress = Instant::now();
                     }
                     None => {
@@ -655,12 +664,24 @@ impl Runner {
                 let (dt, op) = run.call.reduce.expect("checked at submit");
                 let lane = &mut run.lanes[li];
                 let dst = (run.call.bufs[s.buf].ptr + s.off) as *mut u8;
+                let with = match s.with {
+                    Some((b, off)) => (run.call.bufs[b].ptr + off) as *const u8,
+                    None => dst,
+                };
                 let src = lane.staging[slot * lane.slot_len..].as_ptr();
-                // SAFETY: the chunk lies in its buffer (checked at submit), the
-                // staging slot holds `n == s.len` bytes, and no other step of
-                // the call touches this chunk while this one is in flight.
+                // SAFETY: the chunk and its operand lie in their buffers
+                // (checked at submit), the staging slot holds `n == s.len`
+                // bytes, and no other step of the call writes this chunk
+                // while this one is in flight.
                 unsafe {
-                    crate::data::reduce::combine(dt, op.combine(), dst, dst, src, s.len / dt.size())
+                    crate::data::reduce::combine(
+                        dt,
+                        op.combine(),
+                        dst,
+                        with,
+                        src,
+                        s.len / dt.size(),
+                    )
                 };
                 lane.free.push(slot);
             }
@@ -831,6 +852,15 @@ impl Runner {
             self.sh.flags.store(w, v);
             self.sh.flags.wake();
         }
+        // The largest few are kept (one per receiving lane of a call).
+        self.spare.extend(
+            run.lanes
+                .into_iter()
+                .map(|l| l.staging)
+                .filter(|s| !s.is_empty()),
+        );
+        self.spare.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        self.spare.truncate(4);
     }
 }
 

@@ -59,6 +59,7 @@ fn chain_call(chain: &[usize], me: usize, buf: &mut [u8], chunk: usize) -> Call 
         &NetColl::Broadcast {
             chain: chain.to_vec(),
             region,
+            input: None,
         },
         &cut,
     );

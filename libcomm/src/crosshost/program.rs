@@ -20,7 +20,7 @@ pub enum StepOp {
     /// Receive into the chunk.
     Recv,
     /// Receive into a staging slot, then combine into the chunk
-    /// (`chunk = chunk op received`).
+    /// (`chunk = with op received`, `with` the chunk itself by default).
     RecvReduce,
 }
 
@@ -34,6 +34,11 @@ pub struct Step {
     pub buf: usize,
     pub off: usize,
     pub len: usize,
+    /// A reducing receive's other operand when it is not the chunk itself:
+    /// (buffer, byte offset) of `len` bytes (an out-of-place ring reads
+    /// this rank's input there and writes the sum into the chunk, with no
+    /// copy of the input first).
+    pub with: Option<(usize, usize)>,
     /// An earlier step (index) that must be done first.
     pub after: Option<usize>,
     /// A flag word that must have reached a value first.
@@ -51,6 +56,7 @@ impl Step {
             buf,
             off,
             len,
+            with: None,
             after: None,
             ready: None,
             publish: None,
@@ -102,6 +108,20 @@ impl Call {
             if s.peer == me {
                 return Err(format!("step {i} sends to this rank itself"));
             }
+            if let Some((wb, wo)) = s.with {
+                let w = self.bufs.get(wb).ok_or_else(|| {
+                    format!("step {i} reduces with buffer {wb} of {}", self.bufs.len())
+                })?;
+                if s.op != StepOp::RecvReduce {
+                    return Err(format!("step {i} has an operand but does not reduce"));
+                }
+                if wo.checked_add(s.len).is_none_or(|e| e > w.len) {
+                    return Err(format!(
+                        "step {i}: its operand of {} bytes at {wo} lies outside its buffer of {}",
+                        s.len, w.len
+                    ));
+                }
+            }
             if s.op == StepOp::RecvReduce {
                 let (dt, _) = self
                     .reduce
@@ -112,5 +132,47 @@ impl Call {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(step: Step) -> Call {
+        Call {
+            steps: vec![step],
+            bufs: vec![
+                CallBuf {
+                    ptr: 0x1000,
+                    len: 64,
+                },
+                CallBuf {
+                    ptr: 0x2000,
+                    len: 32,
+                },
+            ],
+            reduce: Some((DataType::F32, ReduceOp::Sum)),
+            tag: 0,
+            window: 1,
+            done: None,
+        }
+    }
+
+    #[test]
+    fn a_reducing_receives_operand_must_lie_in_a_buffer_and_only_reductions_have_one() {
+        let mut s = Step::new(1, StepOp::RecvReduce, 0, 0, 32);
+        s.with = Some((1, 0));
+        assert_eq!(call(s.clone()).check(0), Ok(()));
+        s.with = Some((1, 4));
+        let e = call(s.clone()).check(0).unwrap_err();
+        assert!(e.contains("outside its buffer"), "{e}");
+        s.with = Some((2, 0));
+        let e = call(s.clone()).check(0).unwrap_err();
+        assert!(e.contains("buffer 2 of 2"), "{e}");
+        let mut r = Step::new(1, StepOp::Recv, 0, 0, 32);
+        r.with = Some((1, 0));
+        let e = call(r).check(0).unwrap_err();
+        assert!(e.contains("does not reduce"), "{e}");
     }
 }

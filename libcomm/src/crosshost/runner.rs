@@ -37,6 +37,10 @@ pub struct CrossHost {
     pub shape: Option<Shape>,
     /// Forces a chunk size in bytes (tests, measurements).
     pub chunk: Option<usize>,
+    /// The plans' scratch buffers, kept from call to call: a fresh buffer
+    /// of a large collective's size is mapped and page-faulted in on every
+    /// call (measured: a fifth of the time of a 256 MiB all-reduce).
+    scratch: Vec<Vec<u128>>,
 }
 
 /// Where a plan's buffers are.
@@ -103,6 +107,7 @@ impl CrossHost {
             calls: 0,
             shape: None,
             chunk: None,
+            scratch: Vec::new(),
         })
     }
 
@@ -234,13 +239,18 @@ impl CrossHost {
             return Err(e);
         }
         let es = dtype.size();
-        // 16-byte aligned scratch.
-        let mut scratch: Vec<Vec<u128>> = p
-            .scratch
-            .iter()
-            .map(|&n| vec![0u128; (n * es).div_ceil(16)])
-            .collect();
-        for (i, s) in scratch.iter_mut().enumerate() {
+        // 16-byte aligned scratch, reused (grown when too small).
+        let mut scratch = std::mem::take(&mut self.scratch);
+        if scratch.len() < p.scratch.len() {
+            scratch.resize_with(p.scratch.len(), Vec::new);
+        }
+        for (s, &n) in scratch.iter_mut().zip(&p.scratch) {
+            let words = (n * es).div_ceil(16);
+            if s.len() < words {
+                *s = vec![0u128; words];
+            }
+        }
+        for (i, s) in scratch.iter_mut().take(p.scratch.len()).enumerate() {
             list.push((
                 Buf::Scratch(i as u16),
                 s.as_mut_ptr() as usize,
@@ -289,7 +299,11 @@ impl CrossHost {
                         }
                     }
                     Phase::Copy { src, dst } => unsafe {
-                        std::ptr::copy(bufs.at(src), bufs.at(dst), src.count * es)
+                        let (s, d) = (bufs.at(src), bufs.at(dst));
+                        // In place (an all-gather's own block already there).
+                        if s != d {
+                            std::ptr::copy(s, d, src.count * es)
+                        }
                     },
                     Phase::Divide { region, by } => unsafe {
                         crate::data::reduce::divide(dtype, bufs.at(region), region.count, *by)
@@ -336,10 +350,10 @@ impl CrossHost {
                 }
             }
             self.engine.wait_ended();
-            drop(scratch);
+            self.scratch = scratch;
             return Err(self.engine.error().unwrap_or(e));
         }
-        drop(scratch);
+        self.scratch = scratch;
         Ok(())
     }
 

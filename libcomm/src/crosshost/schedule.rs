@@ -105,12 +105,37 @@ impl Builder<'_, '_> {
         }
     }
 
-    /// Ring reduce-scatter.
+    /// The chunk of `input` at `ch`'s place in `region` (the same elements
+    /// of this rank's contribution when it lies elsewhere).
+    fn input_chunk(region: &Region, input: &Region, ch: Chunk) -> Chunk {
+        Chunk {
+            region: input.at(ch.region.off - region.off, ch.region.count),
+            pos: ch.pos,
+        }
+    }
+
+    /// The chunk of `target` (a region the size of block `part`) at `ch`'s
+    /// place in that block of `region`.
+    fn block_chunk(region: &Region, part: Part, target: &Region, ch: Chunk) -> Chunk {
+        Chunk {
+            region: target.at(ch.region.off - region.off - part.off, ch.region.count),
+            pos: ch.pos,
+        }
+    }
+
+    /// Ring reduce-scatter. With `input` (out of place), the first step
+    /// sends from it and every reducing receive reads its own operand there
+    /// (each block is reduced once per rank in a ring reduce-scatter, the
+    /// first time this rank touches it), so `region` is written only. With
+    /// `output`, the own block's sums go there instead of into `region`.
+    #[allow(clippy::too_many_arguments)]
     fn ring_rs(
         &mut self,
         group: &[usize],
         i: usize,
         region: &Region,
+        input: Option<&Region>,
+        output: Option<&Region>,
         blocks: &[Part],
         land: bool,
     ) -> RingSteps {
@@ -123,11 +148,29 @@ impl Builder<'_, '_> {
             let mut sv = Vec::new();
             for (c, ch) in self.chunks(region, blocks, sb).into_iter().enumerate() {
                 let after = (s > 0).then(|| recvs[s - 1][c]);
-                sv.push(self.step(next, StepOp::Send, ch, after, s == 0));
+                let from = match input {
+                    Some(inp) if s == 0 => Self::input_chunk(region, inp, ch),
+                    _ => ch,
+                };
+                sv.push(self.step(next, StepOp::Send, from, after, s == 0));
             }
             let mut rv = Vec::new();
             for ch in self.chunks(region, blocks, rb) {
-                let k = self.step(prev, StepOp::RecvReduce, ch, None, true);
+                let own = (s == g - 2).then_some(output).flatten();
+                let dst = match own {
+                    Some(o) => Self::block_chunk(region, blocks[rb], o, ch),
+                    None => ch,
+                };
+                let k = self.step(prev, StepOp::RecvReduce, dst, None, true);
+                // The other operand: the input's, or the chunk's own old
+                // value (in place; also when the sums go to the output).
+                let with = match input {
+                    Some(inp) => Some(Self::input_chunk(region, inp, ch)),
+                    None => own.is_some().then_some(ch),
+                };
+                if let Some(w) = with {
+                    self.out.steps[k].with = Some((self.cut.locate)(&w.region));
+                }
                 if land && s == g - 2 {
                     self.lands(k);
                 }
@@ -141,7 +184,8 @@ impl Builder<'_, '_> {
 
     /// Ring all-gather; after a reduce-scatter (`rs`: its receives and
     /// sends) the own block's sends wait for its last reduction, and every
-    /// receive for the send of its block's partial sums.
+    /// receive for the send of its block's partial sums. `input`: where
+    /// the own block is sent from (its size), when not from `region`.
     fn ring_ag(
         &mut self,
         group: &[usize],
@@ -149,6 +193,7 @@ impl Builder<'_, '_> {
         region: &Region,
         blocks: &[Part],
         rs: Option<&RingSteps>,
+        input: Option<&Region>,
     ) {
         let g = group.len();
         let (next, prev) = (group[(i + 1) % g], group[(i + g - 1) % g]);
@@ -162,7 +207,11 @@ impl Builder<'_, '_> {
                     (0, None) => None,
                     _ => Some(last[c]),
                 };
-                self.step(next, StepOp::Send, ch, after, s == 0 && rs.is_none());
+                let from = match input {
+                    Some(inp) if s == 0 => Self::block_chunk(region, blocks[sb], inp, ch),
+                    _ => ch,
+                };
+                self.step(next, StepOp::Send, from, after, s == 0 && rs.is_none());
             }
             let mut got = Vec::new();
             for (c, ch) in self.chunks(region, blocks, rb).into_iter().enumerate() {
@@ -202,32 +251,51 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
     // alone (nothing to move).
     let ring_index = |group: &[usize]| (group.len() > 1).then(|| index(group));
     match coll {
-        NetColl::AllReduce { group, region } => {
+        NetColl::AllReduce {
+            group,
+            region,
+            input,
+        } => {
             if let Some(i) = ring_index(group) {
                 let blocks = super::plan::split(region.count, group.len());
-                let rs = b.ring_rs(group, i, region, &blocks, true);
-                b.ring_ag(group, i, region, &blocks, Some(&rs));
+                let rs = b.ring_rs(group, i, region, input.as_ref(), None, &blocks, true);
+                b.ring_ag(group, i, region, &blocks, Some(&rs), None);
             }
         }
         NetColl::ReduceScatter {
             group,
             region,
             blocks,
+            input,
+            output,
         } => {
             if let Some(i) = ring_index(group) {
-                b.ring_rs(group, i, region, blocks, true);
+                b.ring_rs(
+                    group,
+                    i,
+                    region,
+                    input.as_ref(),
+                    output.as_ref(),
+                    blocks,
+                    true,
+                );
             }
         }
         NetColl::AllGather {
             group,
             region,
             blocks,
+            input,
         } => {
             if let Some(i) = ring_index(group) {
-                b.ring_ag(group, i, region, blocks, None);
+                b.ring_ag(group, i, region, blocks, None, input.as_ref());
             }
         }
-        NetColl::Broadcast { chain, region } => {
+        NetColl::Broadcast {
+            chain,
+            region,
+            input,
+        } => {
             let p = index(chain);
             for ch in b.chunks(region, &whole(region), 0) {
                 let got = (p > 0).then(|| {
@@ -236,22 +304,38 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
                     k
                 });
                 if p + 1 < chain.len() {
-                    b.step(chain[p + 1], StepOp::Send, ch, got, p == 0);
+                    let from = match input {
+                        Some(inp) if p == 0 => Builder::input_chunk(region, inp, ch),
+                        _ => ch,
+                    };
+                    b.step(chain[p + 1], StepOp::Send, from, got, p == 0);
                 }
             }
         }
-        NetColl::Reduce { chain, region } => {
+        NetColl::Reduce {
+            chain,
+            region,
+            input,
+        } => {
             let p = index(chain);
             for ch in b.chunks(region, &whole(region), 0) {
                 let got = (p > 0).then(|| {
                     let k = b.step(chain[p - 1], StepOp::RecvReduce, ch, None, true);
+                    if let Some(inp) = input {
+                        let w = Builder::input_chunk(region, inp, ch);
+                        b.out.steps[k].with = Some((b.cut.locate)(&w.region));
+                    }
                     if p + 1 == chain.len() {
                         b.lands(k);
                     }
                     k
                 });
                 if p + 1 < chain.len() {
-                    b.step(chain[p + 1], StepOp::Send, ch, got, p == 0);
+                    let from = match input {
+                        Some(inp) if p == 0 => Builder::input_chunk(region, inp, ch),
+                        _ => ch,
+                    };
+                    b.step(chain[p + 1], StepOp::Send, from, got, p == 0);
                 }
             }
         }

@@ -172,15 +172,22 @@ fn three_hosts_of_one_two_and_three_ranks() {
 fn hosts_with_different_numbers_of_ranks_and_interleaved_ranks() {
     matrix(vec![vec![0, 1], vec![2]]);
     matrix(vec![vec![0, 3, 4], vec![1], vec![2, 5]]);
+    // One rank per host, hosts not in rank order: the ring's blocks are
+    // its members' (the plans for one rank per host work on the caller's
+    // buffers in rank order).
+    matrix(vec![vec![2], vec![0], vec![1]]);
 }
 
 #[test]
 fn in_place_operations_match() {
-    let mut ranks = world(
-        vec![vec![0, 2], vec![1, 3]],
-        1,
-        Some(Duration::from_secs(30)),
-    );
+    // Two ranks per host, and one per host with hosts out of rank order
+    // (the ring then runs on the caller's buffer itself).
+    in_place_on(vec![vec![0, 2], vec![1, 3]]);
+    in_place_on(vec![vec![3], vec![1], vec![0], vec![2]]);
+}
+
+fn in_place_on(hosts: Vec<Vec<usize>>) {
+    let mut ranks = world(hosts, 1, Some(Duration::from_secs(30)));
     let n = 4;
     let (dt, count) = (DataType::I32, 37usize);
     for (seed, coll) in [

@@ -56,7 +56,11 @@ fn main() {
         "commabort" => mode_abort(),
         "hostile" => mode_hostile(),
         "bw" => mode_bw(),
-        "arbw" => mode_arbw(),
+        "arbw" => mode_collbw(Coll::AllReduce),
+        "agbw" => mode_collbw(Coll::AllGather),
+        "rsbw" => mode_collbw(Coll::ReduceScatter),
+        "bcbw" => mode_collbw(Coll::Broadcast { root: 0 }),
+        "a2abw" => mode_collbw(Coll::AllToAll),
         "exec" => mode_exec(),
         other => fail(format!("unknown mode '{other}'")),
     }
@@ -481,27 +485,47 @@ fn mode_bw() {
     ok(world.destroy(), "destroy");
 }
 
-/// `arbw ITERS BYTES...`: the engine's all-reduce (f32 sum, the tuner's
-/// shape) of each size, ITERS calls timed after one warm-up, best of three;
-/// rank 0 prints `@ busbw_<bytes>=` (GB/s, nccl-tests' bus bandwidth).
-fn mode_arbw() {
+/// `arbw|agbw|rsbw|bcbw|a2abw ITERS BYTES...`: the engine's all-reduce,
+/// all-gather, reduce-scatter, broadcast (root 0) or all-to-all (f32, sum,
+/// the tuner's shape) of each size (nccl-tests' size: the larger buffer),
+/// ITERS calls timed after one warm-up, best of three; rank 0 prints
+/// `@ busbw_<bytes>=` (GB/s, nccl-tests' bus bandwidth).
+fn mode_collbw(coll: Coll) {
     let (iters, sizes) = iters_and_sizes();
     let world = ok(Communicator::from_env(), "init");
     let (mut x, _) = cross_host(&world);
     let n = x.layout().n();
     for &bytes in &sizes {
-        let send = vec![1.0f32; bytes / 4];
-        let mut recv = vec![0.0f32; bytes / 4];
-        ok(x.all_reduce(&send, &mut recv, ReduceOp::Sum), "warm-up");
+        // `bytes`: nccl-tests' size (the larger of input and output).
+        let (ns, nr) = coll.sizes(1, n);
+        let count = bytes / 4 / ns.max(nr);
+        let send = vec![1.0f32; count * ns];
+        let mut recv = vec![0.0f32; count * nr];
+        let mut once = |x: &mut CrossHost| unsafe {
+            x.collective(
+                coll,
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+            )
+        };
+        ok(once(&mut x), "warm-up");
         let best = best_of_three(&world, || {
             let t = Instant::now();
             for _ in 0..iters {
-                ok(x.all_reduce(&send, &mut recv, ReduceOp::Sum), "all_reduce");
+                ok(once(&mut x), coll.name());
             }
             t.elapsed().as_secs_f64() / iters as f64
         });
         if world.rank() == 0 {
-            let factor = 2.0 * (n - 1) as f64 / n as f64;
+            // nccl-tests' bus bandwidth factors.
+            let factor = match coll {
+                Coll::AllReduce => 2.0 * (n - 1) as f64 / n as f64,
+                Coll::Broadcast { .. } | Coll::Reduce { .. } => 1.0,
+                _ => (n - 1) as f64 / n as f64,
+            };
             println!("@ busbw_{bytes}={:.3}", bytes as f64 * factor / best / 1e9);
         }
     }

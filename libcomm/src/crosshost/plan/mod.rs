@@ -25,6 +25,7 @@
 //! - **Direct** (all-to-all, send/recv): every pair of ranks on different
 //!   hosts exchanges its data itself; pairs on one host locally.
 
+mod alone;
 use super::layout::Layout;
 
 /// A buffer a plan names: the operation's send and receive buffers (index 0
@@ -152,27 +153,51 @@ pub enum LocalStep {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NetColl {
     /// Ring reduce-scatter then all-gather of `region` (split evenly) over
-    /// `group`, in ring order.
-    AllReduce { group: Vec<usize>, region: Region },
-    /// Ring reduce-scatter in place: the rank at index i of `group` ends
-    /// with `region.part(blocks[i])` reduced over the group.
+    /// `group`, in ring order. `input`: where this rank's contribution is
+    /// when it is not already in `region` (out of place: read there, never
+    /// written; `region` is then output only).
+    AllReduce {
+        group: Vec<usize>,
+        region: Region,
+        input: Option<Region>,
+    },
+    /// Ring reduce-scatter: the rank at index i of `group` ends with
+    /// `region.part(blocks[i])` reduced over the group. In place, or from
+    /// `input` (as for `AllReduce`; `region` is then the working buffer);
+    /// `output`: where the own block's sums go instead (its size).
     ReduceScatter {
         group: Vec<usize>,
         region: Region,
         blocks: Vec<Part>,
+        input: Option<Region>,
+        output: Option<Region>,
     },
     /// Ring all-gather in place: `region.part(blocks[i])` of the rank at
-    /// index i reaches every rank of the group.
+    /// index i reaches every rank of the group. `input`: where the own
+    /// block is sent from instead (its size; the plan puts it into
+    /// `region` itself, meanwhile).
     AllGather {
         group: Vec<usize>,
         region: Region,
         blocks: Vec<Part>,
+        input: Option<Region>,
     },
     /// Pipelined chain from `chain[0]` through the others in order.
-    Broadcast { chain: Vec<usize>, region: Region },
+    /// `input`: where the first sends from instead of `region`.
+    Broadcast {
+        chain: Vec<usize>,
+        region: Region,
+        input: Option<Region>,
+    },
     /// Pipelined chain towards the last rank: each adds its `region` to what
     /// its predecessor sends and forwards the sum; the last holds the total.
-    Reduce { chain: Vec<usize>, region: Region },
+    /// `input`: this rank's contribution when it is not in `region` (which
+    /// is then written only, by the ranks after the first).
+    Reduce {
+        chain: Vec<usize>,
+        region: Region,
+        input: Option<Region>,
+    },
     /// Direct messages: each send to its rank, each receive from its rank.
     Exchange {
         sends: Vec<(usize, Region)>,
@@ -393,7 +418,13 @@ pub fn plan(
         hosts: layout.nhosts(),
         n: layout.n(),
     };
+    let one_per_host = layout.per_host() == Some(1);
     match (coll, shape) {
+        (Coll::AllReduce, _) if one_per_host => p.all_reduce_alone(&mut b, count, sc, in_place),
+        (Coll::AllGather, _) if one_per_host => p.all_gather_alone(&mut b, count),
+        (Coll::ReduceScatter, _) if one_per_host => p.reduce_scatter_alone(&mut b, count, sc),
+        (Coll::Broadcast { root }, _) if one_per_host => p.broadcast_alone(&mut b, count, root),
+        (Coll::Reduce { root }, _) if one_per_host => p.reduce_alone(&mut b, count, sc, root),
         (Coll::AllReduce, Shape::Rails) => p.all_reduce_rails(&mut b, count, sc),
         (Coll::AllReduce, _) => p.all_reduce_leaders(&mut b, count, sc),
         (Coll::AllGather, Shape::Rails) => p.all_gather_rails(&mut b, count),
@@ -577,6 +608,7 @@ impl Ctx<'_> {
             b.net(NetColl::AllReduce {
                 group: self.layout.rail(self.l),
                 region: mine,
+                input: None,
             });
         }
         b.average(sc, mine, self.n);
@@ -601,6 +633,7 @@ impl Ctx<'_> {
                 b.net(NetColl::AllReduce {
                     group: self.leaders(None),
                     region: sum,
+                    input: None,
                 });
             }
             b.average(sc, sum, self.n);
@@ -621,6 +654,7 @@ impl Ctx<'_> {
                 group: self.layout.rail(self.l),
                 region: rail,
                 blocks: even(hosts, c),
+                input: None,
             });
         }
         let all = b.scratch(k * hosts * c);
@@ -661,6 +695,7 @@ impl Ctx<'_> {
                     group: self.leaders(None),
                     region: all,
                     blocks: self.host_blocks(c),
+                    input: None,
                 });
             }
             self.host_order(b, out, all, c, false);
@@ -688,6 +723,8 @@ impl Ctx<'_> {
                 group: self.layout.rail(self.l),
                 region: rail,
                 blocks: even(hosts, c),
+                input: None,
+                output: None,
             });
         }
         let mine = rail.at(self.h * c, c);
@@ -715,6 +752,8 @@ impl Ctx<'_> {
                     group: self.leaders(None),
                     region: sum,
                     blocks: self.host_blocks(c),
+                    input: None,
+                    output: None,
                 });
             }
             b.average(sc, host, self.n);
@@ -751,6 +790,7 @@ impl Ctx<'_> {
             b.net(NetColl::Broadcast {
                 chain: rotated(&self.layout.rail(self.l), hr),
                 region: out.part(parts[self.l]),
+                input: None,
             });
         }
         if self.h != hr {
@@ -770,6 +810,7 @@ impl Ctx<'_> {
             b.net(NetColl::Broadcast {
                 chain: rotated(&self.leaders(Some(root)), hr),
                 region: out,
+                input: None,
             });
         }
         if self.h != hr {
@@ -788,6 +829,7 @@ impl Ctx<'_> {
             b.net(NetColl::Reduce {
                 chain: rotated(&self.layout.rail(self.l), hr + 1),
                 region: mine,
+                input: None,
             });
         }
         if self.h == hr {
@@ -815,6 +857,7 @@ impl Ctx<'_> {
             b.net(NetColl::Reduce {
                 chain: rotated(&self.leaders(Some(root)), hr + 1),
                 region: sum,
+                input: None,
             });
         }
         if self.me == root {
@@ -908,59 +951,4 @@ impl Ctx<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_is_balanced_and_covers() {
-        let p = split(7, 3);
-        assert_eq!(
-            p.iter().map(|p| (p.off, p.count)).collect::<Vec<_>>(),
-            vec![(0, 3), (3, 2), (5, 2)]
-        );
-        assert_eq!(split(2, 3).iter().map(|p| p.count).sum::<usize>(), 2);
-    }
-
-    /// Elements each rank sends over the network in a plan (by the regions
-    /// its network phases name; a ring moves about twice its region).
-    fn net_elems(p: &RankPlan) -> usize {
-        p.phases
-            .iter()
-            .map(|ph| match ph {
-                Phase::Net {
-                    coll: NetColl::AllReduce { region, .. },
-                    ..
-                } => region.count,
-                _ => 0,
-            })
-            .sum()
-    }
-
-    #[test]
-    fn rails_carry_one_kth_each_and_leaders_everything() {
-        let l = Layout::uniform(2, 4);
-        let n = 4000;
-        for me in 0..8 {
-            let rails = plan(
-                Coll::AllReduce,
-                n,
-                Scaling::default(),
-                &l,
-                me,
-                Shape::Rails,
-                false,
-            );
-            assert_eq!(net_elems(&rails), n / 4, "rank {me}");
-            let leaders = plan(
-                Coll::AllReduce,
-                n,
-                Scaling::default(),
-                &l,
-                me,
-                Shape::Leaders,
-                false,
-            );
-            assert_eq!(net_elems(&leaders), if me % 4 == 0 { n } else { 0 });
-        }
-    }
-}
+mod tests;
