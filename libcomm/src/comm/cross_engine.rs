@@ -11,14 +11,14 @@
 //! built already.
 //!
 //! `WEFT_CROSSHOST_MIN_BYTES` (every rank the same, like `WEFT_ALGO`) is
-//! the smallest all-reduce, all-gather, reduce-scatter or all-to-all that
-//! takes the engine. Unset: [`DEVICE_MIN_BYTES`] for device collectives
-//! (on 2 GPUs as two hosts the engine moved up to 3.4x the flat path's bus
-//! bandwidth from 4 MiB and lost below: docs/PERFORMANCE-GPU.md "Across
-//! hosts"), and
-//! never for host memory (on the 2-core development VM the engine was no
-//! faster than the flat path there: docs/PERFORMANCE.md, "Cross-host byte
-//! mover"). A value above every collective's size keeps all flat. The engine
+//! the smallest all-reduce, all-gather, reduce-scatter or all-to-all (of
+//! device memory: broadcast and reduce too) that takes the engine. Unset:
+//! [`DEVICE_MIN_BYTES`] for device collectives (on 2 GPUs as two hosts the
+//! engine moved up to 3.4x the flat path's bus bandwidth from 4 MiB and
+//! lost below: docs/PERFORMANCE-GPU.md "Across hosts"), and never for host
+//! memory (not yet measured beside the flat path where the cores are not
+//! the limit: docs/PERFORMANCE.md, "Cross-host byte mover"). A value above
+//! every collective's size keeps all flat. The engine
 //! is built at the first host operation that qualifies or the first device
 //! operation, on every rank at the same point of the call order (its
 //! handle exchange and the host split are collectives of the
