@@ -52,6 +52,21 @@ const CONNECT_BOUND: Duration = Duration::from_secs(60);
 /// `WEFT_CROSSHOST_MIN_BYTES` is unset (see the module docs).
 pub const DEVICE_MIN_BYTES: usize = 4 << 20;
 
+/// The engine connects to every rank of another host up front (a send and
+/// a receive connection each, `WEFT_NET_SOCKETS` sockets with a helper
+/// thread apiece), so by default it is built only for communicators whose
+/// ranks have at most this many remote peers (64 threads a rank with the
+/// default 4 sockets; `WEFT_CROSSHOST_MIN_BYTES` set builds it whatever
+/// the count). Larger jobs keep the flat path until connections are made
+/// on demand.
+pub const DEFAULT_MAX_REMOTE_PEERS: usize = 8;
+
+/// Whether the engine is built by default (`WEFT_CROSSHOST_MIN_BYTES`
+/// unset) on `layout`: the same answer on every rank (the layout is).
+fn default_engine_fits(layout: &Layout) -> bool {
+    (0..layout.n()).all(|r| layout.remote(r).len() <= DEFAULT_MAX_REMOTE_PEERS)
+}
+
 /// The engine's collective for `op`, when it takes it. Broadcast and
 /// reduce of host memory stay on the flat path: their non-root ranks may
 /// pass no buffer (NCCL allows it), and every rank must decide alike from
@@ -194,6 +209,15 @@ impl Communicator {
         if layout.nhosts() < 2 {
             return Ok(None);
         }
+        if self.s.cfg.cross_engine_min_bytes.is_none() && !default_engine_fits(&layout) {
+            crate::log::info_log!(
+                "comm {} rank {}: {}: more than {DEFAULT_MAX_REMOTE_PEERS} remote peers a rank, so the cross-host engine is not built by default (WEFT_CROSSHOST_MIN_BYTES builds it); the flat path runs every collective",
+                self.s.label,
+                self.s.rank,
+                layout.describe()
+            );
+            return Ok(None);
+        }
         // What can fail here alone comes first and is agreed on. The byte
         // mover authenticates with the communicator's own secret (the
         // unique id it was created from: a program that passes ids itself
@@ -258,5 +282,24 @@ impl Communicator {
             layout.describe()
         );
         built.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_engine_is_for_jobs_with_few_remote_peers() {
+        // 2 hosts x 4: 4 remote peers each; 3 x 4: 8; 2 x 8: 8; 3 x 8: 16.
+        assert!(default_engine_fits(&Layout::uniform(2, 4)));
+        assert!(default_engine_fits(&Layout::uniform(3, 4)));
+        assert!(default_engine_fits(&Layout::uniform(2, 8)));
+        assert!(!default_engine_fits(&Layout::uniform(3, 8)));
+        assert!(default_engine_fits(&Layout::uniform(9, 1)));
+        assert!(!default_engine_fits(&Layout::uniform(10, 1)));
+        // Uneven: the rank with the most remote peers decides for all.
+        let uneven = Layout::from_hosts(vec![vec![0], (1..10).collect()]).unwrap();
+        assert!(!default_engine_fits(&uneven));
     }
 }
