@@ -64,7 +64,8 @@ pub const DEFAULT_MAX_REMOTE_PEERS: usize = 8;
 /// Whether the engine is built by default (`WEFT_CROSSHOST_MIN_BYTES`
 /// unset) on `layout`: the same answer on every rank (the layout is).
 fn default_engine_fits(layout: &Layout) -> bool {
-    (0..layout.n()).all(|r| layout.remote(r).len() <= DEFAULT_MAX_REMOTE_PEERS)
+    // A rank's remote peers: every rank but its host's.
+    (0..layout.nhosts()).all(|h| layout.n() - layout.members(h).len() <= DEFAULT_MAX_REMOTE_PEERS)
 }
 
 /// The engine's collective for `op`, when it takes it. Broadcast and

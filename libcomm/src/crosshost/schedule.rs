@@ -105,15 +105,6 @@ impl Builder<'_, '_> {
         }
     }
 
-    /// The chunk of `input` at `ch`'s place in `region` (the same elements
-    /// of this rank's contribution when it lies elsewhere).
-    fn input_chunk(region: &Region, input: &Region, ch: Chunk) -> Chunk {
-        Chunk {
-            region: input.at(ch.region.off - region.off, ch.region.count),
-            pos: ch.pos,
-        }
-    }
-
     /// The chunk of `target` (a region the size of block `part`) at `ch`'s
     /// place in that block of `region`.
     fn block_chunk(region: &Region, part: Part, target: &Region, ch: Chunk) -> Chunk {
@@ -121,6 +112,34 @@ impl Builder<'_, '_> {
             region: target.at(ch.region.off - region.off - part.off, ch.region.count),
             pos: ch.pos,
         }
+    }
+
+    /// The chunk of `input` at `ch`'s place in `region` (the same elements
+    /// of this rank's contribution when it lies elsewhere).
+    fn input_chunk(region: &Region, input: &Region, ch: Chunk) -> Chunk {
+        Self::block_chunk(
+            region,
+            Part {
+                off: 0,
+                count: region.count,
+            },
+            input,
+            ch,
+        )
+    }
+
+    /// What a first send of `ch` reads: the input's chunk when the input
+    /// lies elsewhere, else `ch` itself.
+    fn send_from(region: &Region, input: Option<&Region>, ch: Chunk, first: bool) -> Chunk {
+        match input {
+            Some(inp) if first => Self::input_chunk(region, inp, ch),
+            _ => ch,
+        }
+    }
+
+    /// Gives reducing receive `k` its other operand, chunk `w`.
+    fn reduce_with(&mut self, k: usize, w: Chunk) {
+        self.out.steps[k].with = Some((self.cut.locate)(&w.region));
     }
 
     /// Ring reduce-scatter. With `input` (out of place), the first step
@@ -148,10 +167,7 @@ impl Builder<'_, '_> {
             let mut sv = Vec::new();
             for (c, ch) in self.chunks(region, blocks, sb).into_iter().enumerate() {
                 let after = (s > 0).then(|| recvs[s - 1][c]);
-                let from = match input {
-                    Some(inp) if s == 0 => Self::input_chunk(region, inp, ch),
-                    _ => ch,
-                };
+                let from = Self::send_from(region, input, ch, s == 0);
                 sv.push(self.step(next, StepOp::Send, from, after, s == 0));
             }
             let mut rv = Vec::new();
@@ -169,7 +185,7 @@ impl Builder<'_, '_> {
                     None => own.is_some().then_some(ch),
                 };
                 if let Some(w) = with {
-                    self.out.steps[k].with = Some((self.cut.locate)(&w.region));
+                    self.reduce_with(k, w);
                 }
                 if land && s == g - 2 {
                     self.lands(k);
@@ -304,10 +320,7 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
                     k
                 });
                 if p + 1 < chain.len() {
-                    let from = match input {
-                        Some(inp) if p == 0 => Builder::input_chunk(region, inp, ch),
-                        _ => ch,
-                    };
+                    let from = Builder::send_from(region, input.as_ref(), ch, p == 0);
                     b.step(chain[p + 1], StepOp::Send, from, got, p == 0);
                 }
             }
@@ -322,8 +335,7 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
                 let got = (p > 0).then(|| {
                     let k = b.step(chain[p - 1], StepOp::RecvReduce, ch, None, true);
                     if let Some(inp) = input {
-                        let w = Builder::input_chunk(region, inp, ch);
-                        b.out.steps[k].with = Some((b.cut.locate)(&w.region));
+                        b.reduce_with(k, Builder::input_chunk(region, inp, ch));
                     }
                     if p + 1 == chain.len() {
                         b.lands(k);
@@ -331,10 +343,7 @@ pub fn schedule(coll: &NetColl, cut: &Cut<'_>) -> Schedule {
                     k
                 });
                 if p + 1 < chain.len() {
-                    let from = match input {
-                        Some(inp) if p == 0 => Builder::input_chunk(region, inp, ch),
-                        _ => ch,
-                    };
+                    let from = Builder::send_from(region, input.as_ref(), ch, p == 0);
                     b.step(chain[p + 1], StepOp::Send, from, got, p == 0);
                 }
             }
