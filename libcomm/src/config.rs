@@ -37,6 +37,10 @@ pub struct Config {
     /// hosts run on the cross-host engine (`WEFT_CROSSHOST_MIN_BYTES`;
     /// `None`: never).
     pub cross_engine_min_bytes: Option<usize>,
+    /// The engine moves its bytes through the sidecar proxy
+    /// (`WEFT_CROSSHOST_NET=proxy`) rather than over its own TCP
+    /// connections.
+    pub cross_engine_via_proxy: bool,
 }
 
 impl Default for Config {
@@ -53,6 +57,7 @@ impl Default for Config {
             listen_addr: None,
             name: None,
             cross_engine_min_bytes: None,
+            cross_engine_via_proxy: false,
         }
     }
 }
@@ -111,6 +116,10 @@ impl Config {
         c.cross_engine_min_bytes = params::WEFT_CROSSHOST_MIN_BYTES
             .try_get()
             .map_err(|e| Error::arg(e.to_string()))?;
+        c.cross_engine_via_proxy = params::WEFT_CROSSHOST_NET
+            .try_get()
+            .map_err(|e| Error::arg(e.to_string()))?
+            .is_some_and(|v| v == "proxy");
         c.hostname = env_str(params::WEFT_HOSTNAME);
         c.listen_addr = env_str(params::WEFT_LISTEN_ADDR);
         if let Some(b) = params::NCCL_COMM_BLOCKING

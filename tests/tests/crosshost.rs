@@ -2,8 +2,10 @@
 //! hosts (`weft_tests::netns`: veth into a bridge, an address each): every
 //! collective of the hierarchical plans checked against the reference, a
 //! rank killed or stopped mid-transfer (every survivor fails naming it,
-//! within the bound), hostile clients on the engine's listener, and (ignored,
-//! run by hand) the byte mover's throughput beside the TCP transport's.
+//! within the bound), hostile clients on the engine's listener, the same
+//! through each host's `weft sidecar` proxy (`WEFT_CROSSHOST_NET=proxy`),
+//! and (ignored, run by hand) the byte mover's throughput beside the TCP
+//! transport's and through the proxy.
 //! Skipped, with the reason printed, where `ip netns` is not permitted.
 
 mod common;
@@ -13,8 +15,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use weft_tests::job::{self, JobRun, JobSpec};
 use weft_tests::netns::Net;
+use weft_tests::sidecar::Sidecar;
 
 const BOOT_PORT: u16 = 7300;
+/// The sidecars' peer port (their proxies' host connections).
+const PEER_PORT: u16 = 7310;
 
 fn worker() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_BIN_EXE_net-worker"))
@@ -91,6 +96,73 @@ fn spec_with<'a>(
             v
         })
         .timeout(Duration::from_secs(240))
+}
+
+/// A `weft sidecar` with its network proxy on each host of `net` (one job),
+/// once each has heard from all the others.
+fn sidecars(net: &Net) -> Vec<Sidecar> {
+    let mut all: Vec<Sidecar> = Vec::new();
+    for h in 0..net.hosts.len() {
+        let peers: Vec<String> = (0..net.hosts.len())
+            .filter(|&k| k != h)
+            .map(|k| format!("{}:{PEER_PORT}", net.addrs[k]))
+            .collect();
+        let extra = [
+            "--peer-listen".to_string(),
+            format!("{}:{PEER_PORT}", net.addrs[h]),
+            "--peers".to_string(),
+            peers.join(","),
+        ];
+        let sc = Sidecar::start_with(common::cli(), Some(&net.hosts[h]), &extra, &[], all.first());
+        all.push(sc);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let t = Instant::now();
+    for sc in &all {
+        loop {
+            let s = rt.block_on(weft::ras::fetch(sc.socket.clone())).unwrap();
+            if s.hosts.len() == net.hosts.len() - 1 && s.hosts.iter().all(|h| h.state == "up") {
+                break;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "sidecars never saw each other: {:?}",
+                s.hosts
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    all
+}
+
+/// [`spec`] with each rank attached to its host's sidecar (one of
+/// `sidecars`, host-major as `placement`) and the engine's bytes through
+/// the sidecars' proxies.
+fn proxied_spec<'a>(
+    net: &'a Net,
+    placement: &[usize],
+    args: &[&str],
+    ctl: &Ctl,
+    sidecars: &'a [Sidecar],
+) -> JobSpec<'a> {
+    let host_of: Vec<usize> = placement
+        .iter()
+        .enumerate()
+        .flat_map(|(h, &k)| std::iter::repeat_n(h, k))
+        .collect();
+    spec_with(net, placement, args, ctl, move |r| {
+        vec![(
+            "WEFT_SIDECAR_SOCKET".into(),
+            sidecars[host_of[r]].socket.display().to_string(),
+        )]
+    })
+    .env("WEFT_JOB", &sidecars[0].job)
+    .env("WEFT_JOB_SECRET", &sidecars[0].secret)
+    .env("WEFT_PROXY", "1")
+    .env("WEFT_CROSSHOST_NET", "proxy")
 }
 
 /// `net-worker exec weft bench-rank OP -n N` over `sizes` (min, max,
@@ -214,6 +286,53 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
     }
 }
 
+/// The communicator's engine with its bytes through each host's sidecar
+/// proxy (`WEFT_CROSSHOST_NET=proxy`: `net/proxy.rs`): the collectives the
+/// engine takes, below and above a 16 KiB threshold, checked on random data
+/// by `weft bench-rank --check`, on 2 hosts x 2 ranks (rails: two proxied
+/// channels per host pair at once, local phases over shared memory) and 3
+/// hosts x 1; every rank logs that its engine moves through the proxy.
+#[test]
+fn communicator_collectives_on_the_engine_through_the_sidecar_proxy_check() {
+    for (placement, ops) in [
+        (
+            vec![2, 2],
+            &["all_reduce", "all_gather", "reduce_scatter", "alltoall"][..],
+        ),
+        (vec![1, 1, 1], &["all_reduce", "alltoall"][..]),
+    ] {
+        let Some(net) = common::netns_hosts(placement.len()) else {
+            return;
+        };
+        let sc = sidecars(&net);
+        let ctl = Ctl::new("proxied");
+        let n = placement.iter().sum::<usize>().to_string();
+        for op in ops {
+            let args = bench_rank(op, &n, ["4K", "1M", "16"], "2", true);
+            let run = job::run(
+                proxied_spec(&net, &placement, &args, &ctl, &sc)
+                    .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
+                    .env("WEFT_DEBUG", "INFO"),
+            );
+            run.assert_success();
+            let out = &run.ranks[0].stdout;
+            assert!(
+                out.contains("Out of bounds values : 0 OK"),
+                "{op} on {placement:?}: {out}"
+            );
+            for (r, rank) in run.ranks.iter().enumerate() {
+                let log = format!("{}{}", rank.stdout, rank.stderr);
+                assert!(
+                    log.contains("run on the cross-host engine")
+                        && log.contains("between hosts through the sidecar proxy"),
+                    "{op} on {placement:?}, rank {r} did not take the engine through the proxy:\n{log}"
+                );
+            }
+            eprintln!("{op} on {placement:?} through the sidecar proxy: checked");
+        }
+    }
+}
+
 /// A rank that cannot build its part of the engine (here: a bad
 /// `WEFT_NET_SOCKETS` on rank 1 only) keeps every rank on the flat path:
 /// the collectives still check, no rank says it runs on the engine, and
@@ -284,15 +403,39 @@ fn fault(
     timeout_ms: u64,
     bound: Duration,
 ) {
+    fault_on(mode, placement, victim, sig, timeout_ms, bound, false)
+}
+
+/// [`fault`], with the engine's bytes through each host's sidecar proxy
+/// when `via_proxy`.
+fn fault_on(
+    mode: &str,
+    placement: &[usize],
+    victim: usize,
+    sig: i32,
+    timeout_ms: u64,
+    bound: Duration,
+    via_proxy: bool,
+) {
     let Some(net) = common::netns_hosts(placement.len()) else {
         return;
+    };
+    let sc = if via_proxy {
+        sidecars(&net)
+    } else {
+        Vec::new()
     };
     let ctl = Ctl::new(if sig == libc::SIGKILL { "kill" } else { "stop" });
     let n: usize = placement.iter().sum();
     let timeout = timeout_ms.to_string();
-    let spec = spec(&net, placement, &[mode, "2000000"], &ctl)
-        .env("WEFT_TIMEOUT_MS", &timeout)
-        .env("WEFT_CROSSHOST_MIN_BYTES", "65536");
+    let args = [mode, "2000000"];
+    let spec = if via_proxy {
+        proxied_spec(&net, placement, &args, &ctl, &sc)
+    } else {
+        spec(&net, placement, &args, &ctl)
+    }
+    .env("WEFT_TIMEOUT_MS", &timeout)
+    .env("WEFT_CROSSHOST_MIN_BYTES", "65536");
     let job = job::spawn(spec);
     ctl.wait_all(&(0..n).map(|r| format!("running.{r}")).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_millis(100));
@@ -348,6 +491,25 @@ fn a_rank_stopped_mid_transfer_fails_every_survivor_naming_it() {
         fault(mode, &[2, 2], 2, libc::SIGSTOP, timeout, bound);
         fault(mode, &[1, 1, 1], 1, libc::SIGSTOP, timeout, bound);
     }
+}
+
+/// Through the sidecars' proxies: a rank SIGKILLed or SIGSTOPped while the
+/// communicator's engine moves its all-reduces through the proxy fails
+/// every survivor naming it, within the same bounds as direct TCP.
+#[test]
+fn a_rank_killed_or_stopped_fails_every_survivor_through_the_proxy() {
+    fault_on(
+        "commloop",
+        &[2, 2],
+        2,
+        libc::SIGKILL,
+        0,
+        Duration::from_secs(3),
+        true,
+    );
+    let timeout = 2000;
+    let bound = Duration::from_millis(timeout) + Duration::from_secs(3);
+    fault_on("commloop", &[2, 2], 2, libc::SIGSTOP, timeout, bound, true);
 }
 
 /// An abort of the communicator (from another thread) releases a call
@@ -521,5 +683,71 @@ fn measure_byte_mover_beside_the_tcp_transport() {
     println!("|---|{}", "---:|".repeat(sizes.len()));
     for (name, v) in rows {
         println!("| {name} | {} |", v.join(" | "));
+    }
+}
+
+/// The communicator's all-reduce with each host's sidecar attached, on 2
+/// hosts x 1 and 2 x 2 ranks: the flat path through the proxy (what runs
+/// by default in a pod for host memory), the engine over the rank's own TCP
+/// connections (`WEFT_CROSSHOST_NET=tcp`, the default), and the engine
+/// through the proxy (`WEFT_CROSSHOST_NET=proxy`); `weft bench`'s
+/// out-of-place bus bandwidth, GB/s (docs/PERFORMANCE.md, "The cross-host
+/// engine through the sidecar proxy"). Release build recommended:
+/// `cargo nextest run --release -p weft-tests --test crosshost measure_engine --run-ignored only --no-capture`
+#[test]
+#[ignore = "a measurement, run by hand"]
+fn measure_engine_through_the_proxy_beside_its_own_tcp() {
+    for placement in [vec![1, 1], vec![2, 2]] {
+        let Some(net) = common::netns_hosts(placement.len()) else {
+            return;
+        };
+        let sc = sidecars(&net);
+        let ctl = Ctl::new("proxybw");
+        let n = placement.iter().sum::<usize>().to_string();
+        let bench = bench_rank("all_reduce", &n, ["64K", "256M", "4"], "4", false);
+        let mut rows: Vec<(&str, Vec<(String, String)>)> = Vec::new();
+        for (name, min, via) in [
+            ("flat path through the proxy", None, "proxy"),
+            ("engine, its own TCP", Some("1"), "tcp"),
+            ("engine through the proxy", Some("1"), "proxy"),
+        ] {
+            let mut spec =
+                proxied_spec(&net, &placement, &bench, &ctl, &sc).env("WEFT_CROSSHOST_NET", via);
+            if let Some(min) = min {
+                spec = spec.env("WEFT_CROSSHOST_MIN_BYTES", min);
+            }
+            let run = job::run(spec);
+            run.assert_success();
+            let cells = run.ranks[0]
+                .stdout
+                .lines()
+                .filter_map(|l| {
+                    let c: Vec<&str> = l.split_whitespace().collect();
+                    (c.len() > 8 && c[0].parse::<usize>().is_ok())
+                        .then(|| (c[0].to_string(), c[7].to_string()))
+                })
+                .collect();
+            rows.push((name, cells));
+        }
+        println!("{placement:?} ranks per host, all_reduce busbw GB/s");
+        println!(
+            "| path | {} |",
+            rows[0]
+                .1
+                .iter()
+                .map(|(b, _)| b.clone())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        println!("|---|{}", "---:|".repeat(rows[0].1.len()));
+        for (name, v) in &rows {
+            println!(
+                "| {name} | {} |",
+                v.iter()
+                    .map(|c| c.1.clone())
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+        }
     }
 }

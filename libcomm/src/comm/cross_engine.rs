@@ -38,11 +38,13 @@ use super::cross_slot::{State, Stop};
 use super::shared::lock;
 use crate::crosshost::{Coll, CrossHost, Layout, Links};
 use crate::error::{Error, Result};
+use crate::net::Net;
+use crate::net::proxy::ProxyNet;
 use crate::net::tcp::{TcpConfig, TcpNet};
 use crate::observe::{self, Lever};
 use crate::op::{Op, OpKind};
-use std::sync::Weak;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// How long building the engine may take (connecting to every remote rank).
@@ -223,22 +225,12 @@ impl Communicator {
         // mover authenticates with the communicator's own secret (the
         // unique id it was created from: a program that passes ids itself
         // has none in its environment).
-        let net = self
-            .s
-            .built
-            .get()
-            .map(|(ctx, _)| ctx.secret)
-            .ok_or_else(|| Error::Internal("the communicator was never built".into()))
-            .and_then(|secret| TcpConfig::from_env(secret).map_err(|e| Error::arg(e.to_string())))
-            .and_then(|c| {
-                TcpNet::new(c)
-                    .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))
-            });
+        let me = self.rank();
+        let net = self.cross_byte_mover(&layout.remote(me));
         if !all_agree(self, net.is_ok())? {
             return net.and(Ok(None));
         }
-        let net = net?;
-        let me = self.rank();
+        let (net, mover) = net?;
         let h = layout.host(me);
         // The split and the connections are collectives; whatever fails on
         // one rank fails (or times out) the same step on the others, and
@@ -275,7 +267,7 @@ impl Communicator {
             return built.and(Ok(None));
         }
         crate::log::info_log!(
-            "comm {} rank {}: {} collectives of {} bytes and more run on the cross-host engine ({})",
+            "comm {} rank {}: {} collectives of {} bytes and more run on the cross-host engine ({}; between hosts {mover})",
             self.s.label,
             self.s.rank,
             if device { "device" } else { "host" },
@@ -283,6 +275,40 @@ impl Communicator {
             layout.describe()
         );
         built.map(Some)
+    }
+
+    /// The engine's byte mover to `remotes` (this rank's peers on other
+    /// hosts), and how it moves for the log: TCP connections of the rank's
+    /// own, authenticated with the communicator's secret (the unique id it
+    /// was created from: a program that passes ids itself has none in its
+    /// environment); or the sidecar proxy's rings
+    /// (`WEFT_CROSSHOST_NET=proxy`), with TCP kept for failure notices.
+    fn cross_byte_mover(&self, remotes: &[usize]) -> Result<(Arc<dyn Net>, &'static str)> {
+        let (ctx, _) = self
+            .s
+            .built
+            .get()
+            .ok_or_else(|| Error::Internal("the communicator was never built".into()))?;
+        let cfg = TcpConfig::from_env(ctx.secret).map_err(|e| Error::arg(e.to_string()))?;
+        let tcp: Arc<dyn Net> = TcpNet::new(cfg)
+            .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))?;
+        if !self.s.cfg.cross_engine_via_proxy {
+            return Ok((tcp, "over the rank's own TCP connections"));
+        }
+        let path = crate::transport::sidecar_link::socket_path()?.ok_or_else(|| {
+            Error::arg(
+                "WEFT_CROSSHOST_NET=proxy, but no sidecar proxy is offered (WEFT_SIDECAR_SOCKET with a .proxy socket, WEFT_PROXY not 0)",
+            )
+        })?;
+        let net = ProxyNet::open(
+            &path,
+            ctx,
+            remotes,
+            tcp,
+            crate::crosshost::DATA_STREAM,
+            Instant::now() + CONNECT_BOUND,
+        )?;
+        Ok((net, "through the sidecar proxy"))
     }
 }
 

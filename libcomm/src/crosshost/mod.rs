@@ -21,7 +21,7 @@ pub mod tuner;
 pub use engine::{Engine, EngineConfig};
 pub use flags::{FlagWords, Flags, TERMINAL};
 pub use layout::Layout;
-pub use links::{Exchange, Links};
+pub use links::{DATA_STREAM, Exchange, Links};
 pub use local::{BoardMover, HostBoard, LocalMover};
 pub use plan::{Coll, Shape};
 pub use program::{Call, CallBuf, Step, StepOp};

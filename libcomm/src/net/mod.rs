@@ -34,10 +34,13 @@
 //!   is an error.
 //! - Errors are typed ([`NetError`]) and name the peer's address.
 //!
-//! Built in: TCP ([`tcp`]), host memory only: registering device memory
-//! returns [`NetError::Unsupported`], so a caller stages device data through
-//! pinned host memory.
+//! Built in: TCP ([`tcp`]), and the pod's sidecar proxy ([`proxy`]: the
+//! data connections through the sidecar's rings, `WEFT_CROSSHOST_NET=proxy`),
+//! both host memory only: registering device memory returns
+//! [`NetError::Unsupported`], so a caller stages device data through pinned
+//! host memory.
 
+pub mod proxy;
 pub mod tcp;
 
 use std::fmt;

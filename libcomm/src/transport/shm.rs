@@ -334,6 +334,14 @@ impl Mapping {
         Mapping::create_memfd_with(what, nlocal, cap, 0)
     }
 
+    /// A control block alone (no rings) in a memfd it keeps, to send to
+    /// another process (a rank's own block for the sidecar proxy).
+    pub fn create_control_memfd(what: &str) -> Result<Mapping> {
+        let (mut m, fd) = Mapping::create_memfd(what, 0, 0)?;
+        m.fd = Some(fd);
+        Ok(m)
+    }
+
     /// [`create_memfd`](Self::create_memfd) with `extra` bytes (a latency
     /// area) after the rings.
     fn create_memfd_with(

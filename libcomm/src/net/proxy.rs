@@ -1,0 +1,660 @@
+//! The byte mover through the pod's sidecar proxy: the cross-host engine's
+//! data connections ride the proxy's rings (`transport::sidecar_link`), so
+//! in a pod the sidecar moves the engine's bytes between hosts, over its
+//! one connection per host pair, as it moves the flat path's.
+//!
+//! - **Rings.** [`ProxyNet::open`] opens one more set of proxied channels
+//!   for the communicator (its id with [`ENGINE_ID_BIT`] flipped, so the
+//!   sidecar keeps them apart from the flat path's): a send and a receive
+//!   ring per rank on another host, in a memfd the sidecar maps, and a
+//!   control block of its own that the sidecar raises a failure in.
+//! - **Messages.** Each message on a ring is an 8-byte header (payload
+//!   length, the sender's tag) and the payload padded to 8 bytes. The
+//!   sender's thread copies a posted send into the ring as space frees up
+//!   (in `isend` and `test`); the receiver's thread copies it out into the
+//!   posted receive, checking tag and size first. The sidecar moves ring
+//!   bytes to its host connection and back (`sidecar/src/proxy/tx.rs`).
+//!   Every byte thus passes through memory once more on each host than
+//!   over [`super::tcp`] (user buffer -> ring -> socket and back), the
+//!   price of one connection per host pair and of the sidecar seeing and
+//!   policing all traffic (docs/PERFORMANCE.md, "The cross-host engine
+//!   through the sidecar proxy").
+//! - **Control.** Connections of any stream but the data stream (failure
+//!   notices, "waits for" notices: a few bytes, after a failure) go over
+//!   the direct TCP byte mover given to [`ProxyNet::open`]; they reach the
+//!   ranks of this host too, which no proxied channel does.
+//! - **Failure.** A peer that dies, or whose host is lost, is raised in
+//!   this link's control block by the sidecar (with a reason naming it); a
+//!   sidecar that dies closes the link's socket. Either fails every later
+//!   `isend`, `irecv` and `test` with [`NetError::Peer`]. Dropping the last
+//!   comm marks the link destroyed before closing it, so the sidecar
+//!   forgets it quietly instead of reporting a crashed rank.
+//!
+//! Host memory only: registering device memory returns
+//! [`NetError::Unsupported`], as on TCP.
+
+use super::{
+    Accepted, ConnectHandle, HANDLE_MAX, ListenComm, MemKind, Mr, Net, NetError, Peer, Properties,
+    PtrSupport, RecvBuf, RecvComm, Request, SendComm,
+};
+use crate::bootstrap::ctx::Ctx;
+use crate::error::{Error, Result};
+use crate::transport::pad8;
+use crate::transport::shm::{Mapping, RingEnd, ST_DESTROYED};
+use crate::transport::sidecar_rings::ProxyLink;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The bit of the communicator's id flipped for the engine's channels
+/// (ids are random: another communicator with exactly that id is as likely
+/// as any collision of 128 random bits).
+pub const ENGINE_ID_BIT: u8 = 0x80;
+/// Bytes before every message on a ring: payload length, tag.
+const HDR: usize = 8;
+/// Requests one comm holds at once (NCCL's `NCCL_NET_MAX_REQUESTS`).
+const MAX_REQUESTS: usize = 32;
+/// How often a waiting comm looks whether the sidecar is still there (a
+/// system call), in nanoseconds.
+const SIDECAR_CHECK_NS: u64 = 10_000_000;
+
+/// The engine's proxied channels of one communicator-rank, shared by its
+/// comms; dropped with the last of them.
+struct Attachment {
+    own: Mapping,
+    /// `None` only in the unit tests (a ring with no sidecar behind it).
+    link: Option<ProxyLink>,
+    path: PathBuf,
+    rank: usize,
+    /// When [`Attachment::health`] last asked the socket (ns since `t0`).
+    last_check: AtomicU64,
+    t0: Instant,
+}
+
+// SAFETY: the mappings are shared memory used through atomics and the ring
+// protocol (one writer per ring end); the socket is only peeked at.
+unsafe impl Send for Attachment {}
+unsafe impl Sync for Attachment {}
+
+impl Attachment {
+    /// `Err` once the sidecar raised a failure in our control block or went
+    /// away (its socket is looked at most every [`SIDECAR_CHECK_NS`]).
+    fn health(&self) -> std::result::Result<(), NetError> {
+        let c = self.own.control();
+        if let Some((origin, _)) = c.failure() {
+            // The sidecar raises in our name, with a reason naming the
+            // rank or host it lost; a rank's own failure (another rank
+            // raising) has no reason here.
+            let why = c.reason();
+            return Err(NetError::Peer {
+                peer: if origin == self.rank {
+                    "the sidecar proxy".into()
+                } else {
+                    format!("rank {origin}")
+                },
+                what: if why.is_empty() {
+                    "failed (the sidecar proxy reported it)".into()
+                } else {
+                    why
+                },
+            });
+        }
+        let Some(link) = &self.link else {
+            return Ok(());
+        };
+        let now = self.t0.elapsed().as_nanos() as u64;
+        let last = self.last_check.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= SIDECAR_CHECK_NS {
+            self.last_check.store(now, Ordering::Relaxed);
+            link.check().map_err(|what| NetError::Peer {
+                peer: format!("the sidecar proxy at {}", self.path.display()),
+                what,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        // Ended on purpose (the socket closes right after, with `link`):
+        // the sidecar forgets the channels instead of failing the peers.
+        if self.own.control().failure().is_none() {
+            self.own
+                .control()
+                .state
+                .store(ST_DESTROYED, Ordering::Release);
+        }
+    }
+}
+
+fn ring_err(peer: &str) -> impl Fn(Error) -> NetError + '_ {
+    move |e| NetError::Peer {
+        peer: peer.to_string(),
+        what: e.to_string(),
+    }
+}
+
+/// The engine's byte mover through the sidecar proxy (see the module docs).
+pub struct ProxyNet {
+    /// Connections of streams other than `data_stream`.
+    control: Arc<dyn Net>,
+    data_stream: u32,
+    me: u32,
+    att: Arc<Attachment>,
+    /// Each remote rank's send ring, taken by the first data connect to it.
+    sends: Mutex<BTreeMap<u32, RingEnd>>,
+    /// Every remote rank's receive ring, taken by the first listen.
+    recvs: Mutex<Vec<(u32, RingEnd)>>,
+    hosts: BTreeMap<u32, String>,
+}
+
+impl ProxyNet {
+    /// Opens the engine's channels of `ctx`'s rank to `remotes` (ranks on
+    /// other hosts, every rank listing its own alike) through the sidecar
+    /// proxy at `path`; connections of other streams than `data_stream` go
+    /// over `control`.
+    pub(crate) fn open(
+        path: &Path,
+        ctx: &Ctx,
+        remotes: &[usize],
+        control: Arc<dyn Net>,
+        data_stream: u32,
+        deadline: Instant,
+    ) -> Result<Arc<ProxyNet>> {
+        let mut id = ctx.id;
+        id[15] ^= ENGINE_ID_BIT;
+        let engine_ctx = Ctx {
+            id,
+            label: format!("{} (cross-host engine)", ctx.label),
+            rank: ctx.rank,
+            nranks: ctx.nranks,
+            secret: ctx.secret,
+            peers: ctx.peers.clone(),
+            cfg: ctx.cfg.clone(),
+            job: ctx.job.clone(),
+        };
+        let what = format!("weft-{}-xh-{}", ctx.job, ctx.rank);
+        let own = Mapping::create_control_memfd(&what)?;
+        let link = ProxyLink::open(path, &engine_ctx, &own, remotes, deadline)?;
+        let mut sends = BTreeMap::new();
+        let mut recvs = Vec::new();
+        for (i, &r) in remotes.iter().enumerate() {
+            let chan = link.chan(i);
+            sends.insert(r as u32, chan.send);
+            recvs.push((r as u32, chan.recv));
+        }
+        let hosts = remotes
+            .iter()
+            .map(|&r| (r as u32, ctx.peers[r].hostname.clone()))
+            .collect();
+        Ok(Arc::new(ProxyNet {
+            control,
+            data_stream,
+            me: ctx.rank as u32,
+            att: Arc::new(Attachment {
+                own,
+                link: Some(link),
+                path: path.to_path_buf(),
+                rank: ctx.rank,
+                last_check: AtomicU64::new(0),
+                t0: Instant::now(),
+            }),
+            sends: Mutex::new(sends),
+            recvs: Mutex::new(recvs),
+            hosts,
+        }))
+    }
+
+    fn peer_name(&self, rank: u32) -> String {
+        match self.hosts.get(&rank) {
+            Some(h) => format!("rank {rank} (host {h}, through the sidecar proxy)"),
+            None => format!("rank {rank}"),
+        }
+    }
+}
+
+impl Net for ProxyNet {
+    fn name(&self) -> &'static str {
+        "sidecar-proxy"
+    }
+
+    fn devices(&self) -> usize {
+        1
+    }
+
+    fn properties(&self, dev: usize) -> std::result::Result<Properties, NetError> {
+        if dev != 0 {
+            return Err(NetError::InvalidArgument(format!(
+                "device {dev}: the sidecar proxy has one"
+            )));
+        }
+        Ok(Properties {
+            name: format!("sidecar-proxy:{}", self.att.path.display()),
+            ptr_support: PtrSupport {
+                host: true,
+                device: false,
+                dmabuf: false,
+            },
+            reg_is_global: true,
+            speed_mbps: 0,
+            latency_us: 0.0,
+            max_comms: usize::MAX,
+            max_recvs: 1,
+            max_requests: MAX_REQUESTS,
+            max_message: u32::MAX as usize,
+        })
+    }
+
+    /// The handle: this rank's number, then the control byte mover's.
+    fn listen(
+        &self,
+        dev: usize,
+    ) -> std::result::Result<(ConnectHandle, Box<dyn ListenComm>), NetError> {
+        let (inner, control) = self.control.listen(dev)?;
+        let mut b = self.me.to_le_bytes().to_vec();
+        b.extend_from_slice(inner.as_bytes());
+        let handle = ConnectHandle::from_bytes(&b)?;
+        let data: VecDeque<(u32, ProxyRecv)> = std::mem::take(&mut *lock(&self.recvs))
+            .into_iter()
+            .map(|(r, ring)| {
+                let c = ProxyRecv {
+                    att: self.att.clone(),
+                    ring,
+                    peer: self.peer_name(r),
+                    queue: VecDeque::new(),
+                    done: BTreeMap::new(),
+                    next: 0,
+                };
+                (r, c)
+            })
+            .collect();
+        Ok((
+            handle,
+            Box::new(ProxyListen {
+                data,
+                data_stream: self.data_stream,
+                control,
+            }),
+        ))
+    }
+
+    fn connect(
+        &self,
+        dev: usize,
+        handle: &ConnectHandle,
+        me: Peer,
+        deadline: Instant,
+        cancelled: &dyn Fn() -> bool,
+    ) -> std::result::Result<Box<dyn SendComm>, NetError> {
+        let b = handle.as_bytes();
+        if b.len() < 4 || b.len() > HANDLE_MAX {
+            return Err(NetError::InvalidArgument(format!(
+                "not a sidecar-proxy connect handle ({} bytes)",
+                b.len()
+            )));
+        }
+        let rank = u32::from_le_bytes(b[..4].try_into().unwrap());
+        if me.stream != self.data_stream {
+            let inner = ConnectHandle::from_bytes(&b[4..])?;
+            return self.control.connect(dev, &inner, me, deadline, cancelled);
+        }
+        let ring = lock(&self.sends).remove(&rank).ok_or_else(|| {
+            NetError::InvalidArgument(format!(
+                "rank {rank} is not a rank on another host with a free proxied channel"
+            ))
+        })?;
+        Ok(Box::new(ProxySend {
+            att: self.att.clone(),
+            ring,
+            peer: self.peer_name(rank),
+            queue: VecDeque::new(),
+            done: BTreeMap::new(),
+            next: 0,
+        }))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The data connections exist once the link is open: accepting hands out
+/// each remote rank's receive end once, then the control listener's.
+struct ProxyListen {
+    data: VecDeque<(u32, ProxyRecv)>,
+    data_stream: u32,
+    control: Box<dyn ListenComm>,
+}
+
+impl ListenComm for ProxyListen {
+    fn accept(&mut self, deadline: Instant) -> std::result::Result<Option<Accepted>, NetError> {
+        if let Some((rank, c)) = self.data.pop_front() {
+            let who = Peer {
+                rank,
+                stream: self.data_stream,
+            };
+            return Ok(Some((Box::new(c), who)));
+        }
+        self.control.accept(deadline)
+    }
+}
+
+fn host_mr(
+    id: u64,
+    base: *const u8,
+    len: usize,
+    kind: MemKind,
+) -> std::result::Result<Mr, NetError> {
+    match kind {
+        MemKind::Host => Ok(Mr {
+            id,
+            base: base as usize,
+            len,
+            kind,
+        }),
+        MemKind::Device(_) => Err(NetError::Unsupported {
+            net: "sidecar-proxy",
+            what: "device memory (stage through pinned host memory)".into(),
+        }),
+    }
+}
+
+fn header(len: usize, tag: u32) -> [u8; HDR] {
+    let mut h = [0u8; HDR];
+    h[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    h[4..].copy_from_slice(&tag.to_le_bytes());
+    h
+}
+
+/// A send being copied into the ring.
+struct OutMsg {
+    id: u64,
+    src: *const u8,
+    len: usize,
+    tag: u32,
+    /// Ring bytes written so far (header and padding included).
+    pos: usize,
+}
+
+struct ProxySend {
+    att: Arc<Attachment>,
+    ring: RingEnd,
+    peer: String,
+    queue: VecDeque<OutMsg>,
+    /// Finished requests and their sizes, until tested.
+    done: BTreeMap<u64, usize>,
+    next: u64,
+}
+
+// SAFETY: the pointers in `queue` are the caller's, valid until tested
+// (`isend`'s contract); the ring end is this comm's alone.
+unsafe impl Send for ProxySend {}
+
+impl ProxySend {
+    /// Copies what fits of the queued sends into the ring, in order.
+    fn progress(&mut self) -> std::result::Result<bool, NetError> {
+        let mut moved = false;
+        while let Some(m) = self.queue.front_mut() {
+            let total = HDR + pad8(m.len);
+            let mut space = self.ring.space().map_err(ring_err(&self.peer))?;
+            let mut wrote = 0;
+            if m.pos == 0 {
+                if space < HDR {
+                    break;
+                }
+                self.ring.write_at(0, header(m.len, m.tag).as_ptr(), HDR);
+                wrote = HDR;
+                space -= HDR;
+                m.pos = HDR;
+            }
+            let off = m.pos - HDR;
+            let n = space.min(pad8(m.len) - off) & !7;
+            if n > 0 {
+                let useful = (off + n).min(m.len).saturating_sub(off);
+                // SAFETY: `src..src + len` is valid (`isend`'s contract).
+                self.ring.write_at(wrote, unsafe { m.src.add(off) }, useful);
+                wrote += n;
+                m.pos += n;
+            }
+            if wrote > 0 {
+                self.ring.publish(wrote);
+                moved = true;
+            }
+            if m.pos < total {
+                break;
+            }
+            let m = self.queue.pop_front().unwrap();
+            self.done.insert(m.id, m.len);
+        }
+        Ok(moved)
+    }
+}
+
+impl SendComm for ProxySend {
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn reg_mr(
+        &mut self,
+        base: *const u8,
+        len: usize,
+        kind: MemKind,
+    ) -> std::result::Result<Mr, NetError> {
+        self.next += 1;
+        host_mr(self.next, base, len, kind)
+    }
+
+    fn dereg_mr(&mut self, _mr: &Mr) -> std::result::Result<(), NetError> {
+        Ok(())
+    }
+
+    unsafe fn isend(
+        &mut self,
+        mr: &Mr,
+        data: *const u8,
+        len: usize,
+        tag: u32,
+    ) -> std::result::Result<Option<Request>, NetError> {
+        if !mr.covers(data as usize, len) {
+            return Err(NetError::InvalidArgument(format!(
+                "a send of {len} bytes outside its registered region"
+            )));
+        }
+        if len > u32::MAX as usize {
+            return Err(NetError::InvalidArgument(format!(
+                "a message of {len} bytes: the sidecar proxy carries at most {} a message",
+                u32::MAX
+            )));
+        }
+        self.att.health()?;
+        if self.queue.len() + self.done.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        self.next += 1;
+        let id = self.next;
+        self.queue.push_back(OutMsg {
+            id,
+            src: data,
+            len,
+            tag,
+            pos: 0,
+        });
+        self.progress()?;
+        Ok(Some(Request(id)))
+    }
+
+    fn test(&mut self, req: Request) -> std::result::Result<Option<usize>, NetError> {
+        if let Some(n) = self.done.remove(&req.0) {
+            return Ok(Some(n));
+        }
+        if !self.progress()? {
+            self.att.health()?;
+        }
+        Ok(self.done.remove(&req.0))
+    }
+}
+
+/// A posted receive.
+struct InMsg {
+    id: u64,
+    dst: *mut u8,
+    cap: usize,
+    tag: u32,
+    /// The message's length once its header was read.
+    len: Option<usize>,
+    /// Payload bytes (padding included) taken from the ring so far.
+    off: usize,
+}
+
+struct ProxyRecv {
+    att: Arc<Attachment>,
+    ring: RingEnd,
+    peer: String,
+    queue: VecDeque<InMsg>,
+    done: BTreeMap<u64, usize>,
+    next: u64,
+}
+
+// SAFETY: as for `ProxySend` (`irecv`'s contract).
+unsafe impl Send for ProxyRecv {}
+
+impl ProxyRecv {
+    /// Copies what arrived into the posted receives, in order; a message
+    /// whose tag or size does not fit its receive is an error naming the
+    /// peer (the ranks run different operations).
+    fn progress(&mut self) -> std::result::Result<bool, NetError> {
+        let mut moved = false;
+        while let Some(m) = self.queue.front_mut() {
+            let mut avail = self.ring.available().map_err(ring_err(&self.peer))?;
+            if m.len.is_none() {
+                if avail < HDR {
+                    break;
+                }
+                let mut h = [0u8; HDR];
+                let [(a, la), (b, lb)] = self.ring.regions(0, HDR);
+                // SAFETY: `HDR` published bytes at our position.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(a, h.as_mut_ptr(), la);
+                    std::ptr::copy_nonoverlapping(b, h.as_mut_ptr().add(la), lb);
+                }
+                let len = u32::from_le_bytes(h[..4].try_into().unwrap()) as usize;
+                let tag = u32::from_le_bytes(h[4..].try_into().unwrap());
+                if tag != m.tag {
+                    return Err(NetError::Peer {
+                        peer: self.peer.clone(),
+                        what: format!(
+                            "a message tagged {tag:#x} arrived where {:#x} was expected: the ranks run different operations",
+                            m.tag
+                        ),
+                    });
+                }
+                if len > m.cap {
+                    return Err(NetError::Peer {
+                        peer: self.peer.clone(),
+                        what: format!(
+                            "a message of {len} bytes arrived for a receive of {}: the ranks run different operations",
+                            m.cap
+                        ),
+                    });
+                }
+                self.ring.consume(HDR);
+                avail -= HDR;
+                m.len = Some(len);
+                moved = true;
+            }
+            let len = m.len.unwrap_or(0);
+            let n = avail.min(pad8(len) - m.off);
+            if n > 0 {
+                let useful = (m.off + n).min(len).saturating_sub(m.off);
+                let [(a, la), (b, lb)] = self.ring.regions(0, useful);
+                // SAFETY: `useful` published bytes at our position; the
+                // destination lies inside the posted receive (`irecv`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(a, m.dst.add(m.off), la);
+                    std::ptr::copy_nonoverlapping(b, m.dst.add(m.off + la), lb);
+                }
+                self.ring.consume(n);
+                m.off += n;
+                moved = true;
+            }
+            if m.off < pad8(len) {
+                break;
+            }
+            let m = self.queue.pop_front().unwrap();
+            self.done.insert(m.id, len);
+        }
+        Ok(moved)
+    }
+}
+
+impl RecvComm for ProxyRecv {
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn reg_mr(
+        &mut self,
+        base: *const u8,
+        len: usize,
+        kind: MemKind,
+    ) -> std::result::Result<Mr, NetError> {
+        self.next += 1;
+        host_mr(self.next, base, len, kind)
+    }
+
+    fn dereg_mr(&mut self, _mr: &Mr) -> std::result::Result<(), NetError> {
+        Ok(())
+    }
+
+    unsafe fn irecv(
+        &mut self,
+        bufs: &[RecvBuf<'_>],
+    ) -> std::result::Result<Option<Request>, NetError> {
+        let [b] = bufs else {
+            return Err(NetError::InvalidArgument(format!(
+                "{} buffers in one receive: the sidecar proxy takes 1",
+                bufs.len()
+            )));
+        };
+        if !b.mr.covers(b.ptr as usize, b.len) {
+            return Err(NetError::InvalidArgument(format!(
+                "a receive of {} bytes outside its registered region",
+                b.len
+            )));
+        }
+        self.att.health()?;
+        if self.queue.len() + self.done.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        self.next += 1;
+        let id = self.next;
+        self.queue.push_back(InMsg {
+            id,
+            dst: b.ptr,
+            cap: b.len,
+            tag: b.tag,
+            len: None,
+            off: 0,
+        });
+        self.progress()?;
+        Ok(Some(Request(id)))
+    }
+
+    fn test(&mut self, req: Request) -> std::result::Result<Option<Vec<usize>>, NetError> {
+        if let Some(n) = self.done.remove(&req.0) {
+            return Ok(Some(vec![n]));
+        }
+        if !self.progress()? {
+            self.att.health()?;
+        }
+        Ok(self.done.remove(&req.0).map(|n| vec![n]))
+    }
+}
+
+#[cfg(test)]
+#[path = "proxy_tests.rs"]
+mod tests;
