@@ -2,16 +2,23 @@
 # and over direct TCP), an unmodified NCCL C program, and a whole-job
 # restart when a pod is deleted.
 
-# bench_example NAME TRANSPORT: examples/bench-allreduce.yaml under NAME with
-# network.transport TRANSPORT, to Succeeded, with its status and its table
-# checked (one table, from rank 0's pod; every rank on its own pod; every
-# result checked, none wrong), and which path the ranks' bytes took.
+# bench_example NAME TRANSPORT [engine]: examples/bench-allreduce.yaml under
+# NAME with network.transport TRANSPORT, to Succeeded, with its status and its
+# table checked (one table, from rank 0's pod; every rank on its own pod;
+# every result checked, none wrong), and which path the ranks' bytes took.
+# With `engine`, all-reduces from 64 KiB run on the cross-host engine with
+# its bytes through the sidecars' proxy (WEFT_CROSSHOST_NET=proxy), which
+# every rank must say (WEFT_DEBUG=INFO: its log lines are left out of the
+# table's checks).
 bench_example() {
-  local job=$1 transport=$2 t0
+  local job=$1 transport=$2 engine=${3:-} t0 env_edit=""
   CURRENT_JOB=$job
   t0=$(now_ms)
+  if [[ $engine == engine ]]; then
+    env_edit='s/^        - name: bench$/        - name: bench\n          env: [{name: WEFT_CROSSHOST_NET, value: proxy}, {name: WEFT_CROSSHOST_MIN_BYTES, value: "65536"}, {name: WEFT_DEBUG, value: INFO}]/'
+  fi
   apply "$ROOT/examples/bench-allreduce.yaml" "s/^  name: bench-allreduce$/  name: $job/" \
-    "s/^    transport: auto$/    transport: $transport/"
+    "s/^    transport: auto$/    transport: $transport/" ${env_edit:+"$env_edit"}
   wait_phase $job Succeeded 600
   log "$job Succeeded $(($(now_ms) - t0)) ms after it was applied"
   check $job '.status.worldSize == 4' '.status.ranks | length == 2' '.status.ranks[1].firstRank == 2' \
@@ -19,8 +26,9 @@ bench_example() {
     '.status.ready == "0/2"' '.status.restarts == 0' \
     '[.status.conditions[] | select(.type=="Succeeded" and .status=="True")] | length == 1'
   [[ $(events $job PodsCreated) -ge 1 ]] || fail "no PodsCreated event"
-  local table rows r
-  table=$(kubectl -n "$NS" logs $job-0 -c bench)
+  local table rows r full
+  full=$(kubectl -n "$NS" logs $job-0 -c bench)
+  table=$(grep -vE ' weft (INFO|WARN|TRACE) ' <<<"$full")
   grep -q '^# nRanks 4 ' <<<"$table" || fail "not a 4-rank table: $table"
   [[ $(grep -c 'Collective test starting' <<<"$table") == 1 ]] || fail "not one table: $table"
   for r in 0 1 2 3; do
@@ -32,6 +40,15 @@ bench_example() {
   kubectl -n "$NS" logs $job-1 -c bench | grep -q 'ranks 2..3 of 4 finished, no wrong values' \
     || fail "pod 1 did not report its ranks: $(kubectl -n "$NS" logs $job-1 -c bench)"
   sed 's/^/    /' <<<"$table"
+  if [[ $engine == engine ]]; then
+    local said p
+    for p in 0 1; do
+      said=$(kubectl -n "$NS" logs $job-$p -c bench | grep 'run on the cross-host engine' || true)
+      [[ $(grep -c 'between hosts through the sidecar proxy' <<<"$said") == 2 ]] \
+        || fail "pod $p: its 2 ranks did not say they run on the engine through the proxy: $said"
+    done
+    log "the engine through the proxy: $(head -1 <<<"$said")"
+  fi
   # Which path: the sidecars' proxy connects hosts only for ranks' traffic.
   local sc; sc=$(kubectl -n "$NS" logs $job-0 -c weft-sidecar)
   if [[ $transport == auto ]]; then
@@ -59,6 +76,7 @@ bench_rows() {
 
 scenario_bench_proxy() { bench_example bench-proxy auto; }
 scenario_bench_tcp() { bench_example bench-tcp tcp; }
+scenario_bench_engine_proxy() { bench_example bench-engine-proxy auto engine; }
 
 # libcomm/capi/tests/c/dropin.c, a program written for NVIDIA's NCCL
 # (<nccl.h>, -lnccl, ncclGetUniqueId + ncclCommInitRank from RANK and
