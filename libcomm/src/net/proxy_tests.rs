@@ -238,3 +238,67 @@ fn bad_requests_are_refused_before_anything_moves() {
     assert_eq!(n, MAX_REQUESTS);
     drop(l);
 }
+
+/// What a broken or hostile peer could put on a ring (its sidecar forwards
+/// bytes as they come): random bytes, sometimes with a plausible header,
+/// must end in data or a typed error for every receive, never a panic, a
+/// hang, or a byte written past a receive's buffer.
+#[test]
+fn arbitrary_bytes_on_the_ring_end_in_data_or_an_error_never_past_a_receive() {
+    let cap = 4096;
+    for case in 0..300u64 {
+        let mut l = loopback(cap);
+        let noise = random_bytes(((case as usize * 37) % (2 * cap)) & !7, case + 11);
+        let mut pos = 0;
+        // A plausible header now and then: a small length and tag 7.
+        let mut bytes = noise.clone();
+        if case % 3 == 0 && bytes.len() >= 8 {
+            let len = (case as u32 * 13) % 300;
+            bytes[..4].copy_from_slice(&len.to_le_bytes());
+            bytes[4..8].copy_from_slice(&7u32.to_le_bytes());
+        }
+        let mut bufs: Vec<Vec<u8>> = (0..4)
+            .map(|i| vec![0xCD; 8 + ((case as usize + i) * 29) % 400 + 16])
+            .collect();
+        let caps: Vec<usize> = bufs.iter().map(|b| b.len() - 16).collect();
+        let mut reqs = Vec::new();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let n = caps[i];
+            let mr = l.recv.reg_mr(b.as_ptr(), n, MemKind::Host).unwrap();
+            let rb = RecvBuf {
+                mr: &mr,
+                ptr: b.as_mut_ptr(),
+                len: n,
+                tag: if i % 2 == 0 { 7 } else { case as u32 },
+            };
+            // SAFETY: the buffers outlive `l`'s use of them (checked below,
+            // then `l` is dropped first).
+            reqs.push(unsafe { l.recv.irecv(&[rb]) }.unwrap().unwrap());
+        }
+        let mut failed = false;
+        for _ in 0..64 {
+            let space = l.send.ring.space().unwrap();
+            let n = space.min(bytes.len() - pos) & !7;
+            if n > 0 {
+                l.send.ring.write_at(0, bytes[pos..].as_ptr(), n);
+                l.send.ring.publish(n);
+                pos += n;
+            }
+            match l.recv.test(reqs[0]) {
+                Ok(_) => {}
+                Err(NetError::Peer { .. }) => {
+                    failed = true;
+                    break;
+                }
+                Err(e) => panic!("case {case}: not a peer error: {e}"),
+            }
+        }
+        for (i, b) in bufs.iter().enumerate() {
+            assert!(
+                b[caps[i]..].iter().all(|&x| x == 0xCD),
+                "case {case} (failed {failed}): receive {i} was written past its end"
+            );
+        }
+        drop(l);
+    }
+}
