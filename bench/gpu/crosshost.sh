@@ -6,7 +6,7 @@
 # identities never map each other's memory: Weft runs its cross-host path
 # (pinned buffers + progress thread, TCP over loopback between the halves).
 # Usage: bench/gpu/crosshost.sh [phases...]     (invoked like bench/gpu/run.sh)
-#   phases: info build rtest check perf nccl table
+#   phases: info build rtest check perf nccl table (and engine, proxy)
 #   build   nccl-tests with MPI=1 (run.sh mpibuild: bench/gpu/nccl-tests -> /tmp/nccl-tests/build-mpi)
 #   rtest   the Rust GPU tests (weft/crosshost-test: `cargo test --release -p weft-nccl
 #           --test cuda_crosshost --no-run`, stripped): every collective vs a reference,
@@ -18,6 +18,11 @@
 #           host on one GPU: recorded), 4 x 1 (NCCL_HOSTID per rank) over its socket transport
 #   engine  Weft 2 x 2 with WEFT_CROSSHOST_MIN_BYTES (XH_ENGINE_MIN, default 1048576): the
 #           progress thread's host part on the cross-host engine (XH_ENGINE_COLLS: which)
+#   proxy   Weft 2 hosts x XH_NP/2 with a `weft sidecar` per simulated host (its own
+#           loopback address, 127.0.0.11 / .12) and every rank attached to its host's, as
+#           in a pod: the flat path through the proxy, the engine over its own TCP
+#           (WEFT_CROSSHOST_NET=tcp) and the engine through the proxy (=proxy), engine
+#           from XH_ENGINE_MIN (default 1048576); XH_ENGINE_COLLS: which collectives
 #   table   busbw side by side from $OUT/crosshost.txt
 # XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
 # local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1), else
@@ -43,7 +48,7 @@ HALF=$((NP / 2))   # ranks per host of the two-host runs (check, engine)
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
-  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG; do
+  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
     [ -n "${!v:-}" ] && xs="$xs -x $v"; done
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
     mpirun --allow-run-as-root --oversubscribe -np $NP --bind-to none \
@@ -54,6 +59,10 @@ xrun() { local who=$1 per=$2; shift 2
           # One rank per host: its socket transport, as between machines.
           [ "$XH_PER" = 1 ] && export NCCL_NET=Socket NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
         else export WEFT_HOSTNAME=$h; fi
+        # With sidecars (XH_SC: their socket prefix): attached to the host sidecar,
+        # listening on its loopback address (the proxy joins distinct addresses).
+        if [ -n "${XH_SC:-}" ]; then i=$((OMPI_COMM_WORLD_RANK / XH_PER))
+          export WEFT_SIDECAR_SOCKET=$XH_SC$i.sock WEFT_LISTEN_ADDR=127.0.0.1$((i + 1)); fi
         exec "$@"' _ "$@"
   echo "rc=$?"; }
 for ph in $phases; do case $ph in
@@ -84,6 +93,26 @@ engine)
     echo "### engine $t hosts=2x$HALF" >> $OUT/crosshost.txt
     WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done ;;
+proxy)
+  # One sidecar per simulated host, as the operator puts one in every pod.
+  export WEFT_JOB=xh$$ WEFT_JOB_SECRET=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n') XH_SC=/tmp/xh-sc
+  scs=(); for i in 0 1; do
+    rm -f $XH_SC$i.sock $XH_SC$i.sock.proxy
+    $WEFT/weft sidecar --http 127.0.0.1:0 --socket $XH_SC$i.sock --job $WEFT_JOB --host sim-$i \
+      --peer-listen 127.0.0.1$((i + 1)):7411 --peers 127.0.0.1$((2 - i)):7411 > $OUT/sidecar$i.log 2>&1 &
+    scs+=($!)
+  done
+  for i in 0 1; do for _ in $(seq 100); do [ -S $XH_SC$i.sock.proxy ] && break; sleep 0.1; done; done
+  ls -l $XH_SC*; for t in ${XH_ENGINE_COLLS:-all_reduce all_gather reduce_scatter alltoall}; do
+    for m in flat tcp proxy; do
+      log perf ours-sidecar-$m $t 2 hosts x $HALF
+      echo "### sidecar-$m $t hosts=2x$HALF" >> $OUT/crosshost.txt
+      if [ $m = flat ]; then unset WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET
+      else export WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} WEFT_CROSSHOST_NET=$m; fi
+      TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    done
+  done
+  unset XH_SC WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET; kill ${scs[@]} 2>/dev/null; wait ${scs[@]} ;;
 nccl)
   if [ "${XH_DEV:-0}" != local ]; then
     log nccl 2 hosts x 2 ranks on one GPU "(expected: refused, duplicate GPU)"
