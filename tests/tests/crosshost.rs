@@ -512,6 +512,40 @@ fn a_rank_killed_or_stopped_fails_every_survivor_through_the_proxy() {
     fault_on("commloop", &[2, 2], 2, libc::SIGSTOP, timeout, bound, true);
 }
 
+/// A host's sidecar SIGKILLed while the communicator's engine moves its
+/// all-reduces through the proxies: every rank fails within 3 s, its error
+/// naming the lost sidecar or the host behind it (the ranks of that host
+/// see their link close; the others hear it from their own sidecar, whose
+/// connection to the dead one dropped).
+#[test]
+fn a_sidecar_killed_under_the_proxied_engine_fails_every_rank() {
+    let Some(net) = common::netns_hosts(2) else {
+        return;
+    };
+    let sc = sidecars(&net);
+    let ctl = Ctl::new("sckill");
+    let spec = proxied_spec(&net, &[2, 2], &["commloop", "2000000"], &ctl, &sc)
+        .env("WEFT_CROSSHOST_MIN_BYTES", "65536");
+    let job = job::spawn(spec);
+    ctl.wait_all(&(0..4).map(|r| format!("running.{r}")).collect::<Vec<_>>());
+    std::thread::sleep(Duration::from_millis(100));
+    let at = now_ms();
+    sc[1].signal(libc::SIGKILL);
+    let run = job.wait();
+    for (r, e, t) in survivors(&run, usize::MAX) {
+        let after = Duration::from_millis(t.saturating_sub(at) as u64);
+        eprintln!("rank {r} after {after:?}: {e}");
+        assert!(
+            e.contains("sidecar") || net.hosts.iter().any(|h| e.contains(h.as_str())),
+            "rank {r}'s error names neither the sidecar nor a host: {e}"
+        );
+        assert!(
+            after <= Duration::from_secs(3),
+            "rank {r} took {after:?}: {e}"
+        );
+    }
+}
+
 /// An abort of the communicator (from another thread) releases a call
 /// waiting in its cross-host engine for a rank that never joins: every
 /// aborting rank's call returns an error within a second.

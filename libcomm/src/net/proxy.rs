@@ -108,8 +108,9 @@ impl Attachment {
         let last = self.last_check.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= SIDECAR_CHECK_NS {
             self.last_check.store(now, Ordering::Relaxed);
+            // `what` names the socket ("lost the sidecar proxy at ...").
             link.check().map_err(|what| NetError::Peer {
-                peer: format!("the sidecar proxy at {}", self.path.display()),
+                peer: "this host's sidecar".into(),
                 what,
             })?;
         }
