@@ -287,7 +287,7 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
 }
 
 /// The communicator's engine with its bytes through each host's sidecar
-/// proxy (`WEFT_CROSSHOST_NET=proxy`: `net/proxy.rs`): the collectives the
+/// proxy (`WEFT_CROSSHOST_NET=proxy`: `net/proxy/`): the collectives the
 /// engine takes, below and above a 16 KiB threshold, checked on random data
 /// by `weft bench-rank --check`, on 2 hosts x 2 ranks (rails: two proxied
 /// channels per host pair at once, local phases over shared memory) and 3

@@ -4,6 +4,7 @@
 //! `tests/tests/crosshost.rs`).
 
 use super::*;
+use crate::net::{MemKind, RecvBuf, RecvComm, Request, SendComm};
 use crate::transport::shm::FAIL_ERROR;
 
 /// A send and a receive comm on the two ends of one ring.
@@ -27,22 +28,16 @@ fn loopback(cap: usize) -> Loopback {
         t0: Instant::now(),
     });
     Loopback {
-        send: ProxySend {
-            att: att.clone(),
-            ring: RingEnd::new(&rings, 0, &bell, true),
-            peer: "rank 1 (test)".into(),
-            queue: VecDeque::new(),
-            done: BTreeMap::new(),
-            next: 0,
-        },
-        recv: ProxyRecv {
+        send: ProxySend::new(
+            att.clone(),
+            RingEnd::new(&rings, 0, &bell, true),
+            "rank 1 (test)".into(),
+        ),
+        recv: ProxyRecv::new(
             att,
-            ring: RingEnd::new(&rings, 0, &bell, false),
-            peer: "rank 1 (test)".into(),
-            queue: VecDeque::new(),
-            done: BTreeMap::new(),
-            next: 0,
-        },
+            RingEnd::new(&rings, 0, &bell, false),
+            "rank 1 (test)".into(),
+        ),
         _rings: rings,
         _bell: bell,
     }
