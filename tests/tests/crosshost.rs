@@ -375,6 +375,75 @@ fn one_rank_without_an_engine_keeps_every_rank_on_the_flat_path() {
     assert!(why.contains("was not built"), "{}", run.dump());
 }
 
+/// `WEFT_CROSSHOST_NET=proxy` where it cannot hold: with no sidecar at
+/// all, and on one rank only of a job whose sidecars proxy (the others
+/// `tcp`: their handles cannot meet). Every rank keeps the flat path, the
+/// collectives check, and a rank that could not build its part says why.
+#[test]
+fn a_proxy_byte_mover_that_cannot_be_built_keeps_every_rank_on_the_flat_path() {
+    let Some(net) = common::netns_hosts(2) else {
+        return;
+    };
+    let args = bench_rank("all_reduce", "4", ["64K", "1M", "16"], "2", true);
+    let check = |run: &JobRun, why: &str| {
+        run.assert_success();
+        assert!(
+            run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
+            "{}",
+            run.dump()
+        );
+        let logs: Vec<String> = run
+            .ranks
+            .iter()
+            .map(|r| format!("{}{}", r.stdout, r.stderr))
+            .collect();
+        assert!(
+            logs.iter()
+                .all(|l| !l.contains("run on the cross-host engine")),
+            "{}",
+            run.dump()
+        );
+        let said = logs
+            .iter()
+            .flat_map(|l| l.lines())
+            .find(|l| l.contains("was not built") && l.contains(why));
+        assert!(said.is_some(), "no rank said why ({why}):\n{}", run.dump());
+        eprintln!("flat path kept: {}", said.unwrap_or_default());
+    };
+    // No sidecar anywhere.
+    let ctl = Ctl::new("noproxy");
+    let run = job::run(
+        spec(&net, &[2, 2], &args, &ctl)
+            .env("WEFT_CROSSHOST_NET", "proxy")
+            .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
+            .env("WEFT_DEBUG", "INFO"),
+    );
+    check(&run, "no sidecar proxy is offered");
+    // Sidecars, but rank 3 alone asks for the proxy.
+    let sc = sidecars(&net);
+    let ctl = Ctl::new("mixedproxy");
+    let host_of = [0, 0, 1, 1];
+    let run = job::run(
+        spec_with(&net, &[2, 2], &args, &ctl, |r| {
+            vec![
+                (
+                    "WEFT_SIDECAR_SOCKET".into(),
+                    sc[host_of[r]].socket.display().to_string(),
+                ),
+                (
+                    "WEFT_CROSSHOST_NET".into(),
+                    if r == 3 { "proxy" } else { "tcp" }.into(),
+                ),
+            ]
+        })
+        .env("WEFT_JOB", &sc[0].job)
+        .env("WEFT_JOB_SECRET", &sc[0].secret)
+        .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
+        .env("WEFT_DEBUG", "INFO"),
+    );
+    check(&run, "connect");
+}
+
 /// Every survivor's error and when it came.
 fn survivors(run: &JobRun, victim: usize) -> Vec<(usize, String, u128)> {
     (0..run.ranks.len())

@@ -56,6 +56,11 @@ use std::time::Instant;
 /// (ids are random: another communicator with exactly that id is as likely
 /// as any collision of 128 random bits).
 pub const ENGINE_ID_BIT: u8 = 0x80;
+/// A connect handle's first bytes: this magic, then the rank's number (4,
+/// little-endian), then the control byte mover's handle.
+const HANDLE_MAGIC: &[u8; 4] = b"WFPX";
+/// What a peer whose handle is not ours most likely did.
+const MIXED: &str = "is WEFT_CROSSHOST_NET the same on every rank?";
 /// Bytes before every message on a ring: payload length, tag.
 const HDR: usize = 8;
 /// Requests one comm holds at once (NCCL's `NCCL_NET_MAX_REQUESTS`).
@@ -253,13 +258,15 @@ impl Net for ProxyNet {
         })
     }
 
-    /// The handle: this rank's number, then the control byte mover's.
+    /// The handle: [`HANDLE_MAGIC`], this rank's number, then the control
+    /// byte mover's.
     fn listen(
         &self,
         dev: usize,
     ) -> std::result::Result<(ConnectHandle, Box<dyn ListenComm>), NetError> {
         let (inner, control) = self.control.listen(dev)?;
-        let mut b = self.me.to_le_bytes().to_vec();
+        let mut b = HANDLE_MAGIC.to_vec();
+        b.extend_from_slice(&self.me.to_le_bytes());
         b.extend_from_slice(inner.as_bytes());
         let handle = ConnectHandle::from_bytes(&b)?;
         let data: VecDeque<(u32, ProxyRecv)> = std::mem::take(&mut *lock(&self.recvs))
@@ -285,15 +292,15 @@ impl Net for ProxyNet {
         cancelled: &dyn Fn() -> bool,
     ) -> std::result::Result<Box<dyn SendComm>, NetError> {
         let b = handle.as_bytes();
-        if b.len() < 4 || b.len() > HANDLE_MAX {
+        if b.len() < 8 || b.len() > HANDLE_MAX || &b[..4] != HANDLE_MAGIC {
             return Err(NetError::InvalidArgument(format!(
-                "not a sidecar-proxy connect handle ({} bytes)",
+                "not a sidecar-proxy connect handle ({} bytes): {MIXED}",
                 b.len()
             )));
         }
-        let rank = u32::from_le_bytes(b[..4].try_into().unwrap());
+        let rank = u32::from_le_bytes(b[4..8].try_into().unwrap());
         if me.stream != self.data_stream {
-            let inner = ConnectHandle::from_bytes(&b[4..])?;
+            let inner = ConnectHandle::from_bytes(&b[8..])?;
             return self.control.connect(dev, &inner, me, deadline, cancelled);
         }
         let ring = lock(&self.sends).remove(&rank).ok_or_else(|| {

@@ -53,7 +53,11 @@ impl Handle {
 
     pub fn decode(h: &ConnectHandle) -> Result<Handle, NetError> {
         let b = h.as_bytes();
-        let bad = |why: &str| NetError::InvalidArgument(format!("not a TCP connect handle: {why}"));
+        let bad = |why: &str| {
+            NetError::InvalidArgument(format!(
+                "not a TCP connect handle: {why} (is WEFT_CROSSHOST_NET the same on every rank?)"
+            ))
+        };
         if b.len() != HANDLE_BYTES {
             return Err(bad(&format!("{} bytes, expected {HANDLE_BYTES}", b.len())));
         }
