@@ -41,7 +41,16 @@ pub struct Config {
     /// (`WEFT_CROSSHOST_NET=proxy`) rather than over its own TCP
     /// connections.
     pub cross_engine_via_proxy: bool,
+    /// Remote ranks the engine connects to at most before it connects only
+    /// to its rail (`WEFT_CROSSHOST_MAX_PEERS`).
+    pub cross_engine_max_peers: usize,
 }
+
+/// The most remote ranks a rank's cross-host engine connects to when
+/// `WEFT_CROSSHOST_MAX_PEERS` is unset: a send and a receive connection
+/// each, `WEFT_NET_SOCKETS` sockets with a helper thread apiece (64 threads
+/// a rank with the default 4 sockets).
+pub const DEFAULT_CROSSHOST_MAX_PEERS: usize = 8;
 
 impl Default for Config {
     fn default() -> Self {
@@ -58,6 +67,7 @@ impl Default for Config {
             name: None,
             cross_engine_min_bytes: None,
             cross_engine_via_proxy: false,
+            cross_engine_max_peers: DEFAULT_CROSSHOST_MAX_PEERS,
         }
     }
 }
@@ -120,6 +130,12 @@ impl Config {
             .try_get()
             .map_err(|e| Error::arg(e.to_string()))?
             .is_some_and(|v| v == "proxy");
+        if let Some(n) = params::WEFT_CROSSHOST_MAX_PEERS
+            .try_get()
+            .map_err(|e| Error::arg(e.to_string()))?
+        {
+            c.cross_engine_max_peers = n;
+        }
         c.hostname = env_str(params::WEFT_HOSTNAME);
         c.listen_addr = env_str(params::WEFT_LISTEN_ADDR);
         if let Some(b) = params::NCCL_COMM_BLOCKING

@@ -286,6 +286,49 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
     }
 }
 
+/// Jobs whose ranks have more remote ranks than `WEFT_CROSSHOST_MAX_PEERS`
+/// (here 1 on 2 hosts x 2, and 2 on 3 hosts x 2) on hosts of equal size: the
+/// engine connects each rank to its rail only (one rank per other host) and
+/// runs every collective on rails; every collective it takes checks on
+/// random data, and every rank says so.
+#[test]
+fn an_engine_that_reaches_its_rail_only_runs_every_collective_on_rails_and_checks() {
+    for (placement, max) in [(vec![2, 2], "1"), (vec![2, 2, 2], "2")] {
+        let Some(net) = common::netns_hosts(placement.len()) else {
+            return;
+        };
+        let ctl = Ctl::new("rails");
+        let n = placement.iter().sum::<usize>().to_string();
+        for op in ["all_reduce", "all_gather", "reduce_scatter", "alltoall"] {
+            let args = bench_rank(op, &n, ["4K", "1M", "16"], "2", true);
+            let run = job::run(
+                spec(&net, &placement, &args, &ctl)
+                    .env("WEFT_PROXY", "0")
+                    .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
+                    .env("WEFT_CROSSHOST_MAX_PEERS", max)
+                    .env("WEFT_DEBUG", "INFO"),
+            );
+            run.assert_success();
+            assert!(
+                run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
+                "{op} on {placement:?}: {}",
+                run.ranks[0].stdout
+            );
+            let rails = format!("to {} remote rank(s): its rail only", placement.len() - 1);
+            for (r, rank) in run.ranks.iter().enumerate() {
+                let log = format!("{}{}", rank.stdout, rank.stderr);
+                assert!(
+                    log.contains(&rails),
+                    "{op} on {placement:?}, rank {r} did not run on its rail alone:\n{log}"
+                );
+            }
+            eprintln!(
+                "{op} on {placement:?}, rails only (WEFT_CROSSHOST_MAX_PEERS={max}): checked"
+            );
+        }
+    }
+}
+
 /// The communicator's engine with its bytes through each host's sidecar
 /// proxy (`WEFT_CROSSHOST_NET=proxy`: `net/proxy/`): the collectives the
 /// engine takes, below and above a 16 KiB threshold, checked on random data

@@ -26,6 +26,12 @@
 //! a communicator that turns out to live on one host, or whose engine any
 //! rank could not build, keeps the flat path on every rank, logged once.
 //!
+//! Whom it connects to ([`engine_reach`]): every remote rank while a rank
+//! has at most `WEFT_CROSSHOST_MAX_PEERS` of them; beyond that, on hosts of
+//! equal size, its rail alone, every collective then on rails; beyond that
+//! too, no engine by default. The byte mover is the rank's own TCP, or the
+//! sidecar proxy with `WEFT_CROSSHOST_NET=proxy` (`net/proxy/`).
+//!
 //! Failures stay bounded as on the flat path: the engine names the rank
 //! that failed or went silent (`WEFT_TIMEOUT_MS`), and an abort or a
 //! failure raised on the communicator (the sidecar's lever, the device
@@ -36,7 +42,7 @@ use super::communicator::Communicator;
 use super::cross_mover::CommMover;
 use super::cross_slot::{State, Stop};
 use super::shared::lock;
-use crate::crosshost::{Coll, CrossHost, Layout, Links};
+use crate::crosshost::{Coll, CrossHost, Layout, Links, Shape};
 use crate::error::{Error, Result};
 use crate::net::Net;
 use crate::net::proxy::ProxyNet;
@@ -54,20 +60,34 @@ const CONNECT_BOUND: Duration = Duration::from_secs(60);
 /// `WEFT_CROSSHOST_MIN_BYTES` is unset (see the module docs).
 pub const DEVICE_MIN_BYTES: usize = 4 << 20;
 
-/// The engine connects to every rank of another host up front (a send and
-/// a receive connection each, `WEFT_NET_SOCKETS` sockets with a helper
-/// thread apiece), so by default it is built only for communicators whose
-/// ranks have at most this many remote peers (64 threads a rank with the
-/// default 4 sockets; `WEFT_CROSSHOST_MIN_BYTES` set builds it whatever
-/// the count). Larger jobs keep the flat path until connections are made
-/// on demand.
-pub const DEFAULT_MAX_REMOTE_PEERS: usize = 8;
+/// Which ranks of other hosts the engine connects to, on a layout (the same
+/// answer on every rank: the layout is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reach {
+    /// Every remote rank: any shape the tuner picks.
+    All,
+    /// Only the ranks of its rail (same local index, one per other host):
+    /// every collective on rails, whose plans use nothing else. For jobs
+    /// whose ranks have more than `max` remote ranks on hosts of equal
+    /// size (4 nodes x 8 GPUs: 3 rail peers instead of 24).
+    Rails,
+    /// More than `max` even on its rail (more hosts), or uneven hosts.
+    TooMany,
+}
 
-/// Whether the engine is built by default (`WEFT_CROSSHOST_MIN_BYTES`
-/// unset) on `layout`: the same answer on every rank (the layout is).
-fn default_engine_fits(layout: &Layout) -> bool {
+fn engine_reach(layout: &Layout, max: usize) -> Reach {
     // A rank's remote peers: every rank but its host's.
-    (0..layout.nhosts()).all(|h| layout.n() - layout.members(h).len() <= DEFAULT_MAX_REMOTE_PEERS)
+    let most = (0..layout.nhosts())
+        .map(|h| layout.n() - layout.members(h).len())
+        .max()
+        .unwrap_or(0);
+    if most <= max {
+        Reach::All
+    } else if layout.per_host().is_some() && layout.nhosts() - 1 <= max {
+        Reach::Rails
+    } else {
+        Reach::TooMany
+    }
 }
 
 /// The engine's collective for `op`, when it takes it. Broadcast and
@@ -212,21 +232,30 @@ impl Communicator {
         if layout.nhosts() < 2 {
             return Ok(None);
         }
-        if self.s.cfg.cross_engine_min_bytes.is_none() && !default_engine_fits(&layout) {
-            crate::log::info_log!(
-                "comm {} rank {}: {}: more than {DEFAULT_MAX_REMOTE_PEERS} remote peers a rank, so the cross-host engine is not built by default (WEFT_CROSSHOST_MIN_BYTES builds it); the flat path runs every collective",
-                self.s.label,
-                self.s.rank,
-                layout.describe()
-            );
-            return Ok(None);
-        }
+        let max = self.s.cfg.cross_engine_max_peers;
+        let reach = match engine_reach(&layout, max) {
+            Reach::TooMany if self.s.cfg.cross_engine_min_bytes.is_none() => {
+                crate::log::info_log!(
+                    "comm {} rank {}: {}: more than {max} remote peers a rank even on its rail (WEFT_CROSSHOST_MAX_PEERS), so the cross-host engine is not built by default (WEFT_CROSSHOST_MIN_BYTES builds it, connected to every remote rank); the flat path runs every collective",
+                    self.s.label,
+                    self.s.rank,
+                    layout.describe()
+                );
+                return Ok(None);
+            }
+            Reach::TooMany => Reach::All,
+            r => r,
+        };
         // What can fail here alone comes first and is agreed on. The byte
         // mover authenticates with the communicator's own secret (the
         // unique id it was created from: a program that passes ids itself
         // has none in its environment).
         let me = self.rank();
-        let net = self.cross_byte_mover(&layout.remote(me));
+        let peers = match reach {
+            Reach::Rails => layout.rail_peers(me),
+            _ => layout.remote(me),
+        };
+        let net = self.cross_byte_mover(&peers);
         if !all_agree(self, net.is_ok())? {
             return net.and(Ok(None));
         }
@@ -245,34 +274,38 @@ impl Communicator {
             .split_with_config(Some(h as u32), me as i32, self.s.cfg.clone().blocking(true))
             .and_then(|l| l.ok_or_else(|| Error::Internal("no host-local communicator".into())))
             .and_then(|local| {
-                let links = Links::connect(
-                    net,
-                    self,
-                    me,
-                    &layout.remote(me),
-                    Instant::now() + CONNECT_BOUND,
-                )?;
+                let links = Links::connect(net, self, me, &peers, Instant::now() + CONNECT_BOUND)?;
                 let lever = std::sync::Arc::downgrade(&local.s) as Weak<dyn Lever>;
                 let mover = CommMover::new(local, layout.members(h).to_vec());
-                let x = CrossHost::new(
+                let mut x = CrossHost::new(
                     layout.clone(),
                     links,
                     Box::new(mover),
                     &self.s.label,
                     self.s.cfg.timeout,
                 )?;
+                if reach == Reach::Rails {
+                    // Its plans use the rail alone, which is all it reaches.
+                    x.shape = Some(Shape::Rails);
+                }
                 Ok((x, lever))
             });
         if !all_agree(self, built.is_ok())? {
             return built.and(Ok(None));
         }
         crate::log::info_log!(
-            "comm {} rank {}: {} collectives of {} bytes and more run on the cross-host engine ({}; between hosts {mover})",
+            "comm {} rank {}: {} collectives of {} bytes and more run on the cross-host engine ({}; between hosts {mover}, to {} remote rank(s){})",
             self.s.label,
             self.s.rank,
             if device { "device" } else { "host" },
             self.cross_engine_min(device).unwrap_or(0),
-            layout.describe()
+            layout.describe(),
+            peers.len(),
+            if reach == Reach::Rails {
+                ": its rail only, every collective on rails"
+            } else {
+                ""
+            }
         );
         built.map(Some)
     }
@@ -317,16 +350,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_engine_is_for_jobs_with_few_remote_peers() {
-        // 2 hosts x 4: 4 remote peers each; 3 x 4: 8; 2 x 8: 8; 3 x 8: 16.
-        assert!(default_engine_fits(&Layout::uniform(2, 4)));
-        assert!(default_engine_fits(&Layout::uniform(3, 4)));
-        assert!(default_engine_fits(&Layout::uniform(2, 8)));
-        assert!(!default_engine_fits(&Layout::uniform(3, 8)));
-        assert!(default_engine_fits(&Layout::uniform(9, 1)));
-        assert!(!default_engine_fits(&Layout::uniform(10, 1)));
-        // Uneven: the rank with the most remote peers decides for all.
+    fn the_engine_reaches_every_remote_rank_its_rail_or_none_by_layout() {
+        let m = crate::config::DEFAULT_CROSSHOST_MAX_PEERS;
+        // 2 hosts x 4: 4 remote peers each; 3 x 4: 8; 2 x 8: 8.
+        assert_eq!(engine_reach(&Layout::uniform(2, 4), m), Reach::All);
+        assert_eq!(engine_reach(&Layout::uniform(3, 4), m), Reach::All);
+        assert_eq!(engine_reach(&Layout::uniform(2, 8), m), Reach::All);
+        // 3 x 8: 16 remote, 2 on the rail; 4 x 8: 24, 3; 9 x 8: 64, 8.
+        assert_eq!(engine_reach(&Layout::uniform(3, 8), m), Reach::Rails);
+        assert_eq!(engine_reach(&Layout::uniform(4, 8), m), Reach::Rails);
+        assert_eq!(engine_reach(&Layout::uniform(9, 8), m), Reach::Rails);
+        // 10 x 8: 9 on the rail; 10 x 1: 9 remote (the rail is all).
+        assert_eq!(engine_reach(&Layout::uniform(10, 8), m), Reach::TooMany);
+        assert_eq!(engine_reach(&Layout::uniform(9, 1), m), Reach::All);
+        assert_eq!(engine_reach(&Layout::uniform(10, 1), m), Reach::TooMany);
+        // Uneven hosts have no rails: the rank with the most remote peers
+        // decides for all.
         let uneven = Layout::from_hosts(vec![vec![0], (1..10).collect()]).unwrap();
-        assert!(!default_engine_fits(&uneven));
+        assert_eq!(engine_reach(&uneven, m), Reach::TooMany);
+        // The limit is WEFT_CROSSHOST_MAX_PEERS: 2 x 2 with 1.
+        assert_eq!(engine_reach(&Layout::uniform(2, 2), 1), Reach::Rails);
+    }
+
+    #[test]
+    fn a_rail_is_symmetric_and_one_rank_per_other_host() {
+        let l = Layout::from_hosts(vec![vec![5, 0, 3], vec![1, 4, 2], vec![6, 7, 8]]).unwrap();
+        for r in 0..l.n() {
+            let peers = l.rail_peers(r);
+            assert_eq!(peers.len(), l.nhosts() - 1, "rank {r}: {peers:?}");
+            let mut hosts: Vec<usize> = peers.iter().map(|&p| l.host(p)).collect();
+            hosts.sort();
+            hosts.dedup();
+            assert_eq!(hosts.len(), l.nhosts() - 1);
+            assert!(!hosts.contains(&l.host(r)));
+            for &p in &peers {
+                assert_eq!(l.local(p), l.local(r));
+                assert!(l.rail_peers(p).contains(&r), "{p} does not reach {r}");
+            }
+        }
+        let uneven = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
+        assert_eq!(uneven.rail_peers(0), uneven.remote(0));
     }
 }

@@ -111,6 +111,19 @@ impl Layout {
         }
     }
 
+    /// The ranks of `r`'s rail on other hosts (the same local index, one
+    /// per host: all a rails plan sends to or receives from), when every
+    /// host has the same number of ranks; else every remote rank.
+    pub fn rail_peers(&self, r: usize) -> Vec<usize> {
+        if self.per_host().is_none() {
+            return self.remote(r);
+        }
+        self.rail(self.local(r))
+            .into_iter()
+            .filter(|&p| p != r)
+            .collect()
+    }
+
     /// Every rank not on `r`'s host.
     pub fn remote(&self, r: usize) -> Vec<usize> {
         (0..self.n())
