@@ -3,7 +3,7 @@
 //! in a pod the sidecar moves the engine's bytes between hosts, over its
 //! one connection per host pair, as it moves the flat path's.
 //!
-//! - **Rings.** [`ProxyNet::open`] opens one more set of proxied channels
+//! - **Rings.** `ProxyNet::open` opens one more set of proxied channels
 //!   for the communicator (its id with [`ENGINE_ID_BIT`] flipped, so the
 //!   sidecar keeps them apart from the flat path's): a send and a receive
 //!   ring per rank on another host, in a memfd the sidecar maps, and a
@@ -21,7 +21,7 @@
 //!   through the sidecar proxy").
 //! - **Control.** Connections of any stream but the data stream (failure
 //!   notices, "waits for" notices: a few bytes, after a failure) go over
-//!   the direct TCP byte mover given to [`ProxyNet::open`]; they reach the
+//!   the direct TCP byte mover given to `ProxyNet::open`; they reach the
 //!   ranks of this host too, which no proxied channel does.
 //! - **Failure.** A peer that dies, or whose host is lost, is raised in
 //!   this link's control block by the sidecar (with a reason naming it); a
@@ -258,7 +258,7 @@ impl Net for ProxyNet {
         })
     }
 
-    /// The handle: [`HANDLE_MAGIC`], this rank's number, then the control
+    /// The handle: `HANDLE_MAGIC`, this rank's number, then the control
     /// byte mover's.
     fn listen(
         &self,
