@@ -287,13 +287,22 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
 }
 
 /// Jobs whose ranks have more remote ranks than `WEFT_CROSSHOST_MAX_PEERS`
-/// (here 1 on 2 hosts x 2, and 2 on 3 hosts x 2) on hosts of equal size: the
+/// on hosts of equal size: with 1 on 2 hosts x 2 and 2 on 3 hosts x 2 the
 /// engine connects each rank to its rail only (one rank per other host) and
-/// runs every collective on rails; every collective it takes checks on
-/// random data, and every rank says so.
+/// runs every collective on rails; with 1 on 4 hosts x 1 (3 on the rail)
+/// to its two ring neighbours only, all-to-all then on the flat path. Every
+/// collective checks on random data, and every rank says how it connected.
 #[test]
-fn an_engine_that_reaches_its_rail_only_runs_every_collective_on_rails_and_checks() {
-    for (placement, max) in [(vec![2, 2], "1"), (vec![2, 2, 2], "2")] {
+fn an_engine_that_reaches_its_rail_or_ring_only_runs_on_rails_and_checks() {
+    for (placement, max, says) in [
+        (vec![2, 2], "1", "to 1 remote rank(s): its rail only"),
+        (vec![2, 2, 2], "2", "to 2 remote rank(s): its rail only"),
+        (
+            vec![1, 1, 1, 1],
+            "1",
+            "to 2 remote rank(s): its ring neighbours on its rail only",
+        ),
+    ] {
         let Some(net) = common::netns_hosts(placement.len()) else {
             return;
         };
@@ -314,17 +323,14 @@ fn an_engine_that_reaches_its_rail_only_runs_every_collective_on_rails_and_check
                 "{op} on {placement:?}: {}",
                 run.ranks[0].stdout
             );
-            let rails = format!("to {} remote rank(s): its rail only", placement.len() - 1);
             for (r, rank) in run.ranks.iter().enumerate() {
                 let log = format!("{}{}", rank.stdout, rank.stderr);
                 assert!(
-                    log.contains(&rails),
-                    "{op} on {placement:?}, rank {r} did not run on its rail alone:\n{log}"
+                    log.contains(says),
+                    "{op} on {placement:?}, rank {r} did not say '{says}':\n{log}"
                 );
             }
-            eprintln!(
-                "{op} on {placement:?}, rails only (WEFT_CROSSHOST_MAX_PEERS={max}): checked"
-            );
+            eprintln!("{op} on {placement:?} (WEFT_CROSSHOST_MAX_PEERS={max}, {says}): checked");
         }
     }
 }

@@ -28,8 +28,10 @@
 //!
 //! Whom it connects to ([`engine_reach`]): every remote rank while a rank
 //! has at most `WEFT_CROSSHOST_MAX_PEERS` of them; beyond that, on hosts of
-//! equal size, its rail alone, every collective then on rails; beyond that
-//! too, no engine by default. The byte mover is the rank's own TCP, or the
+//! equal size, its rail alone, every collective then on rails; with more
+//! hosts than that, its two ring neighbours on its rail (rings and chains
+//! on rails, all-to-all on the flat path); on uneven hosts past the limit,
+//! no engine by default. The byte mover is the rank's own TCP, or the
 //! sidecar proxy with `WEFT_CROSSHOST_NET=proxy` (`net/proxy/`).
 //!
 //! Failures stay bounded as on the flat path: the engine names the rank
@@ -71,7 +73,12 @@ enum Reach {
     /// whose ranks have more than `max` remote ranks on hosts of equal
     /// size (4 nodes x 8 GPUs: 3 rail peers instead of 24).
     Rails,
-    /// More than `max` even on its rail (more hosts), or uneven hosts.
+    /// Only its two neighbours on its rail's ring (the previous and the
+    /// next host's), when even its rail has more than `max` ranks (more
+    /// hosts): all-reduce, all-gather, reduce-scatter, broadcast and reduce
+    /// on rails (rings and chains), all-to-all on the flat path.
+    Ring,
+    /// Hosts of different sizes with more than `max` remote ranks a rank.
     TooMany,
 }
 
@@ -81,12 +88,11 @@ fn engine_reach(layout: &Layout, max: usize) -> Reach {
         .map(|h| layout.n() - layout.members(h).len())
         .max()
         .unwrap_or(0);
-    if most <= max {
-        Reach::All
-    } else if layout.per_host().is_some() && layout.nhosts() - 1 <= max {
-        Reach::Rails
-    } else {
-        Reach::TooMany
+    match layout.per_host() {
+        _ if most <= max => Reach::All,
+        Some(_) if layout.nhosts() - 1 <= max => Reach::Rails,
+        Some(_) => Reach::Ring,
+        None => Reach::TooMany,
     }
 }
 
@@ -120,7 +126,19 @@ impl Communicator {
     /// Called before the operation is reported, so the collectives that
     /// build the engine are reported as calls of their own before it.
     pub(crate) fn takes_cross_engine(&self, op: &Op) -> bool {
-        self.qualifies_for_cross_engine(op, false) && self.prepare_cross_engine(false)
+        self.qualifies_for_cross_engine(op, false)
+            && self.prepare_cross_engine(false)
+            && self.cross_engine_runs(op, false)
+    }
+
+    /// Whether the engine built runs `op`'s collective (one connected to
+    /// its ring neighbours alone runs no all-to-all): the same answer on
+    /// every rank (the engine's reach follows from the layout).
+    fn cross_engine_runs(&self, op: &Op, device: bool) -> bool {
+        match (&*lock(&self.s.cross.state), coll(op, device)) {
+            (State::On(x), Some(c)) => c != Coll::AllToAll || x.all_to_all,
+            _ => false,
+        }
     }
 
     /// The smallest collective on the engine, for device collectives (the
@@ -151,7 +169,7 @@ impl Communicator {
     pub(crate) fn cross_engine_ready_for(&self, op: &Op) -> bool {
         self.qualifies_for_cross_engine(op, true)
             && !self.s.cross.building.load(Ordering::Acquire)
-            && matches!(*lock(&self.s.cross.state), State::On(_))
+            && self.cross_engine_runs(op, true)
     }
 
     /// Builds the engine if it is configured (for device collectives when
@@ -236,7 +254,7 @@ impl Communicator {
         let reach = match engine_reach(&layout, max) {
             Reach::TooMany if self.s.cfg.cross_engine_min_bytes.is_none() => {
                 crate::log::info_log!(
-                    "comm {} rank {}: {}: more than {max} remote peers a rank even on its rail (WEFT_CROSSHOST_MAX_PEERS), so the cross-host engine is not built by default (WEFT_CROSSHOST_MIN_BYTES builds it, connected to every remote rank); the flat path runs every collective",
+                    "comm {} rank {}: {}: more than {max} remote peers a rank (WEFT_CROSSHOST_MAX_PEERS) on hosts of different sizes (no rails), so the cross-host engine is not built by default (WEFT_CROSSHOST_MIN_BYTES builds it, connected to every remote rank); the flat path runs every collective",
                     self.s.label,
                     self.s.rank,
                     layout.describe()
@@ -253,7 +271,8 @@ impl Communicator {
         let me = self.rank();
         let peers = match reach {
             Reach::Rails => layout.rail_peers(me),
-            _ => layout.remote(me),
+            Reach::Ring => layout.ring_peers(me),
+            Reach::All | Reach::TooMany => layout.remote(me),
         };
         let net = self.cross_byte_mover(&peers);
         if !all_agree(self, net.is_ok())? {
@@ -284,9 +303,11 @@ impl Communicator {
                     &self.s.label,
                     self.s.cfg.timeout,
                 )?;
-                if reach == Reach::Rails {
-                    // Its plans use the rail alone, which is all it reaches.
+                if matches!(reach, Reach::Rails | Reach::Ring) {
+                    // Its plans use the rail alone (rings and chains: the
+                    // ring neighbours), which is all it reaches.
                     x.shape = Some(Shape::Rails);
+                    x.all_to_all = reach == Reach::Rails;
                 }
                 Ok((x, lever))
             });
@@ -301,10 +322,11 @@ impl Communicator {
             self.cross_engine_min(device).unwrap_or(0),
             layout.describe(),
             peers.len(),
-            if reach == Reach::Rails {
-                ": its rail only, every collective on rails"
-            } else {
-                ""
+            match reach {
+                Reach::Rails => ": its rail only, every collective on rails",
+                Reach::Ring =>
+                    ": its ring neighbours on its rail only, every collective on rails, all-to-all on the flat path",
+                _ => "",
             }
         );
         built.map(Some)
@@ -360,10 +382,12 @@ mod tests {
         assert_eq!(engine_reach(&Layout::uniform(3, 8), m), Reach::Rails);
         assert_eq!(engine_reach(&Layout::uniform(4, 8), m), Reach::Rails);
         assert_eq!(engine_reach(&Layout::uniform(9, 8), m), Reach::Rails);
-        // 10 x 8: 9 on the rail; 10 x 1: 9 remote (the rail is all).
-        assert_eq!(engine_reach(&Layout::uniform(10, 8), m), Reach::TooMany);
+        // 10 x 8: 9 on the rail; 10 x 1: 9 remote (the rail is all): the
+        // ring neighbours alone.
+        assert_eq!(engine_reach(&Layout::uniform(10, 8), m), Reach::Ring);
         assert_eq!(engine_reach(&Layout::uniform(9, 1), m), Reach::All);
-        assert_eq!(engine_reach(&Layout::uniform(10, 1), m), Reach::TooMany);
+        assert_eq!(engine_reach(&Layout::uniform(10, 1), m), Reach::Ring);
+        assert_eq!(engine_reach(&Layout::uniform(64, 8), m), Reach::Ring);
         // Uneven hosts have no rails: the rank with the most remote peers
         // decides for all.
         let uneven = Layout::from_hosts(vec![vec![0], (1..10).collect()]).unwrap();
@@ -390,5 +414,26 @@ mod tests {
         }
         let uneven = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
         assert_eq!(uneven.rail_peers(0), uneven.remote(0));
+        assert_eq!(uneven.ring_peers(0), uneven.remote(0));
+    }
+
+    #[test]
+    fn ring_neighbours_are_the_previous_and_next_host_on_the_rail_and_symmetric() {
+        let l = Layout::uniform(5, 3);
+        for r in 0..l.n() {
+            let peers = l.ring_peers(r);
+            assert_eq!(peers.len(), 2, "rank {r}: {peers:?}");
+            let h = l.host(r);
+            let hosts: Vec<usize> = peers.iter().map(|&p| l.host(p)).collect();
+            assert_eq!(hosts, [(h + 4) % 5, (h + 1) % 5], "rank {r}");
+            for &p in &peers {
+                assert_eq!(l.local(p), l.local(r));
+                assert!(l.ring_peers(p).contains(&r), "{p} does not reach {r}");
+            }
+        }
+        // Two hosts: one neighbour, both ways.
+        let two = Layout::uniform(2, 2);
+        assert_eq!(two.ring_peers(0), [2]);
+        assert_eq!(two.ring_peers(3), [1]);
     }
 }

@@ -124,6 +124,22 @@ impl Layout {
             .collect()
     }
 
+    /// `r`'s neighbours on its rail's ring in host order, the previous and
+    /// the next host's (one rank if there are 2 hosts): all a rails ring or
+    /// chain sends to or receives from (chains are rotations of the ring).
+    /// Every remote rank when hosts differ in size.
+    pub fn ring_peers(&self, r: usize) -> Vec<usize> {
+        if self.per_host().is_none() {
+            return self.remote(r);
+        }
+        let rail = self.rail(self.local(r));
+        let (h, i) = (rail.len(), self.host(r));
+        let mut v = vec![rail[(i + h - 1) % h], rail[(i + 1) % h]];
+        v.dedup();
+        v.retain(|&p| p != r);
+        v
+    }
+
     /// Every rank not on `r`'s host.
     pub fn remote(&self, r: usize) -> Vec<usize> {
         (0..self.n())

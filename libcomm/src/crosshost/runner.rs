@@ -37,6 +37,9 @@ pub struct CrossHost {
     pub shape: Option<Shape>,
     /// Forces a chunk size in bytes (tests, measurements).
     pub chunk: Option<usize>,
+    /// Whether it runs all-to-all: not when it is connected to its ring
+    /// neighbours alone (all-to-all needs every host of its rail).
+    pub all_to_all: bool,
     /// The plans' scratch buffers, kept from call to call: a fresh buffer
     /// of a large collective's size is mapped and page-faulted in on every
     /// call (measured: a fifth of the time of a 256 MiB all-reduce).
@@ -107,6 +110,7 @@ impl CrossHost {
             calls: 0,
             shape: None,
             chunk: None,
+            all_to_all: true,
             scratch: Vec::new(),
         })
     }
@@ -157,6 +161,11 @@ impl CrossHost {
         op: ReduceOp,
     ) -> Result<()> {
         let n = self.layout.n();
+        if coll == Coll::AllToAll && !self.all_to_all {
+            return Err(Error::InvalidUsage(
+                "all-to-all on a cross-host engine connected to its ring neighbours alone".into(),
+            ));
+        }
         if let Coll::Broadcast { root } | Coll::Reduce { root } = coll
             && root >= n
         {

@@ -113,3 +113,92 @@ fn one_rank_per_host_runs_on_the_callers_buffers() {
         }
     }
 }
+
+/// The ranks `me` sends to or receives from in `p`'s network phases.
+fn net_peers(p: &RankPlan, me: usize) -> Vec<usize> {
+    let around = |v: &[usize], ring: bool| -> Vec<usize> {
+        let Some(i) = v.iter().position(|&r| r == me) else {
+            return Vec::new();
+        };
+        let n = v.len();
+        let mut out = Vec::new();
+        if ring || i > 0 {
+            out.push(v[(i + n - 1) % n]);
+        }
+        if ring || i + 1 < n {
+            out.push(v[(i + 1) % n]);
+        }
+        out
+    };
+    let mut peers: Vec<usize> = p
+        .phases
+        .iter()
+        .flat_map(|ph| match ph {
+            Phase::Net { coll, .. } => match coll {
+                NetColl::AllReduce { group, .. }
+                | NetColl::ReduceScatter { group, .. }
+                | NetColl::AllGather { group, .. } => around(group, true),
+                NetColl::Broadcast { chain, .. } | NetColl::Reduce { chain, .. } => {
+                    around(chain, false)
+                }
+                NetColl::Exchange { sends, recvs } => {
+                    sends.iter().chain(recvs).map(|(r, _)| *r).collect()
+                }
+            },
+            _ => Vec::new(),
+        })
+        .filter(|&r| r != me)
+        .collect();
+    peers.sort();
+    peers.dedup();
+    peers
+}
+
+/// What the communicator's engine relies on when it connects a rank to its
+/// rail alone, or to its ring neighbours on it (`comm/cross_engine.rs`):
+/// every rails plan talks over the network to ranks of its rail only, and
+/// all but all-to-all to its ring neighbours only (rings and chains are
+/// rotations of the rail in host order), for every collective, root and
+/// rank, on hosts whose ranks are out of rank order too.
+#[test]
+fn rails_plans_talk_to_the_rail_and_all_but_all_to_all_to_ring_neighbours() {
+    let layouts = [
+        Layout::uniform(2, 2),
+        Layout::uniform(4, 1),
+        Layout::uniform(5, 3),
+        Layout::from_hosts(vec![vec![5, 0], vec![3, 7], vec![1, 6], vec![2, 4]]).unwrap(),
+    ];
+    for l in &layouts {
+        let n = l.n();
+        let mut colls = vec![
+            Coll::AllReduce,
+            Coll::AllGather,
+            Coll::ReduceScatter,
+            Coll::AllToAll,
+        ];
+        for root in 0..n {
+            colls.push(Coll::Broadcast { root });
+            colls.push(Coll::Reduce { root });
+        }
+        for &coll in &colls {
+            for me in 0..n {
+                for in_place in [false, true] {
+                    let p = plan(coll, 97, Scaling::default(), l, me, Shape::Rails, in_place);
+                    let peers = net_peers(&p, me);
+                    let allowed = if coll == Coll::AllToAll {
+                        l.rail_peers(me)
+                    } else {
+                        l.ring_peers(me)
+                    };
+                    if coll == Coll::AllReduce {
+                        assert!(!peers.is_empty(), "{l:?}, rank {me}: no network peer");
+                    }
+                    assert!(
+                        peers.iter().all(|q| allowed.contains(q)),
+                        "{coll:?} on {l:?}, rank {me}: talks to {peers:?}, may to {allowed:?}"
+                    );
+                }
+            }
+        }
+    }
+}
