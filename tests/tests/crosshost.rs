@@ -165,6 +165,17 @@ fn proxied_spec<'a>(
     .env("WEFT_CROSSHOST_NET", "proxy")
 }
 
+/// A `weft bench-rank --check` job (`what` it ran) succeeded and its table
+/// says no value was wrong.
+fn assert_checked(run: &JobRun, what: &str) {
+    run.assert_success();
+    assert!(
+        run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
+        "{what}: {}",
+        run.dump()
+    );
+}
+
 /// `net-worker exec weft bench-rank OP -n N` over `sizes` (min, max,
 /// factor), one warm-up and `iters` timed calls a size, `--check` when
 /// `check`.
@@ -257,12 +268,7 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
                     .env("WEFT_CROSSHOST_MIN_BYTES", min)
                     .env("WEFT_DEBUG", "INFO"),
             );
-            run.assert_success();
-            let out = &run.ranks[0].stdout;
-            assert!(
-                out.contains("Out of bounds values : 0 OK"),
-                "{op} on {placement:?}: {out}"
-            );
+            assert_checked(&run, &format!("{op} on {placement:?}"));
             let said = format!("{}{}", run.ranks[0].stdout, run.ranks[0].stderr);
             eprintln!(
                 "{op} on {placement:?}: checked; rank 0: {}",
@@ -317,12 +323,7 @@ fn an_engine_that_reaches_its_rail_or_ring_only_runs_on_rails_and_checks() {
                     .env("WEFT_CROSSHOST_MAX_PEERS", max)
                     .env("WEFT_DEBUG", "INFO"),
             );
-            run.assert_success();
-            assert!(
-                run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
-                "{op} on {placement:?}: {}",
-                run.ranks[0].stdout
-            );
+            assert_checked(&run, &format!("{op} on {placement:?}"));
             for (r, rank) in run.ranks.iter().enumerate() {
                 let log = format!("{}{}", rank.stdout, rank.stderr);
                 assert!(
@@ -363,12 +364,7 @@ fn communicator_collectives_on_the_engine_through_the_sidecar_proxy_check() {
                     .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
                     .env("WEFT_DEBUG", "INFO"),
             );
-            run.assert_success();
-            let out = &run.ranks[0].stdout;
-            assert!(
-                out.contains("Out of bounds values : 0 OK"),
-                "{op} on {placement:?}: {out}"
-            );
+            assert_checked(&run, &format!("{op} on {placement:?}"));
             for (r, rank) in run.ranks.iter().enumerate() {
                 let log = format!("{}{}", rank.stdout, rank.stderr);
                 assert!(
@@ -406,12 +402,7 @@ fn one_rank_without_an_engine_keeps_every_rank_on_the_flat_path() {
             .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
             .env("WEFT_DEBUG", "INFO"),
     );
-    run.assert_success();
-    assert!(
-        run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
-        "{}",
-        run.dump()
-    );
+    assert_checked(&run, "all_reduce");
     for rank in &run.ranks {
         let log = format!("{}{}", rank.stdout, rank.stderr);
         assert!(
@@ -435,12 +426,7 @@ fn a_proxy_byte_mover_that_cannot_be_built_keeps_every_rank_on_the_flat_path() {
     };
     let args = bench_rank("all_reduce", "4", ["64K", "1M", "16"], "2", true);
     let check = |run: &JobRun, why: &str| {
-        run.assert_success();
-        assert!(
-            run.ranks[0].stdout.contains("Out of bounds values : 0 OK"),
-            "{}",
-            run.dump()
-        );
+        assert_checked(run, "all_reduce");
         let logs: Vec<String> = run
             .ranks
             .iter()

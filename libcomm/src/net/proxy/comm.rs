@@ -10,12 +10,7 @@ use crate::transport::shm::RingEnd;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
-fn host_mr(
-    id: u64,
-    base: *const u8,
-    len: usize,
-    kind: MemKind,
-) -> std::result::Result<Mr, NetError> {
+fn host_mr(id: u64, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
     match kind {
         MemKind::Host => Ok(Mr {
             id,
@@ -38,7 +33,7 @@ fn header(len: usize, tag: u32) -> [u8; HDR] {
 }
 
 /// A send being copied into the ring.
-struct OutMsg {
+pub(super) struct OutMsg {
     id: u64,
     src: *const u8,
     len: usize,
@@ -47,23 +42,39 @@ struct OutMsg {
     pos: usize,
 }
 
-pub(super) struct ProxySend {
+/// A posted receive.
+pub(super) struct InMsg {
+    id: u64,
+    dst: *mut u8,
+    cap: usize,
+    tag: u32,
+    /// The message's length once its header was read.
+    len: Option<usize>,
+    /// Payload bytes (padding included) taken from the ring so far.
+    off: usize,
+}
+
+/// One direction of a proxied channel: its ring end, the requests posted
+/// and not yet through the ring (in posting order: messages are matched in
+/// order), and those done until tested.
+pub(super) struct Requests<M> {
     pub(super) att: Arc<Attachment>,
     pub(super) ring: RingEnd,
     peer: String,
-    queue: VecDeque<OutMsg>,
+    queue: VecDeque<M>,
     /// Finished requests and their sizes, until tested.
     done: BTreeMap<u64, usize>,
+    /// The last id given (requests and registrations share the counter).
     next: u64,
 }
 
 // SAFETY: the pointers in `queue` are the caller's, valid until tested
-// (`isend`'s contract); the ring end is this comm's alone.
-unsafe impl Send for ProxySend {}
+// (`isend`'s and `irecv`'s contracts); the ring end is this comm's alone.
+unsafe impl<M> Send for Requests<M> {}
 
-impl ProxySend {
-    pub(super) fn new(att: Arc<Attachment>, ring: RingEnd, peer: String) -> ProxySend {
-        ProxySend {
+impl<M> Requests<M> {
+    fn new(att: Arc<Attachment>, ring: RingEnd, peer: String) -> Requests<M> {
+        Requests {
             att,
             ring,
             peer,
@@ -73,8 +84,54 @@ impl ProxySend {
         }
     }
 
+    fn id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    fn reg(&mut self, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
+        let id = self.id();
+        host_mr(id, base, len, kind)
+    }
+
+    /// Queues a request made by `make` from its id, unless the link failed
+    /// (an error) or too many are in flight (`None`: post it again later);
+    /// then moves what it can.
+    fn post(
+        &mut self,
+        make: impl FnOnce(u64) -> M,
+        progress: fn(&mut Self) -> Result<bool, NetError>,
+    ) -> Result<Option<Request>, NetError> {
+        self.att.health()?;
+        if self.queue.len() + self.done.len() >= MAX_REQUESTS {
+            return Ok(None);
+        }
+        let id = self.id();
+        self.queue.push_back(make(id));
+        progress(self)?;
+        Ok(Some(Request(id)))
+    }
+
+    /// The size of request `req` once done; moves what it can first, and
+    /// looks at the link's health when nothing moved.
+    fn test(
+        &mut self,
+        req: Request,
+        progress: fn(&mut Self) -> Result<bool, NetError>,
+    ) -> Result<Option<usize>, NetError> {
+        if let Some(n) = self.done.remove(&req.0) {
+            return Ok(Some(n));
+        }
+        if !progress(self)? {
+            self.att.health()?;
+        }
+        Ok(self.done.remove(&req.0))
+    }
+}
+
+impl Requests<OutMsg> {
     /// Copies what fits of the queued sends into the ring, in order.
-    fn progress(&mut self) -> std::result::Result<bool, NetError> {
+    fn progress(&mut self) -> Result<bool, NetError> {
         let mut moved = false;
         while let Some(m) = self.queue.front_mut() {
             let total = HDR + pad8(m.len);
@@ -112,111 +169,11 @@ impl ProxySend {
     }
 }
 
-impl SendComm for ProxySend {
-    fn peer(&self) -> &str {
-        &self.peer
-    }
-
-    fn reg_mr(
-        &mut self,
-        base: *const u8,
-        len: usize,
-        kind: MemKind,
-    ) -> std::result::Result<Mr, NetError> {
-        self.next += 1;
-        host_mr(self.next, base, len, kind)
-    }
-
-    fn dereg_mr(&mut self, _mr: &Mr) -> std::result::Result<(), NetError> {
-        Ok(())
-    }
-
-    unsafe fn isend(
-        &mut self,
-        mr: &Mr,
-        data: *const u8,
-        len: usize,
-        tag: u32,
-    ) -> std::result::Result<Option<Request>, NetError> {
-        if !mr.covers(data as usize, len) {
-            return Err(NetError::InvalidArgument(format!(
-                "a send of {len} bytes outside its registered region"
-            )));
-        }
-        if len > u32::MAX as usize {
-            return Err(NetError::InvalidArgument(format!(
-                "a message of {len} bytes: the sidecar proxy carries at most {} a message",
-                u32::MAX
-            )));
-        }
-        self.att.health()?;
-        if self.queue.len() + self.done.len() >= MAX_REQUESTS {
-            return Ok(None);
-        }
-        self.next += 1;
-        let id = self.next;
-        self.queue.push_back(OutMsg {
-            id,
-            src: data,
-            len,
-            tag,
-            pos: 0,
-        });
-        self.progress()?;
-        Ok(Some(Request(id)))
-    }
-
-    fn test(&mut self, req: Request) -> std::result::Result<Option<usize>, NetError> {
-        if let Some(n) = self.done.remove(&req.0) {
-            return Ok(Some(n));
-        }
-        if !self.progress()? {
-            self.att.health()?;
-        }
-        Ok(self.done.remove(&req.0))
-    }
-}
-
-/// A posted receive.
-struct InMsg {
-    id: u64,
-    dst: *mut u8,
-    cap: usize,
-    tag: u32,
-    /// The message's length once its header was read.
-    len: Option<usize>,
-    /// Payload bytes (padding included) taken from the ring so far.
-    off: usize,
-}
-
-pub(super) struct ProxyRecv {
-    pub(super) att: Arc<Attachment>,
-    pub(super) ring: RingEnd,
-    peer: String,
-    queue: VecDeque<InMsg>,
-    done: BTreeMap<u64, usize>,
-    next: u64,
-}
-
-// SAFETY: as for `ProxySend` (`irecv`'s contract).
-unsafe impl Send for ProxyRecv {}
-
-impl ProxyRecv {
-    pub(super) fn new(att: Arc<Attachment>, ring: RingEnd, peer: String) -> ProxyRecv {
-        ProxyRecv {
-            att,
-            ring,
-            peer,
-            queue: VecDeque::new(),
-            done: BTreeMap::new(),
-            next: 0,
-        }
-    }
-
+impl Requests<InMsg> {
     /// Copies what arrived into the posted receives, in order; a message
     /// whose tag or size does not fit its receive is an error naming the
     /// peer (the ranks run different operations).
-    fn progress(&mut self) -> std::result::Result<bool, NetError> {
+    fn progress(&mut self) -> Result<bool, NetError> {
         let mut moved = false;
         while let Some(m) = self.queue.front_mut() {
             let mut avail = self.ring.available().map_err(ring_err(&self.peer))?;
@@ -281,29 +238,84 @@ impl ProxyRecv {
     }
 }
 
-impl RecvComm for ProxyRecv {
+/// The sending end of a proxied channel.
+pub(super) struct ProxySend(pub(super) Requests<OutMsg>);
+
+impl ProxySend {
+    pub(super) fn new(att: Arc<Attachment>, ring: RingEnd, peer: String) -> ProxySend {
+        ProxySend(Requests::new(att, ring, peer))
+    }
+}
+
+impl SendComm for ProxySend {
     fn peer(&self) -> &str {
-        &self.peer
+        &self.0.peer
     }
 
-    fn reg_mr(
-        &mut self,
-        base: *const u8,
-        len: usize,
-        kind: MemKind,
-    ) -> std::result::Result<Mr, NetError> {
-        self.next += 1;
-        host_mr(self.next, base, len, kind)
+    fn reg_mr(&mut self, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
+        self.0.reg(base, len, kind)
     }
 
-    fn dereg_mr(&mut self, _mr: &Mr) -> std::result::Result<(), NetError> {
+    fn dereg_mr(&mut self, _mr: &Mr) -> Result<(), NetError> {
         Ok(())
     }
 
-    unsafe fn irecv(
+    unsafe fn isend(
         &mut self,
-        bufs: &[RecvBuf<'_>],
-    ) -> std::result::Result<Option<Request>, NetError> {
+        mr: &Mr,
+        data: *const u8,
+        len: usize,
+        tag: u32,
+    ) -> Result<Option<Request>, NetError> {
+        if !mr.covers(data as usize, len) {
+            return Err(NetError::InvalidArgument(format!(
+                "a send of {len} bytes outside its registered region"
+            )));
+        }
+        if len > u32::MAX as usize {
+            return Err(NetError::InvalidArgument(format!(
+                "a message of {len} bytes: the sidecar proxy carries at most {} a message",
+                u32::MAX
+            )));
+        }
+        let make = |id| OutMsg {
+            id,
+            src: data,
+            len,
+            tag,
+            pos: 0,
+        };
+        self.0.post(make, Requests::<OutMsg>::progress)
+    }
+
+    fn test(&mut self, req: Request) -> Result<Option<usize>, NetError> {
+        self.0.test(req, Requests::<OutMsg>::progress)
+    }
+}
+
+/// The receiving end of a proxied channel.
+pub(super) struct ProxyRecv(pub(super) Requests<InMsg>);
+
+impl ProxyRecv {
+    pub(super) fn new(att: Arc<Attachment>, ring: RingEnd, peer: String) -> ProxyRecv {
+        ProxyRecv(Requests::new(att, ring, peer))
+    }
+}
+
+impl RecvComm for ProxyRecv {
+    fn peer(&self) -> &str {
+        &self.0.peer
+    }
+
+    fn reg_mr(&mut self, base: *const u8, len: usize, kind: MemKind) -> Result<Mr, NetError> {
+        self.0.reg(base, len, kind)
+    }
+
+    fn dereg_mr(&mut self, _mr: &Mr) -> Result<(), NetError> {
+        Ok(())
+    }
+
+    unsafe fn irecv(&mut self, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>, NetError> {
         let [b] = bufs else {
             return Err(NetError::InvalidArgument(format!(
                 "{} buffers in one receive: the sidecar proxy takes 1",
@@ -316,31 +328,21 @@ impl RecvComm for ProxyRecv {
                 b.len
             )));
         }
-        self.att.health()?;
-        if self.queue.len() + self.done.len() >= MAX_REQUESTS {
-            return Ok(None);
-        }
-        self.next += 1;
-        let id = self.next;
-        self.queue.push_back(InMsg {
+        let make = |id| InMsg {
             id,
             dst: b.ptr,
             cap: b.len,
             tag: b.tag,
             len: None,
             off: 0,
-        });
-        self.progress()?;
-        Ok(Some(Request(id)))
+        };
+        self.0.post(make, Requests::<InMsg>::progress)
     }
 
-    fn test(&mut self, req: Request) -> std::result::Result<Option<Vec<usize>>, NetError> {
-        if let Some(n) = self.done.remove(&req.0) {
-            return Ok(Some(vec![n]));
-        }
-        if !self.progress()? {
-            self.att.health()?;
-        }
-        Ok(self.done.remove(&req.0).map(|n| vec![n]))
+    fn test(&mut self, req: Request) -> Result<Option<Vec<usize>>, NetError> {
+        Ok(self
+            .0
+            .test(req, Requests::<InMsg>::progress)?
+            .map(|n| vec![n]))
     }
 }

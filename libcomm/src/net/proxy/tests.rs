@@ -168,7 +168,7 @@ fn a_failure_the_sidecar_raises_fails_every_call() {
     let data = random_bytes(64, 3);
     let mut buf = vec![0u8; 64];
     let r = post_recv(&mut l, &mut buf, 9);
-    let c = l.send.att.own.control();
+    let c = l.send.0.att.own.control();
     c.set_reason("rank 3 on host b exited without destroying the communicator");
     c.raise(0, FAIL_ERROR);
     let e = l.recv.test(r).unwrap_err().to_string();
@@ -272,11 +272,11 @@ fn arbitrary_bytes_on_the_ring_end_in_data_or_an_error_never_past_a_receive() {
         }
         let mut failed = false;
         for _ in 0..64 {
-            let space = l.send.ring.space().unwrap();
+            let space = l.send.0.ring.space().unwrap();
             let n = space.min(bytes.len() - pos) & !7;
             if n > 0 {
-                l.send.ring.write_at(0, bytes[pos..].as_ptr(), n);
-                l.send.ring.publish(n);
+                l.send.0.ring.write_at(0, bytes[pos..].as_ptr(), n);
+                l.send.0.ring.publish(n);
                 pos += n;
             }
             match l.recv.test(reqs[0]) {
