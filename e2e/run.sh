@@ -56,7 +56,7 @@ done
 HELM_SETS=(--set "operator.image.repository=$REPO/weft-operator" --set "operator.image.tag=$TAG"
            --set operator.image.pullPolicy=IfNotPresent --set "sidecar.image=$REPO/weft:$TAG")
 
-ALL=(install bench-proxy bench-tcp bench-engine-proxy nccl-c restart replace-kill replace-delete telemetry failover upgrade uninstall)
+ALL=(install bench-proxy bench-tcp bench-engine-proxy bench-engine-rails nccl-c restart replace-kill replace-delete telemetry failover upgrade uninstall)
 if (($#)); then SCENARIOS=("$@"); else SCENARIOS=("${ALL[@]}"); fi
 
 clean_slate() {

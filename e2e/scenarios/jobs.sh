@@ -78,6 +78,36 @@ scenario_bench_proxy() { bench_example bench-proxy auto; }
 scenario_bench_tcp() { bench_example bench-tcp tcp; }
 scenario_bench_engine_proxy() { bench_example bench-engine-proxy auto engine; }
 
+# The benchmark example on 3 pods x 2 ranks with all-reduces from 64 KiB on
+# the cross-host engine and WEFT_CROSSHOST_MAX_PEERS=2: each rank has 4
+# remote ranks, more than 2, so its engine connects to its rail only (the
+# rank of the same local index in each other pod) and runs on rails. The
+# table checked (6 ranks, none wrong), every rank saying how it connected.
+scenario_bench_engine_rails() {
+  local job=bench-engine-rails t0 full table p said
+  CURRENT_JOB=$job
+  t0=$(now_ms)
+  apply "$ROOT/examples/bench-allreduce.yaml" "s/^  name: bench-allreduce$/  name: $job/" \
+    "s/^  replicas: 2$/  replicas: 3/" \
+    's/^        - name: bench$/        - name: bench\n          env: [{name: WEFT_CROSSHOST_MAX_PEERS, value: "2"}, {name: WEFT_CROSSHOST_MIN_BYTES, value: "65536"}, {name: WEFT_DEBUG, value: INFO}]/'
+  wait_phase $job Succeeded 600
+  log "$job Succeeded $(($(now_ms) - t0)) ms after it was applied"
+  check $job '.status.worldSize == 6' '.status.ranks | length == 3' '.status.restarts == 0'
+  full=$(kubectl -n "$NS" logs $job-0 -c bench)
+  table=$(grep -vE ' weft (INFO|WARN|TRACE) ' <<<"$full")
+  grep -q '^# nRanks 6 ' <<<"$table" || fail "not a 6-rank table: $table"
+  grep -q '^# Out of bounds values : 0 OK$' <<<"$table" || fail "wrong values: $table"
+  sed 's/^/    /' <<<"$table"
+  for p in 0 1 2; do
+    said=$(kubectl -n "$NS" logs $job-$p -c bench | grep 'run on the cross-host engine' || true)
+    [[ $(grep -c 'to 2 remote rank(s): its rail only' <<<"$said") == 2 ]] \
+      || fail "pod $p: its 2 ranks did not say they reach their rail only: $said"
+  done
+  log "rails only: $(head -1 <<<"$said")"
+  no_sidecar_deaths $job
+  delete_job $job
+}
+
 # libcomm/capi/tests/c/dropin.c, a program written for NVIDIA's NCCL
 # (<nccl.h>, -lnccl, ncclGetUniqueId + ncclCommInitRank from RANK and
 # WORLD_SIZE), on 2 pods x 2 ranks with Weft's libnccl.so.2.

@@ -73,6 +73,20 @@ fn spec_with<'a>(
     ctl: &Ctl,
     extra: impl Fn(usize) -> Vec<(String, String)> + 'a,
 ) -> JobSpec<'a> {
+    spec_full(net, placement, args, ctl, extra, true)
+}
+
+/// [`spec_with`]; without `listen`, no rank is told its address
+/// (`WEFT_LISTEN_ADDR`): it finds it as in a pod, and these hosts have no
+/// default route, as pods may not.
+fn spec_full<'a>(
+    net: &'a Net,
+    placement: &[usize],
+    args: &[&str],
+    ctl: &Ctl,
+    extra: impl Fn(usize) -> Vec<(String, String)> + 'a,
+    listen: bool,
+) -> JobSpec<'a> {
     let host_of: Vec<usize> = placement
         .iter()
         .enumerate()
@@ -90,8 +104,10 @@ fn spec_with<'a>(
             let mut v = vec![
                 ("WEFT_TEST_NETNS".into(), net.hosts[h].clone()),
                 ("WEFT_HOSTNAME".into(), net.hosts[h].clone()),
-                ("WEFT_LISTEN_ADDR".into(), net.addrs[h].clone()),
             ];
+            if listen {
+                v.push(("WEFT_LISTEN_ADDR".into(), net.addrs[h].clone()));
+            }
             v.extend(extra(r));
             v
         })
@@ -333,6 +349,34 @@ fn an_engine_that_reaches_its_rail_or_ring_only_runs_on_rails_and_checks() {
             }
             eprintln!("{op} on {placement:?} (WEFT_CROSSHOST_MAX_PEERS={max}, {says}): checked");
         }
+    }
+}
+
+/// Ranks told no address of their own (`WEFT_LISTEN_ADDR` unset, as in a
+/// pod) on hosts without a default route: the engine's byte mover
+/// advertises the address the communicator's peers reach, not loopback. On
+/// a real cluster it advertised 127.0.0.1 and every rank of another pod
+/// dialled its own loopback (the engine was never built across pods).
+#[test]
+fn the_engine_connects_across_hosts_without_a_listen_address() {
+    let Some(net) = common::netns_hosts(2) else {
+        return;
+    };
+    let ctl = Ctl::new("nolisten");
+    let args = bench_rank("all_reduce", "4", ["64K", "1M", "16"], "2", true);
+    let run = job::run(
+        spec_full(&net, &[2, 2], &args, &ctl, |_| Vec::new(), false)
+            .env("WEFT_PROXY", "0")
+            .env("WEFT_CROSSHOST_MIN_BYTES", "16384")
+            .env("WEFT_DEBUG", "INFO"),
+    );
+    assert_checked(&run, "all_reduce without WEFT_LISTEN_ADDR");
+    for (r, rank) in run.ranks.iter().enumerate() {
+        let log = format!("{}{}", rank.stdout, rank.stderr);
+        assert!(
+            log.contains("run on the cross-host engine"),
+            "rank {r} did not build the engine:\n{log}"
+        );
     }
 }
 

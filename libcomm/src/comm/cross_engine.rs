@@ -344,7 +344,10 @@ impl Communicator {
             .built
             .get()
             .ok_or_else(|| Error::Internal("the communicator was never built".into()))?;
-        let cfg = TcpConfig::from_env(ctx.secret).map_err(|e| Error::arg(e.to_string()))?;
+        // Peers dial this rank where they reach its communicator's endpoint.
+        let cfg = TcpConfig::from_env(ctx.secret)
+            .map_err(|e| Error::arg(e.to_string()))?
+            .advertising(ctx.peers[ctx.rank].addr.ip());
         let tcp: Arc<dyn Net> = TcpNet::new(cfg)
             .map_err(|e| Error::Internal(format!("the cross-host byte mover: {e}")))?;
         if !self.s.cfg.cross_engine_via_proxy {

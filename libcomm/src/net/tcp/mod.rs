@@ -87,6 +87,23 @@ impl TcpConfig {
         Self::from_env(id.secret)
     }
 
+    /// The same, advertising `ip` (what peers dial): a communicator's own
+    /// endpoint address, which the bootstrap learned from the interface
+    /// that reaches the root. The default route's address is no guide where
+    /// there is none: a Kubernetes pod without one advertised loopback, and
+    /// every peer in another pod dialled its own (found on a real cluster).
+    /// A listener bound to every interface stays so, in `ip`'s family.
+    pub fn advertising(mut self, ip: IpAddr) -> TcpConfig {
+        if self.bind.is_unspecified() {
+            self.bind = match ip {
+                IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+                IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+            };
+        }
+        self.advertise = ip;
+        self
+    }
+
     /// Loopback only (tests, one host).
     pub fn loopback(secret: [u8; 32], sockets: usize) -> TcpConfig {
         let lo = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);

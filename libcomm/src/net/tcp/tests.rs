@@ -303,3 +303,22 @@ fn a_stale_handle_is_refused_clearly() {
     let e = refused_connect(&net, &h);
     assert!(e.to_string().contains("no such listener"), "{e}");
 }
+
+/// A listener bound to every interface advertises the communicator's own
+/// address, in its family; an explicit bind address stays.
+#[test]
+fn advertising_a_communicators_address_keeps_the_bind_family_or_an_explicit_bind() {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let pod = IpAddr::V4(Ipv4Addr::new(10, 88, 1, 79));
+    let mut c = TcpConfig::loopback([7; 32], 2);
+    c.bind = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let c = c.advertising(pod);
+    assert_eq!(c.advertise, pod);
+    assert_eq!(c.bind, IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let fixed = TcpConfig::loopback([7; 32], 2).advertising(pod);
+    assert_eq!(fixed.bind, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let v6 = IpAddr::V6("fd00::5".parse().unwrap());
+    let mut c = TcpConfig::loopback([7; 32], 2);
+    c.bind = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    assert_eq!(c.advertising(v6).bind, IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+}
