@@ -192,6 +192,17 @@ fn assert_checked(run: &JobRun, what: &str) {
     );
 }
 
+/// Every rank's output (stdout and stderr) contains each of `said`.
+fn assert_every_rank_said(run: &JobRun, what: &str, said: &[&str]) {
+    for (r, rank) in run.ranks.iter().enumerate() {
+        let log = format!("{}{}", rank.stdout, rank.stderr);
+        assert!(
+            said.iter().all(|s| log.contains(s)),
+            "{what}: rank {r} did not say {said:?}:\n{log}"
+        );
+    }
+}
+
 /// `net-worker exec weft bench-rank OP -n N` over `sizes` (min, max,
 /// factor), one warm-up and `iters` timed calls a size, `--check` when
 /// `check`.
@@ -297,13 +308,11 @@ fn communicator_collectives_across_hosts_run_on_the_engine_and_check() {
             if matches!(op, "broadcast" | "reduce") {
                 continue;
             }
-            for (r, rank) in run.ranks.iter().enumerate() {
-                let log = format!("{}{}", rank.stdout, rank.stderr);
-                assert!(
-                    log.contains("run on the cross-host engine"),
-                    "{op} on {placement:?}, rank {r} never took the engine:\n{log}"
-                );
-            }
+            assert_every_rank_said(
+                &run,
+                &format!("{op} on {placement:?}"),
+                &["run on the cross-host engine"],
+            );
         }
     }
 }
@@ -340,13 +349,7 @@ fn an_engine_that_reaches_its_rail_or_ring_only_runs_on_rails_and_checks() {
                     .env("WEFT_DEBUG", "INFO"),
             );
             assert_checked(&run, &format!("{op} on {placement:?}"));
-            for (r, rank) in run.ranks.iter().enumerate() {
-                let log = format!("{}{}", rank.stdout, rank.stderr);
-                assert!(
-                    log.contains(says),
-                    "{op} on {placement:?}, rank {r} did not say '{says}':\n{log}"
-                );
-            }
+            assert_every_rank_said(&run, &format!("{op} on {placement:?}"), &[says]);
             eprintln!("{op} on {placement:?} (WEFT_CROSSHOST_MAX_PEERS={max}, {says}): checked");
         }
     }
@@ -371,13 +374,11 @@ fn the_engine_connects_across_hosts_without_a_listen_address() {
             .env("WEFT_DEBUG", "INFO"),
     );
     assert_checked(&run, "all_reduce without WEFT_LISTEN_ADDR");
-    for (r, rank) in run.ranks.iter().enumerate() {
-        let log = format!("{}{}", rank.stdout, rank.stderr);
-        assert!(
-            log.contains("run on the cross-host engine"),
-            "rank {r} did not build the engine:\n{log}"
-        );
-    }
+    assert_every_rank_said(
+        &run,
+        "all_reduce without WEFT_LISTEN_ADDR",
+        &["run on the cross-host engine"],
+    );
 }
 
 /// The communicator's engine with its bytes through each host's sidecar
@@ -409,14 +410,14 @@ fn communicator_collectives_on_the_engine_through_the_sidecar_proxy_check() {
                     .env("WEFT_DEBUG", "INFO"),
             );
             assert_checked(&run, &format!("{op} on {placement:?}"));
-            for (r, rank) in run.ranks.iter().enumerate() {
-                let log = format!("{}{}", rank.stdout, rank.stderr);
-                assert!(
-                    log.contains("run on the cross-host engine")
-                        && log.contains("between hosts through the sidecar proxy"),
-                    "{op} on {placement:?}, rank {r} did not take the engine through the proxy:\n{log}"
-                );
-            }
+            assert_every_rank_said(
+                &run,
+                &format!("{op} on {placement:?}"),
+                &[
+                    "run on the cross-host engine",
+                    "between hosts through the sidecar proxy",
+                ],
+            );
             eprintln!("{op} on {placement:?} through the sidecar proxy: checked");
         }
     }
