@@ -20,11 +20,12 @@
 #           progress thread's host part on the cross-host engine (XH_ENGINE_COLLS: which)
 #   proxy   Weft 2 hosts x XH_NP/2 with a `weft sidecar` per simulated host (its own
 #           loopback address, 127.0.0.11 / .12) and every rank attached to its host's, as
-#           in a pod: the flat path through the proxy, the engine over its own TCP
-#           (WEFT_CROSSHOST_NET=tcp) and the engine through the proxy (=proxy), engine
-#           from XH_ENGINE_MIN (default 1048576); XH_ENGINE_COLLS: which collectives
+#           in a pod: the defaults (the engine over its own TCP from 4 MiB, the flat path
+#           through the proxy below), the engine over its own TCP (WEFT_CROSSHOST_NET=tcp)
+#           and the engine through the proxy (=proxy), these two from XH_ENGINE_MIN
+#           (default 1048576); XH_ENGINE_COLLS: which collectives
 #   table   busbw side by side from $OUT/crosshost.txt
-# XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
+# XH_LABEL: the perf phase's column name (default ours). XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
 # local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1), else
 # every rank on GPU 0.
 # Layout next to this script as run.sh's (weft/libnccl.so.2, nccl-tests/).
@@ -36,7 +37,7 @@ log() { echo "=== $* ($(date -u +%T))"; }
 NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
 [ -n "$NCCL" ] || NCCL=$(dirname $(dirname $(find / -name 'libnccl.so.2*' -not -path '*/.device/*' 2>/dev/null | head -1)))
 NVRTC=$(dirname $(find / -name 'libnvrtc.so.13*' -not -path '*/proc/*' 2>/dev/null | head -1) 2>/dev/null)
-WEFT=$D/weft
+WEFT=${XH_WEFT:-$D/weft}   # XH_WEFT: another build's directory (an A/B of two builds)
 TM=/tmp/nccl-tests/build-mpi
 COLLS=${XH_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
 SIZES=${XH_SIZES:--b 1M -e 256M -f 4}
@@ -48,7 +49,7 @@ HALF=$((NP / 2))   # ranks per host of the two-host runs (check, engine)
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
-  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
+  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_SLICE_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
     [ -n "${!v:-}" ] && xs="$xs -x $v"; done
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
     mpirun --allow-run-as-root --oversubscribe -np $NP --bind-to none \
@@ -81,8 +82,8 @@ check)
   done ;;
 perf)
   for per in ${XH_PERS:-2 1}; do for t in $COLLS; do
-    log perf ours $t $((NP / per)) hosts x $per
-    echo "### ours $t hosts=$((NP / per))x$per" >> $OUT/crosshost.txt
+    log perf ${XH_LABEL:-ours} $t $((NP / per)) hosts x $per
+    echo "### ${XH_LABEL:-ours} $t hosts=$((NP / per))x$per" >> $OUT/crosshost.txt
     TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 engine)
@@ -104,10 +105,10 @@ proxy)
   done
   for i in 0 1; do for _ in $(seq 100); do [ -S $XH_SC$i.sock.proxy ] && break; sleep 0.1; done; done
   ls -l $XH_SC*; for t in ${XH_ENGINE_COLLS:-all_reduce all_gather reduce_scatter alltoall}; do
-    for m in flat tcp proxy; do
+    for m in default tcp proxy; do
       log perf ours-sidecar-$m $t 2 hosts x $HALF
       echo "### sidecar-$m $t hosts=2x$HALF" >> $OUT/crosshost.txt
-      if [ $m = flat ]; then unset WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET
+      if [ $m = default ]; then unset WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET
       else export WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} WEFT_CROSSHOST_NET=$m; fi
       TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
     done

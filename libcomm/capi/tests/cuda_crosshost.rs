@@ -188,7 +188,7 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
         vec![Some(0); NRANKS],
         "every rank checks its results and exits 0"
     );
-    assert!(checked >= NRANKS * 7 * 4, "{checked} checks reported");
+    assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
 }
 
 /// With `WEFT_CROSSHOST_MIN_BYTES=4096` (unset: from 4 MiB), the host part
@@ -209,7 +209,7 @@ fn device_collectives_on_the_cross_host_engine_match_the_reference() {
         checked += l.starts_with("ok ") as usize;
     }
     assert_eq!(codes, vec![Some(0); NRANKS], "every rank exits 0");
-    assert!(checked >= NRANKS * 7 * 4, "{checked} checks reported");
+    assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
     let logs = ranks.logs.lock().unwrap();
     for r in 0..NRANKS {
         assert!(
@@ -218,6 +218,23 @@ fn device_collectives_on_the_cross_host_engine_match_the_reference() {
             "rank {r} never said the cross-host engine was on"
         );
     }
+}
+
+/// With `WEFT_CROSSHOST_SLICE_BYTES=4194304` the largest size (16 MiB and
+/// an odd tail) of all-reduce, broadcast and reduce is cut into 4 slices,
+/// each its own job: every result still against the reference.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn device_collectives_cut_in_slices_match_the_reference() {
+    gpu_or_panic("device_collectives_cut_in_slices_match_the_reference");
+    let mut ranks = Ranks::start_with("collectives", &[("WEFT_CROSSHOST_SLICE_BYTES", "4194304")]);
+    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
+    let mut checked = 0;
+    while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
+        checked += l.starts_with("ok ") as usize;
+    }
+    assert_eq!(codes, vec![Some(0); NRANKS], "every rank exits 0");
+    assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
 }
 
 #[test]
@@ -433,6 +450,25 @@ impl Rank {
                 pncclBroadcast(p(send), p(out), count, F32, 2, self.comm, self.st())
             });
             self.check("broadcast", count, &self.download(out, count), |i| v(2, i));
+            // In place: the root's buffer stays as it is, the others get it.
+            let inp = self.upload(&input[..count]);
+            run(&|| unsafe { pncclBroadcast(p(inp), p(inp), count, F32, 1, self.comm, self.st()) });
+            self.check(
+                "broadcast in place",
+                count,
+                &self.download(inp, count),
+                |i| v(1, i),
+            );
+            run(&|| unsafe {
+                pncclAllReduce(p(inp), p(inp), count, F32, SUM, self.comm, self.st())
+            });
+            self.check(
+                "all_reduce in place",
+                count,
+                &self.download(inp, count),
+                |i| v(1, i) * n as f32,
+            );
+            mem::free(self.dev, inp).unwrap();
             run(&|| unsafe {
                 pncclReduce(p(send), p(out), count, F32, MAX, 1, self.comm, self.st())
             });

@@ -109,6 +109,12 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
     // map, nothing to exchange (every rank sees the same host identities,
     // so every rank decides alike).
     let mut first: Option<Error> = None;
+    let slice_bytes = || -> Result<usize> {
+        let p = weft_contract::params::WEFT_CROSSHOST_SLICE_BYTES;
+        p.try_get()
+            .map_err(|e| Error::arg(e.to_string()))
+            .map(|v| v.or(p.default_value()).unwrap_or(0))
+    };
     todo.retain(|&(c, d)| {
         let hosts = comms.host_ids(c);
         if !spans_hosts(&hosts) {
@@ -117,11 +123,19 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
         let mut distinct = hosts.clone();
         distinct.sort_unstable();
         distinct.dedup();
+        let slice_bytes = match slice_bytes() {
+            Ok(b) => b,
+            Err(e) => {
+                first.get_or_insert(e);
+                return false;
+            }
+        };
         match ProxySide::new(
             comms.rank(c),
             comms.nranks(c),
             distinct.len(),
             d,
+            slice_bytes,
             comms.host_runner(c),
             comms.describe(c),
         ) {

@@ -52,6 +52,7 @@
 //! | `nvrtc.rs` | the run-time fallback: compiling a kernel with NVRTC, cached on disk |
 //! | `staging.rs` | the host-memory fallback, which device an operation's buffers are on, an operation's device regions |
 //! | `proxy.rs` | [`ProxySide`]: device operations of a communicator spanning hosts, through pinned buffers and a progress thread |
+//! | `pinned_plan.rs` | what a device job across hosts copies into its pinned buffers and out, in place and cut in slices |
 //! | `pinned.rs` | the pinned, device-mapped buffers and flag words a stream and the progress thread meet on |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
@@ -92,6 +93,7 @@ pub mod mem;
 mod nvrtc;
 mod p2p;
 mod pinned;
+mod pinned_plan;
 mod plan;
 mod proxy;
 mod side_stream;

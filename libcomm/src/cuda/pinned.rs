@@ -175,6 +175,16 @@ impl JobFlags {
 }
 
 /// A communicator's pinned buffers, reused once the stream released them.
+/// A buffer [`Pool::take`] gave a job: where its data and words are. The
+/// buffer stays the pool's (it may move in the pool's list).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Lease {
+    pub data: *mut u8,
+    /// `ready`, `done` and `released` as the stream addresses them.
+    pub words: (u64, u64, u64),
+    pub flags: JobFlags,
+}
+
 pub(super) struct Pool {
     dev: i32,
     bufs: Vec<Pinned>,
@@ -198,7 +208,7 @@ impl Pool {
     /// buffer to be released (back pressure, as NCCL's full work FIFO
     /// blocks its caller): the streams and the progress thread release them
     /// without this thread, and reusable buffers too small are freed first.
-    pub(super) fn take(&mut self, bytes: usize, seq: u32) -> CudaResult<&mut Pinned> {
+    pub(super) fn take(&mut self, bytes: usize, seq: u32) -> CudaResult<Lease> {
         let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
         let started = Instant::now();
         let i = loop {
@@ -229,7 +239,19 @@ impl Pool {
         };
         let b = &mut self.bufs[i];
         b.last = seq;
-        Ok(b)
+        Ok(Lease {
+            data: b.data(),
+            words: b.dev_words(),
+            flags: b.flags(),
+        })
+    }
+
+    /// The buffer of `lease` is never reused (a stream may still copy into
+    /// it).
+    pub(super) fn poison(&mut self, lease: &Lease) {
+        if let Some(b) = self.bufs.iter_mut().find(|b| b.data() == lease.data) {
+            b.poison();
+        }
     }
 
     /// Frees every buffer once the stream released it, waiting up to

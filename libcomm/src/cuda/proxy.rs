@@ -31,10 +31,12 @@
 //! (events) and wait for its end. Host-memory operations of a group on such
 //! a communicator ride in its job (in order with the device ones).
 
+use super::driver::pointer_device;
 use super::driver::use_device;
 use super::error::{CudaError, CudaResult, check};
 use super::logger::{log, warn};
-use super::pinned::{ALIGN, JobFlags, Pool};
+use super::pinned::{JobFlags, Lease, Pool};
+use super::pinned_plan::{Staged, stage};
 use super::staging::{device_regions, host_op};
 use crate::op::Op;
 use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
@@ -192,6 +194,9 @@ pub struct ProxySide {
     /// Hosts the communicator spans (for the log).
     hosts: usize,
     dev: i32,
+    /// The smallest slice of a collective cut in slices
+    /// (`WEFT_CROSSHOST_SLICE_BYTES`; 0: never cut).
+    slice_bytes: usize,
     seq: u32,
     pool: Pool,
     shared: Arc<Shared>,
@@ -200,12 +205,14 @@ pub struct ProxySide {
 
 impl ProxySide {
     /// Starts the progress thread of this rank's side on `dev`; the
-    /// communicator spans `hosts` hosts.
+    /// communicator spans `hosts` hosts; collectives of `slice_bytes` and
+    /// more are cut in slices (0: never).
     pub fn new(
         rank: usize,
         nranks: usize,
         hosts: usize,
         dev: i32,
+        slice_bytes: usize,
         runner: Arc<dyn HostRunner>,
         describe: String,
     ) -> CudaResult<ProxySide> {
@@ -231,6 +238,7 @@ impl ProxySide {
             nranks,
             hosts,
             dev,
+            slice_bytes,
             seq: 0,
             pool: Pool::new(dev),
             shared,
@@ -252,9 +260,14 @@ impl ProxySide {
         self.seq
     }
 
-    /// Enqueues one job (the operations of one call or one group on this
-    /// communicator) on the stream of its first device operation; returns
-    /// without waiting for the GPU.
+    /// Enqueues one call's (or one group's) operations on this communicator
+    /// on the stream of its first device operation, as one job or, cut in
+    /// slices, several (`pinned_plan.rs`); returns without waiting for the
+    /// GPU.
+    ///
+    /// The stream gets every job's copies in and `ready` first, then every
+    /// job's wait for `done` and copies out: slice k+1 is copied in while
+    /// slice k is on the network, and slice k is copied out while k+1 is.
     ///
     /// # Safety
     /// As `Backend::run`: the pointers are valid until the stream reaches
@@ -281,103 +294,134 @@ impl ProxySide {
         for &s in &others {
             unsafe { join(stream, s)? };
         }
-        let regions = device_regions(ops.iter().flat_map(|o| o.buffers(rank, n)).collect());
-        let mut at = 0usize;
-        let mut map: Vec<(u64, usize, u64)> = Vec::with_capacity(regions.len());
-        let offsets: Vec<usize> = regions
-            .iter()
-            .map(|r| {
-                let o = at;
-                at += r.bytes.next_multiple_of(ALIGN);
-                o
-            })
-            .collect();
-        let seq = self.next_seq();
-        let buf = self.pool.take(at, seq)?;
-        let (ready, done, released) = buf.dev_words();
-        let data = buf.data();
-        for (r, &off) in regions.iter().zip(&offsets) {
-            map.push((r.dev, r.bytes, data as u64 + off as u64));
-        }
-        // Up to the wait nothing the stream does needs the thread; after
-        // it, a failure must release the wait itself.
-        let before_wait = || -> CudaResult<()> {
-            // Outputs the operation fills whole are not copied in.
-            for (r, &(dev, bytes, host)) in regions.iter().zip(&map) {
-                if !r.read {
-                    continue;
+        let on_device = |p: u64| pointer_device(p as *const std::ffi::c_void).is_some();
+        let regions =
+            |ops: &[Op]| device_regions(ops.iter().flat_map(|o| o.buffers(rank, n)).collect());
+        let staged = stage(ops, rank, n, self.slice_bytes, &on_device, &regions);
+        // Copies in and `ready`, job by job. Up to the waits nothing the
+        // stream does needs the thread; a failure leaves jobs that never
+        // run (their buffers are not reused: a stream may still copy).
+        let mut jobs: Vec<(Job, Lease, &Staged)> = Vec::with_capacity(staged.len());
+        for s in &staged {
+            let seq = self.next_seq();
+            match unsafe { self.stage_in(s, seq, stream) } {
+                Ok((job, buf)) => jobs.push((job, buf, s)),
+                Err(e) => {
+                    for &(_, b, _) in &jobs {
+                        self.pool.poison(&b);
+                    }
+                    return Err(e);
                 }
+            }
+        }
+        // Waits and copies out. After the first wait a failure must release
+        // every wait itself (no job runs: they are not queued).
+        let out = || -> CudaResult<()> {
+            for (job, buf, s) in &jobs {
+                let (_, done, released) = buf.words;
+                let data = buf.data as u64;
                 unsafe {
                     check(
-                        sys::cuMemcpyDtoHAsync_v2(host as *mut _, dev, bytes, stream),
-                        "cuMemcpyDtoHAsync (to the cross-host pinned buffer)",
+                        sys::cuStreamWaitValue32_v2(
+                            stream,
+                            done,
+                            job.seq,
+                            sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                        ),
+                        "cuStreamWaitValue32 (the job's done word)",
                     )?;
-                }
-            }
-            unsafe {
-                check(
-                    sys::cuStreamWriteValue32_v2(stream, ready, seq, 0),
-                    "cuStreamWriteValue32 (the job's ready word)",
-                )?;
-                check(
-                    sys::cuStreamWaitValue32_v2(
-                        stream,
-                        done,
-                        seq,
-                        sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                    ),
-                    "cuStreamWaitValue32 (the job's done word)",
-                )
-            }
-        };
-        if let Err(e) = before_wait() {
-            buf.poison();
-            return Err(e);
-        }
-        let flags = buf.flags();
-        let after_wait = || -> CudaResult<()> {
-            for (r, &(dev, bytes, host)) in regions.iter().zip(&map) {
-                if r.write {
-                    unsafe {
+                    for c in &s.to_device {
                         check(
-                            sys::cuMemcpyHtoDAsync_v2(dev, host as *const _, bytes, stream),
+                            sys::cuMemcpyHtoDAsync_v2(
+                                c.dev,
+                                (data + c.off as u64) as *const _,
+                                c.bytes,
+                                stream,
+                            ),
                             "cuMemcpyHtoDAsync (from the cross-host pinned buffer)",
                         )?;
                     }
+                    check(
+                        sys::cuStreamWriteValue32_v2(stream, released, job.seq, 0),
+                        "cuStreamWriteValue32 (the job's released word)",
+                    )?;
                 }
-            }
-            unsafe {
-                check(
-                    sys::cuStreamWriteValue32_v2(stream, released, seq, 0),
-                    "cuStreamWriteValue32 (the job's released word)",
-                )?;
             }
             for &s in &others {
                 unsafe { join(s, stream)? };
             }
             Ok(())
         };
-        if let Err(e) = after_wait() {
-            buf.poison();
-            // The stream waits for `done`: release it (the job never runs).
-            flags.set_done(seq);
+        if let Err(e) = out() {
+            for (job, buf, _) in &jobs {
+                self.pool.poison(buf);
+                job.flags.set_done(job.seq);
+            }
             return Err(e);
         }
-        let job = Job {
-            seq,
-            flags,
-            ops: ops.iter().map(|o| host_op(o, &map)).collect(),
-        };
         let mut q = locked(&self.shared.queue);
         if q.closed || self.shared.aborted() {
-            flags.set_done(seq);
+            for (job, _, _) in &jobs {
+                job.flags.set_done(job.seq);
+            }
             return Err(CudaError::Unsupported(
                 "the communicator was aborted: its progress thread takes no more work".into(),
             ));
         }
-        q.jobs.push_back(job);
+        q.jobs.extend(jobs.into_iter().map(|(job, _, _)| job));
         self.shared.changed.notify_all();
         Ok(())
+    }
+
+    /// Takes a pinned buffer for `s`, enqueues its device copies and copies
+    /// in and then `ready`; the job (not queued yet) and its buffer.
+    unsafe fn stage_in(
+        &mut self,
+        s: &Staged,
+        seq: u32,
+        stream: sys::CUstream,
+    ) -> CudaResult<(Job, Lease)> {
+        let buf = self.pool.take(s.bytes, seq)?;
+        let (ready, _, _) = buf.words;
+        let data = buf.data as u64;
+        let copies = || -> CudaResult<()> {
+            unsafe {
+                for &(dst, src, bytes) in &s.dtod {
+                    check(
+                        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream),
+                        "cuMemcpyDtoDAsync (a broadcast root's own output)",
+                    )?;
+                }
+                for c in &s.to_host {
+                    check(
+                        sys::cuMemcpyDtoHAsync_v2(
+                            (data + c.off as u64) as *mut _,
+                            c.dev,
+                            c.bytes,
+                            stream,
+                        ),
+                        "cuMemcpyDtoHAsync (to the cross-host pinned buffer)",
+                    )?;
+                }
+                check(
+                    sys::cuStreamWriteValue32_v2(stream, ready, seq, 0),
+                    "cuStreamWriteValue32 (the job's ready word)",
+                )
+            }
+        };
+        if let Err(e) = copies() {
+            self.pool.poison(&buf);
+            return Err(e);
+        }
+        let map = s.host_map(data);
+        Ok((
+            Job {
+                seq,
+                flags: buf.flags,
+                ops: s.ops.iter().map(|o| host_op(o, &map)).collect(),
+            },
+            buf,
+        ))
     }
 
     /// Waits (bounded by `bound`) until every queued job ran; after the
@@ -486,7 +530,7 @@ pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usiz
     log(
         false,
         &format!(
-            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory; the progress thread runs the host algorithm (shared memory within a host, TCP between hosts)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy; all-reduce, broadcast and reduce from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts)",
             describe(),
             op.name()
         ),
@@ -526,7 +570,7 @@ mod tests {
             ran: Mutex::new(Vec::new()),
             fail,
         });
-        let px = ProxySide::new(0, 2, 2, 0, rec.clone(), "test".into()).unwrap();
+        let px = ProxySide::new(0, 2, 2, 0, 0, rec.clone(), "test".into()).unwrap();
         (px, rec)
     }
 

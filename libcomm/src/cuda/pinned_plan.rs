@@ -1,0 +1,565 @@
+//! What a device job across hosts copies into its pinned buffers and out
+//! again, and what its progress thread runs there (`proxy.rs` enqueues it).
+//!
+//! Two rules keep the copies few and let them overlap the network:
+//!
+//! - **In place on one pinned copy.** A single collective of device memory
+//!   is staged as its in-place form (NCCL's layouts: an all-gather's input at
+//!   `recv + rank * count`, a reduce-scatter's output at `send + rank *
+//!   count`): one pinned region of the output's size (the input's for a
+//!   reduce-scatter), the input copied into its place, the host algorithm
+//!   run in place, the result copied out. An out-of-place all-reduce of N
+//!   bytes then holds N pinned bytes, not 2N, and its reducing receives read
+//!   and write one buffer. A broadcast root's own copy is a device-to-device
+//!   copy on the stream (the GPU's, not a host `memcpy` beside the network),
+//!   and nothing comes back to the root; a reduce's other ranks copy nothing
+//!   back either.
+//! - **Slices.** An all-reduce, broadcast or reduce of at least twice
+//!   `WEFT_CROSSHOST_SLICE_BYTES` is cut into up to [`MAX_SLICES`] slices,
+//!   each its own job (its own buffer and words): the stream copies every
+//!   slice in before it waits for the first, so slice k+1's copy in and
+//!   slice k-1's copy out run while slice k is on the network. Every rank
+//!   cuts alike (the count and the setting are the same on every rank).
+//!
+//! Everything else (groups, all-to-all, gather, scatter, host buffers in a
+//! device call) is staged as before: every device region the job touches,
+//! read ones copied in, written ones copied out, the operations unchanged.
+
+use super::pinned::ALIGN;
+use super::staging::DevRegion;
+use crate::op::{Op, OpKind};
+
+/// The most slices one collective is cut into (each is a job: a few stream
+/// operations on the calling thread, a pinned buffer, a wake-up of the
+/// progress thread).
+pub(super) const MAX_SLICES: usize = 8;
+
+/// Slice boundaries fall on this many bytes (a multiple of every element
+/// size, and page-aligned copies run at full speed).
+const SLICE_ALIGN: usize = 4096;
+
+/// A copy between device memory at `dev` and the job's pinned buffer at
+/// offset `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Copy {
+    pub dev: u64,
+    pub off: usize,
+    pub bytes: usize,
+}
+
+/// One job as staged: run `dtod`, copy `to_host` in, signal, run `ops` on
+/// the pinned buffer (pointers moved through `map`), copy `to_device` out.
+#[derive(Debug, Clone)]
+pub(super) struct Staged {
+    /// Bytes of pinned buffer the job needs.
+    pub bytes: usize,
+    /// `(dst, src, bytes)` device-to-device copies on the stream first.
+    pub dtod: Vec<(u64, u64, usize)>,
+    pub to_host: Vec<Copy>,
+    pub to_device: Vec<Copy>,
+    /// `(device address, bytes, offset)`: a pointer of `ops` inside the
+    /// device range lives at that offset of the pinned buffer.
+    pub map: Vec<(u64, usize, usize)>,
+    /// The operations, still with device pointers (and host ones).
+    pub ops: Vec<Op>,
+}
+
+impl Staged {
+    /// `map` with the pinned buffer at `base`: what `staging::host_op` takes.
+    pub fn host_map(&self, base: u64) -> Vec<(u64, usize, u64)> {
+        self.map
+            .iter()
+            .map(|&(d, n, off)| (d, n, base + off as u64))
+            .collect()
+    }
+}
+
+/// How many slices a collective of `bytes` is cut into with smallest slice
+/// `slice_bytes` (0: never cut).
+pub(super) fn slice_count(bytes: usize, slice_bytes: usize) -> usize {
+    if slice_bytes == 0 {
+        return 1;
+    }
+    (bytes / slice_bytes).clamp(1, MAX_SLICES)
+}
+
+/// `(byte offset, bytes)` of each slice of `bytes` cut into `k` parts on
+/// [`SLICE_ALIGN`] boundaries (fewer when the parts round up past the end).
+fn slices(bytes: usize, k: usize) -> Vec<(usize, usize)> {
+    let per = bytes
+        .div_ceil(k)
+        .next_multiple_of(SLICE_ALIGN)
+        .max(SLICE_ALIGN);
+    (0..bytes)
+        .step_by(per)
+        .map(|o| (o, per.min(bytes - o)))
+        .collect()
+}
+
+/// Whether the in-place staging applies to `op` (its kind; every buffer it
+/// touches on this rank in device memory).
+fn in_place_kind(op: &Op) -> bool {
+    matches!(
+        op.kind,
+        OpKind::AllReduce
+            | OpKind::Broadcast
+            | OpKind::Reduce
+            | OpKind::AllGather
+            | OpKind::ReduceScatter
+    )
+}
+
+/// Stages the job `ops` of rank `rank` of `nranks`. `on_device(p)`: whether
+/// address `p` is device memory; `regions`: the generic path's device
+/// regions of a list of operations (`staging::device_regions`).
+pub(super) fn stage(
+    ops: &[Op],
+    rank: usize,
+    nranks: usize,
+    slice_bytes: usize,
+    on_device: &dyn Fn(u64) -> bool,
+    regions: &dyn Fn(&[Op]) -> Vec<DevRegion>,
+) -> Vec<Staged> {
+    if let [op] = ops
+        && in_place_kind(op)
+        && op.count > 0
+        && op.buffers(rank, nranks).iter().all(|b| on_device(b.ptr))
+    {
+        let cut = matches!(
+            op.kind,
+            OpKind::AllReduce | OpKind::Broadcast | OpKind::Reduce
+        );
+        let k = if cut {
+            slice_count(op.bytes(), slice_bytes)
+        } else {
+            1
+        };
+        let es = op.dtype.size();
+        return slices(op.bytes(), k)
+            .into_iter()
+            .map(|(off, bytes)| {
+                let mut s = *op;
+                s.send = op.send.wrapping_add(off);
+                s.recv = op.recv.wrapping_add(off);
+                s.count = bytes / es;
+                in_place(&s, rank, nranks)
+            })
+            .collect();
+    }
+    vec![generic(ops, regions(ops))]
+}
+
+/// One collective in place on one pinned region (see the module docs).
+fn in_place(op: &Op, rank: usize, nranks: usize) -> Staged {
+    let (send, recv) = (op.send as u64, op.recv as u64);
+    let n = op.bytes();
+    let at_root = rank == op.root;
+    let whole = |dev: u64| Copy {
+        dev,
+        off: 0,
+        bytes: n,
+    };
+    let mut s = Staged {
+        bytes: n,
+        dtod: Vec::new(),
+        to_host: Vec::new(),
+        to_device: Vec::new(),
+        map: Vec::new(),
+        ops: Vec::new(),
+    };
+    // `region`: the device range the pinned buffer stands for; the op runs
+    // with both pointers inside it.
+    let (region, op_send, op_recv) = match op.kind {
+        OpKind::AllReduce => {
+            s.to_host.push(whole(send));
+            s.to_device.push(whole(recv));
+            (recv, recv, recv)
+        }
+        OpKind::Broadcast if at_root => {
+            if send != recv {
+                s.dtod.push((recv, send, n));
+            }
+            s.to_host.push(whole(send));
+            (send, send, send)
+        }
+        OpKind::Broadcast => {
+            s.to_device.push(whole(recv));
+            (recv, recv, recv)
+        }
+        OpKind::Reduce if at_root => {
+            s.to_host.push(whole(send));
+            s.to_device.push(whole(recv));
+            (recv, recv, recv)
+        }
+        OpKind::Reduce => {
+            s.to_host.push(whole(send));
+            (send, send, send)
+        }
+        OpKind::AllGather => {
+            let own = rank * n;
+            s.bytes = nranks * n;
+            s.to_host.push(Copy {
+                dev: send,
+                off: own,
+                bytes: n,
+            });
+            s.to_device.push(Copy {
+                dev: recv,
+                off: 0,
+                bytes: nranks * n,
+            });
+            (recv, recv + own as u64, recv)
+        }
+        OpKind::ReduceScatter => {
+            let own = rank * n;
+            s.bytes = nranks * n;
+            s.to_host.push(Copy {
+                dev: send,
+                off: 0,
+                bytes: nranks * n,
+            });
+            s.to_device.push(Copy {
+                dev: recv,
+                off: own,
+                bytes: n,
+            });
+            (send, send, send + own as u64)
+        }
+        _ => unreachable!("in_place_kind admits only these"),
+    };
+    s.map.push((region, s.bytes, 0));
+    let mut o = *op;
+    o.send = op_send as *const u8;
+    o.recv = op_recv as *mut u8;
+    s.ops.push(o);
+    s
+}
+
+/// Every device region of the job, read ones copied in and written ones
+/// copied out, the operations as they are.
+fn generic(ops: &[Op], regions: Vec<DevRegion>) -> Staged {
+    let mut s = Staged {
+        bytes: 0,
+        dtod: Vec::new(),
+        to_host: Vec::new(),
+        to_device: Vec::new(),
+        map: Vec::new(),
+        ops: ops.to_vec(),
+    };
+    for r in regions {
+        let c = Copy {
+            dev: r.dev,
+            off: s.bytes,
+            bytes: r.bytes,
+        };
+        // Outputs the operation fills whole are not copied in.
+        if r.read {
+            s.to_host.push(c);
+        }
+        if r.write {
+            s.to_device.push(c);
+        }
+        s.map.push((r.dev, r.bytes, s.bytes));
+        s.bytes += r.bytes.next_multiple_of(ALIGN);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::types::{DataType, ReduceOp};
+    use crate::op::Memory;
+
+    const MIB: usize = 1 << 20;
+
+    /// Device addresses in these tests are at or above this.
+    const DEV: u64 = 1 << 40;
+
+    fn on_device(p: u64) -> bool {
+        p >= DEV
+    }
+
+    fn no_regions(_: &[Op]) -> Vec<DevRegion> {
+        panic!("the generic path was not expected")
+    }
+
+    fn dev_op(mut op: Op) -> Op {
+        op = op.on(Memory::Device(0), std::ptr::null_mut());
+        op
+    }
+
+    fn p(a: u64) -> *mut u8 {
+        a as *mut u8
+    }
+
+    /// The element at device address `a`, in the pinned buffer of `s`: its
+    /// offset there.
+    fn pinned_at(s: &Staged, a: u64) -> usize {
+        let &(d, n, off) = s
+            .map
+            .iter()
+            .find(|&&(d, n, _)| a >= d && a < d + n as u64)
+            .unwrap_or_else(|| panic!("{a:#x} is not staged: {:?}", s.map));
+        assert!(off + n <= s.bytes);
+        off + (a - d) as usize
+    }
+
+    #[test]
+    fn slices_cover_the_collective_on_aligned_bounds() {
+        assert_eq!(slice_count(100 * MIB, 0), 1, "0: never cut");
+        assert_eq!(slice_count(100 * MIB, 64 * MIB), 1);
+        assert_eq!(slice_count(128 * MIB, 64 * MIB), 2);
+        assert_eq!(slice_count(1 << 30, 64 * MIB), MAX_SLICES);
+        for (bytes, k) in [
+            (128 * MIB + 12, 2),
+            (3 * SLICE_ALIGN + 4, 3),
+            (1 << 30, 8),
+            (5, 1),
+        ] {
+            let s = slices(bytes, k);
+            assert!(s.len() <= k && !s.is_empty(), "{bytes} {k}: {s:?}");
+            let mut at = 0;
+            for &(o, n) in &s {
+                assert_eq!(o, at, "contiguous");
+                assert_eq!(o % SLICE_ALIGN, 0);
+                assert!(n > 0);
+                at += n;
+            }
+            assert_eq!(at, bytes, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn an_out_of_place_all_reduce_runs_in_place_on_one_pinned_copy_cut_in_slices() {
+        let (send, recv) = (DEV, DEV + (1 << 32));
+        let count = (160 * MIB + 4096) / 4;
+        let op = dev_op(Op::all_reduce(
+            p(send),
+            p(recv),
+            count,
+            DataType::F32,
+            ReduceOp::Sum,
+        ));
+        let staged = stage(&[op], 0, 2, 64 * MIB, &on_device, &no_regions);
+        assert_eq!(staged.len(), 2);
+        let mut covered = 0;
+        for s in &staged {
+            let o = s.ops[0];
+            assert_eq!(o.send, o.recv.cast_const(), "in place");
+            assert_eq!(s.bytes, o.count * 4, "one copy, not two");
+            let off = o.recv as u64 - recv;
+            assert_eq!(
+                s.to_host,
+                vec![Copy {
+                    dev: send + off,
+                    off: 0,
+                    bytes: s.bytes
+                }]
+            );
+            assert_eq!(
+                s.to_device,
+                vec![Copy {
+                    dev: recv + off,
+                    off: 0,
+                    bytes: s.bytes
+                }]
+            );
+            assert_eq!(pinned_at(s, o.recv as u64), 0);
+            assert!(s.dtod.is_empty());
+            covered += o.count;
+        }
+        assert_eq!(covered, count);
+    }
+
+    #[test]
+    fn a_broadcast_root_copies_its_output_on_the_device_and_nothing_back() {
+        let (send, recv) = (DEV, DEV + (1 << 32));
+        let op = dev_op(Op::broadcast(p(send), p(recv), 1000, DataType::F64, 1));
+        let root = &stage(&[op], 1, 3, 64 * MIB, &on_device, &no_regions)[0];
+        assert_eq!(root.dtod, vec![(recv, send, 8000)]);
+        assert_eq!(
+            root.to_host,
+            vec![Copy {
+                dev: send,
+                off: 0,
+                bytes: 8000
+            }]
+        );
+        assert!(root.to_device.is_empty());
+        assert_eq!(root.ops[0].send, root.ops[0].recv.cast_const());
+        let other = &stage(&[op], 0, 3, 64 * MIB, &on_device, &no_regions)[0];
+        assert!(other.dtod.is_empty() && other.to_host.is_empty());
+        assert_eq!(
+            other.to_device,
+            vec![Copy {
+                dev: recv,
+                off: 0,
+                bytes: 8000
+            }]
+        );
+        // In place at the root: no device copy either.
+        let inp = dev_op(Op::broadcast(p(send), p(send), 1000, DataType::F64, 1));
+        assert!(
+            stage(&[inp], 1, 3, 0, &on_device, &no_regions)[0]
+                .dtod
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_reduce_copies_back_at_the_root_only() {
+        let (send, recv) = (DEV, DEV + (1 << 32));
+        let op = dev_op(Op::reduce(
+            p(send),
+            p(recv),
+            77,
+            DataType::I32,
+            ReduceOp::Max,
+            2,
+        ));
+        let root = &stage(&[op], 2, 4, 0, &on_device, &no_regions)[0];
+        assert_eq!(
+            root.to_device,
+            vec![Copy {
+                dev: recv,
+                off: 0,
+                bytes: 308
+            }]
+        );
+        assert_eq!(root.ops[0].send, root.ops[0].recv.cast_const());
+        let other = &stage(&[op], 0, 4, 0, &on_device, &no_regions)[0];
+        assert!(other.to_device.is_empty());
+        assert_eq!(
+            other.to_host,
+            vec![Copy {
+                dev: send,
+                off: 0,
+                bytes: 308
+            }]
+        );
+    }
+
+    #[test]
+    fn all_gather_and_reduce_scatter_take_nccls_in_place_layouts() {
+        let (send, recv) = (DEV, DEV + (1 << 32));
+        let (n, c) = (3usize, 1001usize);
+        let ag = dev_op(Op::all_gather(p(send), p(recv), c, DataType::F32));
+        let s = &stage(&[ag], 1, n, 8, &on_device, &no_regions);
+        assert_eq!(s.len(), 1, "all-gathers are not cut");
+        let s = &s[0];
+        assert_eq!(s.bytes, n * c * 4);
+        let o = s.ops[0];
+        assert_eq!(
+            o.send as u64,
+            recv + (c * 4) as u64,
+            "input at recv + rank*count"
+        );
+        assert_eq!(
+            s.to_host,
+            vec![Copy {
+                dev: send,
+                off: c * 4,
+                bytes: c * 4
+            }]
+        );
+        assert_eq!(pinned_at(s, o.send as u64), c * 4);
+        assert_eq!(
+            s.to_device,
+            vec![Copy {
+                dev: recv,
+                off: 0,
+                bytes: n * c * 4
+            }]
+        );
+
+        let rs = dev_op(Op::reduce_scatter(
+            p(send),
+            p(recv),
+            c,
+            DataType::F32,
+            ReduceOp::Sum,
+        ));
+        let s = &stage(&[rs], 2, n, 8, &on_device, &no_regions)[0];
+        let o = s.ops[0];
+        assert_eq!(
+            o.recv as u64,
+            send + (2 * c * 4) as u64,
+            "output at send + rank*count"
+        );
+        assert_eq!(
+            s.to_host,
+            vec![Copy {
+                dev: send,
+                off: 0,
+                bytes: n * c * 4
+            }]
+        );
+        assert_eq!(
+            s.to_device,
+            vec![Copy {
+                dev: recv,
+                off: 2 * c * 4,
+                bytes: c * 4
+            }]
+        );
+    }
+
+    #[test]
+    fn groups_host_buffers_and_other_kinds_take_the_generic_staging() {
+        let (a, b) = (DEV, DEV + (1 << 32));
+        let regions = |ops: &[Op]| {
+            assert!(!ops.is_empty());
+            vec![
+                DevRegion {
+                    dev: a,
+                    bytes: 100,
+                    write: false,
+                    read: true,
+                },
+                DevRegion {
+                    dev: b,
+                    bytes: 300,
+                    write: true,
+                    read: false,
+                },
+            ]
+        };
+        let a2a = dev_op(Op::all_to_all(p(a), p(b), 25, DataType::F32));
+        let host = dev_op(Op::all_reduce(
+            p(4096),
+            p(b),
+            25,
+            DataType::F32,
+            ReduceOp::Sum,
+        ));
+        let send = dev_op(Op::send(p(a), 25, DataType::F32, 1));
+        for job in [vec![a2a], vec![host], vec![send, a2a]] {
+            let s = stage(&job, 0, 2, 8, &on_device, &regions);
+            assert_eq!(s.len(), 1);
+            let s = &s[0];
+            assert_eq!(s.ops.len(), job.len());
+            assert_eq!(
+                s.to_host,
+                vec![Copy {
+                    dev: a,
+                    off: 0,
+                    bytes: 100
+                }]
+            );
+            assert_eq!(
+                s.to_device,
+                vec![Copy {
+                    dev: b,
+                    off: 256,
+                    bytes: 300
+                }]
+            );
+            assert_eq!(s.bytes, 256 + 512);
+            assert_eq!(
+                s.host_map(1 << 20),
+                vec![(a, 100, 1 << 20), (b, 300, (1 << 20) + 256)]
+            );
+        }
+    }
+}
