@@ -673,14 +673,17 @@ impl Runner {
                 // (checked at submit), the staging slot holds `n == s.len`
                 // bytes, and no other step of the call writes this chunk
                 // while this one is in flight.
+                // Split over a few threads: one core reduces slower than
+                // the sockets deliver (a reduce's root takes every chunk).
                 unsafe {
-                    crate::data::reduce::combine(
+                    crate::data::reduce::combine_split(
                         dt,
                         op.combine(),
                         dst,
                         with,
                         src,
                         s.len / dt.size(),
+                        crate::data::reduce::split_threads(),
                     )
                 };
                 lane.free.push(slot);

@@ -149,6 +149,71 @@ pub(crate) unsafe fn combine(
     unsafe { dispatch!(dtype, go, (op, dst, a, b, count)) }
 }
 
+/// Chunks below this many bytes are reduced by the calling thread alone in
+/// [`combine_split`] (a thread's start costs about what 64 KiB of
+/// reduction does).
+const SPLIT_MIN_BYTES: usize = 512 << 10;
+
+/// [`combine`] cut into up to `threads` contiguous parts, reduced at once
+/// by as many threads (this one among them; scoped, joined before the
+/// return). For a thread that reduces what many sockets receive (the
+/// cross-host engine's), where one core's reduction is slower than the
+/// network. Same results as [`combine`]: every element is reduced once,
+/// by the same operation.
+///
+/// # Safety
+/// As [`combine`].
+pub(crate) unsafe fn combine_split(
+    dtype: DataType,
+    op: Combine,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    count: usize,
+    threads: usize,
+) {
+    let es = dtype.size();
+    let parts = threads.min(count * es / SPLIT_MIN_BYTES).max(1);
+    if parts == 1 {
+        return unsafe { combine(dtype, op, dst, a, b, count) };
+    }
+    let per = count.div_ceil(parts);
+    // Addresses cross the spawn as integers: the parts are disjoint, and
+    // the scope ends every thread before the caller's buffers can go.
+    let (d, x, y) = (dst as usize, a as usize, b as usize);
+    std::thread::scope(|s| {
+        for i in 1..parts {
+            let (at, n) = (i * per, per.min(count.saturating_sub(i * per)));
+            if n == 0 {
+                continue;
+            }
+            let o = at * es;
+            s.spawn(move || unsafe {
+                combine(
+                    dtype,
+                    op,
+                    (d + o) as *mut u8,
+                    (x + o) as *const u8,
+                    (y + o) as *const u8,
+                    n,
+                )
+            });
+        }
+        unsafe { combine(dtype, op, dst, a, b, per.min(count)) };
+    });
+}
+
+/// Threads the cross-host engine reduces a large received chunk with: a
+/// quarter of the cores (the rest receive, copy and run the caller's
+/// work), from 1 (two cores: the development VM, CI) to 4.
+pub(crate) fn split_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cores / 4).clamp(1, 4)
+    })
+}
+
 /// `buf[i] /= n` (the final step of an average).
 ///
 /// # Safety
@@ -183,6 +248,63 @@ pub(crate) unsafe fn scale(dtype: DataType, dst: *mut u8, src: *const u8, count:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn combine_split_matches_combine_for_every_part_count_and_alias() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for count in [1usize, 131_071, 300_001, 1 << 20] {
+            let a: Vec<f32> = (0..count).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..count).map(|_| rnd()).collect();
+            let mut want = vec![0f32; count];
+            unsafe {
+                combine(
+                    DataType::F32,
+                    Combine::Sum,
+                    want.as_mut_ptr().cast(),
+                    a.as_ptr().cast(),
+                    b.as_ptr().cast(),
+                    count,
+                )
+            };
+            for threads in [1, 2, 3, 4] {
+                let mut got = vec![f32::NAN; count];
+                unsafe {
+                    combine_split(
+                        DataType::F32,
+                        Combine::Sum,
+                        got.as_mut_ptr().cast(),
+                        a.as_ptr().cast(),
+                        b.as_ptr().cast(),
+                        count,
+                        threads,
+                    )
+                };
+                assert!(got == want, "{count} elements, {threads} threads");
+                // In place (dst == a), as the engine's reducing receives are.
+                let mut inp = a.clone();
+                let p = inp.as_mut_ptr().cast::<u8>();
+                unsafe {
+                    combine_split(
+                        DataType::F32,
+                        Combine::Sum,
+                        p,
+                        p,
+                        b.as_ptr().cast(),
+                        count,
+                        threads,
+                    )
+                };
+                assert!(inp == want, "in place, {count} elements, {threads} threads");
+            }
+        }
+        assert!((1..=4).contains(&split_threads()));
+    }
 
     #[test]
     fn combine_i8_wraps_and_aliases() {
