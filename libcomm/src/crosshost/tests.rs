@@ -178,6 +178,57 @@ fn hosts_with_different_numbers_of_ranks_and_interleaved_ranks() {
     matrix(vec![vec![2], vec![0], vec![1]]);
 }
 
+/// Chunks of 1 MiB: every reducing receive is reduced by several threads
+/// (`data::reduce::combine_split`; unit tests split on any machine), out
+/// of place and in place, on one and two ranks per host.
+#[test]
+fn large_chunks_are_reduced_by_several_threads() {
+    for hosts in [vec![vec![0], vec![1]], vec![vec![0, 1], vec![2, 3]]] {
+        let mut ranks = world(hosts, 2, Some(Duration::from_secs(30)));
+        let n = ranks[0].layout().n();
+        let (dt, op, count) = (DataType::F32, ReduceOp::Sum, 600_001usize);
+        for (i, coll) in [
+            Coll::AllReduce,
+            Coll::ReduceScatter,
+            Coll::Reduce { root: n - 1 },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (ns, nr) = coll.sizes(count, n);
+            let inputs: Vec<Vec<u8>> = (0..n)
+                .map(|r| input(dt, op, ns, 77 + i as u64, r))
+                .collect();
+            let before = vec![0x5Au8; nr * dt.size()];
+            let outs = on_all(&mut ranks, |x| {
+                x.chunk = Some(1 << 20);
+                let me = x.rank();
+                let mut out = before.clone();
+                let r = unsafe {
+                    x.collective(
+                        coll,
+                        inputs[me].as_ptr(),
+                        out.as_mut_ptr(),
+                        count,
+                        dt,
+                        op_of(op, me),
+                    )
+                };
+                (r, out)
+            });
+            for (me, (r, out)) in outs.into_iter().enumerate() {
+                let what = format!(
+                    "{} of {count} with 1 MiB chunks on {n} ranks, rank {me}",
+                    coll.name()
+                );
+                r.unwrap_or_else(|e| panic!("{what}: {e}"));
+                let want = expected(coll, dt, op, &inputs, count, me, &before);
+                assert_matches(dt, &out, &want, &what);
+            }
+        }
+    }
+}
+
 #[test]
 fn in_place_operations_match() {
     // Two ranks per host, and one per host with hosts out of rank order

@@ -207,6 +207,11 @@ pub(crate) unsafe fn combine_split(
 /// quarter of the cores (the rest receive, copy and run the caller's
 /// work), from 1 (two cores: the development VM, CI) to 4.
 pub(crate) fn split_threads() -> usize {
+    // Unit tests split on any machine, so that CI's two cores run the
+    // engine's split path too (`crosshost::tests`).
+    if cfg!(test) {
+        return 3;
+    }
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -303,7 +308,6 @@ mod tests {
                 assert!(inp == want, "in place, {count} elements, {threads} threads");
             }
         }
-        assert!((1..=4).contains(&split_threads()));
     }
 
     #[test]
