@@ -113,9 +113,13 @@ impl Config {
             .raw()
             .filter(|v| !v.trim().is_empty())
         {
-            let n: usize = v
-                .parse()
-                .map_err(|_| Error::arg(format!("WEFT_SHM_RING_BYTES={v}: expected bytes")))?;
+            let n = weft_contract::params::parse_bytes(&v)
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| {
+                    Error::arg(format!(
+                        "WEFT_SHM_RING_BYTES={v}: expected bytes (a whole number, optionally with K, M or G)"
+                    ))
+                })?;
             if !n.is_power_of_two() || !(4096..=1 << 30).contains(&n) {
                 return Err(Error::arg(format!(
                     "WEFT_SHM_RING_BYTES={v}: must be a power of two between 4096 and 1 GiB"

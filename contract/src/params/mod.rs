@@ -63,7 +63,9 @@ impl Kind {
         match self {
             Kind::Int => "a whole number".into(),
             Kind::Ms => "milliseconds".into(),
-            Kind::Bytes => "bytes".into(),
+            Kind::Bytes => {
+                "bytes (a whole number, optionally with K, M, G or T: powers of 1024)".into()
+            }
             Kind::Kib => "KiB (a whole number)".into(),
             Kind::Mib => "MiB (a whole number)".into(),
             Kind::Bool => "true or false (1/0, yes/no, on/off)".into(),
@@ -229,11 +231,34 @@ pub trait FromParam: Sized {
     fn parse(s: &str, kind: Kind) -> Option<Self>;
 }
 
+/// A byte count as `weft bench -b` takes it: a whole number, optionally
+/// followed by K, M, G or T (powers of 1024; `KiB`, `MB` and lower case
+/// read alike), so `WEFT_CROSSHOST_MIN_BYTES=4M` means what a user means.
+/// None on anything else or an overflow.
+pub fn parse_bytes(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(digits);
+    let n: u64 = num.parse().ok()?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    n.checked_mul(1u64 << shift)
+}
+
 macro_rules! int_from_param {
     ($($t:ty),*) => {$(
         impl FromParam for $t {
-            fn parse(s: &str, _kind: Kind) -> Option<Self> {
-                s.parse().ok()
+            fn parse(s: &str, kind: Kind) -> Option<Self> {
+                match kind {
+                    Kind::Bytes => parse_bytes(s)?.try_into().ok(),
+                    _ => s.parse().ok(),
+                }
             }
         }
     )*};

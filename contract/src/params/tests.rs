@@ -281,3 +281,30 @@ fn the_literal_scan_finds_what_it_should() {
     let got: Vec<String> = literals(src).into_iter().map(|(_, n)| n).collect();
     assert_eq!(got, ["WEFT_X_1", "NCCL_Y"]);
 }
+
+#[test]
+fn byte_counts_take_the_suffixes_weft_bench_takes() {
+    use super::{FromParam, Kind, parse_bytes};
+    assert_eq!(parse_bytes("4194304"), Some(4 << 20));
+    assert_eq!(parse_bytes("4M"), Some(4 << 20));
+    assert_eq!(parse_bytes("64MiB"), Some(64 << 20));
+    assert_eq!(parse_bytes("1g"), Some(1 << 30));
+    assert_eq!(parse_bytes("512kb"), Some(512 << 10));
+    assert_eq!(parse_bytes("0"), Some(0));
+    for bad in [
+        "",
+        "M",
+        "4.5M",
+        "-1",
+        "4X",
+        "4 M",
+        "99999999999999999999",
+        "20000000T",
+    ] {
+        assert_eq!(parse_bytes(bad), None, "{bad:?}");
+    }
+    // Through the registry's parser: bytes take suffixes, other numbers not.
+    assert_eq!(usize::parse("4M", Kind::Bytes), Some(4 << 20));
+    assert_eq!(usize::parse("4M", Kind::Int), None);
+    assert_eq!(u32::parse("8G", Kind::Bytes), None, "overflows a u32");
+}
