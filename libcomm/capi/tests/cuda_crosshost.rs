@@ -177,7 +177,14 @@ fn gpu_or_panic(name: &str) {
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn every_collective_across_two_simulated_hosts_matches_the_reference() {
     gpu_or_panic("every_collective_across_two_simulated_hosts_matches_the_reference");
-    let mut ranks = Ranks::start("collectives");
+    collectives_checked_with(&[]);
+}
+
+/// The "collectives" scenario with `env` added: every rank checks every
+/// result against the reference and exits 0 (9 checks per size, 4 sizes);
+/// the ranks, for their logs.
+fn collectives_checked_with(env: &[(&str, &str)]) -> Ranks {
+    let mut ranks = Ranks::start_with("collectives", env);
     let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
     let mut checked = 0;
     while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
@@ -189,6 +196,7 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
         "every rank checks its results and exits 0"
     );
     assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
+    ranks
 }
 
 /// With `WEFT_CROSSHOST_MIN_BYTES=4096` (unset: from 4 MiB), the host part
@@ -199,17 +207,8 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn device_collectives_on_the_cross_host_engine_match_the_reference() {
     gpu_or_panic("device_collectives_on_the_cross_host_engine_match_the_reference");
-    let mut ranks = Ranks::start_with(
-        "collectives",
-        &[("WEFT_CROSSHOST_MIN_BYTES", "4096"), ("NCCL_DEBUG", "INFO")],
-    );
-    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
-    let mut checked = 0;
-    while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
-        checked += l.starts_with("ok ") as usize;
-    }
-    assert_eq!(codes, vec![Some(0); NRANKS], "every rank exits 0");
-    assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
+    let ranks =
+        collectives_checked_with(&[("WEFT_CROSSHOST_MIN_BYTES", "4096"), ("NCCL_DEBUG", "INFO")]);
     let logs = ranks.logs.lock().unwrap();
     for r in 0..NRANKS {
         assert!(
@@ -227,14 +226,7 @@ fn device_collectives_on_the_cross_host_engine_match_the_reference() {
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn device_collectives_cut_in_slices_match_the_reference() {
     gpu_or_panic("device_collectives_cut_in_slices_match_the_reference");
-    let mut ranks = Ranks::start_with("collectives", &[("WEFT_CROSSHOST_SLICE_BYTES", "4194304")]);
-    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
-    let mut checked = 0;
-    while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
-        checked += l.starts_with("ok ") as usize;
-    }
-    assert_eq!(codes, vec![Some(0); NRANKS], "every rank exits 0");
-    assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
+    collectives_checked_with(&[("WEFT_CROSSHOST_SLICE_BYTES", "4194304")]);
 }
 
 #[test]

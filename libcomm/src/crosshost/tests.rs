@@ -4,6 +4,7 @@
 //! against the reference of `testing.rs`.
 
 use super::plan::{Coll, Shape};
+use super::runner::CrossHost;
 use super::testing::{assert_matches, input, on_all, reference, world};
 use crate::data::types::{DataType, ReduceOp};
 use std::time::Duration;
@@ -112,40 +113,27 @@ fn matrix(hosts: Vec<Vec<usize>>) {
             for count in [7usize, 1001] {
                 for &(dt, op) in &cases {
                     seed += 1;
-                    let (ns, nr) = coll.sizes(count, n);
-                    let inputs: Vec<Vec<u8>> = (0..n).map(|r| input(dt, op, ns, seed, r)).collect();
-                    let before = vec![0x5Au8; nr * dt.size()];
-                    let outs = on_all(&mut ranks, |x| {
-                        x.shape = Some(shape);
-                        // Small chunks: many in flight, pipelines several deep.
-                        x.chunk = Some(if count > 100 { 512 } else { 8 });
-                        let me = x.rank();
-                        let mut out = before.clone();
-                        let r = unsafe {
-                            x.collective(
-                                coll,
-                                inputs[me].as_ptr(),
-                                out.as_mut_ptr(),
-                                count,
-                                dt,
-                                op_of(op, me),
-                            )
-                        };
-                        (r, out)
-                    });
-                    for (me, (r, out)) in outs.into_iter().enumerate() {
-                        let what = format!(
-                            "{} {} {count} x {} {} on {}, rank {me}",
-                            coll.name(),
-                            shape.name(),
-                            dt.name(),
-                            op.name(),
-                            layout.describe()
-                        );
-                        r.unwrap_or_else(|e| panic!("{what}: {e}"));
-                        let want = expected(coll, dt, op, &inputs, count, me, &before);
-                        assert_matches(dt, &out, &want, &what);
-                    }
+                    // Small chunks: many in flight, pipelines several deep.
+                    let chunk = if count > 100 { 512 } else { 8 };
+                    let what = format!(
+                        "{} {} {count} x {} {} on {}",
+                        coll.name(),
+                        shape.name(),
+                        dt.name(),
+                        op.name(),
+                        layout.describe()
+                    );
+                    let case = (dt, op);
+                    check_on_all(
+                        &mut ranks,
+                        coll,
+                        Some(shape),
+                        chunk,
+                        count,
+                        case,
+                        seed,
+                        &what,
+                    );
                     runs += 1;
                 }
             }
@@ -195,37 +183,64 @@ fn large_chunks_are_reduced_by_several_threads() {
         .into_iter()
         .enumerate()
         {
-            let (ns, nr) = coll.sizes(count, n);
-            let inputs: Vec<Vec<u8>> = (0..n)
-                .map(|r| input(dt, op, ns, 77 + i as u64, r))
-                .collect();
-            let before = vec![0x5Au8; nr * dt.size()];
-            let outs = on_all(&mut ranks, |x| {
-                x.chunk = Some(1 << 20);
-                let me = x.rank();
-                let mut out = before.clone();
-                let r = unsafe {
-                    x.collective(
-                        coll,
-                        inputs[me].as_ptr(),
-                        out.as_mut_ptr(),
-                        count,
-                        dt,
-                        op_of(op, me),
-                    )
-                };
-                (r, out)
-            });
-            for (me, (r, out)) in outs.into_iter().enumerate() {
-                let what = format!(
-                    "{} of {count} with 1 MiB chunks on {n} ranks, rank {me}",
-                    coll.name()
-                );
-                r.unwrap_or_else(|e| panic!("{what}: {e}"));
-                let want = expected(coll, dt, op, &inputs, count, me, &before);
-                assert_matches(dt, &out, &want, &what);
-            }
+            let what = format!("{} of {count} with 1 MiB chunks on {n} ranks", coll.name());
+            let seed = 77 + i as u64;
+            check_on_all(
+                &mut ranks,
+                coll,
+                None,
+                1 << 20,
+                count,
+                (dt, op),
+                seed,
+                &what,
+            );
         }
+    }
+}
+
+/// Runs `coll` of `count` elements on every rank (inputs seeded with
+/// `seed`; shape `shape`, else the tuner's; chunks of `chunk` bytes) and
+/// checks every rank's output against the reference; `what` names it.
+#[allow(clippy::too_many_arguments)]
+fn check_on_all(
+    ranks: &mut [CrossHost],
+    coll: Coll,
+    shape: Option<Shape>,
+    chunk: usize,
+    count: usize,
+    (dt, op): (DataType, ReduceOp),
+    seed: u64,
+    what: &str,
+) {
+    let n = ranks.len();
+    let (ns, nr) = coll.sizes(count, n);
+    let inputs: Vec<Vec<u8>> = (0..n).map(|r| input(dt, op, ns, seed, r)).collect();
+    let before = vec![0x5Au8; nr * dt.size()];
+    let outs = on_all(ranks, |x| {
+        if shape.is_some() {
+            x.shape = shape;
+        }
+        x.chunk = Some(chunk);
+        let me = x.rank();
+        let mut out = before.clone();
+        let r = unsafe {
+            x.collective(
+                coll,
+                inputs[me].as_ptr(),
+                out.as_mut_ptr(),
+                count,
+                dt,
+                op_of(op, me),
+            )
+        };
+        (r, out)
+    });
+    for (me, (r, out)) in outs.into_iter().enumerate() {
+        let what = format!("{what}, rank {me}");
+        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = expected(coll, dt, op, &inputs, count, me, &before);
+        assert_matches(dt, &out, &want, &what);
     }
 }
 
