@@ -26,8 +26,11 @@
 #           (default 1048576); XH_ENGINE_COLLS: which collectives
 #   table   busbw side by side from $OUT/crosshost.txt
 # XH_LABEL: the perf phase's column name (default ours). XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
-# local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1), else
-# every rank on GPU 0.
+# local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1); XH_DEV=mod:
+# rank r on GPU r mod (GPUs), e.g. XH_NP=4 on 2 GPUs: 2 hosts x 2 GPUs (NVLink within a
+# host; the hosts share the two GPUs); else every rank on GPU 0. XH_NCCL_PERS: the nccl
+# phase's ranks per host (default 1; 2 with XH_DEV=mod). WEFT_CROSSHOST_HIER=0 reaches the
+# ranks (the whole operation staged, for an A/B of the hierarchical path).
 # Layout next to this script as run.sh's (weft/libnccl.so.2, nccl-tests/).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 D=$(cd "$(dirname "$0")" && pwd)
@@ -44,17 +47,19 @@ SIZES=${XH_SIZES:--b 1M -e 256M -f 4}
 CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
 NP=${XH_NP:-4}
 DEVX="-x NCCL_TESTS_DEVICE"; [ "${XH_DEV:-0}" = local ] && DEVX=
+[ "${XH_DEV:-0}" = mod ] && DEVX="-x XH_NG" && export XH_NG=$(nvidia-smi -L | wc -l)
 HALF=$((NP / 2))   # ranks per host of the two-host runs (check, engine)
 # mpirun of NP ranks (on GPU 0 or one each); PER ranks per simulated host; WHO=ours|nccl.
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
-  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_SLICE_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
+  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_HIER WEFT_CROSSHOST_SLICE_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
     [ -n "${!v:-}" ] && xs="$xs -x $v"; done
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
     mpirun --allow-run-as-root --oversubscribe -np $NP --bind-to none \
       -x LD_LIBRARY_PATH $DEVX -x XH_PER -x XH_WHO -x NCCL_NVLS_ENABLE $xs \
       bash -c 'h=sim-$((OMPI_COMM_WORLD_RANK / XH_PER))
+        [ -n "${XH_NG:-}" ] && export NCCL_TESTS_DEVICE=$((OMPI_COMM_WORLD_RANK % XH_NG))
         if [ "$XH_WHO" = nccl ]; then
           export NCCL_HOSTID=$h NCCL_SOCKET_IFNAME=lo
           # One rank per host: its socket transport, as between machines.
@@ -115,16 +120,17 @@ proxy)
   done
   unset XH_SC WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET; kill ${scs[@]} 2>/dev/null; wait ${scs[@]} ;;
 nccl)
-  if [ "${XH_DEV:-0}" != local ]; then
+  if [ "${XH_DEV:-0}" = 0 ]; then
     log nccl 2 hosts x 2 ranks on one GPU "(expected: refused, duplicate GPU)"
     echo "### nccl all_reduce hosts=2x2" >> $OUT/crosshost.txt
     TMO=120 xrun nccl 2 $TM/all_reduce_perf -g 1 -b 1M -e 1M -c 1 -n 1 -w 1 2>&1 | tee -a $OUT/crosshost.txt | grep -iE "duplicate|invalid|error|rc=" | head -5
   fi
-  for t in $COLLS; do
-    log perf nccl $t $NP hosts x 1, socket transport
-    echo "### nccl $t hosts=${NP}x1" >> $OUT/crosshost.txt
-    TMO=300 xrun nccl 1 $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
-  done ;;
+  np=${XH_NCCL_PERS:-1}; [ "${XH_DEV:-0}" = mod ] && np=${XH_NCCL_PERS:-2}
+  for per in $np; do for t in $COLLS; do
+    log perf nccl $t $((NP / per)) hosts x $per, socket transport between hosts
+    echo "### nccl $t hosts=$((NP / per))x$per" >> $OUT/crosshost.txt
+    TMO=300 xrun nccl $per $TM/${t}_perf -g 1 $SIZES -c 1 -n 5 -w 2 -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+  done; done ;;
 table)
   # busbw (out of place) per size: one column per "### who coll hosts" run.
   awk '/^### /{k=$2" "$3" "$4; if (!(k in seen)) {seen[k]=1; keys[++nk]=k}} /^ +[0-9]+ /&&k!=""{b[k" "$1]=$8; sz[$1]=1}

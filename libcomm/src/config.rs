@@ -44,6 +44,12 @@ pub struct Config {
     /// Remote ranks the engine connects to at most before it connects only
     /// to its rail (`WEFT_CROSSHOST_MAX_PEERS`).
     pub cross_engine_max_peers: usize,
+    /// Device collectives across hosts run hierarchically where the layout
+    /// allows (`WEFT_CROSSHOST_HIER`, on by default).
+    pub device_hier: bool,
+    /// The smallest device collective (all its data) that runs
+    /// hierarchically (`WEFT_CROSSHOST_HIER_MIN_BYTES`).
+    pub device_hier_min_bytes: usize,
 }
 
 /// The most remote ranks a rank's cross-host engine connects to when
@@ -51,6 +57,12 @@ pub struct Config {
 /// each, `WEFT_NET_SOCKETS` sockets with a helper thread apiece (64 threads
 /// a rank with the default 4 sockets).
 pub const DEFAULT_CROSSHOST_MAX_PEERS: usize = 8;
+
+/// The smallest device collective that runs hierarchically across hosts
+/// when `WEFT_CROSSHOST_HIER_MIN_BYTES` is unset: measured on 2 hosts x 2
+/// GPUs (docs/PERFORMANCE-GPU.md, "Across hosts"), the staged path won up
+/// to 4 MiB and the hierarchical one from 16 MiB.
+pub const DEFAULT_HIER_MIN_BYTES: usize = 8 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -68,6 +80,8 @@ impl Default for Config {
             cross_engine_min_bytes: None,
             cross_engine_via_proxy: false,
             cross_engine_max_peers: DEFAULT_CROSSHOST_MAX_PEERS,
+            device_hier: true,
+            device_hier_min_bytes: DEFAULT_HIER_MIN_BYTES,
         }
     }
 }
@@ -139,6 +153,16 @@ impl Config {
             .map_err(|e| Error::arg(e.to_string()))?
         {
             c.cross_engine_max_peers = n;
+        }
+        c.device_hier = params::WEFT_CROSSHOST_HIER
+            .try_get()
+            .map_err(|e| Error::arg(e.to_string()))?
+            .is_none_or(|v| v != "0");
+        if let Some(n) = params::WEFT_CROSSHOST_HIER_MIN_BYTES
+            .try_get()
+            .map_err(|e| Error::arg(e.to_string()))?
+        {
+            c.device_hier_min_bytes = n;
         }
         c.hostname = env_str(params::WEFT_HOSTNAME);
         c.listen_addr = env_str(params::WEFT_LISTEN_ADDR);

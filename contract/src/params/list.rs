@@ -64,6 +64,10 @@ params! {
         "remote ranks the cross-host engine of a rank connects to at most (a connection each way, `WEFT_NET_SOCKETS` sockets and helper threads each): beyond it, on hosts with equal rank counts, it connects only to its rail (the ranks of the same local index on other hosts, one per host) and runs every collective on rails, and with more hosts than it plus one only to its two ring neighbours on the rail (all-to-all then on the flat path); on hosts of different sizes beyond it the engine is not built unless `WEFT_CROSSHOST_MIN_BYTES` is set, which then connects to all";
     WEFT_CROSSHOST_SLICE_BYTES: usize = Bytes, Value("67108864"), Comm, [Libcomm],
         "device all-reduces, broadcasts and reduces across hosts of at least twice this many bytes are cut into slices of at least this size (at most 8), each staged through its own pinned buffer, so the copies between GPU and host memory of one slice overlap the network of the next; 0: never cut; set it the same on every rank";
+    WEFT_CROSSHOST_HIER: String = Choice(&["1", "0"]), Value("1"), Comm, [Libcomm],
+        "device all-reduce, all-gather, reduce-scatter, broadcast and reduce on a communicator spanning hosts with two or more ranks on every host (the same number each): `1`, hierarchically (within a host on the GPU kernels of a host-local communicator, between hosts on each rank's rail, 1/k of the data per rail); `0`, the whole operation staged through pinned host memory; set it the same on every rank";
+    WEFT_CROSSHOST_HIER_MIN_BYTES: usize = Bytes, Value("8388608"), Comm, [Libcomm],
+        "the smallest device collective (its whole data: an all-gather's output, a reduce-scatter's input) that runs hierarchically when `WEFT_CROSSHOST_HIER` is on; smaller ones are staged whole (on 2 hosts x 2 GPUs the hierarchical path was 2.5-5x faster from 16 MiB and 2-8x slower up to 4 MiB: docs/PERFORMANCE-GPU.md); set it the same on every rank";
     WEFT_CROSSHOST_NET: String = Choice(&["tcp", "proxy"]), Value("tcp"), Comm, [Libcomm],
         "the cross-host engine's byte mover: `tcp`, the rank's own connections (`WEFT_NET_SOCKETS` sockets each), or `proxy`, through the pod's sidecar proxy (its rings and one connection per host pair; needs the proxy, as `WEFT_PROXY`); set it the same on every rank";
     WEFT_EAGER_MAX_BYTES: usize = Bytes, Value("1073741824"), Comm, [Libcomm],
@@ -249,6 +253,8 @@ params! {
         "a failure test's release signal";
     WEFT_XHOST_SCENARIO: String = Str, Unset(""), Test, [Tests],
         "which scenario a rank process of the cross-host GPU test runs (set by the test for its children)";
+    WEFT_XHOST_GPU_PER_HOST: String = Str, Unset(""), Test, [Tests],
+        "`1`: the cross-host GPU test puts each simulated host on its own GPU (2 GPUs), else every rank on GPU 0";
     WEFT_XHOST_RANK: u64 = Int, Unset(""), Test, [Tests],
         "that rank process's rank (set by the cross-host GPU test)";
     WEFT_XHOST_ID: String = Str, Unset(""), Test, [Tests],

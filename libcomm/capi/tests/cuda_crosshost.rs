@@ -10,13 +10,18 @@
 //!   computes from the inputs' seed;
 //! - the calling thread's time inside a 256 MiB `ncclAllReduce` (< 100 us:
 //!   the call only enqueues);
+//! - the same staged whole (`WEFT_CROSSHOST_HIER=0`): with two ranks a
+//!   host, all-reduce, all-gather, reduce-scatter and broadcast otherwise
+//!   run hierarchically (`libcomm/src/comm/hier.rs`: the local part on the
+//!   GPU kernels, the rail through pinned memory);
 //! - SIGKILL and SIGSTOP of rank 3 (the other host from ranks 0, 1) during
-//!   device all-reduces: every survivor's stream drains and its
+//!   device all-reduces, hierarchical and staged whole: every survivor's stream drains and its
 //!   `ncclCommGetAsyncError` names rank 3 within a bound.
 //!
 //! The parent test spawns the ranks (this binary again, running the
 //! ignored `rank_process` test with `WEFT_XHOST_SCENARIO` set) and reads
-//! their `@ key=value` lines. On the GPU machine:
+//! their `@ key=value` lines. `WEFT_XHOST_GPU_PER_HOST=1` (2 GPUs) puts
+//! each simulated host on its own GPU. On the GPU machine:
 //! `cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1`.
 
 use libcomm::cuda::{self, mem};
@@ -177,7 +182,41 @@ fn gpu_or_panic(name: &str) {
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn every_collective_across_two_simulated_hosts_matches_the_reference() {
     gpu_or_panic("every_collective_across_two_simulated_hosts_matches_the_reference");
-    collectives_checked_with(&[]);
+    let ranks = collectives_checked_with(&[
+        ("NCCL_DEBUG", "INFO"),
+        ("WEFT_CROSSHOST_HIER_MIN_BYTES", "0"),
+    ]);
+    // Two ranks a host: all-reduce, all-gather, reduce-scatter and
+    // broadcast ran hierarchically (the local part on the GPU kernels), at
+    // every size (the threshold at 0).
+    let logs = ranks.logs.lock().unwrap();
+    for r in 0..NRANKS {
+        for coll in ["all_reduce", "all_gather", "reduce_scatter", "broadcast"] {
+            assert!(
+                logs.iter().any(|(who, l)| *who == r
+                    && l.contains(&format!("{coll} on device memory across"))
+                    && l.contains("hierarchical")),
+                "rank {r} never said {coll} ran hierarchically"
+            );
+        }
+    }
+}
+
+/// `WEFT_CROSSHOST_HIER=0`: every collective staged whole through pinned
+/// host memory (the path before the hierarchy, and the one of layouts it
+/// does not cover): every result still against the reference.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn every_collective_staged_whole_matches_the_reference() {
+    gpu_or_panic("every_collective_staged_whole_matches_the_reference");
+    let ranks = collectives_checked_with(&[("WEFT_CROSSHOST_HIER", "0"), ("NCCL_DEBUG", "INFO")]);
+    let logs = ranks.logs.lock().unwrap();
+    assert!(
+        !logs
+            .iter()
+            .any(|(_, l)| l.contains("hierarchical, within the host")),
+        "WEFT_CROSSHOST_HIER=0 still ran hierarchically"
+    );
 }
 
 /// The "collectives" scenario with `env` added: every rank checks every
@@ -256,8 +295,13 @@ fn a_256_mib_all_reduce_across_hosts_returns_within_100_us() {
 /// on every survivor (`all_name_it`) or on at least one (a frozen rank:
 /// the host path's timeout names the rank a survivor waits for, which may
 /// be a survivor that waits for rank 3).
-fn a_signalled_remote_rank_fails_the_survivors(sig: i32, bound: Duration, all_name_it: bool) {
-    let mut ranks = Ranks::start("loop");
+fn a_signalled_remote_rank_fails_the_survivors(
+    sig: i32,
+    bound: Duration,
+    all_name_it: bool,
+    env: &[(&str, &str)],
+) {
+    let mut ranks = Ranks::start_with("loop", env);
     let mut looping = [false; NRANKS];
     while looping.iter().any(|l| !l) {
         let (r, l) = ranks
@@ -306,7 +350,36 @@ fn a_signalled_remote_rank_fails_the_survivors(sig: i32, bound: Duration, all_na
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn a_killed_remote_rank_fails_the_survivors_in_bounded_time() {
     gpu_or_panic("a_killed_remote_rank_fails_the_survivors_in_bounded_time");
-    a_signalled_remote_rank_fails_the_survivors(libc::SIGKILL, Duration::from_secs(5), true);
+    a_signalled_remote_rank_fails_the_survivors(libc::SIGKILL, Duration::from_secs(5), true, HIER);
+}
+
+/// The loop's all-reduces (1 MiB) hierarchical, whatever the threshold.
+const HIER: &[(&str, &str)] = &[("WEFT_CROSSHOST_HIER_MIN_BYTES", "0")];
+/// ... or staged whole.
+const STAGED: &[(&str, &str)] = &[("WEFT_CROSSHOST_HIER", "0")];
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_killed_remote_rank_fails_the_survivors_staged_whole() {
+    gpu_or_panic("a_killed_remote_rank_fails_the_survivors_staged_whole");
+    a_signalled_remote_rank_fails_the_survivors(
+        libc::SIGKILL,
+        Duration::from_secs(5),
+        true,
+        STAGED,
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_frozen_remote_rank_fails_the_survivors_staged_whole() {
+    gpu_or_panic("a_frozen_remote_rank_fails_the_survivors_staged_whole");
+    a_signalled_remote_rank_fails_the_survivors(
+        libc::SIGSTOP,
+        Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(5),
+        false,
+        STAGED,
+    );
 }
 
 #[test]
@@ -317,6 +390,7 @@ fn a_frozen_remote_rank_fails_the_survivors_after_the_timeout() {
         libc::SIGSTOP,
         Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(5),
         false,
+        HIER,
     );
 }
 
@@ -336,7 +410,12 @@ fn rank_process() {
     for (i, c) in id.internal.iter_mut().enumerate() {
         *c = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap() as _;
     }
-    let dev = 0;
+    // WEFT_XHOST_GPU_PER_HOST=1 (with 2 GPUs): each simulated host on its
+    // own GPU, else every rank on GPU 0.
+    let dev = match std::env::var("WEFT_XHOST_GPU_PER_HOST").as_deref() {
+        Ok("1") => (rank >= NRANKS / 2) as i32,
+        _ => 0,
+    };
     cuda::use_device(dev).unwrap();
     let mut comm: ncclComm_t = std::ptr::null_mut();
     assert_eq!(

@@ -115,7 +115,7 @@ fn coll(op: &Op, device: bool) -> Option<Coll> {
 }
 
 /// Whether every rank said yes, over the flat path.
-fn all_agree(c: &Communicator, yes: bool) -> Result<bool> {
+pub(super) fn all_agree(c: &Communicator, yes: bool) -> Result<bool> {
     let all = crate::crosshost::Exchange::all_gather(c, &[u8::from(yes)])?;
     Ok(all.iter().all(|v| v.first() == Some(&1)))
 }

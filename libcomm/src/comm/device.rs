@@ -19,7 +19,7 @@ use std::sync::{Arc, MutexGuard, Weak};
 
 /// The backend for device memory: the one place the core names `cuda/`
 /// (which never imports this module back).
-fn device_backend() -> &'static dyn Backend {
+pub(super) fn device_backend() -> &'static dyn Backend {
     &crate::cuda::CudaBackend
 }
 
@@ -30,6 +30,43 @@ fn device_backend() -> &'static dyn Backend {
 /// # Safety
 /// As [`Backend::run`].
 pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
+    check_all(ops)?;
+    // Collectives of communicators spanning hosts with several ranks a
+    // host go hierarchical (`hier.rs`), each on its own, enqueued before
+    // the rest of the batch on their streams.
+    let mut rest = Vec::with_capacity(ops.len());
+    let mut first: Option<Error> = None;
+    for &(c, op) in ops {
+        match unsafe { c.run_hierarchical(&op) } {
+            Some(Err(e)) => {
+                first.get_or_insert(e);
+            }
+            Some(Ok(())) => {}
+            None => rest.push((c, op)),
+        }
+    }
+    let r = if rest.is_empty() {
+        Ok(())
+    } else {
+        unsafe { run_backend(&rest) }
+    };
+    match first {
+        Some(e) => Err(e),
+        None => r,
+    }
+}
+
+/// [`run_device`] without the hierarchy: for the hierarchy's own steps.
+///
+/// # Safety
+/// As [`Backend::run`].
+pub(super) unsafe fn run_flat(ops: &[(&Communicator, Op)]) -> Result<()> {
+    check_all(ops)?;
+    unsafe { run_backend(ops) }
+}
+
+/// Every operation's checks, and an earlier failure on the GPU.
+fn check_all(ops: &[(&Communicator, Op)]) -> Result<()> {
     for (c, op) in ops {
         c.admit(op)?;
         if let DeviceSlot::On(dc) = &*lock(&c.s.dev)
@@ -41,6 +78,12 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
             )));
         }
     }
+    Ok(())
+}
+
+/// Hands the batch to the device backend and watches the communicators
+/// that got a device side.
+unsafe fn run_backend(ops: &[(&Communicator, Op)]) -> Result<()> {
     let mut lent = Lent { comms: Vec::new() };
     let mut items = Vec::with_capacity(ops.len());
     for (c, op) in ops {

@@ -226,7 +226,9 @@ impl Communicator {
         if let DeviceSlot::On(dc) = &*lock(&self.s.dev) {
             dc.drain();
         }
-        // Then the cross-host engine and its host-local communicator.
+        // Then the hierarchy's communicators (their queued work runs
+        // first), the cross-host engine and its host-local communicator.
+        self.s.hier.close();
         self.s.cross.close();
         // Eager host sends still pending are delivered first (bounded: see
         // progress/eager.rs); the flusher thread ends before the resources go.

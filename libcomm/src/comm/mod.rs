@@ -28,6 +28,8 @@
 //! | `cross_mover.rs` | the communicator as the cross-host engine's handle exchange and host-local mover (`CommMover`) |
 //! | `cross_engine.rs` | large collectives of a communicator spanning hosts on the cross-host engine (opt-in: `WEFT_CROSSHOST_MIN_BYTES`) |
 //! | `cross_slot.rs` | the communicator's engine slot, and what releases a call in it on abort |
+//! | `hier.rs` | device collectives across hosts, hierarchically: a host-local and a rail communicator, the plan's steps on them, failures tied to the parent |
+//! | `hier_slot.rs` | the communicator's hierarchy slot: the hierarchy once built, its two communicators for abort, the watch and destroy |
 
 pub(crate) mod communicator;
 mod cross_engine;
@@ -36,6 +38,8 @@ mod cross_slot;
 mod device;
 pub(crate) mod flusher;
 pub(crate) mod group;
+mod hier;
+mod hier_slot;
 mod host;
 mod lifecycle;
 pub(crate) mod reconf;

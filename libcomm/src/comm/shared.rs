@@ -45,6 +45,9 @@ pub(crate) struct CommShared {
     /// The cross-host engine, when one runs this communicator's large
     /// collectives (`cross_engine.rs`).
     pub(crate) cross: super::cross_slot::Slot,
+    /// The host-local and rail communicators of hierarchical device
+    /// collectives across hosts (`hier.rs`).
+    pub(crate) hier: super::hier_slot::Slot,
     /// A weak pointer to this record, for the observer's abort handle.
     me: OnceLock<std::sync::Weak<CommShared>>,
     /// The device side (CUDA), set up by the first operation on device memory.
@@ -84,6 +87,7 @@ impl CommShared {
             ended_at: Mutex::new(None),
             meter: Default::default(),
             cross: Default::default(),
+            hier: Default::default(),
             me: OnceLock::new(),
             dev: Mutex::new(Default::default()),
             device_word: OnceLock::new(),
@@ -398,6 +402,7 @@ impl CommShared {
             },
             reason,
         );
+        self.hier.release(reason);
         self.join_worker();
         // Pending eager sends are dropped with the resources, after their
         // flusher thread ended.
@@ -427,6 +432,7 @@ impl CommShared {
                 let _ = self.abort_with(reason);
             }
         }
+        self.hier.release(reason);
     }
 }
 

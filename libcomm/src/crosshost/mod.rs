@@ -1,6 +1,7 @@
 //! Collectives across hosts over the byte mover seam (`net/`).
 //! (Module map and design: docs/ARCHITECTURE.md, "Across hosts".)
 
+pub mod device_plan;
 pub mod engine;
 #[cfg(test)]
 mod engine_tests;

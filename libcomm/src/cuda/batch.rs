@@ -307,6 +307,26 @@ struct P2pBatch {
 }
 
 impl Backend for CudaBackend {
+    unsafe fn alloc_scratch(
+        &self,
+        device: i32,
+        bytes: usize,
+        stream: *mut std::ffi::c_void,
+    ) -> Result<u64> {
+        unsafe { super::scratch::alloc(device, bytes, stream) }
+            .map_err(|e| Error::Cuda(format!("device scratch of {bytes} bytes: {e}")))
+    }
+
+    unsafe fn free_scratch(
+        &self,
+        device: i32,
+        ptr: u64,
+        stream: *mut std::ffi::c_void,
+    ) -> Result<()> {
+        unsafe { super::scratch::free(device, ptr, stream) }
+            .map_err(|e| Error::Cuda(format!("freeing device scratch: {e}")))
+    }
+
     /// Runs a batch of operations (see the module docs). Host-memory
     /// operations may be part of it (a group mixing both).
     unsafe fn run(&self, comms: &dyn Comms, items: &[Item]) -> Result<()> {

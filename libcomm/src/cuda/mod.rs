@@ -96,6 +96,7 @@ mod pinned;
 mod pinned_plan;
 mod plan;
 mod proxy;
+mod scratch;
 mod side_stream;
 mod staging;
 mod tuning;

@@ -6,7 +6,6 @@
 
 use super::error::{CudaResult, check};
 use cudarc::driver::sys;
-use std::ffi::c_void;
 
 /// The side stream, its event and the staging pool of one communicator's
 /// device side (created on the first eager send).
@@ -48,40 +47,8 @@ impl SideStream {
                 ),
                 "cuEventCreate",
             )?;
-            let mut props: sys::CUmemPoolProps = std::mem::zeroed();
-            props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-            props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
-            props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-            props.location.id = dev;
-            check(
-                sys::cuMemPoolCreate(&mut self.pool, &props),
-                "cuMemPoolCreate (staging of eager sends)",
-            )?;
-            let mut keep = u64::MAX;
-            check(
-                sys::cuMemPoolSetAttribute(
-                    self.pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut keep as *mut u64).cast::<c_void>(),
-                ),
-                "cuMemPoolSetAttribute (release threshold)",
-            )?;
-            // Never let an allocation on the caller's stream wait for a free
-            // still pending on the side stream (the driver may otherwise
-            // insert that dependency to reuse the block): that free comes
-            // after a send kernel that waits for the peer's receive, so the
-            // caller's stream would wait for the peer again, and two ranks
-            // that both send twice before receiving would deadlock. Reuse of
-            // a free that already completed (opportunistic) stays on.
-            let mut no: i32 = 0;
-            check(
-                sys::cuMemPoolSetAttribute(
-                    self.pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
-                    (&mut no as *mut i32).cast::<c_void>(),
-                ),
-                "cuMemPoolSetAttribute (no internal dependencies)",
-            )?;
+            self.pool =
+                super::scratch::create_pool(dev, "cuMemPoolCreate (staging of eager sends)")?;
             for &p in peers {
                 let mut desc: sys::CUmemAccessDesc = std::mem::zeroed();
                 desc.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;

@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::op::Op;
 use crate::op::tuner::Decision;
 use std::any::Any;
+use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// The word a communicator's kernels poll to stop waiting on peers (a `u32`
@@ -232,6 +233,24 @@ pub trait Backend: Sync {
     /// its stream reaches it; every rank of each communicator must submit the
     /// matching operations.
     unsafe fn run(&self, comms: &dyn Comms, items: &[Item]) -> Result<()>;
+
+    /// `bytes` of memory on `device` for work enqueued on `stream` after
+    /// this call, until [`free_scratch`](Self::free_scratch) on the same
+    /// stream (stream-ordered: no wait for the GPU, and memory freed on
+    /// one stream is reused by another only once that free has run): the
+    /// intermediate blocks of a hierarchical collective across hosts.
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `device` (or NULL).
+    unsafe fn alloc_scratch(&self, device: i32, bytes: usize, stream: *mut c_void) -> Result<u64>;
+
+    /// Gives back what [`alloc_scratch`](Self::alloc_scratch) returned,
+    /// once the work enqueued on `stream` so far is done with it.
+    ///
+    /// # Safety
+    /// `ptr` came from `alloc_scratch` on `device` and is not used after
+    /// the work enqueued on `stream` before this call.
+    unsafe fn free_scratch(&self, device: i32, ptr: u64, stream: *mut c_void) -> Result<()>;
 }
 
 #[cfg(test)]

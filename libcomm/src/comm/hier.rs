@@ -1,0 +1,358 @@
+//! Device collectives of a communicator spanning hosts, hierarchically:
+//! within a host on the GPU kernels (NVLink where the GPUs have it) of a
+//! hidden host-local communicator, between hosts on the rank's rail (the
+//! ranks of its local index, one per host), whose device side is the
+//! stream-ordered pinned path (`cuda/proxy.rs`); so the local part is never
+//! staged through host memory because some peer is remote, and each rail
+//! carries 1/k of the data between hosts (k ranks a host), as NCCL's rings
+//! on rails do. The steps are `crosshost::device_plan`'s (pure, tested in
+//! CI by simulation); this module builds the two communicators and runs the
+//! steps on them, all enqueued on the caller's stream: the call returns
+//! without waiting for the GPU or the network.
+//!
+//! Collectives of `WEFT_CROSSHOST_HIER_MIN_BYTES` (8 MiB) and more, all
+//! their data counted, take it; smaller ones are staged whole (measured:
+//! docs/PERFORMANCE-GPU.md, "Across hosts"). Built at the first device
+//! all-reduce, all-gather, reduce-scatter, broadcast or reduce (any size) of a
+//! communicator whose hosts each hold the same number (two or more) of its
+//! ranks: two splits of the communicator (collectives:
+//! every rank calls those operations in the same order, so every rank
+//! builds at the same call), agreed on by every rank over the flat path;
+//! `WEFT_CROSSHOST_HIER=0` keeps the whole operation staged.
+//!
+//! Failures: the communicators are the parent's as far as the user is
+//! concerned. A watch entry ([`HierWatch`]) turns a failure of either into
+//! a failure of the parent (raised on the parent's fault domain: every rank
+//! of it learns, on this host through shared memory, on others through the
+//! failure notice), and a failure or abort of the parent aborts both, which
+//! releases their kernels and their proxy's flags; the next call on the
+//! parent returns its error. Destroying the parent destroys them after
+//! their queued work ran.
+
+use super::communicator::Communicator;
+use super::cross_engine::all_agree;
+use super::device::{device_backend, run_flat};
+use super::hier_slot::{State, Sub};
+use super::shared::{CommShared, lock};
+use super::watch::{self, Watched};
+use crate::crosshost::Layout;
+use crate::crosshost::device_plan::{self, Among, At, DevicePlan};
+use crate::error::{Error, Result};
+use crate::observe;
+use crate::op::{Memory, Op, OpKind};
+use crate::state::CommState;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
+
+/// The two communicators of a rank and what the steps need to know.
+pub(crate) struct Hier {
+    layout: Layout,
+    local: Communicator,
+    rail: Communicator,
+    /// Kinds whose choice was logged (bit per `OpKind as u32`).
+    logged: AtomicU32,
+    /// Keeps the watch entry alive as long as the hierarchy.
+    _watch: Arc<HierWatch>,
+}
+
+/// A communicator of the hierarchy, as its parent's slot sees it.
+impl Sub for CommShared {
+    fn failure_text(&self) -> Option<String> {
+        match self.state.get() {
+            CommState::Failed => Some(self.failure("a hierarchical collective").to_string()),
+            // Aborted by a peer: the state stays, the fault says so.
+            CommState::Ready => self.fault().and_then(|f| f.check()).map(|r| {
+                if r.origin == self.rank {
+                    r.reason
+                } else {
+                    format!("rank {} reported a failure: {}", r.origin, r.reason)
+                }
+            }),
+            _ => None,
+        }
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn abort(&self, reason: &str) {
+        let _ = self.abort_with(reason);
+    }
+}
+
+/// The device watch's look at a parent with a hierarchy.
+struct HierWatch {
+    parent: Weak<CommShared>,
+}
+
+impl Watched for HierWatch {
+    fn watch_tick(&self) -> bool {
+        let Some(p) = self.parent.upgrade() else {
+            return false;
+        };
+        match p.state.get() {
+            CommState::Ready => {
+                // The parent's own look first: a dead local peer is named
+                // as the parent's rank, with the parent's words.
+                let mut failed = p.poll_peers().is_err();
+                if !failed && let Some(why) = p.hier.sub_failure() {
+                    p.fail_with(&why);
+                    failed = p.poll_peers().is_err();
+                }
+                if failed {
+                    // Its peers on the two communicators learn why.
+                    p.hier
+                        .release(&p.failure("a hierarchical collective").to_string());
+                    return false;
+                }
+                true
+            }
+            CommState::Initializing => true,
+            CommState::Failed | CommState::Aborted => {
+                p.hier
+                    .release(&p.failure("a hierarchical collective").to_string());
+                false
+            }
+            CommState::Destroyed => false,
+        }
+    }
+}
+
+/// Whether a device operation of this kind builds the hierarchy: the
+/// collectives every rank calls (a send or receive is not, so it must not).
+fn builds(kind: OpKind) -> bool {
+    matches!(
+        kind,
+        OpKind::AllReduce
+            | OpKind::AllGather
+            | OpKind::ReduceScatter
+            | OpKind::Broadcast
+            | OpKind::Reduce
+    )
+}
+
+impl Communicator {
+    /// Runs `op` (validated, device memory, not empty) hierarchically when
+    /// the communicator's hierarchy takes it; None: it does not (the
+    /// caller runs it as before). Builds the hierarchy at the first
+    /// collective that could use it.
+    ///
+    /// # Safety
+    /// As `run_device`.
+    pub(super) unsafe fn run_hierarchical(&self, op: &Op) -> Option<Result<()>> {
+        // A group may mix host memory in: never here.
+        let device = matches!(op.memory, Memory::Device(_));
+        if !self.s.cfg.device_hier || !device || !builds(op.kind) || op.is_empty() {
+            return None;
+        }
+        let h = self.hierarchy()?;
+        // All of the collective's data, the same on every rank.
+        let whole = match op.kind {
+            OpKind::AllGather | OpKind::ReduceScatter => op.bytes().saturating_mul(self.s.nranks),
+            _ => op.bytes(),
+        };
+        if whole < self.s.cfg.device_hier_min_bytes {
+            return None;
+        }
+        let me = self.s.rank;
+        let plan = device_plan::plan(op.kind, op.count, op.redop, op.root, &h.layout, me)?;
+        let bit = 1u32 << (op.kind as u32);
+        if h.logged.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            crate::log::info_log!(
+                "comm {} rank {me}: {} on device memory across {}: hierarchical, within the host on the GPU kernels of {}, between hosts on rail {} through pinned host memory ({} steps)",
+                self.s.label,
+                op.name(),
+                h.layout.describe(),
+                h.local.s.label,
+                h.rail.s.label,
+                plan.steps.len()
+            );
+        }
+        let obs = observe::start(
+            &self.s.who(),
+            std::slice::from_ref(op),
+            false,
+            "cross-host-hier",
+        );
+        let r = unsafe { self.run_steps(&h, op, &plan) }.map_err(|e| self.hier_error(e));
+        observe::finish(obs, &r);
+        Some(r)
+    }
+
+    /// The hierarchy, built at the first call that asks (every rank at the
+    /// same call); None where there is none.
+    fn hierarchy(&self) -> Option<Arc<Hier>> {
+        let mut st = lock(&self.s.hier.state);
+        match &*st {
+            State::On(h) => return h.clone().downcast::<Hier>().ok(),
+            State::Off => return None,
+            State::Untried => {}
+        }
+        // The bootstrap's host identities: the same on every rank, so
+        // every rank stops here alike, before any collective.
+        let layout = Layout::from_host_ids(&self.s.host_ids());
+        let fits = layout.nhosts() >= 2 && layout.per_host().is_some_and(|k| k >= 2);
+        if !fits {
+            *st = State::Off;
+            return None;
+        }
+        let built = self.build_hierarchy(layout);
+        let built = match all_agree(self, built.is_ok()) {
+            Ok(true) => built,
+            Ok(false) => Err(built.err().unwrap_or_else(|| {
+                Error::Internal("another rank could not build its part".into())
+            })),
+            Err(e) => Err(e),
+        };
+        match built {
+            Ok(h) => {
+                let h = Arc::new(h);
+                let me = self.s.rank;
+                let (host, l) = (h.layout.host(me), h.layout.local(me));
+                let local: Weak<dyn Sub> = Arc::downgrade(&h.local.s) as Weak<dyn Sub>;
+                let rail: Weak<dyn Sub> = Arc::downgrade(&h.rail.s) as Weak<dyn Sub>;
+                self.s.hier.set_subs(vec![
+                    (local, h.layout.members(host).to_vec()),
+                    (rail, h.layout.rail(l)),
+                ]);
+                watch::register(Arc::downgrade(&h._watch) as Weak<dyn Watched>);
+                *st = State::On(h.clone());
+                Some(h)
+            }
+            Err(e) => {
+                crate::log::warn_log!(
+                    "comm {} rank {}: no hierarchical device path ({e}): device collectives across hosts stage the whole operation through pinned host memory",
+                    self.s.label,
+                    self.s.rank
+                );
+                *st = State::Off;
+                None
+            }
+        }
+    }
+
+    /// The host-local communicator (color: the host, rank order) and the
+    /// rail (color: the local index, host order), blocking whatever this
+    /// one's configuration says: both are used at once.
+    fn build_hierarchy(&self, layout: Layout) -> Result<Hier> {
+        let me = self.s.rank;
+        let (h, l) = (layout.host(me), layout.local(me));
+        let cfg = |name: String| {
+            let mut c = self.s.cfg.clone().blocking(true);
+            c.name = Some(name);
+            c
+        };
+        // A wait within a host is often the echo of one between hosts (a
+        // local peer held by its rail, which waits for a frozen remote
+        // rank): the host-local communicator gives up later than
+        // `WEFT_TIMEOUT_MS` (by half of it, 500 ms at least), so the rail,
+        // which names the rank really gone, speaks first.
+        let mut local_cfg = cfg(format!("{}.host{h}", self.s.label));
+        local_cfg.timeout = local_cfg
+            .timeout
+            .map(|t| t + (t / 2).max(std::time::Duration::from_millis(500)));
+        let local = self
+            .split_with_config(Some(h as u32), me as i32, local_cfg)?
+            .ok_or_else(|| Error::Internal("no host-local communicator".into()))?;
+        let rail = self
+            .split_with_config(
+                Some(l as u32),
+                h as i32,
+                cfg(format!("{}.rail{l}", self.s.label)),
+            )?
+            .ok_or_else(|| Error::Internal("no rail communicator".into()))?;
+        if local.s.rank != l || rail.s.rank != h {
+            return Err(Error::Internal(format!(
+                "split ranks {} and {} do not match the layout's local index {l} and host {h}",
+                local.s.rank, rail.s.rank
+            )));
+        }
+        Ok(Hier {
+            layout,
+            local,
+            rail,
+            logged: AtomicU32::new(0),
+            _watch: Arc::new(HierWatch {
+                parent: Arc::downgrade(&self.s),
+            }),
+        })
+    }
+
+    /// Enqueues the plan's steps on `op`'s stream (scratch from the
+    /// device's stream-ordered pool, freed after the last step).
+    unsafe fn run_steps(&self, h: &Hier, op: &Op, plan: &DevicePlan) -> Result<()> {
+        if let Some(why) = self.s.hier.sub_failure() {
+            return Err(Error::Remote {
+                comm: self.s.label.clone(),
+                rank: self.s.rank,
+                detail: why,
+            });
+        }
+        let Memory::Device(dev) = op.memory else {
+            return Err(Error::Internal("a hierarchical step on host memory".into()));
+        };
+        let esz = op.dtype.size();
+        let scratch = match plan.scratch {
+            0 => None,
+            n => Some(unsafe { device_backend().alloc_scratch(dev, n * esz, op.stream) }?),
+        };
+        let at = |a: At| -> u64 {
+            match a {
+                At::Send(o) => op.send as u64 + (o * esz) as u64,
+                At::Recv(o) => op.recv as u64 + (o * esz) as u64,
+                At::Scratch(o) => scratch.unwrap_or(0) + (o * esz) as u64,
+            }
+        };
+        let mut r = Ok(());
+        for st in &plan.steps {
+            let (send, recv) = (at(st.send) as *const u8, at(st.recv) as *mut u8);
+            let redop = st.redop.unwrap_or(crate::data::types::ReduceOp::Sum);
+            let sub = match st.kind {
+                OpKind::AllReduce => Op::all_reduce(send, recv, st.count, op.dtype, redop),
+                OpKind::ReduceScatter => Op::reduce_scatter(send, recv, st.count, op.dtype, redop),
+                OpKind::AllGather => Op::all_gather(send, recv, st.count, op.dtype),
+                OpKind::Broadcast => Op::broadcast(send, recv, st.count, op.dtype, st.root),
+                OpKind::Reduce => Op::reduce(send, recv, st.count, op.dtype, redop, st.root),
+                k => {
+                    r = Err(Error::Internal(format!(
+                        "no hierarchical step of kind {k:?}"
+                    )));
+                    break;
+                }
+            }
+            .on(op.memory, op.stream);
+            let comm = match st.among {
+                Among::Host => &h.local,
+                Among::Rail => &h.rail,
+                Among::All => self,
+            };
+            // SAFETY: the step's buffers lie within the operation's (the
+            // plan's offsets) or the scratch, live until the stream passes
+            // the free below.
+            r = unsafe { run_flat(&[(comm, sub)]) };
+            if r.is_err() {
+                break;
+            }
+        }
+        if let Some(p) = scratch {
+            let freed = unsafe { device_backend().free_scratch(dev, p, op.stream) };
+            r = r.and(freed);
+        }
+        r
+    }
+
+    /// An error of a step, as the parent's: when one of its communicators
+    /// failed, the parent fails with it (every rank learns) and its error
+    /// names the parent; usage errors pass as they are.
+    fn hier_error(&self, e: Error) -> Error {
+        if let Some(why) = self.s.hier.sub_failure() {
+            self.s.fail_with(&why);
+            let _ = self.s.poll_peers();
+        }
+        match self.s.state.get() {
+            CommState::Failed => self.s.failure("a hierarchical collective"),
+            _ => e,
+        }
+    }
+}
