@@ -142,8 +142,17 @@ impl Communicator {
     /// As `run_device`.
     pub(super) unsafe fn run_hierarchical(&self, op: &Op) -> Option<Result<()>> {
         // A group may mix host memory in: never here.
-        let device = matches!(op.memory, Memory::Device(_));
-        if !self.s.cfg.device_hier || !device || !builds(op.kind) || op.is_empty() {
+        if !matches!(op.memory, Memory::Device(_)) {
+            return None;
+        }
+        unsafe { self.hierarchical(op) }
+    }
+
+    /// [`run_hierarchical`](Self::run_hierarchical) for any memory: host
+    /// memory runs the same steps on the host path, blocking (CI's test of
+    /// the hierarchy, which has no GPU).
+    unsafe fn hierarchical(&self, op: &Op) -> Option<Result<()>> {
+        if !self.s.cfg.device_hier || !builds(op.kind) || op.is_empty() {
             return None;
         }
         let h = self.hierarchy()?;
@@ -289,13 +298,19 @@ impl Communicator {
                 detail: why,
             });
         }
-        let Memory::Device(dev) = op.memory else {
-            return Err(Error::Internal("a hierarchical step on host memory".into()));
-        };
         let esz = op.dtype.size();
-        let scratch = match plan.scratch {
-            0 => None,
-            n => Some(unsafe { device_backend().alloc_scratch(dev, n * esz, op.stream) }?),
+        // Device scratch from the stream-ordered pool; host scratch (CI's
+        // test) a vector of 16-byte words, aligned for every type.
+        let mut host_scratch: Vec<u128> = Vec::new();
+        let scratch = match (plan.scratch, op.memory) {
+            (0, _) => None,
+            (n, Memory::Device(dev)) => {
+                Some(unsafe { device_backend().alloc_scratch(dev, n * esz, op.stream) }?)
+            }
+            (n, Memory::Host) => {
+                host_scratch.resize((n * esz).div_ceil(16), 0);
+                Some(host_scratch.as_mut_ptr() as u64)
+            }
         };
         let at = |a: At| -> u64 {
             match a {
@@ -330,12 +345,15 @@ impl Communicator {
             // SAFETY: the step's buffers lie within the operation's (the
             // plan's offsets) or the scratch, live until the stream passes
             // the free below.
-            r = unsafe { run_flat(&[(comm, sub)]) };
+            r = match op.memory {
+                Memory::Host => unsafe { comm.submit(sub) },
+                Memory::Device(_) => unsafe { run_flat(&[(comm, sub)]) },
+            };
             if r.is_err() {
                 break;
             }
         }
-        if let Some(p) = scratch {
+        if let (Some(p), Memory::Device(dev)) = (scratch, op.memory) {
             let freed = unsafe { device_backend().free_scratch(dev, p, op.stream) };
             r = r.and(freed);
         }
@@ -353,6 +371,193 @@ impl Communicator {
         match self.s.state.get() {
             CommState::Failed => self.s.failure("a hierarchical collective"),
             _ => e,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::types::{DataType, ReduceOp};
+
+    /// Four ranks in this process on two simulated hosts (their
+    /// configurations' host names), every collective the hierarchy takes
+    /// with its threshold at 0.
+    fn four_on_two_hosts() -> Vec<Communicator> {
+        let id = crate::UniqueId::new().unwrap();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|r| {
+                    let id = &id;
+                    s.spawn(move || {
+                        let mut cfg = crate::Config::from_env().unwrap();
+                        cfg.hostname = Some(["sim-a", "sim-b"][r / 2].into());
+                        cfg.device_hier_min_bytes = 0;
+                        cfg.timeout = Some(std::time::Duration::from_secs(10));
+                        Communicator::init_with_config(id, 4, r, cfg).unwrap()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Rank q's element i: never zero, distinct, exact in f32 sums.
+    fn value(q: usize, i: usize) -> f32 {
+        ((q * 7919 + i * 104_729) % 61) as f32 + 1.0
+    }
+
+    /// The hierarchy's steps on real communicators (host memory: the
+    /// same steps as on a GPU, on the host path): the splits, the plan's
+    /// offsets, the scratch, the tail of an all-reduce on the parent, every
+    /// root; each result against the reference.
+    #[test]
+    fn hierarchical_steps_on_real_communicators_match_the_reference() {
+        let comms = four_on_two_hosts();
+        let n = 4;
+        /// What a rank checked: the name, what it got, what it wanted.
+        type Checked = Vec<(String, Vec<f32>, Vec<f32>)>;
+        let outs: Vec<Checked> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(me, c)| {
+                    s.spawn(move || {
+                        let mut got = Vec::new();
+                        let run = |op: Op| {
+                            let r = unsafe { c.hierarchical(&op) };
+                            r.expect("the hierarchy takes it").unwrap();
+                        };
+                        for count in [1023usize, 64] {
+                            let input: Vec<f32> = (0..n * count).map(|i| value(me, i)).collect();
+                            let mut out = vec![f32::NAN; n * count];
+                            let (sp, rp) = (input.as_ptr().cast(), out.as_mut_ptr().cast());
+                            run(Op::all_reduce(sp, rp, count, DataType::F32, ReduceOp::Sum));
+                            let want = (0..count)
+                                .map(|i| (0..n).map(|q| value(q, i)).sum())
+                                .collect();
+                            got.push((format!("all_reduce {count}"), out[..count].to_vec(), want));
+                            for root in 0..n {
+                                run(Op::broadcast(sp, rp, count, DataType::F32, root));
+                                let want = (0..count).map(|i| value(root, i)).collect();
+                                got.push((
+                                    format!("broadcast {count} root {root}"),
+                                    out[..count].to_vec(),
+                                    want,
+                                ));
+                                out.fill(f32::NAN);
+                                run(Op::reduce(
+                                    sp,
+                                    rp,
+                                    count,
+                                    DataType::F32,
+                                    ReduceOp::Max,
+                                    root,
+                                ));
+                                if me == root {
+                                    let want = (0..count)
+                                        .map(|i| {
+                                            (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max)
+                                        })
+                                        .collect();
+                                    got.push((
+                                        format!("reduce {count} root {root}"),
+                                        out[..count].to_vec(),
+                                        want,
+                                    ));
+                                }
+                            }
+                            run(Op::all_gather(sp, rp, count, DataType::F32));
+                            let want = (0..n * count)
+                                .map(|i| value(i / count, i % count))
+                                .collect();
+                            got.push((format!("all_gather {count}"), out.clone(), want));
+                            run(Op::reduce_scatter(
+                                sp,
+                                rp,
+                                count,
+                                DataType::F32,
+                                ReduceOp::Sum,
+                            ));
+                            let want = (0..count)
+                                .map(|i| (0..n).map(|q| value(q, me * count + i)).sum())
+                                .collect();
+                            got.push((
+                                format!("reduce_scatter {count}"),
+                                out[..count].to_vec(),
+                                want,
+                            ));
+                        }
+                        got
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, got) in outs.iter().enumerate() {
+            for (what, g, w) in got {
+                assert_eq!(g, w, "rank {r}: {what}");
+            }
+        }
+        for (r, c) in comms.iter().enumerate() {
+            let h = c.hierarchy().expect("built");
+            assert_eq!(h.local.s.label, format!("{}.host{}", c.s.label, r / 2));
+            assert_eq!(h.rail.s.label, format!("{}.rail{}", c.s.label, r % 2));
+        }
+    }
+
+    /// One rank aborts: every other rank's next hierarchical collective
+    /// fails (bounded, never hangs), and its communicator ends Failed or
+    /// Aborted, the error naming the failure across hosts or the abort.
+    #[test]
+    fn an_abort_fails_every_other_ranks_hierarchical_collective() {
+        let comms = four_on_two_hosts();
+        let count = 4096;
+        // Built and working first.
+        std::thread::scope(|s| {
+            for c in &comms {
+                s.spawn(move || {
+                    let mut b = vec![1f32; count];
+                    let p = b.as_mut_ptr().cast();
+                    let op = Op::all_reduce(p, p, count, DataType::F32, ReduceOp::Sum);
+                    unsafe { c.hierarchical(&op) }.unwrap().unwrap();
+                    assert_eq!(b[0], 4.0);
+                });
+            }
+        });
+        comms[3].abort().unwrap();
+        let t = std::time::Instant::now();
+        let errs: Vec<String> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms[..3]
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut b = vec![1f32; count];
+                        let p = b.as_mut_ptr().cast();
+                        let op = Op::all_reduce(p, p, count, DataType::F32, ReduceOp::Sum);
+                        // A few tries: a rank may finish one step with the
+                        // peers that are still there before it learns.
+                        for _ in 0..5 {
+                            if let Some(Err(e)) = unsafe { c.hierarchical(&op) } {
+                                return e.to_string();
+                            }
+                        }
+                        panic!("no error after rank 3 aborted");
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(30),
+            "took {:?}",
+            t.elapsed()
+        );
+        for (r, e) in errs.iter().enumerate() {
+            assert!(
+                e.contains("rank 3") || e.contains("abort"),
+                "rank {r}: the error names the abort or rank 3: {e}"
+            );
         }
     }
 }
