@@ -67,7 +67,7 @@ params! {
     WEFT_CROSSHOST_HIER: String = Choice(&["1", "0"]), Value("1"), Comm, [Libcomm],
         "device all-reduce, all-gather, reduce-scatter, broadcast and reduce on a communicator spanning hosts with two or more ranks on every host (the same number each): `1`, hierarchically (within a host on the GPU kernels of a host-local communicator, between hosts on each rank's rail, 1/k of the data per rail); `0`, the whole operation staged through pinned host memory; set it the same on every rank";
     WEFT_CROSSHOST_HIER_MIN_BYTES: usize = Bytes, Value("8388608"), Comm, [Libcomm],
-        "the smallest device collective (its whole data: an all-gather's output, a reduce-scatter's input) that runs hierarchically when `WEFT_CROSSHOST_HIER` is on; smaller ones are staged whole (on 2 hosts x 2 GPUs the hierarchical path was 2.5-5x faster from 16 MiB and 2-8x slower up to 4 MiB: docs/PERFORMANCE-GPU.md); set it the same on every rank";
+        "the smallest device collective (its whole data: an all-gather's output, a reduce-scatter's input) that runs hierarchically when `WEFT_CROSSHOST_HIER` is on; smaller ones are staged whole (on 2 hosts x 2 GPUs the hierarchical path was 1.7-8.9x faster from 16 MiB and 1.2-10x slower up to 4 MiB: docs/PERFORMANCE-GPU.md); set it the same on every rank";
     WEFT_CROSSHOST_NET: String = Choice(&["tcp", "proxy"]), Value("tcp"), Comm, [Libcomm],
         "the cross-host engine's byte mover: `tcp`, the rank's own connections (`WEFT_NET_SOCKETS` sockets each), or `proxy`, through the pod's sidecar proxy (its rings and one connection per host pair; needs the proxy, as `WEFT_PROXY`); set it the same on every rank";
     WEFT_EAGER_MAX_BYTES: usize = Bytes, Value("1073741824"), Comm, [Libcomm],
