@@ -234,23 +234,12 @@ mod tests {
     /// before its first use.
     #[test]
     fn a_host_runner_builds_the_cross_host_engine_for_its_thread() {
-        let id = crate::UniqueId::new().unwrap();
-        let comms: Vec<Communicator> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|r| {
-                    let id = &id;
-                    s.spawn(move || {
-                        let mut cfg = crate::Config::from_env().unwrap();
-                        cfg.hostname = Some(["sim-a", "sim-b"][r / 2].into());
-                        cfg.cross_engine_min_bytes = Some(4096);
-                        let c =
-                            Communicator::init_with_config(id, 4, r, cfg.blocking(false)).unwrap();
-                        c.wait_ready(None).unwrap();
-                        c
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| {
+            crate::Config {
+                cross_engine_min_bytes: Some(4096),
+                ..c
+            }
+            .blocking(false)
         });
         let n = 20_000;
         let outs: Vec<Vec<f32>> = std::thread::scope(|s| {

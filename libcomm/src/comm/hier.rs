@@ -384,21 +384,10 @@ mod tests {
     /// configurations' host names), every collective the hierarchy takes
     /// with its threshold at 0.
     fn four_on_two_hosts() -> Vec<Communicator> {
-        let id = crate::UniqueId::new().unwrap();
-        std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|r| {
-                    let id = &id;
-                    s.spawn(move || {
-                        let mut cfg = crate::Config::from_env().unwrap();
-                        cfg.hostname = Some(["sim-a", "sim-b"][r / 2].into());
-                        cfg.device_hier_min_bytes = 0;
-                        cfg.timeout = Some(std::time::Duration::from_secs(10));
-                        Communicator::init_with_config(id, 4, r, cfg).unwrap()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+            device_hier_min_bytes: 0,
+            timeout: Some(std::time::Duration::from_secs(10)),
+            ..c
         })
     }
 

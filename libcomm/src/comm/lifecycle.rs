@@ -116,6 +116,34 @@ impl Communicator {
         Ok(comms)
     }
 
+    /// Tests: `n` ranks in this process on simulated hosts of `per_host`
+    /// ranks each (host `sim-<r / per_host>` in each rank's configuration,
+    /// so the bootstrap sees hosts as between machines), each configuration
+    /// from the environment passed through `cfg` first; every one Ready.
+    #[cfg(test)]
+    pub(crate) fn init_on_simulated_hosts(
+        n: usize,
+        per_host: usize,
+        cfg: impl Fn(Config) -> Config + Sync,
+    ) -> Vec<Communicator> {
+        let id = UniqueId::new().unwrap();
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..n)
+                .map(|r| {
+                    let (id, cfg) = (&id, &cfg);
+                    sc.spawn(move || {
+                        let mut c = Config::from_env().unwrap();
+                        c.hostname = Some(format!("sim-{}", r / per_host));
+                        let comm = Self::init_with_config(id, n, r, cfg(c)).unwrap();
+                        comm.wait_ready(None).unwrap();
+                        comm
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     /// A new communicator from a rendezvous at the root `id` names (init,
     /// and the ranks of a grow): its name, else the id's first bytes,
     /// labels it.
