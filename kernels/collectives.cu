@@ -1355,6 +1355,14 @@ __device__ void ll_oneshot(const Args& a) {
 #define P2P_SEND 0
 #define P2P_RECV 1
 #define P2P_COPY 2
+// The cross-host path's copies between device buffers and pinned host
+// memory (libcomm/src/cuda/pinned_copy.rs), as the first op of a launch:
+// every block copies its part of every op in order (so the first op's
+// bytes are all there first), with cache-bypassing loads where `peer` is 1
+// (pinned memory the CPU wrote); where `base` is set, the block then
+// writes `seq` into word b of the u32 array at `base` (the job's pinned
+// header: its copies are done once every block's word reached `seq`).
+#define P2P_COPY_SEQ 3
 struct P2pOp {
     u64 ptr;      // send: source; recv: destination; copy: destination
     u64 src;      // copy: source
@@ -1471,7 +1479,30 @@ __device__ void p2p_recv_fifo(const P2pArgs& a, const P2pOp& op, int b) {
     }
 }
 
+// See P2P_COPY_SEQ. Eight loads in flight per thread (wide): a read across
+// PCIe takes about a microsecond.
+__device__ void p2p_copy_seq(const P2pArgs& a) {
+    const int b = blockIdx.x;
+    for (int k = 0; k < a.nops; k++) {
+        const P2pOp& op = a.ops[k];
+        u64 lo, hi;
+        p2p_slice(op.bytes, b, gridDim.x, lo, hi);
+        if (hi > lo) copy_bytes((u8*)op.ptr + lo, (const u8*)op.src + lo, hi - lo, op.peer != 0, true);
+        if (op.base) {
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence_system();
+                *((volatile u32*)op.base + b) = (u32)op.seq;
+            }
+        }
+    }
+}
+
 __device__ void p2p_round(const P2pArgs& a) {
+    if (a.nops > 0 && a.ops[0].kind == P2P_COPY_SEQ) {
+        p2p_copy_seq(a);
+        return;
+    }
     int k = 0;
     while (k + 1 < a.nops && (int)blockIdx.x >= a.ops[k + 1].block0) k++;
     const P2pOp& op = a.ops[k];
@@ -1510,6 +1541,7 @@ __device__ void p2p_round(const P2pArgs& a) {
         if (op.ptr != op.src) copy_bytes((u8*)op.ptr + lo, (const u8*)op.src + lo, hi - lo, false);
         return;
     }
+
     // Receive.
     if (threadIdx.x == 0) {
         stop = !wait_geq((const u64*)(me + WEFT_P2P_READY) + op.peer, op.seq, a.status);

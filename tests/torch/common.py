@@ -391,3 +391,23 @@ def all_close_world(ctx: Ctx, ok: bool) -> bool:
     flags = [None] * ctx.world
     dist.all_gather_object(flags, ok, group=ctx.report_pg)
     return all(flags)
+
+
+def simulate_hosts(hosts: int) -> None:
+    """Gives this rank the host identity of its block of ranks, before the
+    library reads it at init: ranks of different identities never map each
+    other's memory, so the job takes the cross-host path as between nodes."""
+    world = int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    if world % hosts:
+        raise SystemExit(f"--hosts {hosts} does not divide {world} ranks")
+    per = world // hosts
+    name = f"sim-{rank // per}"
+    os.environ["WEFT_HOSTNAME"] = name
+    os.environ["NCCL_HOSTID"] = name
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if per == 1:
+        # One rank per host: NCCL's socket transport, as between machines.
+        os.environ.setdefault("NCCL_NET", "Socket")
+        os.environ.setdefault("NCCL_P2P_DISABLE", "1")
+        os.environ.setdefault("NCCL_SHM_DISABLE", "1")

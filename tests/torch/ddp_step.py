@@ -25,32 +25,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import nccl_provider, pick_device  # noqa: E402
+from common import nccl_provider, pick_device, simulate_hosts  # noqa: E402
 
 
 def model(layers: int, d: int) -> torch.nn.Module:
     layer = torch.nn.TransformerEncoderLayer(d, 16, 4 * d, dropout=0.0, batch_first=True)
     return torch.nn.Sequential(torch.nn.TransformerEncoder(layer, layers), torch.nn.Linear(d, d))
-
-
-def simulate_hosts(hosts: int) -> None:
-    """Gives this rank the host identity of its block of ranks, before the
-    library reads it at init: ranks of different identities never map each
-    other's memory, so the job takes the cross-host path as between nodes."""
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
-    if world % hosts:
-        raise SystemExit(f"--hosts {hosts} does not divide {world} ranks")
-    per = world // hosts
-    name = f"sim-{rank // per}"
-    os.environ["WEFT_HOSTNAME"] = name
-    os.environ["NCCL_HOSTID"] = name
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    if per == 1:
-        # One rank per host: NCCL's socket transport, as between machines.
-        os.environ.setdefault("NCCL_NET", "Socket")
-        os.environ.setdefault("NCCL_P2P_DISABLE", "1")
-        os.environ.setdefault("NCCL_SHM_DISABLE", "1")
 
 
 def main() -> None:

@@ -89,6 +89,9 @@ def parse(argv=None):
     ap.add_argument("--max-us", type=float, default=1000.0, help="bound: max < this (us)")
     ap.add_argument("--worst", type=int, default=3, help="slowest iterations listed per cell")
     ap.add_argument("--no-gc", action="store_true", help="disable Python's garbage collector during the timed calls")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="split the ranks into this many simulated hosts (WEFT_HOSTNAME for Weft, NCCL_HOSTID "
+                    "for NCCL: its socket transport when a host has one rank), as ddp_step.py does")
     return ap.parse_args(argv)
 
 
@@ -174,20 +177,27 @@ def summarize(per_rank, args):
         r = max(range(world), key=lambda r: per_rank[r][1][i])
         notes.append(f"#{i}:{lat[i]:.0f}us(enq r{r} {per_rank[r][1][i] / 1e3:.0f}us gc {per_rank[r][3][i] / 1e3:.0f}us)")
     enq_max = max(max(p[1]) for p in per_rank) / 1e3
+    # The calling thread's time per call (issue 32 bounds it for large
+    # collectives): the median over iterations of the slowest rank's.
+    enq_p50 = percentile(sorted(max(p[1][i] for p in per_rank) / 1e3 for i in range(iters)), 50)
     slow = sum(1 for v in lat if v >= args.max_us)
     ok = p99 <= args.p99_ratio * p50 and mx < args.max_us
     first = max(p[2] for p in per_rank) / 1e3
     return {
-        "p50": p50, "p99": p99, "max": mx, "enq_max": enq_max, "over": slow,
+        "p50": p50, "p99": p99, "max": mx, "enq_p50": enq_p50, "enq_max": enq_max, "over": slow,
         "ok": ok, "worst": " ".join(notes), "first": first,
     }
 
 
-HEADER = "lib\tranks\top\tbytes\tp50_us\tp99_us\tmax_us\tenq_max_us\tcalls>=max\tverdict\tfirst_us\tworst"
+HEADER = "lib\tranks\top\tbytes\tp50_us\tp99_us\tmax_us\tenq_p50_us\tenq_max_us\tcalls>=max\tverdict\tfirst_us\tworst"
 
 
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.hosts > 1:
+        from common import simulate_hosts
+
+        simulate_hosts(args.hosts)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
@@ -219,7 +229,7 @@ def main(argv=None) -> int:
             r = summarize(gathered, args)
             bad += not r["ok"]
             row = (f"{args.label}\t{world}\t{name}\t{nbytes}\t{r['p50']:.1f}\t{r['p99']:.1f}\t{r['max']:.1f}\t"
-                   f"{r['enq_max']:.1f}\t{r['over']}\t{'ok' if r['ok'] else 'STALL'}\t{r['first']:.0f}\t{r['worst']}")
+                   f"{r['enq_p50']:.1f}\t{r['enq_max']:.1f}\t{r['over']}\t{'ok' if r['ok'] else 'STALL'}\t{r['first']:.0f}\t{r['worst']}")
             rows.append(row)
             print(f"stalls: {row}", flush=True)
     if rank == 0:

@@ -64,6 +64,8 @@ params! {
         "remote ranks the cross-host engine of a rank connects to at most (a connection each way, `WEFT_NET_SOCKETS` sockets and helper threads each): beyond it, on hosts with equal rank counts, it connects only to its rail (the ranks of the same local index on other hosts, one per host) and runs every collective on rails, and with more hosts than it plus one only to its two ring neighbours on the rail (all-to-all then on the flat path); on hosts of different sizes beyond it the engine is not built unless `WEFT_CROSSHOST_MIN_BYTES` is set, which then connects to all";
     WEFT_CROSSHOST_SLICE_BYTES: usize = Bytes, Value("67108864"), Comm, [Libcomm],
         "device all-reduces, broadcasts and reduces across hosts of at least twice this many bytes are cut into slices of at least this size (at most 8), each staged through its own pinned buffer, so the copies between GPU and host memory of one slice overlap the network of the next; 0: never cut; set it the same on every rank";
+    WEFT_CROSSHOST_COPY: String = Choice(&["kernel", "engine"]), Value("kernel"), Comm, [Libcomm],
+        "what copies a device operation's buffers to and from the cross-host path's pinned host memory: `kernel`, one launch of the copy kernel per slice and direction (the calling thread's cost does not grow with the size; uses up to 32 SMs while the copies last); `engine`, the copy engines (no SMs; each copy costs the calling thread more the larger it is, 12-20 us per 64 MiB measured on an H200); without kernels in the library, always the engines";
     WEFT_CROSSHOST_HIER: String = Choice(&["1", "0"]), Value("1"), Comm, [Libcomm],
         "device all-reduce, all-gather, reduce-scatter, broadcast and reduce on a communicator spanning hosts with two or more ranks on every host (the same number each): `1`, hierarchically (within a host on the GPU kernels of a host-local communicator, between hosts on each rank's rail, 1/k of the data per rail); `0`, the whole operation staged through pinned host memory; set it the same on every rank";
     WEFT_CROSSHOST_HIER_MIN_BYTES: usize = Bytes, Value("8388608"), Comm, [Libcomm],
@@ -254,7 +256,9 @@ params! {
     WEFT_XHOST_SCENARIO: String = Str, Unset(""), Test, [Tests],
         "which scenario a rank process of the cross-host GPU test runs (set by the test for its children)";
     WEFT_XHOST_GPU_PER_HOST: String = Str, Unset(""), Test, [Tests],
-        "`1`: the cross-host GPU test puts each simulated host on its own GPU (2 GPUs), else every rank on GPU 0";
+        "`1`: the cross-host GPU test puts each simulated host on its own GPU (2 GPUs); `rank`: each rank on its own GPU (one process per GPU); else every rank on GPU 0";
+    WEFT_XHOST_NRANKS: u64 = Int, Unset(""), Test, [Tests],
+        "ranks of a cross-host GPU test scenario (set by the test; default 4, half on each simulated host)";
     WEFT_XHOST_RANK: u64 = Int, Unset(""), Test, [Tests],
         "that rank process's rank (set by the cross-host GPU test)";
     WEFT_XHOST_ID: String = Str, Unset(""), Test, [Tests],

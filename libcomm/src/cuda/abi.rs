@@ -119,6 +119,9 @@ pub(super) const MAX_P2P: usize = 16;
 pub(super) const P2P_SEND: i32 = 0;
 pub(super) const P2P_RECV: i32 = 1;
 pub(super) const P2P_COPY: i32 = 2;
+/// The cross-host path's sequential copies with per-block flags (the
+/// kernel's `P2P_COPY_SEQ`; `pinned_copy.rs`).
+pub(super) const P2P_COPY_SEQ: i32 = 3;
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(super) struct P2pOp {

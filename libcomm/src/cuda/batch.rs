@@ -32,6 +32,7 @@ use super::error::CudaError;
 use super::logger::log;
 use super::mapping::{DESCRIPTOR_BYTES, spans_hosts};
 use super::p2p::{P2p, is_p2p, p2p_pieces};
+use super::pinned_copy::Copier;
 use super::proxy::{ProxySide, log_choice};
 use super::staging::Staging;
 use crate::data::types::{DataType, ReduceOp};
@@ -130,12 +131,14 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
                 return false;
             }
         };
+        let copier = Copier::choose(&weft_contract::params::WEFT_CROSSHOST_COPY.value(), d);
         match ProxySide::new(
             comms.rank(c),
             comms.nranks(c),
             distinct.len(),
             d,
             slice_bytes,
+            copier,
             comms.host_runner(c),
             comms.describe(c),
         ) {
@@ -143,9 +146,10 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
                 log(
                     false,
                     &format!(
-                        "{}: CUDA device {d}: ranks on {} hosts: cross-host path (no peer memory is mapped; stream-ordered through pinned host memory and a progress thread)",
+                        "{}: CUDA device {d}: ranks on {} hosts: cross-host path (no peer memory is mapped; stream-ordered through pinned host memory and a progress thread; copies to and from it by {})",
                         comms.describe(c),
-                        distinct.len()
+                        distinct.len(),
+                        copier.name()
                     ),
                 );
                 *comms.device_slot(c) = DeviceSlot::On(Box::new(px));

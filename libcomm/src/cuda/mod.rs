@@ -93,6 +93,7 @@ pub mod mem;
 mod nvrtc;
 mod p2p;
 mod pinned;
+mod pinned_copy;
 mod pinned_plan;
 mod plan;
 mod proxy;

@@ -11,6 +11,12 @@
 //! - `released`: the stream writes it after the copies back; until then the
 //!   buffer is not reused.
 //!
+//! With the copy kernel (`pinned_copy.rs`) `ready` and `released` are not
+//! single words: each of the kernel's [`SLOTS`] blocks writes its own word
+//! once its part of the copies is done (no driver call on the calling
+//! thread for them, no atomics across PCIe), and the job is ready (the
+//! buffer released) once every block's word reached the sequence number.
+//!
 //! Words compare cyclically, as CUDA's GEQ wait does (`(i32)(word - value)
 //! >= 0`), so sequence numbers may wrap.
 
@@ -23,10 +29,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bytes before the data (the flag words, padded: regions start aligned).
-const HEADER: usize = 256;
+const HEADER: usize = 512;
 const READY: usize = 0;
 const DONE: usize = 4;
 const RELEASED: usize = 8;
+/// The copy kernel's blocks (a launch has exactly this many): one `ready`
+/// and one `released` word each.
+pub(super) const SLOTS: usize = 32;
+const READY_SLOTS: usize = 64;
+const RELEASED_SLOTS: usize = READY_SLOTS + 4 * SLOTS;
+const _: () = assert!(RELEASED_SLOTS + 4 * SLOTS <= HEADER);
 /// Alignment of each staged region inside a buffer.
 pub(super) const ALIGN: usize = 256;
 /// The smallest buffer allocated, and the unit of sizes (small jobs share
@@ -89,15 +101,15 @@ impl Pinned {
         })
     }
 
-    fn word(&self, at: usize) -> &AtomicU32 {
-        // SAFETY: the header lives as long as `self`; aligned (page-aligned base).
-        unsafe { &*(self.host.add(at) as *const AtomicU32) }
+    /// Whether the stream released job `last` (see [`Pool::new`]'s
+    /// `slots`), so the buffer can be reused.
+    fn reusable(&self, slots: usize) -> bool {
+        !self.poisoned && (self.last == 0 || self.flags(slots).released(self.last))
     }
 
-    fn reusable(&self) -> bool {
-        !self.poisoned
-            && (self.last == 0
-                || cyclic_geq(self.word(RELEASED).load(Ordering::Acquire), self.last))
+    /// Device address of the data (its mapping into the device).
+    fn dev_data(&self) -> u64 {
+        self.dev + HEADER as u64
     }
 
     /// Host address of the data.
@@ -115,10 +127,11 @@ impl Pinned {
         )
     }
 
-    /// The words as the progress thread uses them.
-    pub(super) fn flags(&self) -> JobFlags {
+    /// The words as the progress thread (and the pool) read them.
+    pub(super) fn flags(&self, slots: usize) -> JobFlags {
         JobFlags {
             header: self.host as usize,
+            slots,
         }
     }
 
@@ -134,6 +147,9 @@ impl Pinned {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct JobFlags {
     header: usize,
+    /// 0: `ready` and `released` are single words the stream writes; else
+    /// the copy kernel's per-block words, this many.
+    slots: usize,
 }
 
 impl JobFlags {
@@ -142,9 +158,24 @@ impl JobFlags {
         unsafe { &*((self.header + at) as *const AtomicU32) }
     }
 
+    /// Whether the word at `single` (no slots) or every slot word from
+    /// `slots_at` reached `seq`.
+    fn reached(&self, single: usize, slots_at: usize, seq: u32) -> bool {
+        if self.slots == 0 {
+            return cyclic_geq(self.word(single).load(Ordering::Acquire), seq);
+        }
+        (0..self.slots)
+            .all(|b| cyclic_geq(self.word(slots_at + 4 * b).load(Ordering::Acquire), seq))
+    }
+
     /// The stream's copies into the buffer for job `seq` are done.
     pub(super) fn ready(&self, seq: u32) -> bool {
-        cyclic_geq(self.word(READY).load(Ordering::Acquire), seq)
+        self.reached(READY, READY_SLOTS, seq)
+    }
+
+    /// The stream's copies out of the buffer for job `seq` are done.
+    fn released(&self, seq: u32) -> bool {
+        self.reached(RELEASED, RELEASED_SLOTS, seq)
     }
 
     /// Lets the stream go on past job `seq` (its results are in place, or
@@ -158,6 +189,7 @@ impl JobFlags {
     pub(super) fn on(header: *mut u32) -> JobFlags {
         JobFlags {
             header: header as usize,
+            slots: 0,
         }
     }
 
@@ -180,13 +212,20 @@ impl JobFlags {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Lease {
     pub data: *mut u8,
+    /// The data as the device addresses it (a kernel's copies).
+    pub dev_data: u64,
     /// `ready`, `done` and `released` as the stream addresses them.
     pub words: (u64, u64, u64),
+    /// The copy kernel's `ready` and `released` slot arrays as the device
+    /// addresses them.
+    pub slot_words: (u64, u64),
     pub flags: JobFlags,
 }
 
 pub(super) struct Pool {
     dev: i32,
+    /// 0 or [`SLOTS`]: how the streams signal (see [`Pool::new`]).
+    slots: usize,
     bufs: Vec<Pinned>,
 }
 
@@ -194,9 +233,14 @@ pub(super) struct Pool {
 unsafe impl Send for Pool {}
 
 impl Pool {
-    pub(super) fn new(dev: i32) -> Pool {
+    /// Buffers on `dev` whose `ready` and `released` are single words the
+    /// stream writes (`slots` 0) or the copy kernel's [`SLOTS`] per-block
+    /// words.
+    pub(super) fn new(dev: i32, slots: usize) -> Pool {
+        debug_assert!(slots == 0 || slots == SLOTS);
         Pool {
             dev,
+            slots,
             bufs: Vec::new(),
         }
     }
@@ -216,7 +260,7 @@ impl Pool {
                 .bufs
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.cap >= bytes && b.reusable())
+                .filter(|(_, b)| b.cap >= bytes && b.reusable(self.slots))
                 .min_by_key(|(_, b)| b.cap)
                 .map(|(i, _)| i);
             if let Some(i) = fit {
@@ -229,7 +273,7 @@ impl Pool {
                 break self.bufs.len() - 1;
             }
             // Reusable but too small: give their memory back for a bigger one.
-            if let Some(j) = self.bufs.iter().position(|b| b.reusable()) {
+            if let Some(j) = self.bufs.iter().position(|b| b.reusable(self.slots)) {
                 let b = self.bufs.swap_remove(j);
                 use_device(self.dev)?;
                 unsafe { check(sys::cuMemFreeHost(b.host.cast()), "cuMemFreeHost")? };
@@ -241,8 +285,10 @@ impl Pool {
         b.last = seq;
         Ok(Lease {
             data: b.data(),
+            dev_data: b.dev_data(),
             words: b.dev_words(),
-            flags: b.flags(),
+            slot_words: (b.dev + READY_SLOTS as u64, b.dev + RELEASED_SLOTS as u64),
+            flags: b.flags(self.slots),
         })
     }
 
@@ -259,7 +305,12 @@ impl Pool {
     /// the process's end) rather than freed under it.
     pub(super) fn free(self, wait: Duration) -> CudaResult<()> {
         let until = Instant::now() + wait;
-        while !self.bufs.iter().all(|b| b.poisoned || b.reusable()) && Instant::now() < until {
+        while !self
+            .bufs
+            .iter()
+            .all(|b| b.poisoned || b.reusable(self.slots))
+            && Instant::now() < until
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
         use_device(self.dev)?;
@@ -268,7 +319,7 @@ impl Pool {
             if b.poisoned {
                 // Its stream work is over once the device is idle.
                 unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize")? };
-            } else if !b.reusable() {
+            } else if !b.reusable(self.slots) {
                 left += 1;
                 continue;
             }
@@ -301,10 +352,34 @@ mod tests {
     }
 
     #[test]
+    fn with_the_copy_kernel_a_job_is_ready_once_every_block_said_so() {
+        let mut header = vec![0u32; HEADER / 4];
+        let f = JobFlags {
+            header: header.as_mut_ptr() as usize,
+            slots: SLOTS,
+        };
+        let (ready, released) = (READY_SLOTS / 4, RELEASED_SLOTS / 4);
+        for b in 0..SLOTS - 1 {
+            header[ready + b] = 7;
+        }
+        assert!(!f.ready(7), "one block is still copying");
+        header[ready + SLOTS - 1] = 7;
+        assert!(f.ready(7) && !f.ready(8));
+        // The single words mean nothing in this mode.
+        header[RELEASED / 4] = 7;
+        assert!(!f.released(7));
+        for b in 0..SLOTS {
+            header[released + b] = 7;
+        }
+        assert!(f.released(7));
+    }
+
+    #[test]
     fn job_flags_rise_with_the_sequence() {
         let mut header = vec![0u32; HEADER / 4];
         let f = JobFlags {
             header: header.as_mut_ptr() as usize,
+            slots: 0,
         };
         assert!(!f.ready(1));
         f.set_ready(1);

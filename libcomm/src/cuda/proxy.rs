@@ -7,17 +7,23 @@
 //! call returns at once:
 //!
 //! 1. the job's device buffers are copied into a pinned, device-mapped
-//!    buffer (`pinned.rs`), then the stream writes the buffer's `ready`
-//!    word (`cuStreamWriteValue32`);
+//!    buffer (`pinned.rs`), and the job is marked `ready`;
 //! 2. the stream waits for the `done` word (`cuStreamWaitValue32`, GEQ);
-//! 3. the written buffers are copied back and the stream writes `released`.
+//! 3. the written buffers are copied back and the buffer is marked
+//!    `released`.
+//!
+//! The copies and marks are the copy kernel's (`pinned_copy.rs`: one
+//! launch for every slice's copies in, one per slice out; its blocks write
+//! the words) or the copy engines' with stream memory operations
+//! (`WEFT_CROSSHOST_COPY=engine`, or no kernels in the library).
 //!
 //! The communicator's progress thread takes jobs in call order (the order
 //! every rank issues them in), waits for `ready`, runs the job's operations
 //! on the pinned copies through the communicator's host path (shared memory
 //! within a host, TCP between hosts, the host algorithms and their tuner)
 //! and writes `done`. The calling thread never waits for the GPU or the
-//! network: a 256 MiB all-reduce costs it a handful of stream operations.
+//! network: a 256 MiB all-reduce (4 slices) costs it 5 launches and 4
+//! waits.
 //!
 //! **Failures.** A job that fails (a dead peer, `WEFT_TIMEOUT_MS`: the host
 //! path's errors name the rank) is recorded as the communicator's async
@@ -36,6 +42,7 @@ use super::driver::use_device;
 use super::error::{CudaError, CudaResult, check};
 use super::logger::{log, warn};
 use super::pinned::{JobFlags, Lease, Pool};
+use super::pinned_copy::Copier;
 use super::pinned_plan::{Staged, stage};
 use super::staging::{device_regions, host_op};
 use crate::op::Op;
@@ -197,6 +204,8 @@ pub struct ProxySide {
     /// The smallest slice of a collective cut in slices
     /// (`WEFT_CROSSHOST_SLICE_BYTES`; 0: never cut).
     slice_bytes: usize,
+    /// What moves the bytes between device and pinned memory.
+    copier: Copier,
     seq: u32,
     pool: Pool,
     shared: Arc<Shared>,
@@ -206,13 +215,16 @@ pub struct ProxySide {
 impl ProxySide {
     /// Starts the progress thread of this rank's side on `dev`; the
     /// communicator spans `hosts` hosts; collectives of `slice_bytes` and
-    /// more are cut in slices (0: never).
+    /// more are cut in slices (0: never); `copier` moves the bytes between
+    /// device and pinned memory.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         rank: usize,
         nranks: usize,
         hosts: usize,
         dev: i32,
         slice_bytes: usize,
+        copier: Copier,
         runner: Arc<dyn HostRunner>,
         describe: String,
     ) -> CudaResult<ProxySide> {
@@ -239,8 +251,9 @@ impl ProxySide {
             hosts,
             dev,
             slice_bytes,
+            copier,
             seq: 0,
-            pool: Pool::new(dev),
+            pool: Pool::new(dev, copier.slots()),
             shared,
             thread: Some(thread),
         })
@@ -298,14 +311,15 @@ impl ProxySide {
         let regions =
             |ops: &[Op]| device_regions(ops.iter().flat_map(|o| o.buffers(rank, n)).collect());
         let staged = stage(ops, rank, n, self.slice_bytes, &on_device, &regions);
-        // Copies in and `ready`, job by job. Up to the waits nothing the
-        // stream does needs the thread; a failure leaves jobs that never
-        // run (their buffers are not reused: a stream may still copy).
+        // A buffer per job, then every job's copies in and `ready`. Up to
+        // the waits nothing the stream does needs the thread; a failure
+        // leaves jobs that never run (their buffers are not reused: a
+        // stream may still copy).
         let mut jobs: Vec<(Job, Lease, &Staged)> = Vec::with_capacity(staged.len());
         for s in &staged {
             let seq = self.next_seq();
-            match unsafe { self.stage_in(s, seq, stream) } {
-                Ok((job, buf)) => jobs.push((job, buf, s)),
+            match self.pool.take(s.bytes, seq) {
+                Ok(buf) => jobs.push((job_on(s, seq, &buf), buf, s)),
                 Err(e) => {
                     for &(_, b, _) in &jobs {
                         self.pool.poison(&b);
@@ -314,12 +328,21 @@ impl ProxySide {
                 }
             }
         }
+        let ins: Vec<(&Staged, &Lease, u32)> = jobs
+            .iter()
+            .map(|(job, buf, s)| (*s, buf, job.seq))
+            .collect();
+        if let Err(e) = unsafe { self.copier.copy_in(self.dev, &ins, stream) } {
+            for &(_, b, _) in &jobs {
+                self.pool.poison(&b);
+            }
+            return Err(e);
+        }
         // Waits and copies out. After the first wait a failure must release
         // every wait itself (no job runs: they are not queued).
         let out = || -> CudaResult<()> {
             for (job, buf, s) in &jobs {
-                let (_, done, released) = buf.words;
-                let data = buf.data as u64;
+                let (_, done, _) = buf.words;
                 unsafe {
                     check(
                         sys::cuStreamWaitValue32_v2(
@@ -330,21 +353,7 @@ impl ProxySide {
                         ),
                         "cuStreamWaitValue32 (the job's done word)",
                     )?;
-                    for c in &s.to_device {
-                        check(
-                            sys::cuMemcpyHtoDAsync_v2(
-                                c.dev,
-                                (data + c.off as u64) as *const _,
-                                c.bytes,
-                                stream,
-                            ),
-                            "cuMemcpyHtoDAsync (from the cross-host pinned buffer)",
-                        )?;
-                    }
-                    check(
-                        sys::cuStreamWriteValue32_v2(stream, released, job.seq, 0),
-                        "cuStreamWriteValue32 (the job's released word)",
-                    )?;
+                    self.copier.copy_out(self.dev, s, buf, job.seq, stream)?;
                 }
             }
             for &s in &others {
@@ -373,57 +382,6 @@ impl ProxySide {
         Ok(())
     }
 
-    /// Takes a pinned buffer for `s`, enqueues its device copies and copies
-    /// in and then `ready`; the job (not queued yet) and its buffer.
-    unsafe fn stage_in(
-        &mut self,
-        s: &Staged,
-        seq: u32,
-        stream: sys::CUstream,
-    ) -> CudaResult<(Job, Lease)> {
-        let buf = self.pool.take(s.bytes, seq)?;
-        let (ready, _, _) = buf.words;
-        let data = buf.data as u64;
-        let copies = || -> CudaResult<()> {
-            unsafe {
-                for &(dst, src, bytes) in &s.dtod {
-                    check(
-                        sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream),
-                        "cuMemcpyDtoDAsync (a broadcast root's own output)",
-                    )?;
-                }
-                for c in &s.to_host {
-                    check(
-                        sys::cuMemcpyDtoHAsync_v2(
-                            (data + c.off as u64) as *mut _,
-                            c.dev,
-                            c.bytes,
-                            stream,
-                        ),
-                        "cuMemcpyDtoHAsync (to the cross-host pinned buffer)",
-                    )?;
-                }
-                check(
-                    sys::cuStreamWriteValue32_v2(stream, ready, seq, 0),
-                    "cuStreamWriteValue32 (the job's ready word)",
-                )
-            }
-        };
-        if let Err(e) = copies() {
-            self.pool.poison(&buf);
-            return Err(e);
-        }
-        let map = s.host_map(data);
-        Ok((
-            Job {
-                seq,
-                flags: buf.flags,
-                ops: s.ops.iter().map(|o| host_op(o, &map)).collect(),
-            },
-            buf,
-        ))
-    }
-
     /// Waits (bounded by `bound`) until every queued job ran; after the
     /// bound, releases what is left (the streams go on, the jobs do not run).
     fn drain_for(&self, bound: Duration) {
@@ -447,6 +405,17 @@ impl ProxySide {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+/// Job `seq` of `s` as the progress thread runs it: its operations on the
+/// pinned copies in `buf`.
+fn job_on(s: &Staged, seq: u32, buf: &Lease) -> Job {
+    let map = s.host_map(buf.data as u64);
+    Job {
+        seq,
+        flags: buf.flags,
+        ops: s.ops.iter().map(|o| host_op(o, &map)).collect(),
     }
 }
 
@@ -494,7 +463,7 @@ impl DeviceSide for ProxySide {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let pool = std::mem::replace(&mut self.pool, Pool::new(self.dev));
+        let pool = std::mem::replace(&mut self.pool, Pool::new(self.dev, self.copier.slots()));
         // The streams' copies back end soon after the last `done`.
         pool.free(Duration::from_secs(10))
             .map_err(|e| e.to_string())
@@ -513,7 +482,10 @@ impl Drop for ProxySide {
             let mut q = locked(&self.shared.queue);
             self.shared.close(&mut q);
         }
-        std::mem::forget(std::mem::replace(&mut self.pool, Pool::new(self.dev)));
+        std::mem::forget(std::mem::replace(
+            &mut self.pool,
+            Pool::new(self.dev, self.copier.slots()),
+        ));
     }
 }
 
@@ -570,7 +542,7 @@ mod tests {
             ran: Mutex::new(Vec::new()),
             fail,
         });
-        let px = ProxySide::new(0, 2, 2, 0, 0, rec.clone(), "test".into()).unwrap();
+        let px = ProxySide::new(0, 2, 2, 0, 0, Copier::Engine, rec.clone(), "test".into()).unwrap();
         (px, rec)
     }
 
