@@ -217,6 +217,60 @@ impl Communicator {
         r
     }
 
+    /// The sends and receives of a device job's host part (`ops`, all
+    /// sends and receives) that run on the engine, and the rest: those of
+    /// at least the device threshold, when the engine is built and
+    /// connected to every remote rank. Both ends of a message decide alike
+    /// (the same bytes), so each end's engine part and flat part match the
+    /// other's. None: all flat.
+    pub(crate) fn cross_engine_p2p_split(&self, ops: &[Op]) -> Option<(Vec<Op>, Vec<Op>)> {
+        if !ops.iter().all(Op::is_send_recv) || self.s.cross.building.load(Ordering::Acquire) {
+            return None;
+        }
+        let min = self.cross_engine_min(true)?;
+        if !matches!(&*lock(&self.s.cross.state), State::On(x) if x.send_recv) {
+            return None;
+        }
+        let (on, flat): (Vec<Op>, Vec<Op>) = ops.iter().partition(|o| o.bytes() >= min);
+        (!on.is_empty()).then_some((on, flat))
+    }
+
+    /// Runs sends and receives (validated, host memory: a device job's
+    /// pinned copies) on the engine, as one group: every rank's own pieces
+    /// by bytes, to ranks of other hosts directly over its connections,
+    /// within its host through the engine's host-local communicator.
+    ///
+    /// # Safety
+    /// Every buffer is valid for its bytes until this returns.
+    pub(crate) unsafe fn run_p2p_on_cross_engine(&self, ops: &[Op]) -> Result<()> {
+        let obs = observe::start(&self.s.who(), ops, true, "crosshost");
+        let r = (|| {
+            let mut state = lock(&self.s.cross.state);
+            let State::On(x) = &mut *state else {
+                return Err(Error::Internal(
+                    "the cross-host engine is gone (destroyed meanwhile?)".into(),
+                ));
+            };
+            let sends: Vec<(usize, *const u8, usize)> = ops
+                .iter()
+                .filter(|o| o.kind == OpKind::Send)
+                .map(|o| (o.peer(), o.send, o.bytes()))
+                .collect();
+            let recvs: Vec<(usize, *mut u8, usize)> = ops
+                .iter()
+                .filter(|o| o.kind == OpKind::Recv)
+                .map(|o| (o.peer(), o.recv, o.bytes()))
+                .collect();
+            // SAFETY: the caller's.
+            unsafe { x.send_recv(&sends, &recvs, crate::data::types::DataType::U8) }
+        })();
+        if let Err(e) = &r {
+            self.s.record_failure(e);
+        }
+        observe::finish(obs, &r);
+        r
+    }
+
     fn run_on_engine(&self, op: &Op, device: bool) -> Result<()> {
         let mut state = lock(&self.s.cross.state);
         let (State::On(x), Some(coll)) = (&mut *state, coll(op, device)) else {
@@ -308,6 +362,7 @@ impl Communicator {
                     // ring neighbours), which is all it reaches.
                     x.shape = Some(Shape::Rails);
                     x.all_to_all = reach == Reach::Rails;
+                    x.send_recv = false;
                 }
                 Ok((x, lever))
             });

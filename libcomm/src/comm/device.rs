@@ -209,6 +209,19 @@ impl HostRunner for SharedRunner {
                 // A large collective on the cross-host engine, when it was
                 // built (`host_runner`).
                 [op] if comm.cross_engine_ready_for(op) => comm.run_on_cross_engine(op, true),
+                // Sends and receives (a group's, an all-to-all's): the
+                // large ones over the engine's connections, then the rest
+                // flat (each end splits its pieces alike).
+                _ if let Some((on, flat)) = comm.cross_engine_p2p_split(ops) => {
+                    // SAFETY: the caller's (HostRunner::run's contract).
+                    unsafe { comm.run_p2p_on_cross_engine(&on) }.and_then(|()| {
+                        if flat.is_empty() {
+                            return Ok(());
+                        }
+                        // SAFETY: as above.
+                        unsafe { run_host(flat.iter().map(|op| (&*comm, *op)).collect()) }
+                    })
+                }
                 // SAFETY: the caller's (HostRunner::run's contract).
                 _ => unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) },
             });
@@ -286,6 +299,84 @@ mod tests {
         let want: Vec<f32> = (0..n).map(|i| (10 * (i % 7 + 1)) as f32).collect();
         for (r, out) in outs.iter().enumerate() {
             assert!(out == &want, "rank {r}: wrong sum");
+        }
+    }
+
+    /// A device job of sends and receives (what a send/recv group or an
+    /// all-to-all of device memory across hosts becomes): the progress
+    /// thread's runner moves the large pieces over the engine, to the other
+    /// host directly and within the host through the engine's host-local
+    /// communicator, and the small ones flat; every byte lands where it
+    /// should. Four ranks on two simulated hosts, host memory.
+    #[test]
+    fn a_host_runner_runs_large_sends_and_receives_on_the_engine_and_small_ones_flat() {
+        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+            cross_engine_min_bytes: Some(4096),
+            ..c
+        });
+        let big = 30_001; // f32: above the threshold
+        let small = 17;
+        let value = |from: usize, to: usize, i: usize| (from * 1000 + to * 100 + i % 97) as f32;
+        let outs: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    s.spawn(move || {
+                        let runner = Lent { comms: vec![c] }.host_runner(0);
+                        // Remote partner (other host), local partner (same host).
+                        let (remote, local) = ((r + 2) % 4, r ^ 1);
+                        let plan = [(remote, big), (local, big), (remote, small)];
+                        let sends: Vec<Vec<f32>> = plan
+                            .iter()
+                            .map(|&(to, n)| (0..n).map(|i| value(r, to, i)).collect())
+                            .collect();
+                        let mut recvs: Vec<Vec<f32>> =
+                            plan.iter().map(|&(_, n)| vec![0f32; n]).collect();
+                        let mut ops = Vec::new();
+                        for ((&(peer, n), snd), rcv) in
+                            plan.iter().zip(&sends).zip(recvs.iter_mut())
+                        {
+                            ops.push(Op::send(snd.as_ptr().cast(), n, DataType::F32, peer));
+                            ops.push(Op::recv(rcv.as_mut_ptr().cast(), n, DataType::F32, peer));
+                        }
+                        let (on, flat) = c
+                            .cross_engine_p2p_split(&ops)
+                            .unwrap_or_else(|| panic!("rank {r}: no engine part"));
+                        assert_eq!((on.len(), flat.len()), (4, 2), "rank {r}");
+                        /// The job, as the progress thread gets it.
+                        struct Job(Vec<Op>);
+                        // SAFETY: its buffers outlive the thread (joined below).
+                        unsafe impl Send for Job {}
+                        let (job, runner) = (Job(ops), &runner);
+                        std::thread::scope(|t| {
+                            t.spawn(move || {
+                                let job = job;
+                                // SAFETY: every buffer lives until run returns.
+                                unsafe { runner.run(&job.0) }
+                            })
+                            .join()
+                            .unwrap()
+                        })
+                        .unwrap();
+                        recvs
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, got) in outs.iter().enumerate() {
+            let (remote, local) = ((r + 2) % 4, r ^ 1);
+            for (k, &(from, n)) in [(remote, big), (local, big), (remote, small)]
+                .iter()
+                .enumerate()
+            {
+                let want: Vec<f32> = (0..n).map(|i| value(from, r, i)).collect();
+                assert!(
+                    got[k] == want,
+                    "rank {r}: piece {k} from rank {from} is wrong"
+                );
+            }
         }
     }
 

@@ -40,6 +40,9 @@ pub struct CrossHost {
     /// Whether it runs all-to-all: not when it is connected to its ring
     /// neighbours alone (all-to-all needs every host of its rail).
     pub all_to_all: bool,
+    /// Whether it runs sends and receives: only when connected to every
+    /// rank of the other hosts.
+    pub send_recv: bool,
     /// The plans' scratch buffers, kept from call to call: a fresh buffer
     /// of a large collective's size is mapped and page-faulted in on every
     /// call (measured: a fifth of the time of a 256 MiB all-reduce).
@@ -111,6 +114,7 @@ impl CrossHost {
             shape: None,
             chunk: None,
             all_to_all: true,
+            send_recv: true,
             scratch: Vec::new(),
         })
     }

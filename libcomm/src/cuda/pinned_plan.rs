@@ -21,12 +21,23 @@
 //!   slice k-1's copy out run while slice k is on the network. Every rank
 //!   cuts alike (the count and the setting are the same on every rank).
 //!
-//! Everything else (groups, all-to-all, gather, scatter, host buffers in a
-//! device call) is staged as before: every device region the job touches,
-//! read ones copied in, written ones copied out, the operations unchanged.
+//! - **Sends and receives.** A group of sends and receives of device memory
+//!   stages each piece in its own pinned region (a receive in place over its
+//!   own send, as nccl-tests' in-place send/recv, must not share one), cut
+//!   alike into slices: each op of at least twice `WEFT_CROSSHOST_SLICE_BYTES`
+//!   into up to [`MAX_SLICES`] pieces, job k holding every op's piece k.
+//!   Both ends of a message cut it alike (the same bytes, the same
+//!   setting), so job k of every rank holds matching pieces. A single
+//!   all-to-all becomes such a group (a send and a receive per other rank)
+//!   plus its own block, copied on the GPU: nothing of it goes through host
+//!   memory, and the host part moves only what crosses to other ranks.
+//!
+//! Everything else (other groups, gather, scatter, host buffers in a device
+//! call) is staged as before: every device region the job touches, read
+//! ones copied in, written ones copied out, the operations unchanged.
 
 use super::pinned::ALIGN;
-use super::staging::DevRegion;
+use super::staging::{DevRegion, host_op};
 use crate::op::{Op, OpKind};
 
 /// The most slices one collective is cut into (each is a job: a few stream
@@ -62,15 +73,45 @@ pub(super) struct Staged {
     pub map: Vec<(u64, usize, usize)>,
     /// The operations, still with device pointers (and host ones).
     pub ops: Vec<Op>,
+    /// `map[i]` is op i's own region, and only op i's (sends and receives,
+    /// whose regions may overlap in the device's address space).
+    pub per_op: bool,
 }
 
 impl Staged {
+    fn new(ops: Vec<Op>) -> Staged {
+        Staged {
+            bytes: 0,
+            dtod: Vec::new(),
+            to_host: Vec::new(),
+            to_device: Vec::new(),
+            map: Vec::new(),
+            ops,
+            per_op: false,
+        }
+    }
+
     /// `map` with the pinned buffer at `base`: what `staging::host_op` takes.
-    pub fn host_map(&self, base: u64) -> Vec<(u64, usize, u64)> {
+    fn host_map(&self, base: u64) -> Vec<(u64, usize, u64)> {
         self.map
             .iter()
             .map(|&(d, n, off)| (d, n, base + off as u64))
             .collect()
+    }
+
+    /// The operations as the progress thread runs them, on the pinned
+    /// buffer at host address `base`.
+    pub fn host_ops(&self, base: u64) -> Vec<Op> {
+        let map = self.host_map(base);
+        if self.per_op {
+            return self
+                .ops
+                .iter()
+                .zip(&map)
+                .map(|(o, m)| host_op(o, std::slice::from_ref(m)))
+                .collect();
+        }
+        self.ops.iter().map(|o| host_op(o, &map)).collect()
     }
 }
 
@@ -146,7 +187,87 @@ pub(super) fn stage(
             })
             .collect();
     }
+    if let [op] = ops
+        && op.kind == OpKind::AllToAll
+        && op.count > 0
+        && op.buffers(rank, nranks).iter().all(|b| on_device(b.ptr))
+    {
+        return all_to_all(op, rank, nranks, slice_bytes);
+    }
+    if ops
+        .iter()
+        .all(|o| o.is_send_recv() && o.count > 0 && on_device(o.p2p_buf() as u64))
+    {
+        return sends_and_receives(ops, slice_bytes);
+    }
     vec![generic(ops, regions(ops))]
+}
+
+/// A group of sends and receives of device memory, each piece in its own
+/// region, cut alike into slices (see the module docs).
+fn sends_and_receives(ops: &[Op], slice_bytes: usize) -> Vec<Staged> {
+    let cuts: Vec<Vec<(usize, usize)>> = ops
+        .iter()
+        .map(|o| slices(o.bytes(), slice_count(o.bytes(), slice_bytes)))
+        .collect();
+    let jobs = cuts.iter().map(Vec::len).max().unwrap_or(1);
+    (0..jobs)
+        .map(|k| {
+            let mut s = Staged::new(Vec::new());
+            s.per_op = true;
+            for (o, cut) in ops.iter().zip(&cuts) {
+                let Some(&(off, bytes)) = cut.get(k) else {
+                    continue;
+                };
+                let dev = o.p2p_buf() as u64 + off as u64;
+                let c = Copy {
+                    dev,
+                    off: s.bytes,
+                    bytes,
+                };
+                let mut piece = *o;
+                piece.count = bytes / o.dtype.size();
+                if o.kind == OpKind::Send {
+                    piece.send = dev as *const u8;
+                    s.to_host.push(c);
+                } else {
+                    piece.recv = dev as *mut u8;
+                    s.to_device.push(c);
+                }
+                s.map.push((dev, bytes, s.bytes));
+                s.ops.push(piece);
+                s.bytes += bytes.next_multiple_of(ALIGN);
+            }
+            s
+        })
+        .collect()
+}
+
+/// An all-to-all of device memory: a send and a receive of a block per
+/// other rank (staged as [`sends_and_receives`]), the own block copied on
+/// the GPU.
+fn all_to_all(op: &Op, rank: usize, nranks: usize, slice_bytes: usize) -> Vec<Staged> {
+    let block = op.bytes();
+    let at = |p: u64, r: usize| p + (r * block) as u64;
+    let (send, recv) = (op.send as u64, op.recv as u64);
+    let mut group = Vec::with_capacity(2 * nranks);
+    for peer in (0..nranks).filter(|&p| p != rank) {
+        group.push(
+            Op::send(at(send, peer) as *const u8, op.count, op.dtype, peer)
+                .on(op.memory, op.stream),
+        );
+        group.push(
+            Op::recv(at(recv, peer) as *mut u8, op.count, op.dtype, peer).on(op.memory, op.stream),
+        );
+    }
+    let mut jobs = sends_and_receives(&group, slice_bytes);
+    if jobs.is_empty() {
+        jobs.push(Staged::new(Vec::new()));
+    }
+    if at(send, rank) != at(recv, rank) {
+        jobs[0].dtod.push((at(recv, rank), at(send, rank), block));
+    }
+    jobs
 }
 
 /// One collective in place on one pinned region (see the module docs).
@@ -161,11 +282,7 @@ fn in_place(op: &Op, rank: usize, nranks: usize) -> Staged {
     };
     let mut s = Staged {
         bytes: n,
-        dtod: Vec::new(),
-        to_host: Vec::new(),
-        to_device: Vec::new(),
-        map: Vec::new(),
-        ops: Vec::new(),
+        ..Staged::new(Vec::new())
     };
     // `region`: the device range the pinned buffer stands for; the op runs
     // with both pointers inside it.
@@ -238,14 +355,7 @@ fn in_place(op: &Op, rank: usize, nranks: usize) -> Staged {
 /// Every device region of the job, read ones copied in and written ones
 /// copied out, the operations as they are.
 fn generic(ops: &[Op], regions: Vec<DevRegion>) -> Staged {
-    let mut s = Staged {
-        bytes: 0,
-        dtod: Vec::new(),
-        to_host: Vec::new(),
-        to_device: Vec::new(),
-        map: Vec::new(),
-        ops: ops.to_vec(),
-    };
+    let mut s = Staged::new(ops.to_vec());
     for r in regions {
         let c = Copy {
             dev: r.dev,
@@ -534,7 +644,7 @@ mod tests {
             ReduceOp::Sum,
         ));
         let send = dev_op(Op::send(p(a), 25, DataType::F32, 1));
-        for job in [vec![a2a], vec![host], vec![send, a2a]] {
+        for job in [vec![host], vec![send, a2a]] {
             let s = stage(&job, 0, 2, 8, &on_device, &regions);
             assert_eq!(s.len(), 1);
             let s = &s[0];
@@ -561,5 +671,113 @@ mod tests {
                 vec![(a, 100, 1 << 20), (b, 300, (1 << 20) + 256)]
             );
         }
+    }
+
+    /// Where op `i` of `s` points once staged at pinned base `base`.
+    fn host_ptrs(s: &Staged, base: u64) -> Vec<u64> {
+        s.host_ops(base)
+            .iter()
+            .map(|o| o.p2p_buf() as u64)
+            .collect()
+    }
+
+    #[test]
+    fn sends_and_receives_stage_each_piece_apart_cut_alike_on_both_ends() {
+        let (a, b) = (DEV, DEV + (1 << 32));
+        // In place, as nccl-tests' send/recv: the receive over its own send.
+        let mine = vec![
+            dev_op(Op::send(p(a), 3 * MIB / 4, DataType::F32, 1)),
+            dev_op(Op::recv(p(a), 3 * MIB / 4, DataType::F32, 1)),
+            dev_op(Op::recv(p(b), (MIB + 12) / 4, DataType::F32, 2)),
+        ];
+        let jobs = stage(&mine, 0, 3, MIB, &on_device, &no_regions);
+        // 3 MiB in 3 slices of 1 MiB; the 1 MiB + 12 receive is not cut.
+        assert_eq!(jobs.len(), 3);
+        for (k, s) in jobs.iter().enumerate() {
+            let piece = (k * MIB) as u64;
+            assert_eq!(
+                s.to_host,
+                vec![Copy {
+                    dev: a + piece,
+                    off: 0,
+                    bytes: MIB
+                }]
+            );
+            let mut want = vec![Copy {
+                dev: a + piece,
+                off: MIB,
+                bytes: MIB,
+            }];
+            if k == 0 {
+                want.push(Copy {
+                    dev: b,
+                    off: 2 * MIB,
+                    bytes: MIB + 12,
+                });
+            }
+            assert_eq!(s.to_device, want, "job {k}");
+            // The send and the receive over it get their own regions.
+            let base = 1 << 30;
+            let ptrs = host_ptrs(s, base);
+            assert_eq!(ptrs[..2], [base, base + MIB as u64], "job {k}");
+            assert!(
+                s.ops
+                    .iter()
+                    .all(|o| o.count == MIB / 4 || o.count == (MIB + 12) / 4)
+            );
+            assert!(s.host_ops(base).iter().all(|o| o.memory == Memory::Host));
+        }
+        // The other end's matching ops are cut alike: job k moves piece k.
+        let theirs = vec![
+            dev_op(Op::recv(p(b), 3 * MIB / 4, DataType::F32, 0)),
+            dev_op(Op::send(p(b), 3 * MIB / 4, DataType::F32, 0)),
+        ];
+        let other = stage(&theirs, 1, 3, MIB, &on_device, &no_regions);
+        assert_eq!(other.len(), 3);
+        for (k, s) in other.iter().enumerate() {
+            assert_eq!(
+                s.ops.iter().map(|o| o.bytes()).collect::<Vec<_>>(),
+                vec![MIB, MIB]
+            );
+            assert_eq!(s.to_device[0].dev, b + (k * MIB) as u64);
+        }
+    }
+
+    #[test]
+    fn an_all_to_all_sends_only_the_other_ranks_blocks_and_copies_its_own_on_the_gpu() {
+        let (snd, rcv) = (DEV, DEV + (1 << 32));
+        let count = 1000; // 4000 bytes a block
+        let op = dev_op(Op::all_to_all(p(snd), p(rcv), count, DataType::F32));
+        let jobs = stage(&[op], 1, 3, 0, &on_device, &no_regions);
+        assert_eq!(jobs.len(), 1);
+        let s = &jobs[0];
+        assert_eq!(
+            s.dtod,
+            vec![(rcv + 4000, snd + 4000, 4000)],
+            "the own block, on the GPU"
+        );
+        let peers: Vec<(OpKind, usize, u64)> = s
+            .ops
+            .iter()
+            .map(|o| (o.kind, o.peer(), o.p2p_buf() as u64))
+            .collect();
+        assert_eq!(
+            peers,
+            vec![
+                (OpKind::Send, 0, snd),
+                (OpKind::Recv, 0, rcv),
+                (OpKind::Send, 2, snd + 8000),
+                (OpKind::Recv, 2, rcv + 8000),
+            ]
+        );
+        let devs = |c: &[Copy]| c.iter().map(|c| (c.dev, c.bytes)).collect::<Vec<_>>();
+        assert_eq!(devs(&s.to_host), vec![(snd, 4000), (snd + 8000, 4000)]);
+        assert_eq!(devs(&s.to_device), vec![(rcv, 4000), (rcv + 8000, 4000)]);
+        assert_eq!(s.bytes, 4 * 4096);
+        // In place: no own copy at all.
+        let inplace = dev_op(Op::all_to_all(p(snd), p(snd), count, DataType::F32));
+        let jobs = stage(&[inplace], 1, 3, 0, &on_device, &no_regions);
+        assert!(jobs[0].dtod.is_empty());
+        assert_eq!(jobs[0].ops.len(), 4);
     }
 }

@@ -44,7 +44,7 @@ use super::logger::{log, warn};
 use super::pinned::{JobFlags, Lease, Pool};
 use super::pinned_copy::Copier;
 use super::pinned_plan::{Staged, stage};
-use super::staging::{device_regions, host_op};
+use super::staging::device_regions;
 use crate::op::Op;
 use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
 use cudarc::driver::sys;
@@ -411,11 +411,10 @@ impl ProxySide {
 /// Job `seq` of `s` as the progress thread runs it: its operations on the
 /// pinned copies in `buf`.
 fn job_on(s: &Staged, seq: u32, buf: &Lease) -> Job {
-    let map = s.host_map(buf.data as u64);
     Job {
         seq,
         flags: buf.flags,
-        ops: s.ops.iter().map(|o| host_op(o, &map)).collect(),
+        ops: s.host_ops(buf.data as u64),
     }
 }
 
@@ -502,7 +501,7 @@ pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usiz
     log(
         false,
         &format!(
-            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy; all-reduce, broadcast and reduce from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
             describe(),
             op.name()
         ),
