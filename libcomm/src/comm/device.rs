@@ -45,6 +45,28 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
             None => rest.push((c, op)),
         }
     }
+    // The sends and receives of such a communicator, as one group each:
+    // this host's pieces over its host-local communicator (`hier_p2p.rs`).
+    let mut tried: Vec<*const Communicator> = Vec::new();
+    let mut taken: Vec<*const Communicator> = Vec::new();
+    for &(c, op) in &rest {
+        if !is_device_p2p(&op) || tried.contains(&(c as *const _)) {
+            continue;
+        }
+        tried.push(c);
+        let group: Vec<Op> = rest
+            .iter()
+            .filter(|(x, o)| std::ptr::eq(*x, c) && is_device_p2p(o))
+            .map(|&(_, o)| o)
+            .collect();
+        if let Some(r) = unsafe { c.run_hier_p2p(&group) } {
+            taken.push(c);
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    rest.retain(|&(c, o)| !(is_device_p2p(&o) && taken.contains(&(c as *const _))));
     let r = if rest.is_empty() {
         Ok(())
     } else {
@@ -54,6 +76,11 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
         Some(e) => Err(e),
         None => r,
     }
+}
+
+/// A send or receive of device memory (what `run_hier_p2p` may take).
+fn is_device_p2p(op: &Op) -> bool {
+    op.is_send_recv() && matches!(op.memory, Memory::Device(_))
 }
 
 /// [`run_device`] without the hierarchy: for the hierarchy's own steps.
@@ -377,6 +404,48 @@ mod tests {
                     "rank {r}: piece {k} from rank {from} is wrong"
                 );
             }
+        }
+    }
+
+    /// A lone large send meets a lone large receive on the engine (the
+    /// ranks of one host send, the other host's receive, as a ring's
+    /// remote hop is after the hierarchy split it): each end cuts the
+    /// message alike although it knows only its own side.
+    #[test]
+    fn a_lone_send_meets_a_lone_receive_on_the_engine() {
+        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+            cross_engine_min_bytes: Some(4096),
+            ..c
+        });
+        let n = 3 << 18; // 3 MiB of f32: several chunks
+        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| {
+                    s.spawn(move || {
+                        let runner = Lent { comms: vec![c] }.host_runner(0);
+                        let peer = (r + 2) % 4;
+                        let send: Vec<f32> = (0..n).map(|i| (r * 7 + i % 1009) as f32).collect();
+                        let mut recv = vec![0f32; n];
+                        let op = if r < 2 {
+                            Op::send(send.as_ptr().cast(), n, DataType::F32, peer)
+                        } else {
+                            Op::recv(recv.as_mut_ptr().cast(), n, DataType::F32, peer)
+                        };
+                        assert!(c.cross_engine_p2p_split(&[op]).is_some(), "rank {r}: flat");
+                        // SAFETY: both buffers live until run returns.
+                        unsafe { runner.run(&[op]) }.unwrap();
+                        recv
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, got) in outs.iter().enumerate().skip(2) {
+            let from = r - 2;
+            let want: Vec<f32> = (0..n).map(|i| (from * 7 + i % 1009) as f32).collect();
+            assert!(got == &want, "rank {r}: wrong data from rank {from}");
         }
     }
 

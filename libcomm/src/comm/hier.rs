@@ -46,8 +46,8 @@ use std::sync::{Arc, Weak};
 
 /// The two communicators of a rank and what the steps need to know.
 pub(crate) struct Hier {
-    layout: Layout,
-    local: Communicator,
+    pub(super) layout: Layout,
+    pub(super) local: Communicator,
     rail: Communicator,
     /// Kinds whose choice was logged (bit per `OpKind as u32`).
     logged: AtomicU32,
@@ -129,6 +129,7 @@ fn builds(kind: OpKind) -> bool {
             | OpKind::ReduceScatter
             | OpKind::Broadcast
             | OpKind::Reduce
+            | OpKind::AllToAll
     )
 }
 
@@ -151,7 +152,7 @@ impl Communicator {
     /// [`run_hierarchical`](Self::run_hierarchical) for any memory: host
     /// memory runs the same steps on the host path, blocking (CI's test of
     /// the hierarchy, which has no GPU).
-    unsafe fn hierarchical(&self, op: &Op) -> Option<Result<()>> {
+    pub(super) unsafe fn hierarchical(&self, op: &Op) -> Option<Result<()>> {
         if !self.s.cfg.device_hier || !builds(op.kind) || op.is_empty() {
             return None;
         }
@@ -165,6 +166,17 @@ impl Communicator {
             return None;
         }
         let me = self.s.rank;
+        if op.kind == OpKind::AllToAll {
+            // Not steps on the two communicators: the blocks of this host's
+            // ranks over the host-local one, the rest across (`hier_p2p.rs`).
+            // In place it stays staged whole: there every block is read
+            // before any is written, which concurrent sends and receives
+            // on one buffer would not guarantee.
+            if op.send == op.recv.cast_const() {
+                return None;
+            }
+            return Some(unsafe { self.hier_all_to_all(&h, op) });
+        }
         let plan = device_plan::plan(op.kind, op.count, op.redop, op.root, &h.layout, me)?;
         let bit = 1u32 << (op.kind as u32);
         if h.logged.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
@@ -187,6 +199,15 @@ impl Communicator {
         let r = unsafe { self.run_steps(&h, op, &plan) }.map_err(|e| self.hier_error(e));
         observe::finish(obs, &r);
         Some(r)
+    }
+
+    /// The hierarchy if it was built already (never builds it: for the
+    /// operations not every rank calls).
+    pub(super) fn built_hierarchy(&self) -> Option<Arc<Hier>> {
+        match &*lock(&self.s.hier.state) {
+            State::On(h) => h.clone().downcast::<Hier>().ok(),
+            _ => None,
+        }
     }
 
     /// The hierarchy, built at the first call that asks (every rank at the
@@ -291,13 +312,7 @@ impl Communicator {
     /// Enqueues the plan's steps on `op`'s stream (scratch from the
     /// device's stream-ordered pool, freed after the last step).
     unsafe fn run_steps(&self, h: &Hier, op: &Op, plan: &DevicePlan) -> Result<()> {
-        if let Some(why) = self.s.hier.sub_failure() {
-            return Err(Error::Remote {
-                comm: self.s.label.clone(),
-                rank: self.s.rank,
-                detail: why,
-            });
-        }
+        self.no_sub_failure()?;
         let esz = op.dtype.size();
         // Device scratch from the stream-ordered pool; host scratch (CI's
         // test) a vector of 16-byte words, aligned for every type.
@@ -360,10 +375,22 @@ impl Communicator {
         r
     }
 
+    /// Err when one of the hierarchy's communicators failed already.
+    pub(super) fn no_sub_failure(&self) -> Result<()> {
+        match self.s.hier.sub_failure() {
+            Some(why) => Err(Error::Remote {
+                comm: self.s.label.clone(),
+                rank: self.s.rank,
+                detail: why,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// An error of a step, as the parent's: when one of its communicators
     /// failed, the parent fails with it (every rank learns) and its error
     /// names the parent; usage errors pass as they are.
-    fn hier_error(&self, e: Error) -> Error {
+    pub(super) fn hier_error(&self, e: Error) -> Error {
         if let Some(why) = self.s.hier.sub_failure() {
             self.s.fail_with(&why);
             let _ = self.s.poll_peers();

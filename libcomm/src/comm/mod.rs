@@ -29,6 +29,7 @@
 //! | `cross_engine.rs` | large collectives of a communicator spanning hosts on the cross-host engine (opt-in: `WEFT_CROSSHOST_MIN_BYTES`) |
 //! | `cross_slot.rs` | the communicator's engine slot, and what releases a call in it on abort |
 //! | `hier.rs` | device collectives across hosts, hierarchically: a host-local and a rail communicator, the plan's steps on them, failures tied to the parent |
+//! | `hier_p2p.rs` | device sends, receives and all-to-all across hosts with a hierarchy: this host's pieces on the host-local communicator's kernels, the rest across |
 //! | `hier_slot.rs` | the communicator's hierarchy slot: the hierarchy once built, its two communicators for abort, the watch and destroy |
 
 pub(crate) mod communicator;
@@ -39,6 +40,7 @@ mod device;
 pub(crate) mod flusher;
 pub(crate) mod group;
 mod hier;
+mod hier_p2p;
 mod hier_slot;
 mod host;
 mod lifecycle;

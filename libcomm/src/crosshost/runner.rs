@@ -225,15 +225,14 @@ impl CrossHost {
         for (i, &(_, b, c)) in recvs.iter().enumerate() {
             list.push((Buf::Recv(i as u16), b as usize, c * es));
         }
-        let total: usize = sends.iter().map(|s| s.2).sum::<usize>() * es;
+        // Both ends of a message must cut it into the same chunks, and each
+        // knows only its own side of the group (a lone receive has no
+        // sends to size anything by): a fixed chunk, small enough that a
+        // message of the engine's smallest size spreads over its sockets.
         let c = Choice {
             shape: Shape::Direct,
             connections: 1,
-            chunk: self.chunk.unwrap_or_else(|| {
-                (total / 4)
-                    .next_power_of_two()
-                    .clamp(tuner::MIN_CHUNK, tuner::MAX_CHUNK)
-            }),
+            chunk: self.chunk.unwrap_or(tuner::P2P_CHUNK),
             window: tuner::WINDOW,
         };
         unsafe { self.execute(&p, list, dtype, ReduceOp::Sum, c, 0x5750_0000) }

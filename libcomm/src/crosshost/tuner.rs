@@ -8,7 +8,8 @@
 //! - All-to-all: rails (k blocks per host pair in one message per rail)
 //!   while a block per peer is at most [`A2A_RAILS_MAX`]; larger blocks
 //!   direct (the rails' extra local passes cost more than the messages save).
-//! - Send/receive: direct (the planner's only shape for them).
+//! - Send/receive: direct (the planner's only shape for them), chunks of
+//!   [`P2P_CHUNK`] whatever the sizes (each end knows only its own side).
 //! - Others: rails once a rail's part (bytes / k) is at least
 //!   [`RAILS_MIN_PART`] (each rail then carries 1/k of the traffic, in
 //!   parallel over k NICs, and the local phases are cheap next to the
@@ -33,6 +34,9 @@ pub const A2A_RAILS_MAX: usize = 256 << 10;
 pub const MIN_CHUNK: usize = 64 << 10;
 pub const MAX_CHUNK: usize = 4 << 20;
 pub const WINDOW: usize = 4;
+/// The chunk of sends and receives, whatever their sizes (both ends of a
+/// message must cut it alike; see `CrossHost::send_recv`).
+pub const P2P_CHUNK: usize = 1 << 20;
 
 /// The tuner's decision for one operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

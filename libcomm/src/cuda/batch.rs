@@ -149,7 +149,7 @@ unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
                         "{}: CUDA device {d}: ranks on {} hosts: cross-host path (no peer memory is mapped; stream-ordered through pinned host memory and a progress thread; copies to and from it by {})",
                         comms.describe(c),
                         distinct.len(),
-                        copier.name()
+                        copier.describe()
                     ),
                 );
                 *comms.device_slot(c) = DeviceSlot::On(Box::new(px));

@@ -64,6 +64,8 @@ pub(super) struct Pinned {
     cap: usize,
     /// The sequence number of the last job given it (0: never used).
     last: u32,
+    /// How that job signals (0 or [`SLOTS`]: see [`JobFlags`]).
+    last_slots: usize,
     /// A job's enqueue failed half way: the stream may still use it, so it
     /// is never reused (freed at finalize with the rest).
     poisoned: bool,
@@ -97,14 +99,15 @@ impl Pinned {
             dev: dptr,
             cap,
             last: 0,
+            last_slots: 0,
             poisoned: false,
         })
     }
 
-    /// Whether the stream released job `last` (see [`Pool::new`]'s
-    /// `slots`), so the buffer can be reused.
-    fn reusable(&self, slots: usize) -> bool {
-        !self.poisoned && (self.last == 0 || self.flags(slots).released(self.last))
+    /// Whether the stream released job `last`, so the buffer can be
+    /// reused.
+    fn reusable(&self) -> bool {
+        !self.poisoned && (self.last == 0 || self.flags(self.last_slots).released(self.last))
     }
 
     /// Device address of the data (its mapping into the device).
@@ -224,8 +227,6 @@ pub(super) struct Lease {
 
 pub(super) struct Pool {
     dev: i32,
-    /// 0 or [`SLOTS`]: how the streams signal (see [`Pool::new`]).
-    slots: usize,
     bufs: Vec<Pinned>,
 }
 
@@ -233,14 +234,9 @@ pub(super) struct Pool {
 unsafe impl Send for Pool {}
 
 impl Pool {
-    /// Buffers on `dev` whose `ready` and `released` are single words the
-    /// stream writes (`slots` 0) or the copy kernel's [`SLOTS`] per-block
-    /// words.
-    pub(super) fn new(dev: i32, slots: usize) -> Pool {
-        debug_assert!(slots == 0 || slots == SLOTS);
+    pub(super) fn new(dev: i32) -> Pool {
         Pool {
             dev,
-            slots,
             bufs: Vec::new(),
         }
     }
@@ -252,7 +248,12 @@ impl Pool {
     /// buffer to be released (back pressure, as NCCL's full work FIFO
     /// blocks its caller): the streams and the progress thread release them
     /// without this thread, and reusable buffers too small are freed first.
-    pub(super) fn take(&mut self, bytes: usize, seq: u32) -> CudaResult<Lease> {
+    ///
+    /// `slots`: how job `seq` signals `ready` and `released`: 0, single
+    /// words the stream writes; [`SLOTS`], the copy kernel's per-block
+    /// words.
+    pub(super) fn take(&mut self, bytes: usize, seq: u32, slots: usize) -> CudaResult<Lease> {
+        debug_assert!(slots == 0 || slots == SLOTS);
         let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
         let started = Instant::now();
         let i = loop {
@@ -260,7 +261,7 @@ impl Pool {
                 .bufs
                 .iter()
                 .enumerate()
-                .filter(|(_, b)| b.cap >= bytes && b.reusable(self.slots))
+                .filter(|(_, b)| b.cap >= bytes && b.reusable())
                 .min_by_key(|(_, b)| b.cap)
                 .map(|(i, _)| i);
             if let Some(i) = fit {
@@ -273,7 +274,7 @@ impl Pool {
                 break self.bufs.len() - 1;
             }
             // Reusable but too small: give their memory back for a bigger one.
-            if let Some(j) = self.bufs.iter().position(|b| b.reusable(self.slots)) {
+            if let Some(j) = self.bufs.iter().position(|b| b.reusable()) {
                 let b = self.bufs.swap_remove(j);
                 use_device(self.dev)?;
                 unsafe { check(sys::cuMemFreeHost(b.host.cast()), "cuMemFreeHost")? };
@@ -283,12 +284,13 @@ impl Pool {
         };
         let b = &mut self.bufs[i];
         b.last = seq;
+        b.last_slots = slots;
         Ok(Lease {
             data: b.data(),
             dev_data: b.dev_data(),
             words: b.dev_words(),
             slot_words: (b.dev + READY_SLOTS as u64, b.dev + RELEASED_SLOTS as u64),
-            flags: b.flags(self.slots),
+            flags: b.flags(slots),
         })
     }
 
@@ -305,12 +307,7 @@ impl Pool {
     /// the process's end) rather than freed under it.
     pub(super) fn free(self, wait: Duration) -> CudaResult<()> {
         let until = Instant::now() + wait;
-        while !self
-            .bufs
-            .iter()
-            .all(|b| b.poisoned || b.reusable(self.slots))
-            && Instant::now() < until
-        {
+        while !self.bufs.iter().all(|b| b.poisoned || b.reusable()) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
         use_device(self.dev)?;
@@ -319,7 +316,7 @@ impl Pool {
             if b.poisoned {
                 // Its stream work is over once the device is idle.
                 unsafe { check(sys::cuCtxSynchronize(), "cuCtxSynchronize")? };
-            } else if !b.reusable(self.slots) {
+            } else if !b.reusable() {
                 left += 1;
                 continue;
             }

@@ -14,8 +14,10 @@
 //! costs 1 + 4 launches and 4 waits instead of 16 driver calls. The
 //! price: the copies run on [`SLOTS`] SMs while they last, as NCCL's
 //! kernels copy into its network buffers.
-//! `WEFT_CROSSHOST_COPY=engine` keeps the SMs free; a library without
-//! kernels (no cubin, no NVRTC) always uses the engines.
+//! By default (`WEFT_CROSSHOST_COPY=auto`) only jobs of 16 MiB or more
+//! take the kernel ([`KERNEL_MIN_BYTES`]: below, the engines were faster
+//! and cheap to enqueue); `kernel` and `engine` force one for all; a
+//! library without kernels (no cubin, no NVRTC) always uses the engines.
 
 use super::abi::{MAX_P2P, MAX_RANKS, P2P_COPY_SEQ, P2pArgs, P2pOp};
 use super::driver::compute_capability;
@@ -26,42 +28,74 @@ use super::pinned_plan::Staged;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
-/// Which hardware moves a job's bytes between device and pinned memory.
+/// `WEFT_CROSSHOST_COPY=auto`: jobs of at least this many bytes take the
+/// kernel, smaller ones the engines. On 2 x H200 as 2 hosts x 1 the kernel
+/// cost 1 MiB operations a quarter to a half of their bandwidth (its reads
+/// of pinned memory across PCIe; the engines were faster there), was even
+/// from 16 MiB, and a small copy's enqueue is cheap for the engines too.
+const KERNEL_MIN_BYTES: usize = 16 << 20;
+
+/// Which hardware moves a job's bytes between device and pinned memory:
+/// the copy kernel for jobs of at least `kernel_from` bytes (every such
+/// job's copies in one launch, each one's copies out one launch; its
+/// blocks flag `ready` and `released`), the copy engines (one
+/// `cuMemcpyAsync` per copy, stream memory operations for the words) for
+/// the others.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Copier {
-    /// The copy kernel: every slice's copies in one launch, each slice's
-    /// copies out one launch; its blocks flag `ready` and `released`.
+pub struct Copier {
+    /// None: the engines for every job.
+    kernel_from: Option<usize>,
+}
+
+/// Which hardware one job's copies take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mover {
     Kernel,
-    /// The copy engines (one `cuMemcpy*Async` per copy) and the stream's
-    /// memory operations for the words.
     Engine,
 }
 
 impl Copier {
-    /// What `setting` (`WEFT_CROSSHOST_COPY`: `kernel` or `engine`) gives on
-    /// device `dev`: the kernel only where the library has it for the
-    /// device.
+    /// The engines for every job.
+    pub const ENGINES: Copier = Copier { kernel_from: None };
+
+    /// What `setting` (`WEFT_CROSSHOST_COPY`: `auto`, `kernel` or
+    /// `engine`) gives on device `dev`: the kernel only where the library
+    /// has it for the device.
     pub fn choose(setting: &str, dev: i32) -> Copier {
         let has_kernel = || compute_capability(dev).is_ok_and(|cc| available_for(cc, P2P_KERNEL));
-        if setting != "engine" && has_kernel() {
-            Copier::Kernel
-        } else {
-            Copier::Engine
+        let kernel_from = match setting {
+            "engine" => None,
+            "kernel" => Some(0),
+            _ => Some(KERNEL_MIN_BYTES),
+        };
+        Copier {
+            kernel_from: kernel_from.filter(|_| has_kernel()),
         }
     }
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Copier::Kernel => "the copy kernel",
-            Copier::Engine => "the copy engines",
+    pub fn describe(self) -> String {
+        match self.kernel_from {
+            None => "the copy engines".into(),
+            Some(0) => "the copy kernel".into(),
+            Some(b) => format!(
+                "the copy kernel from {} MiB a job, else the copy engines",
+                b >> 20
+            ),
         }
     }
 
-    /// How the pinned buffers' `ready` and `released` look (`Pool::new`).
-    pub(super) fn slots(self) -> usize {
-        match self {
-            Copier::Kernel => SLOTS,
-            Copier::Engine => 0,
+    fn mover(self, job_bytes: usize) -> Mover {
+        match self.kernel_from {
+            Some(b) if job_bytes >= b => Mover::Kernel,
+            _ => Mover::Engine,
+        }
+    }
+
+    /// How a job of `bytes` signals `ready` and `released` (`Pool::take`).
+    pub(super) fn slots_for(self, bytes: usize) -> usize {
+        match self.mover(bytes) {
+            Mover::Kernel => SLOTS,
+            Mover::Engine => 0,
         }
     }
 
@@ -82,29 +116,32 @@ impl Copier {
     ) -> CudaResult<()> {
         let mut pieces = Vec::new();
         for &(s, buf, seq) in jobs {
+            let how = self.mover(s.bytes);
             let first = pieces.len();
             pieces.extend(s.dtod.iter().map(|&(dst, src, bytes)| Piece {
                 dst,
                 src,
                 bytes,
                 from_pinned: false,
+                how,
                 signal: None,
             }));
             pieces.extend(s.to_host.iter().map(|c| Piece {
-                dst: buf.at(c.off, self),
+                dst: buf.at(c.off, how),
                 src: c.dev,
                 bytes: c.bytes,
                 from_pinned: false,
+                how,
                 signal: None,
             }));
             let (ready, _, _) = buf.words;
-            let signal = match self {
-                Copier::Kernel => Signal::Slots(buf.slot_words.0, seq),
-                Copier::Engine => Signal::Word(ready, seq),
+            let signal = match how {
+                Mover::Kernel => Signal::Slots(buf.slot_words.0, seq),
+                Mover::Engine => Signal::Word(ready, seq),
             };
-            signal_after(&mut pieces, first, signal);
+            signal_after(&mut pieces, first, how, signal);
         }
-        unsafe { self.enqueue(dev, &pieces, stream) }
+        unsafe { enqueue(dev, &pieces, stream) }
     }
 
     /// Enqueues on `stream` job `seq`'s copies out of its pinned buffer
@@ -121,44 +158,53 @@ impl Copier {
         seq: u32,
         stream: sys::CUstream,
     ) -> CudaResult<()> {
+        let how = self.mover(s.bytes);
         let mut pieces: Vec<Piece> = s
             .to_device
             .iter()
             .map(|c| Piece {
                 dst: c.dev,
-                src: buf.at(c.off, self),
+                src: buf.at(c.off, how),
                 bytes: c.bytes,
                 from_pinned: true,
+                how,
                 signal: None,
             })
             .collect();
         let (_, _, released) = buf.words;
-        let signal = match self {
-            Copier::Kernel => Signal::Slots(buf.slot_words.1, seq),
-            Copier::Engine => Signal::Word(released, seq),
+        let signal = match how {
+            Mover::Kernel => Signal::Slots(buf.slot_words.1, seq),
+            Mover::Engine => Signal::Word(released, seq),
         };
-        signal_after(&mut pieces, 0, signal);
-        unsafe { self.enqueue(dev, &pieces, stream) }
+        signal_after(&mut pieces, 0, how, signal);
+        unsafe { enqueue(dev, &pieces, stream) }
     }
+}
 
-    unsafe fn enqueue(self, dev: i32, pieces: &[Piece], stream: sys::CUstream) -> CudaResult<()> {
-        match self {
-            Copier::Kernel => unsafe { launch_copies(dev, pieces, stream) },
-            Copier::Engine => pieces
-                .iter()
-                .try_for_each(|p| unsafe { engine_copy(p, stream) }),
+/// Enqueues `pieces` in order: each run of kernel pieces as launches, the
+/// engines' one by one.
+unsafe fn enqueue(dev: i32, pieces: &[Piece], stream: sys::CUstream) -> CudaResult<()> {
+    for run in pieces.chunk_by(|a, b| a.how == b.how) {
+        match run[0].how {
+            Mover::Kernel => unsafe { launch_copies(dev, run, stream)? },
+            Mover::Engine => {
+                for p in run {
+                    unsafe { engine_copy(p, stream)? };
+                }
+            }
         }
     }
+    Ok(())
 }
 
 impl Lease {
     /// The address of byte `off` of the buffer's data as `how` addresses
     /// it: the kernel through the device mapping, the engines through the
     /// host address.
-    fn at(&self, off: usize, how: Copier) -> u64 {
+    fn at(&self, off: usize, how: Mover) -> u64 {
         match how {
-            Copier::Kernel => self.dev_data + off as u64,
-            Copier::Engine => self.data as u64 + off as u64,
+            Mover::Kernel => self.dev_data + off as u64,
+            Mover::Engine => self.data as u64 + off as u64,
         }
     }
 }
@@ -184,18 +230,20 @@ struct Piece {
     bytes: usize,
     /// The source is pinned memory the CPU wrote (cache-bypassing loads).
     from_pinned: bool,
+    how: Mover,
     signal: Option<Signal>,
 }
 
 /// Puts `signal` on the last of the job's pieces from `first` on (an
 /// empty copy carries it where the job copies nothing this way).
-fn signal_after(pieces: &mut Vec<Piece>, first: usize, signal: Signal) {
+fn signal_after(pieces: &mut Vec<Piece>, first: usize, how: Mover, signal: Signal) {
     if pieces.len() == first {
         pieces.push(Piece {
             dst: 0,
             src: 0,
             bytes: 0,
             from_pinned: false,
+            how,
             signal: None,
         });
     }
@@ -301,17 +349,34 @@ mod tests {
             src: 0x2000,
             bytes,
             from_pinned: false,
+            how: Mover::Kernel,
             signal: None,
         }
     }
 
     #[test]
+    fn auto_gives_large_jobs_the_kernel_and_small_ones_the_engines() {
+        let auto = Copier {
+            kernel_from: Some(KERNEL_MIN_BYTES),
+        };
+        assert_eq!(auto.mover(KERNEL_MIN_BYTES), Mover::Kernel);
+        assert_eq!(auto.mover(KERNEL_MIN_BYTES - 1), Mover::Engine);
+        assert_eq!(auto.slots_for(64 << 20), SLOTS);
+        assert_eq!(auto.slots_for(1 << 20), 0);
+        assert_eq!(Copier::ENGINES.slots_for(1 << 30), 0);
+        let kernel = Copier {
+            kernel_from: Some(0),
+        };
+        assert_eq!(kernel.slots_for(1), SLOTS);
+    }
+
+    #[test]
     fn each_job_signals_after_its_last_copy_even_with_none() {
         let mut pieces = vec![piece(1), piece(2)];
-        signal_after(&mut pieces, 0, Signal::Slots(0xa0, 5));
+        signal_after(&mut pieces, 0, Mover::Kernel, Signal::Slots(0xa0, 5));
         // A job that copies nothing this way (a broadcast's other ranks in)
         // still signals: an empty copy carries it.
-        signal_after(&mut pieces, 2, Signal::Slots(0xb0, 6));
+        signal_after(&mut pieces, 2, Mover::Kernel, Signal::Slots(0xb0, 6));
         let signals: Vec<_> = pieces.iter().map(|p| p.signal).collect();
         assert_eq!(
             signals,
@@ -328,7 +393,7 @@ mod tests {
     fn kernel_ops_take_every_block_in_turn_and_flag_the_jobs_slots() {
         let mut pieces = vec![piece(3 << 20), piece(1 << 20)];
         pieces[1].from_pinned = true;
-        signal_after(&mut pieces, 0, Signal::Slots(0xc0, 9));
+        signal_after(&mut pieces, 0, Mover::Kernel, Signal::Slots(0xc0, 9));
         let ops = copy_ops(&pieces);
         assert!(
             ops.iter()

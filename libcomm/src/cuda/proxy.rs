@@ -253,7 +253,7 @@ impl ProxySide {
             slice_bytes,
             copier,
             seq: 0,
-            pool: Pool::new(dev, copier.slots()),
+            pool: Pool::new(dev),
             shared,
             thread: Some(thread),
         })
@@ -318,7 +318,7 @@ impl ProxySide {
         let mut jobs: Vec<(Job, Lease, &Staged)> = Vec::with_capacity(staged.len());
         for s in &staged {
             let seq = self.next_seq();
-            match self.pool.take(s.bytes, seq) {
+            match self.pool.take(s.bytes, seq, self.copier.slots_for(s.bytes)) {
                 Ok(buf) => jobs.push((job_on(s, seq, &buf), buf, s)),
                 Err(e) => {
                     for &(_, b, _) in &jobs {
@@ -462,7 +462,7 @@ impl DeviceSide for ProxySide {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let pool = std::mem::replace(&mut self.pool, Pool::new(self.dev, self.copier.slots()));
+        let pool = std::mem::replace(&mut self.pool, Pool::new(self.dev));
         // The streams' copies back end soon after the last `done`.
         pool.free(Duration::from_secs(10))
             .map_err(|e| e.to_string())
@@ -481,10 +481,7 @@ impl Drop for ProxySide {
             let mut q = locked(&self.shared.queue);
             self.shared.close(&mut q);
         }
-        std::mem::forget(std::mem::replace(
-            &mut self.pool,
-            Pool::new(self.dev, self.copier.slots()),
-        ));
+        std::mem::forget(std::mem::replace(&mut self.pool, Pool::new(self.dev)));
     }
 }
 
@@ -541,7 +538,8 @@ mod tests {
             ran: Mutex::new(Vec::new()),
             fail,
         });
-        let px = ProxySide::new(0, 2, 2, 0, 0, Copier::Engine, rec.clone(), "test".into()).unwrap();
+        let px =
+            ProxySide::new(0, 2, 2, 0, 0, Copier::ENGINES, rec.clone(), "test".into()).unwrap();
         (px, rec)
     }
 

@@ -1,0 +1,203 @@
+//! Sends, receives and all-to-all of device memory on a communicator
+//! spanning hosts whose hierarchy is built (`hier.rs`): the pieces to and
+//! from ranks of this host go over the host-local communicator's GPU
+//! kernels (NVLink where the GPUs have it), never through host memory; the
+//! pieces to and from other hosts over the parent's cross-host path
+//! (`cuda/proxy.rs`: pinned buffers, the large pieces on the engine's
+//! connections). The host's part is enqueued first, then the rest, on the
+//! caller's stream; both ends of a message route it alike (by the layout,
+//! the same on every rank).
+//!
+//! A group of sends and receives never builds the hierarchy (not every
+//! rank calls it: building is a collective), so it takes this path only
+//! after a collective built it on every rank; before, and where there is
+//! none, it is staged whole as before. An all-to-all is a collective and
+//! builds it like the others.
+
+use super::communicator::Communicator;
+use super::device::run_flat;
+use super::hier::Hier;
+use super::host::run_host;
+use crate::error::Result;
+use crate::observe;
+use crate::op::{Memory, Op};
+
+impl Communicator {
+    /// Runs a group's sends and receives on this communicator (validated,
+    /// device memory, one stream) split by host as above; None: the
+    /// hierarchy is not built (the caller runs them as before).
+    ///
+    /// # Safety
+    /// As `run_device`.
+    pub(super) unsafe fn run_hier_p2p(&self, ops: &[Op]) -> Option<Result<()>> {
+        if !self.s.cfg.device_hier
+            || ops.is_empty()
+            || !ops
+                .iter()
+                .all(|o| o.is_send_recv() && matches!(o.memory, Memory::Device(_)))
+            || ops.iter().any(|o| o.stream != ops[0].stream)
+        {
+            return None;
+        }
+        let h = self.built_hierarchy()?;
+        let obs = observe::start(&self.s.who(), ops, true, "cross-host-hier");
+        let r = unsafe { self.by_host(&h, ops) }.map_err(|e| self.hier_error(e));
+        observe::finish(obs, &r);
+        Some(r)
+    }
+
+    /// An all-to-all (validated, not empty) as sends and receives of a
+    /// block per rank, itself included (the host-local group copies it on
+    /// the GPU), split by host.
+    ///
+    /// # Safety
+    /// As `run_device`.
+    pub(super) unsafe fn hier_all_to_all(&self, h: &Hier, op: &Op) -> Result<()> {
+        let block = op.bytes();
+        let mut ops = Vec::with_capacity(2 * self.s.nranks);
+        for peer in 0..self.s.nranks {
+            let at = peer * block;
+            ops.push(
+                Op::send(op.send.wrapping_add(at), op.count, op.dtype, peer)
+                    .on(op.memory, op.stream),
+            );
+            ops.push(
+                Op::recv(op.recv.wrapping_add(at), op.count, op.dtype, peer)
+                    .on(op.memory, op.stream),
+            );
+        }
+        let obs = observe::start(
+            &self.s.who(),
+            std::slice::from_ref(op),
+            false,
+            "cross-host-hier",
+        );
+        let r = unsafe { self.by_host(h, &ops) }.map_err(|e| self.hier_error(e));
+        observe::finish(obs, &r);
+        r
+    }
+
+    /// `ops` (sends and receives), those with ranks of this host on the
+    /// host-local communicator (their peers renumbered), then the others
+    /// on this one.
+    unsafe fn by_host(&self, h: &Hier, ops: &[Op]) -> Result<()> {
+        self.no_sub_failure()?;
+        let host = h.layout.host(self.s.rank);
+        let (here, across): (Vec<Op>, Vec<Op>) =
+            ops.iter().partition(|o| h.layout.host(o.peer()) == host);
+        let here: Vec<Op> = here
+            .into_iter()
+            .map(|mut o| {
+                o.root = h.layout.local(o.peer());
+                o
+            })
+            .collect();
+        let host_memory = ops.iter().all(|o| o.memory == Memory::Host);
+        for (comm, part) in [(&h.local, here), (self, across)] {
+            if part.is_empty() {
+                continue;
+            }
+            let batch: Vec<(&Communicator, Op)> = part.iter().map(|&o| (comm, o)).collect();
+            // Host memory (CI's test of the split, no GPU): the same groups
+            // on the host path, blocking.
+            if host_memory {
+                unsafe { run_host(batch) }?;
+            } else {
+                unsafe { run_flat(&batch) }?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::types::DataType;
+
+    /// Four ranks in this process on two simulated hosts (0, 1 and 2, 3),
+    /// every collective the hierarchy takes with its threshold at 0.
+    fn four_on_two_hosts() -> Vec<Communicator> {
+        Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+            device_hier_min_bytes: 0,
+            timeout: Some(std::time::Duration::from_secs(10)),
+            ..c
+        })
+    }
+
+    /// What rank `from` sends rank `to`, element i: never zero, distinct.
+    fn value(from: usize, to: usize, i: usize) -> f32 {
+        (from * 1000 + to * 100 + i % 89 + 1) as f32
+    }
+
+    /// An all-to-all builds the hierarchy and goes by host (the host-local
+    /// communicator for this host's blocks, the own one included; the
+    /// parent for the others), odd sizes (in place it is left staged); then a
+    /// group of sends and receives (a ring crossing hosts and within them,
+    /// plus a send to itself) goes by host too. Host memory: the same
+    /// split as on GPUs, on the host path. Every element against the
+    /// reference.
+    #[test]
+    fn all_to_all_and_send_receive_groups_go_by_host_and_match_the_reference() {
+        let comms = four_on_two_hosts();
+        let n = 4;
+        std::thread::scope(|s| {
+            for (r, c) in comms.iter().enumerate() {
+                s.spawn(move || {
+                    for (count, in_place) in [(1usize, false), (4099, false), (1000, true)] {
+                        let send: Vec<f32> = (0..n * count)
+                            .map(|j| value(r, j / count, j % count))
+                            .collect();
+                        let mut recv = if in_place {
+                            send.clone()
+                        } else {
+                            vec![0f32; n * count]
+                        };
+                        let src = if in_place {
+                            recv.as_ptr().cast()
+                        } else {
+                            send.as_ptr().cast()
+                        };
+                        let op =
+                            Op::all_to_all(src, recv.as_mut_ptr().cast(), count, DataType::F32);
+                        let taken = unsafe { c.hierarchical(&op) };
+                        if in_place {
+                            // Staged whole instead (see `hierarchical`).
+                            assert!(taken.is_none(), "rank {r}: in place taken");
+                            continue;
+                        }
+                        taken
+                            .unwrap_or_else(|| panic!("rank {r}: all-to-all not taken"))
+                            .unwrap();
+                        for (j, got) in recv.iter().enumerate() {
+                            let want = value(j / count, r, j % count);
+                            assert_eq!(*got, want, "rank {r} count {count} at {j}");
+                        }
+                    }
+                    let h = c.built_hierarchy().expect("built by the all-to-all");
+                    let count = 3001;
+                    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                    let to_next: Vec<f32> = (0..count).map(|i| value(r, next, i)).collect();
+                    let to_me: Vec<f32> = (0..count).map(|i| value(r, r, i)).collect();
+                    let mut from_prev = vec![0f32; count];
+                    let mut from_me = vec![0f32; count];
+                    let ops = [
+                        Op::send(to_next.as_ptr().cast(), count, DataType::F32, next),
+                        Op::recv(from_prev.as_mut_ptr().cast(), count, DataType::F32, prev),
+                        Op::send(to_me.as_ptr().cast(), count, DataType::F32, r),
+                        Op::recv(from_me.as_mut_ptr().cast(), count, DataType::F32, r),
+                    ];
+                    unsafe { c.by_host(&h, &ops) }.unwrap();
+                    for i in 0..count {
+                        assert_eq!(
+                            from_prev[i],
+                            value(prev, r, i),
+                            "rank {r}: from {prev} at {i}"
+                        );
+                        assert_eq!(from_me[i], value(r, r, i), "rank {r}: from itself at {i}");
+                    }
+                });
+            }
+        });
+    }
+}
