@@ -13,7 +13,9 @@
 //! Collectives of `WEFT_CROSSHOST_HIER_MIN_BYTES` (8 MiB) and more, all
 //! their data counted, take it; smaller ones are staged whole (measured:
 //! docs/PERFORMANCE-GPU.md, "Across hosts"). Built at the first device
-//! all-reduce, all-gather, reduce-scatter, broadcast or reduce (any size) of a
+//! all-reduce, all-gather, reduce-scatter, broadcast, reduce or all-to-all
+//! (any size; all-to-all and send/recv groups then go by host:
+//! `hier_p2p.rs`) of a
 //! communicator whose hosts each hold the same number (two or more) of its
 //! ranks: two splits of the communicator (collectives:
 //! every rank calls those operations in the same order, so every rank
