@@ -263,6 +263,45 @@ mod tests {
     use super::*;
     use crate::data::types::{DataType, ReduceOp};
 
+    /// `f(rank, communicator)` on a thread per rank; the results in rank
+    /// order.
+    fn per_rank<T: Send>(
+        comms: &[Communicator],
+        f: impl Fn(usize, &Communicator) -> T + Sync,
+    ) -> Vec<T> {
+        std::thread::scope(|s| {
+            let f = &f;
+            let hs: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(r, c)| s.spawn(move || f(r, c)))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Runs `ops` through `runner` on another thread, as the progress
+    /// thread runs a device job's host part.
+    ///
+    /// # Safety
+    /// Every buffer of `ops` lives until this returns.
+    unsafe fn run_as_progress_thread(runner: &Arc<dyn HostRunner>, ops: Vec<Op>) -> Result<()> {
+        /// The job, as the progress thread gets it.
+        struct Job(Vec<Op>);
+        // SAFETY: its buffers outlive the thread (joined below).
+        unsafe impl Send for Job {}
+        let job = Job(ops);
+        std::thread::scope(|t| {
+            t.spawn(move || {
+                let job = job;
+                // SAFETY: the caller's.
+                unsafe { runner.run(&job.0) }
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
     /// What the first device operation of a communicator spanning hosts
     /// does (`cuda/batch.rs`): its host runner, taken on the caller's
     /// thread, builds the cross-host engine when configured, and a large
@@ -282,46 +321,23 @@ mod tests {
             .blocking(false)
         });
         let n = 20_000;
-        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(r, c)| {
-                    s.spawn(move || {
-                        let runner = Lent { comms: vec![c] }.host_runner(0);
-                        let send: Vec<f32> =
-                            (0..n).map(|i| ((r + 1) * (i % 7 + 1)) as f32).collect();
-                        let mut recv = vec![0f32; n];
-                        let op = Op::all_reduce(
-                            send.as_ptr().cast(),
-                            recv.as_mut_ptr().cast(),
-                            n,
-                            DataType::F32,
-                            ReduceOp::Sum,
-                        );
-                        assert!(c.cross_engine_ready_for(&op), "rank {r}: no engine");
-                        let small = Op { count: 16, ..op };
-                        assert!(!c.cross_engine_ready_for(&small), "under the threshold");
-                        /// The job, as the progress thread gets it.
-                        struct Job(Op);
-                        // SAFETY: its buffers outlive the thread (joined below).
-                        unsafe impl Send for Job {}
-                        let (job, runner) = (Job(op), &runner);
-                        std::thread::scope(|t| {
-                            t.spawn(move || {
-                                let job = job;
-                                // SAFETY: both buffers live until run returns.
-                                unsafe { runner.run(&[job.0]) }
-                            })
-                            .join()
-                            .unwrap()
-                        })
-                        .unwrap();
-                        recv
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let outs: Vec<Vec<f32>> = per_rank(&comms, |r, c| {
+            let runner = Lent { comms: vec![c] }.host_runner(0);
+            let send: Vec<f32> = (0..n).map(|i| ((r + 1) * (i % 7 + 1)) as f32).collect();
+            let mut recv = vec![0f32; n];
+            let op = Op::all_reduce(
+                send.as_ptr().cast(),
+                recv.as_mut_ptr().cast(),
+                n,
+                DataType::F32,
+                ReduceOp::Sum,
+            );
+            assert!(c.cross_engine_ready_for(&op), "rank {r}: no engine");
+            let small = Op { count: 16, ..op };
+            assert!(!c.cross_engine_ready_for(&small), "under the threshold");
+            // SAFETY: both buffers live until it returns.
+            unsafe { run_as_progress_thread(&runner, vec![op]) }.unwrap();
+            recv
         });
         let want: Vec<f32> = (0..n).map(|i| (10 * (i % 7 + 1)) as f32).collect();
         for (r, out) in outs.iter().enumerate() {
@@ -344,53 +360,28 @@ mod tests {
         let big = 30_001; // f32: above the threshold
         let small = 17;
         let value = |from: usize, to: usize, i: usize| (from * 1000 + to * 100 + i % 97) as f32;
-        let outs: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms
+        let outs: Vec<Vec<Vec<f32>>> = per_rank(&comms, |r, c| {
+            let runner = Lent { comms: vec![c] }.host_runner(0);
+            // Remote partner (other host), local partner (same host).
+            let (remote, local) = ((r + 2) % 4, r ^ 1);
+            let plan = [(remote, big), (local, big), (remote, small)];
+            let sends: Vec<Vec<f32>> = plan
                 .iter()
-                .enumerate()
-                .map(|(r, c)| {
-                    s.spawn(move || {
-                        let runner = Lent { comms: vec![c] }.host_runner(0);
-                        // Remote partner (other host), local partner (same host).
-                        let (remote, local) = ((r + 2) % 4, r ^ 1);
-                        let plan = [(remote, big), (local, big), (remote, small)];
-                        let sends: Vec<Vec<f32>> = plan
-                            .iter()
-                            .map(|&(to, n)| (0..n).map(|i| value(r, to, i)).collect())
-                            .collect();
-                        let mut recvs: Vec<Vec<f32>> =
-                            plan.iter().map(|&(_, n)| vec![0f32; n]).collect();
-                        let mut ops = Vec::new();
-                        for ((&(peer, n), snd), rcv) in
-                            plan.iter().zip(&sends).zip(recvs.iter_mut())
-                        {
-                            ops.push(Op::send(snd.as_ptr().cast(), n, DataType::F32, peer));
-                            ops.push(Op::recv(rcv.as_mut_ptr().cast(), n, DataType::F32, peer));
-                        }
-                        let (on, flat) = c
-                            .cross_engine_p2p_split(&ops)
-                            .unwrap_or_else(|| panic!("rank {r}: no engine part"));
-                        assert_eq!((on.len(), flat.len()), (4, 2), "rank {r}");
-                        /// The job, as the progress thread gets it.
-                        struct Job(Vec<Op>);
-                        // SAFETY: its buffers outlive the thread (joined below).
-                        unsafe impl Send for Job {}
-                        let (job, runner) = (Job(ops), &runner);
-                        std::thread::scope(|t| {
-                            t.spawn(move || {
-                                let job = job;
-                                // SAFETY: every buffer lives until run returns.
-                                unsafe { runner.run(&job.0) }
-                            })
-                            .join()
-                            .unwrap()
-                        })
-                        .unwrap();
-                        recvs
-                    })
-                })
+                .map(|&(to, n)| (0..n).map(|i| value(r, to, i)).collect())
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+            let mut recvs: Vec<Vec<f32>> = plan.iter().map(|&(_, n)| vec![0f32; n]).collect();
+            let mut ops = Vec::new();
+            for ((&(peer, n), snd), rcv) in plan.iter().zip(&sends).zip(recvs.iter_mut()) {
+                ops.push(Op::send(snd.as_ptr().cast(), n, DataType::F32, peer));
+                ops.push(Op::recv(rcv.as_mut_ptr().cast(), n, DataType::F32, peer));
+            }
+            let (on, flat) = c
+                .cross_engine_p2p_split(&ops)
+                .unwrap_or_else(|| panic!("rank {r}: no engine part"));
+            assert_eq!((on.len(), flat.len()), (4, 2), "rank {r}");
+            // SAFETY: every buffer lives until it returns.
+            unsafe { run_as_progress_thread(&runner, ops) }.unwrap();
+            recvs
         });
         for (r, got) in outs.iter().enumerate() {
             let (remote, local) = ((r + 2) % 4, r ^ 1);
@@ -418,29 +409,20 @@ mod tests {
             ..c
         });
         let n = 3 << 18; // 3 MiB of f32: several chunks
-        let outs: Vec<Vec<f32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(r, c)| {
-                    s.spawn(move || {
-                        let runner = Lent { comms: vec![c] }.host_runner(0);
-                        let peer = (r + 2) % 4;
-                        let send: Vec<f32> = (0..n).map(|i| (r * 7 + i % 1009) as f32).collect();
-                        let mut recv = vec![0f32; n];
-                        let op = if r < 2 {
-                            Op::send(send.as_ptr().cast(), n, DataType::F32, peer)
-                        } else {
-                            Op::recv(recv.as_mut_ptr().cast(), n, DataType::F32, peer)
-                        };
-                        assert!(c.cross_engine_p2p_split(&[op]).is_some(), "rank {r}: flat");
-                        // SAFETY: both buffers live until run returns.
-                        unsafe { runner.run(&[op]) }.unwrap();
-                        recv
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let outs: Vec<Vec<f32>> = per_rank(&comms, |r, c| {
+            let runner = Lent { comms: vec![c] }.host_runner(0);
+            let peer = (r + 2) % 4;
+            let send: Vec<f32> = (0..n).map(|i| (r * 7 + i % 1009) as f32).collect();
+            let mut recv = vec![0f32; n];
+            let op = if r < 2 {
+                Op::send(send.as_ptr().cast(), n, DataType::F32, peer)
+            } else {
+                Op::recv(recv.as_mut_ptr().cast(), n, DataType::F32, peer)
+            };
+            assert!(c.cross_engine_p2p_split(&[op]).is_some(), "rank {r}: flat");
+            // SAFETY: both buffers live until it returns.
+            unsafe { run_as_progress_thread(&runner, vec![op]) }.unwrap();
+            recv
         });
         for (r, got) in outs.iter().enumerate().skip(2) {
             let from = r - 2;

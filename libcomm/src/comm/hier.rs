@@ -405,14 +405,14 @@ impl Communicator {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::data::types::{DataType, ReduceOp};
 
     /// Four ranks in this process on two simulated hosts (their
     /// configurations' host names), every collective the hierarchy takes
     /// with its threshold at 0.
-    fn four_on_two_hosts() -> Vec<Communicator> {
+    pub(in crate::comm) fn four_on_two_hosts() -> Vec<Communicator> {
         Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
             device_hier_min_bytes: 0,
             timeout: Some(std::time::Duration::from_secs(10)),

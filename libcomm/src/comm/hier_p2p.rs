@@ -113,17 +113,8 @@ impl Communicator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::hier::tests::four_on_two_hosts;
     use crate::data::types::DataType;
-
-    /// Four ranks in this process on two simulated hosts (0, 1 and 2, 3),
-    /// every collective the hierarchy takes with its threshold at 0.
-    fn four_on_two_hosts() -> Vec<Communicator> {
-        Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
-            device_hier_min_bytes: 0,
-            timeout: Some(std::time::Duration::from_secs(10)),
-            ..c
-        })
-    }
 
     /// What rank `from` sends rank `to`, element i: never zero, distinct.
     fn value(from: usize, to: usize, i: usize) -> f32 {
