@@ -1362,6 +1362,9 @@ __device__ void ll_oneshot(const Args& a) {
 // (pinned memory the CPU wrote); where `base` is set, the block then
 // writes `seq` into word b of the u32 array at `base` (the job's pinned
 // header: its copies are done once every block's word reached `seq`).
+// Where `wait` is set, the block first waits until that u32 word (the job's
+// `done`, which the host's progress thread raises, also on abort) reaches
+// `seq`: every job's copies out are one launch of a few blocks.
 #define P2P_COPY_SEQ 3
 struct P2pOp {
     u64 ptr;      // send: source; recv: destination; copy: destination
@@ -1373,6 +1376,7 @@ struct P2pOp {
     i32 kind;
     i32 block0;   // first block of this op
     i32 nblocks;
+    u64 wait;     // copy-seq: a u32 word the block waits on (>= seq, cyclic) first; 0: none
 };
 struct P2pArgs {
     u64 flags[WEFT_MAX_RANKS];
@@ -1481,10 +1485,21 @@ __device__ void p2p_recv_fifo(const P2pArgs& a, const P2pOp& op, int b) {
 
 // See P2P_COPY_SEQ. Eight loads in flight per thread (wide): a read across
 // PCIe takes about a microsecond.
+__device__ __forceinline__ u32 ld_acquire_sys_u32(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ void p2p_copy_seq(const P2pArgs& a) {
     const int b = blockIdx.x;
     for (int k = 0; k < a.nops; k++) {
         const P2pOp& op = a.ops[k];
+        if (op.wait) {
+            if (threadIdx.x == 0)
+                while ((int)(ld_acquire_sys_u32((const u32*)op.wait) - (u32)op.seq) < 0) __nanosleep(256);
+            __syncthreads();
+        }
         u64 lo, hi;
         p2p_slice(op.bytes, b, gridDim.x, lo, hi);
         if (hi > lo) copy_bytes((u8*)op.ptr + lo, (const u8*)op.src + lo, hi - lo, op.peer != 0, true);

@@ -409,9 +409,29 @@ fn shm_created(pid: u32, job: &str) -> bool {
 /// Issue 23, item 8: every rank SIGKILLed while init waits for a local
 /// peer (after this rank made its shared memory, before the peer mapped
 /// it), without `weft run` to clean up: nothing is left in /dev/shm.
+///
+/// The stop of rank 1 must land after its hello reached the root; the test
+/// sees only that its connection is up, and on a loaded machine the stop
+/// can land between the connect and the hello (the root then rejects it
+/// after its 10 s handshake bound and the rendezvous never completes). Such
+/// an attempt is retried (up to 3); the leak check holds for every attempt
+/// that reached the state.
 #[test]
 fn sigkill_during_init_leaves_nothing_in_dev_shm() {
-    let ctl = Ctl::new("shm");
+    for attempt in 1..=3 {
+        match sigkill_during_init_attempt(attempt) {
+            Some(()) => return,
+            None => eprintln!("attempt {attempt}: rank 1 stopped before its hello; again"),
+        }
+    }
+    panic!(
+        "in 3 attempts rank 0 never made its shared memory (rank 1 always stopped before its hello)"
+    );
+}
+
+/// One attempt; None when rank 0 never made its shared memory (see above).
+fn sigkill_during_init_attempt(attempt: usize) -> Option<()> {
+    let ctl = Ctl::new(&format!("shm{attempt}"));
     // Ranks 0 and 1 share a host; rank 2 (another host) starts late.
     let hosts = |r: usize| {
         if r < 2 {
@@ -446,13 +466,19 @@ fn sigkill_during_init_leaves_nothing_in_dev_shm() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    // Time for the challenge and the hello (microseconds when idle).
+    std::thread::sleep(Duration::from_millis(50));
     running.signal(1, libc::SIGSTOP);
     ctl.touch("start");
     let t = Instant::now();
     while !shm_created(pids[0], running.job()) {
-        if t.elapsed() > Duration::from_secs(30) {
-            let run = job.take().unwrap().wait();
-            panic!("rank 0 never made its shared memory:\n{}", run.dump());
+        // Past the root's handshake bound (10 s): rank 1's hello never came.
+        if t.elapsed() > Duration::from_secs(12) {
+            for r in 0..3 {
+                running.signal(r, libc::SIGKILL);
+            }
+            let _ = job.take().unwrap().wait();
+            return None;
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -470,4 +496,5 @@ fn sigkill_during_init_leaves_nothing_in_dev_shm() {
         "a SIGKILL during init left {:?}",
         run.leaked_shm
     );
+    Some(())
 }

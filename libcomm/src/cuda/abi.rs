@@ -134,6 +134,9 @@ pub(super) struct P2pOp {
     pub(super) kind: i32,
     pub(super) block0: i32,
     pub(super) nblocks: i32,
+    /// `P2P_COPY_SEQ`: the device address of a u32 word to wait on
+    /// (>= `seq`) before this op; 0: none.
+    pub(super) wait: u64,
 }
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -165,12 +168,12 @@ mod tests {
             std::mem::size_of::<Args>(),
             16 * 8 + 5 * 8 + 4 * 4 + 8 + 8 + 8 + 8 + 8 + 8 + 5 * 8
         );
-        // struct P2pOp: 5 u64 + 4 i32; struct P2pArgs: 8 u64, 1 u64, 2 i32,
-        // 16 ops, 8 u64, 3 u64, 1 i32 (padded).
-        assert_eq!(std::mem::size_of::<P2pOp>(), 56);
+        // struct P2pOp: 5 u64 + 4 i32 + 1 u64; struct P2pArgs: 8 u64, 1
+        // u64, 2 i32, 16 ops, 8 u64, 3 u64, 1 i32 (padded).
+        assert_eq!(std::mem::size_of::<P2pOp>(), 64);
         assert_eq!(
             std::mem::size_of::<P2pArgs>(),
-            8 * 8 + 8 + 8 + 16 * 56 + 8 * 8 + 3 * 8 + 8
+            8 * 8 + 8 + 8 + 16 * 64 + 8 * 8 + 3 * 8 + 8
         );
         assert_eq!(std::mem::size_of::<Status>(), 32);
         assert_eq!(std::mem::offset_of!(Status, abort), 0);

@@ -12,10 +12,11 @@
 //!   buffer is not reused.
 //!
 //! With the copy kernel (`pinned_copy.rs`) `ready` and `released` are not
-//! single words: each of the kernel's [`SLOTS`] blocks writes its own word
-//! once its part of the copies is done (no driver call on the calling
-//! thread for them, no atomics across PCIe), and the job is ready (the
-//! buffer released) once every block's word reached the sequence number.
+//! single words: each block of the kernel's launch (up to [`SLOTS`]) writes
+//! its own word once its part of the copies is done (no driver call on the
+//! calling thread for them, no atomics across PCIe), and the job is ready
+//! (the buffer released) once every block's word reached the sequence
+//! number.
 //!
 //! Words compare cyclically, as CUDA's GEQ wait does (`(i32)(word - value)
 //! >= 0`), so sequence numbers may wrap.
@@ -64,8 +65,9 @@ pub(super) struct Pinned {
     cap: usize,
     /// The sequence number of the last job given it (0: never used).
     last: u32,
-    /// How that job signals (0 or [`SLOTS`]: see [`JobFlags`]).
-    last_slots: usize,
+    /// How that job signals its release (0 or a block count: see
+    /// [`JobFlags`]).
+    last_released_slots: usize,
     /// A job's enqueue failed half way: the stream may still use it, so it
     /// is never reused (freed at finalize with the rest).
     poisoned: bool,
@@ -99,7 +101,7 @@ impl Pinned {
             dev: dptr,
             cap,
             last: 0,
-            last_slots: 0,
+            last_released_slots: 0,
             poisoned: false,
         })
     }
@@ -107,7 +109,8 @@ impl Pinned {
     /// Whether the stream released job `last`, so the buffer can be
     /// reused.
     fn reusable(&self) -> bool {
-        !self.poisoned && (self.last == 0 || self.flags(self.last_slots).released(self.last))
+        !self.poisoned
+            && (self.last == 0 || self.flags(0, self.last_released_slots).released(self.last))
     }
 
     /// Device address of the data (its mapping into the device).
@@ -131,10 +134,11 @@ impl Pinned {
     }
 
     /// The words as the progress thread (and the pool) read them.
-    pub(super) fn flags(&self, slots: usize) -> JobFlags {
+    pub(super) fn flags(&self, ready_slots: usize, released_slots: usize) -> JobFlags {
         JobFlags {
             header: self.host as usize,
-            slots,
+            ready_slots,
+            released_slots,
         }
     }
 
@@ -150,9 +154,11 @@ impl Pinned {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct JobFlags {
     header: usize,
-    /// 0: `ready` and `released` are single words the stream writes; else
-    /// the copy kernel's per-block words, this many.
-    slots: usize,
+    /// 0: `ready` is a single word the stream writes; else the copy
+    /// kernel's per-block words, this many.
+    ready_slots: usize,
+    /// The same for `released`.
+    released_slots: usize,
 }
 
 impl JobFlags {
@@ -161,24 +167,23 @@ impl JobFlags {
         unsafe { &*((self.header + at) as *const AtomicU32) }
     }
 
-    /// Whether the word at `single` (no slots) or every slot word from
-    /// `slots_at` reached `seq`.
-    fn reached(&self, single: usize, slots_at: usize, seq: u32) -> bool {
-        if self.slots == 0 {
+    /// Whether the word at `single` (`slots` 0) or every one of `slots`
+    /// words from `slots_at` reached `seq`.
+    fn reached(&self, single: usize, slots_at: usize, slots: usize, seq: u32) -> bool {
+        if slots == 0 {
             return cyclic_geq(self.word(single).load(Ordering::Acquire), seq);
         }
-        (0..self.slots)
-            .all(|b| cyclic_geq(self.word(slots_at + 4 * b).load(Ordering::Acquire), seq))
+        (0..slots).all(|b| cyclic_geq(self.word(slots_at + 4 * b).load(Ordering::Acquire), seq))
     }
 
     /// The stream's copies into the buffer for job `seq` are done.
     pub(super) fn ready(&self, seq: u32) -> bool {
-        self.reached(READY, READY_SLOTS, seq)
+        self.reached(READY, READY_SLOTS, self.ready_slots, seq)
     }
 
     /// The stream's copies out of the buffer for job `seq` are done.
     fn released(&self, seq: u32) -> bool {
-        self.reached(RELEASED, RELEASED_SLOTS, seq)
+        self.reached(RELEASED, RELEASED_SLOTS, self.released_slots, seq)
     }
 
     /// Lets the stream go on past job `seq` (its results are in place, or
@@ -192,7 +197,8 @@ impl JobFlags {
     pub(super) fn on(header: *mut u32) -> JobFlags {
         JobFlags {
             header: header as usize,
-            slots: 0,
+            ready_slots: 0,
+            released_slots: 0,
         }
     }
 
@@ -250,10 +256,15 @@ impl Pool {
     /// without this thread, and reusable buffers too small are freed first.
     ///
     /// `slots`: how job `seq` signals `ready` and `released`: 0, single
-    /// words the stream writes; [`SLOTS`], the copy kernel's per-block
-    /// words.
-    pub(super) fn take(&mut self, bytes: usize, seq: u32, slots: usize) -> CudaResult<Lease> {
-        debug_assert!(slots == 0 || slots == SLOTS);
+    /// words the stream writes; else the copy kernel's per-block words,
+    /// that many (at most [`SLOTS`]).
+    pub(super) fn take(
+        &mut self,
+        bytes: usize,
+        seq: u32,
+        (ready_slots, released_slots): (usize, usize),
+    ) -> CudaResult<Lease> {
+        debug_assert!(ready_slots <= SLOTS && released_slots <= SLOTS);
         let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
         let started = Instant::now();
         let i = loop {
@@ -284,13 +295,13 @@ impl Pool {
         };
         let b = &mut self.bufs[i];
         b.last = seq;
-        b.last_slots = slots;
+        b.last_released_slots = released_slots;
         Ok(Lease {
             data: b.data(),
             dev_data: b.dev_data(),
             words: b.dev_words(),
             slot_words: (b.dev + READY_SLOTS as u64, b.dev + RELEASED_SLOTS as u64),
-            flags: b.flags(slots),
+            flags: b.flags(ready_slots, released_slots),
         })
     }
 
@@ -351,9 +362,11 @@ mod tests {
     #[test]
     fn with_the_copy_kernel_a_job_is_ready_once_every_block_said_so() {
         let mut header = vec![0u32; HEADER / 4];
+        // The copies in by 32 blocks, out by 8.
         let f = JobFlags {
             header: header.as_mut_ptr() as usize,
-            slots: SLOTS,
+            ready_slots: SLOTS,
+            released_slots: 8,
         };
         let (ready, released) = (READY_SLOTS / 4, RELEASED_SLOTS / 4);
         for b in 0..SLOTS - 1 {
@@ -365,10 +378,12 @@ mod tests {
         // The single words mean nothing in this mode.
         header[RELEASED / 4] = 7;
         assert!(!f.released(7));
-        for b in 0..SLOTS {
+        for b in 0..7 {
             header[released + b] = 7;
         }
-        assert!(f.released(7));
+        assert!(!f.released(7));
+        header[released + 7] = 7;
+        assert!(f.released(7), "8 blocks copy out");
     }
 
     #[test]
@@ -376,7 +391,8 @@ mod tests {
         let mut header = vec![0u32; HEADER / 4];
         let f = JobFlags {
             header: header.as_mut_ptr() as usize,
-            slots: 0,
+            ready_slots: 0,
+            released_slots: 0,
         };
         assert!(!f.ready(1));
         f.set_ready(1);

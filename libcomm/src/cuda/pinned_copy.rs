@@ -28,6 +28,22 @@ use super::pinned_plan::Staged;
 use cudarc::driver::sys;
 use std::ffi::c_void;
 
+/// Blocks of the copy kernel's launch out when a call has several jobs
+/// (slices): one launch copies every job back, its blocks waiting (spinning
+/// on the jobs' `done` words, as NCCL's kernels hold their channels' SMs)
+/// for the network the whole call, so few of them: a job's copy back then
+/// overlaps the network of the next. A single job's copy back is on the
+/// critical path, so it waits on the stream and copies with [`SLOTS`]
+/// blocks: with 8 blocks for single jobs too, broadcasts of 16-64 MiB fell
+/// from 9.2-10.1 to 6.3-7.1 GB/s (2 x H200 as 2 hosts x 1).
+const OUT_BLOCKS: usize = 8;
+
+/// Blocks of the kernel's copies back in a call of `jobs` jobs (see
+/// [`OUT_BLOCKS`]); also how many `released` words each job's blocks write.
+fn out_blocks(jobs: usize) -> usize {
+    if jobs > 1 { OUT_BLOCKS } else { SLOTS }
+}
+
 /// `WEFT_CROSSHOST_COPY=auto`: jobs of at least this many bytes take the
 /// kernel, smaller ones the engines. On 2 x H200 as 2 hosts x 1 the kernel
 /// cost 1 MiB operations a quarter to a half of their bandwidth (its reads
@@ -91,11 +107,13 @@ impl Copier {
         }
     }
 
-    /// How a job of `bytes` signals `ready` and `released` (`Pool::take`).
-    pub(super) fn slots_for(self, bytes: usize) -> usize {
+    /// How a job of `bytes` in a call of `jobs` jobs signals `ready` and
+    /// `released` (`Pool::take`): the copy kernel's per-block words (its
+    /// launches' blocks in and out), or single words (0).
+    pub(super) fn slots_for(self, bytes: usize, jobs: usize) -> (usize, usize) {
         match self.mover(bytes) {
-            Mover::Kernel => SLOTS,
-            Mover::Engine => 0,
+            Mover::Kernel => (SLOTS, out_blocks(jobs)),
+            Mover::Engine => (0, 0),
         }
     }
 
@@ -124,6 +142,7 @@ impl Copier {
                 bytes,
                 from_pinned: false,
                 how,
+                wait: None,
                 signal: None,
             }));
             pieces.extend(s.to_host.iter().map(|c| Piece {
@@ -132,6 +151,7 @@ impl Copier {
                 bytes: c.bytes,
                 from_pinned: false,
                 how,
+                wait: None,
                 signal: None,
             }));
             let (ready, _, _) = buf.words;
@@ -141,52 +161,81 @@ impl Copier {
             };
             signal_after(&mut pieces, first, how, signal);
         }
-        unsafe { enqueue(dev, &pieces, stream) }
+        unsafe { enqueue(dev, &pieces, SLOTS, stream) }
     }
 
-    /// Enqueues on `stream` job `seq`'s copies out of its pinned buffer
-    /// `buf` back to the device (after the stream's wait for its `done`),
-    /// then its `released` signal.
+    /// Enqueues on `stream`, for every job in order, a wait for its `done`
+    /// (the progress thread's), its copies out of its pinned buffer back to
+    /// the device, then its `released` signal. With several jobs the copy
+    /// kernel waits for `done` itself, so every kernel job's copies out are
+    /// one launch (of [`OUT_BLOCKS`] blocks); a single job and the engines'
+    /// jobs wait on the stream (`cuStreamWaitValue32`).
     ///
     /// # Safety
     /// As [`copy_in`](Self::copy_in).
     pub(super) unsafe fn copy_out(
         self,
         dev: i32,
-        s: &Staged,
-        buf: &Lease,
-        seq: u32,
+        jobs: &[(&Staged, &Lease, u32)],
         stream: sys::CUstream,
     ) -> CudaResult<()> {
-        let how = self.mover(s.bytes);
-        let mut pieces: Vec<Piece> = s
-            .to_device
-            .iter()
-            .map(|c| Piece {
+        let (pieces, blocks) = self.out_pieces(jobs);
+        unsafe { enqueue(dev, &pieces, blocks, stream) }
+    }
+
+    /// What [`copy_out`](Self::copy_out) enqueues, and its kernel's blocks.
+    fn out_pieces(self, jobs: &[(&Staged, &Lease, u32)]) -> (Vec<Piece>, usize) {
+        let blocks = out_blocks(jobs.len());
+        let mut pieces = Vec::new();
+        for &(s, buf, seq) in jobs {
+            let how = self.mover(s.bytes);
+            let (_, done, released) = buf.words;
+            if how == Mover::Kernel && blocks == SLOTS {
+                // The stream waits (an empty engine piece carries it).
+                pieces.push(Piece {
+                    dst: 0,
+                    src: 0,
+                    bytes: 0,
+                    from_pinned: false,
+                    how: Mover::Engine,
+                    wait: Some((done, seq)),
+                    signal: None,
+                });
+            }
+            let first = pieces.len();
+            pieces.extend(s.to_device.iter().map(|c| Piece {
                 dst: c.dev,
                 src: buf.at(c.off, how),
                 bytes: c.bytes,
                 from_pinned: true,
                 how,
+                wait: None,
                 signal: None,
-            })
-            .collect();
-        let (_, _, released) = buf.words;
-        let signal = match how {
-            Mover::Kernel => Signal::Slots(buf.slot_words.1, seq),
-            Mover::Engine => Signal::Word(released, seq),
-        };
-        signal_after(&mut pieces, 0, how, signal);
-        unsafe { enqueue(dev, &pieces, stream) }
+            }));
+            let signal = match how {
+                Mover::Kernel => Signal::Slots(buf.slot_words.1, seq),
+                Mover::Engine => Signal::Word(released, seq),
+            };
+            signal_after(&mut pieces, first, how, signal);
+            if how == Mover::Engine || blocks == OUT_BLOCKS {
+                pieces[first].wait = Some((done, seq));
+            }
+        }
+        (pieces, blocks)
     }
 }
 
-/// Enqueues `pieces` in order: each run of kernel pieces as launches, the
-/// engines' one by one.
-unsafe fn enqueue(dev: i32, pieces: &[Piece], stream: sys::CUstream) -> CudaResult<()> {
+/// Enqueues `pieces` in order: each run of kernel pieces as launches of
+/// `blocks` blocks, the engines' one by one.
+unsafe fn enqueue(
+    dev: i32,
+    pieces: &[Piece],
+    blocks: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
     for run in pieces.chunk_by(|a, b| a.how == b.how) {
         match run[0].how {
-            Mover::Kernel => unsafe { launch_copies(dev, run, stream)? },
+            Mover::Kernel => unsafe { launch_copies(dev, run, blocks, stream)? },
             Mover::Engine => {
                 for p in run {
                     unsafe { engine_copy(p, stream)? };
@@ -231,6 +280,8 @@ struct Piece {
     /// The source is pinned memory the CPU wrote (cache-bypassing loads).
     from_pinned: bool,
     how: Mover,
+    /// Wait first until this word (device address) reaches this value.
+    wait: Option<(u64, u32)>,
     signal: Option<Signal>,
 }
 
@@ -244,6 +295,7 @@ fn signal_after(pieces: &mut Vec<Piece>, first: usize, how: Mover, signal: Signa
             bytes: 0,
             from_pinned: false,
             how,
+            wait: None,
             signal: None,
         });
     }
@@ -254,6 +306,17 @@ fn signal_after(pieces: &mut Vec<Piece>, first: usize, how: Mover, signal: Signa
 
 unsafe fn engine_copy(p: &Piece, stream: sys::CUstream) -> CudaResult<()> {
     unsafe {
+        if let Some((word, value)) = p.wait {
+            check(
+                sys::cuStreamWaitValue32_v2(
+                    stream,
+                    word,
+                    value,
+                    sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                ),
+                "cuStreamWaitValue32 (a cross-host job's done word)",
+            )?;
+        }
         if p.bytes > 0 {
             check(
                 sys::cuMemcpyAsync(p.dst, p.src, p.bytes, stream),
@@ -273,15 +336,20 @@ unsafe fn engine_copy(p: &Piece, stream: sys::CUstream) -> CudaResult<()> {
 
 /// The copy kernel's ops for `pieces` (at most [`MAX_P2P`]): every block
 /// takes its part of each in turn (`P2P_COPY_SEQ`).
-fn copy_ops(pieces: &[Piece]) -> Vec<P2pOp> {
+fn copy_ops(pieces: &[Piece], blocks: usize) -> Vec<P2pOp> {
     pieces
         .iter()
         .map(|p| {
-            let (base, seq) = match p.signal {
-                Some(Signal::Slots(at, seq)) => (at, seq as u64),
+            let (base, flag) = match p.signal {
+                Some(Signal::Slots(at, seq)) => (at, seq),
                 Some(Signal::Word(..)) => unreachable!("the kernel signals with slots"),
                 None => (0, 0),
             };
+            let (wait, until) = p.wait.unwrap_or((0, flag));
+            // One value per op: a job's wait and its flag are its sequence
+            // number (an op with both is a whole job's).
+            debug_assert!(p.wait.is_none() || p.signal.is_none() || until == flag);
+            let seq = if p.wait.is_some() { until } else { flag } as u64;
             P2pOp {
                 ptr: p.dst,
                 src: p.src,
@@ -291,18 +359,24 @@ fn copy_ops(pieces: &[Piece]) -> Vec<P2pOp> {
                 peer: p.from_pinned as i32,
                 kind: P2P_COPY_SEQ,
                 block0: 0,
-                nblocks: SLOTS as i32,
+                nblocks: blocks as i32,
+                wait,
             }
         })
         .collect()
 }
 
-/// One launch of the point-to-point kernel of [`SLOTS`] blocks per
+/// One launch of the point-to-point kernel of `blocks` blocks per
 /// [`MAX_P2P`] pieces.
-unsafe fn launch_copies(dev: i32, pieces: &[Piece], stream: sys::CUstream) -> CudaResult<()> {
+unsafe fn launch_copies(
+    dev: i32,
+    pieces: &[Piece],
+    blocks: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
     let f = function(dev, P2P_KERNEL)?;
     for chunk in pieces.chunks(MAX_P2P) {
-        let ops = copy_ops(chunk);
+        let ops = copy_ops(chunk, blocks);
         let mut a = P2pArgs {
             flags: [0; MAX_RANKS],
             status: 0,
@@ -321,7 +395,7 @@ unsafe fn launch_copies(dev: i32, pieces: &[Piece], stream: sys::CUstream) -> Cu
             check(
                 sys::cuLaunchKernel(
                     f,
-                    SLOTS as u32,
+                    blocks as u32,
                     1,
                     1,
                     512,
@@ -350,6 +424,7 @@ mod tests {
             bytes,
             from_pinned: false,
             how: Mover::Kernel,
+            wait: None,
             signal: None,
         }
     }
@@ -361,13 +436,14 @@ mod tests {
         };
         assert_eq!(auto.mover(KERNEL_MIN_BYTES), Mover::Kernel);
         assert_eq!(auto.mover(KERNEL_MIN_BYTES - 1), Mover::Engine);
-        assert_eq!(auto.slots_for(64 << 20), SLOTS);
-        assert_eq!(auto.slots_for(1 << 20), 0);
-        assert_eq!(Copier::ENGINES.slots_for(1 << 30), 0);
+        assert_eq!(auto.slots_for(64 << 20, 4), (SLOTS, OUT_BLOCKS));
+        assert_eq!(auto.slots_for(64 << 20, 1), (SLOTS, SLOTS));
+        assert_eq!(auto.slots_for(1 << 20, 1), (0, 0));
+        assert_eq!(Copier::ENGINES.slots_for(1 << 30, 4), (0, 0));
         let kernel = Copier {
             kernel_from: Some(0),
         };
-        assert_eq!(kernel.slots_for(1), SLOTS);
+        assert_eq!(kernel.slots_for(1, 2), (SLOTS, OUT_BLOCKS));
     }
 
     #[test]
@@ -394,10 +470,14 @@ mod tests {
         let mut pieces = vec![piece(3 << 20), piece(1 << 20)];
         pieces[1].from_pinned = true;
         signal_after(&mut pieces, 0, Mover::Kernel, Signal::Slots(0xc0, 9));
-        let ops = copy_ops(&pieces);
+        let ops = copy_ops(&pieces, SLOTS);
         assert!(
             ops.iter()
                 .all(|o| o.kind == P2P_COPY_SEQ && o.block0 == 0 && o.nblocks == SLOTS as i32)
+        );
+        assert!(
+            ops.iter().all(|o| o.wait == 0),
+            "copies in wait for nothing"
         );
         assert_eq!(
             (ops[0].base, ops[0].peer),
@@ -409,5 +489,79 @@ mod tests {
             (ops[0].ptr, ops[0].src, ops[0].bytes),
             (0x1000, 0x2000, 3 << 20)
         );
+    }
+
+    #[test]
+    fn copies_out_wait_for_their_jobs_done_then_flag_its_release() {
+        // Two jobs out: one of two copies, one of none (a reduce's non-root).
+        let mut pieces = vec![piece(1 << 20), piece(2 << 20)];
+        signal_after(&mut pieces, 0, Mover::Kernel, Signal::Slots(0xa0, 5));
+        pieces[0].wait = Some((0xd0, 5));
+        signal_after(&mut pieces, 2, Mover::Kernel, Signal::Slots(0xb0, 6));
+        pieces[2].wait = Some((0xe0, 6));
+        let ops = copy_ops(&pieces, OUT_BLOCKS);
+        let got: Vec<(u64, u64, u64)> = ops.iter().map(|o| (o.wait, o.seq, o.base)).collect();
+        assert_eq!(
+            got,
+            vec![(0xd0, 5, 0), (0, 5, 0xa0), (0xe0, 6, 0xb0)],
+            "the first copy waits for done, the last flags the release, one value per job"
+        );
+        assert!(ops.iter().all(|o| o.nblocks == OUT_BLOCKS as i32));
+    }
+
+    /// A job of `bytes` copied back from offset 0 of its buffer to 0x9000.
+    fn job(bytes: usize) -> Staged {
+        Staged {
+            bytes,
+            dtod: Vec::new(),
+            to_host: Vec::new(),
+            to_device: vec![crate::cuda::pinned_plan::Copy {
+                dev: 0x9000,
+                off: 0,
+                bytes,
+            }],
+            map: Vec::new(),
+            ops: Vec::new(),
+            per_op: false,
+        }
+    }
+
+    fn lease(k: u64) -> Lease {
+        Lease {
+            data: std::ptr::null_mut(),
+            dev_data: k << 20,
+            words: (k << 20, (k << 20) + 4, (k << 20) + 8),
+            slot_words: ((k << 20) + 64, (k << 20) + 192),
+            flags: crate::cuda::pinned::JobFlags::on(std::ptr::null_mut()),
+        }
+    }
+
+    #[test]
+    fn several_jobs_copy_back_in_one_waiting_launch_a_single_one_after_the_streams_wait() {
+        let kernel = Copier {
+            kernel_from: Some(0),
+        };
+        let (a, b) = (job(64 << 20), job(64 << 20));
+        let (la, lb) = (lease(1), lease(2));
+        // Slices: one launch of OUT_BLOCKS blocks, each job's first copy
+        // waiting for its done word, its release flagged by as many blocks
+        // as Pool::take was told.
+        let (pieces, blocks) = kernel.out_pieces(&[(&a, &la, 5), (&b, &lb, 6)]);
+        assert_eq!(blocks, OUT_BLOCKS);
+        assert_eq!(kernel.slots_for(64 << 20, 2).1, blocks);
+        assert!(pieces.iter().all(|p| p.how == Mover::Kernel));
+        let waits: Vec<_> = pieces.iter().map(|p| p.wait).collect();
+        assert_eq!(waits, vec![Some((la.words.1, 5)), Some((lb.words.1, 6))]);
+        // One job: the stream waits (an empty engine piece), then SLOTS
+        // blocks copy without waiting themselves.
+        let (pieces, blocks) = kernel.out_pieces(&[(&a, &la, 7)]);
+        assert_eq!(blocks, SLOTS);
+        assert_eq!(kernel.slots_for(64 << 20, 1).1, blocks);
+        assert_eq!(
+            (pieces[0].how, pieces[0].bytes, pieces[0].wait),
+            (Mover::Engine, 0, Some((la.words.1, 7)))
+        );
+        assert_eq!((pieces[1].how, pieces[1].wait), (Mover::Kernel, None));
+        assert_eq!(pieces[1].signal, Some(Signal::Slots(la.slot_words.1, 7)));
     }
 }

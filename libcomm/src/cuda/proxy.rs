@@ -318,7 +318,8 @@ impl ProxySide {
         let mut jobs: Vec<(Job, Lease, &Staged)> = Vec::with_capacity(staged.len());
         for s in &staged {
             let seq = self.next_seq();
-            match self.pool.take(s.bytes, seq, self.copier.slots_for(s.bytes)) {
+            let slots = self.copier.slots_for(s.bytes, staged.len());
+            match self.pool.take(s.bytes, seq, slots) {
                 Ok(buf) => jobs.push((job_on(s, seq, &buf), buf, s)),
                 Err(e) => {
                     for &(_, b, _) in &jobs {
@@ -341,21 +342,7 @@ impl ProxySide {
         // Waits and copies out. After the first wait a failure must release
         // every wait itself (no job runs: they are not queued).
         let out = || -> CudaResult<()> {
-            for (job, buf, s) in &jobs {
-                let (_, done, _) = buf.words;
-                unsafe {
-                    check(
-                        sys::cuStreamWaitValue32_v2(
-                            stream,
-                            done,
-                            job.seq,
-                            sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                        ),
-                        "cuStreamWaitValue32 (the job's done word)",
-                    )?;
-                    self.copier.copy_out(self.dev, s, buf, job.seq, stream)?;
-                }
-            }
+            unsafe { self.copier.copy_out(self.dev, &ins, stream)? };
             for &s in &others {
                 unsafe { join(s, stream)? };
             }
