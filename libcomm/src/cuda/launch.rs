@@ -306,26 +306,50 @@ impl DevComm {
                 blocks += op.nblocks;
                 a.nops += 1;
             }
-            let mut params = [(&mut a as *mut P2pArgs).cast::<c_void>()];
             unsafe {
-                check(
-                    sys::cuLaunchKernel(
-                        f,
-                        blocks as u32,
-                        1,
-                        1,
-                        512,
-                        1,
-                        1,
-                        0,
-                        stream as sys::CUstream,
-                        params.as_mut_ptr(),
-                        std::ptr::null_mut(),
-                    ),
-                    "cuLaunchKernel (weft_p2p)",
-                )?;
-            }
+                launch_p2p_kernel(
+                    f,
+                    blocks as u32,
+                    &mut a,
+                    stream as sys::CUstream,
+                    "weft_p2p",
+                )?
+            };
         }
         Ok(())
+    }
+}
+
+/// Launches the point-to-point kernel `f` with `a` on `stream`, `blocks`
+/// blocks of 512 threads (its rounds here, and the cross-host path's
+/// copies: `pinned_copy.rs`); `what` is the call as an error names it.
+///
+/// # Safety
+/// `a` describes memory valid until the stream passes the kernel.
+pub(super) unsafe fn launch_p2p_kernel(
+    f: sys::CUfunction,
+    blocks: u32,
+    a: &mut P2pArgs,
+    stream: sys::CUstream,
+    what: &'static str,
+) -> CudaResult<()> {
+    let mut params = [(a as *mut P2pArgs).cast::<c_void>()];
+    unsafe {
+        check(
+            sys::cuLaunchKernel(
+                f,
+                blocks,
+                1,
+                1,
+                512,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            what,
+        )
     }
 }

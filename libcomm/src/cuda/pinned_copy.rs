@@ -23,10 +23,10 @@ use super::abi::{MAX_P2P, MAX_RANKS, P2P_COPY_SEQ, P2pArgs, P2pOp};
 use super::driver::compute_capability;
 use super::error::{CudaResult, check};
 use super::kernels::{P2P_KERNEL, available_for, function};
+use super::launch::launch_p2p_kernel;
 use super::pinned::{Lease, SLOTS};
 use super::pinned_plan::Staged;
 use cudarc::driver::sys;
-use std::ffi::c_void;
 
 /// Blocks of the copy kernel's launch out when a call has several jobs
 /// (slices): one launch copies every job back, its blocks waiting (spinning
@@ -390,25 +390,15 @@ unsafe fn launch_copies(
             direct: 1,
         };
         a.ops[..ops.len()].copy_from_slice(&ops);
-        let mut params = [(&mut a as *mut P2pArgs).cast::<c_void>()];
         unsafe {
-            check(
-                sys::cuLaunchKernel(
-                    f,
-                    blocks as u32,
-                    1,
-                    1,
-                    512,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
+            launch_p2p_kernel(
+                f,
+                blocks as u32,
+                &mut a,
+                stream,
                 "cuLaunchKernel (weft_p2p: the cross-host path's copies)",
-            )?;
-        }
+            )?
+        };
     }
     Ok(())
 }
