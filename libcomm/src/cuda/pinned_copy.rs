@@ -10,10 +10,12 @@
 //! of a 256 MiB all-reduce on 2 hosts x 2 GPUs), and such a call must
 //! return within 100 us (issue 32). A launch costs a few microseconds at
 //! any size, and the kernel writes the jobs' `ready` and `released` words
-//! itself (per block: `pinned.rs`), so a 256 MiB all-reduce in 4 slices
-//! costs 1 + 4 launches and 4 waits instead of 16 driver calls. The
-//! price: the copies run on [`SLOTS`] SMs while they last, as NCCL's
-//! kernels copy into its network buffers.
+//! itself (per block: `pinned.rs`) and, for a call of several jobs, waits
+//! for their `done` itself, so a 256 MiB all-reduce in 4 slices costs 2
+//! launches instead of 16 driver calls. The price: the copies in run on
+//! [`SLOTS`] SMs while they last, and a sliced call's copies back hold
+//! [`OUT_BLOCKS`] SMs while its network part runs, as NCCL's kernels hold
+//! theirs.
 //! By default (`WEFT_CROSSHOST_COPY=auto`) only jobs of 16 MiB or more
 //! take the kernel ([`KERNEL_MIN_BYTES`]: below, the engines were faster
 //! and cheap to enqueue); `kernel` and `engine` force one for all; a

@@ -22,8 +22,7 @@
 //! on the pinned copies through the communicator's host path (shared memory
 //! within a host, TCP between hosts, the host algorithms and their tuner)
 //! and writes `done`. The calling thread never waits for the GPU or the
-//! network: a 256 MiB all-reduce (4 slices) costs it 5 launches and 4
-//! waits.
+//! network: a 256 MiB all-reduce (4 slices) costs it 2 launches.
 //!
 //! **Failures.** A job that fails (a dead peer, `WEFT_TIMEOUT_MS`: the host
 //! path's errors name the rank) is recorded as the communicator's async
