@@ -53,19 +53,7 @@ impl Communicator {
     /// # Safety
     /// As `run_device`.
     pub(super) unsafe fn hier_all_to_all(&self, h: &Hier, op: &Op) -> Result<()> {
-        let block = op.bytes();
-        let mut ops = Vec::with_capacity(2 * self.s.nranks);
-        for peer in 0..self.s.nranks {
-            let at = peer * block;
-            ops.push(
-                Op::send(op.send.wrapping_add(at), op.count, op.dtype, peer)
-                    .on(op.memory, op.stream),
-            );
-            ops.push(
-                Op::recv(op.recv.wrapping_add(at), op.count, op.dtype, peer)
-                    .on(op.memory, op.stream),
-            );
-        }
+        let ops = op.all_to_all_as_sends_and_receives(self.s.nranks, |_| false);
         let obs = observe::start(
             &self.s.who(),
             std::slice::from_ref(op),

@@ -138,24 +138,16 @@ impl Copier {
         for &(s, buf, seq) in jobs {
             let how = self.mover(s.bytes);
             let first = pieces.len();
-            pieces.extend(s.dtod.iter().map(|&(dst, src, bytes)| Piece {
-                dst,
-                src,
-                bytes,
-                from_pinned: false,
-                how,
-                wait: None,
-                signal: None,
-            }));
-            pieces.extend(s.to_host.iter().map(|c| Piece {
-                dst: buf.at(c.off, how),
-                src: c.dev,
-                bytes: c.bytes,
-                from_pinned: false,
-                how,
-                wait: None,
-                signal: None,
-            }));
+            pieces.extend(
+                s.dtod
+                    .iter()
+                    .map(|&(dst, src, bytes)| Piece::copy(dst, src, bytes, false, how)),
+            );
+            pieces.extend(
+                s.to_host
+                    .iter()
+                    .map(|c| Piece::copy(buf.at(c.off, how), c.dev, c.bytes, false, how)),
+            );
             let (ready, _, _) = buf.words;
             let signal = match how {
                 Mover::Kernel => Signal::Slots(buf.slot_words.0, seq),
@@ -195,25 +187,16 @@ impl Copier {
             if how == Mover::Kernel && blocks == SLOTS {
                 // The stream waits (an empty engine piece carries it).
                 pieces.push(Piece {
-                    dst: 0,
-                    src: 0,
-                    bytes: 0,
-                    from_pinned: false,
-                    how: Mover::Engine,
                     wait: Some((done, seq)),
-                    signal: None,
+                    ..Piece::copy(0, 0, 0, false, Mover::Engine)
                 });
             }
             let first = pieces.len();
-            pieces.extend(s.to_device.iter().map(|c| Piece {
-                dst: c.dev,
-                src: buf.at(c.off, how),
-                bytes: c.bytes,
-                from_pinned: true,
-                how,
-                wait: None,
-                signal: None,
-            }));
+            pieces.extend(
+                s.to_device
+                    .iter()
+                    .map(|c| Piece::copy(c.dev, buf.at(c.off, how), c.bytes, true, how)),
+            );
             let signal = match how {
                 Mover::Kernel => Signal::Slots(buf.slot_words.1, seq),
                 Mover::Engine => Signal::Word(released, seq),
@@ -287,19 +270,27 @@ struct Piece {
     signal: Option<Signal>,
 }
 
+impl Piece {
+    /// A copy of `bytes` (0: none, a carrier of a wait or a signal), no
+    /// wait, no signal.
+    fn copy(dst: u64, src: u64, bytes: usize, from_pinned: bool, how: Mover) -> Piece {
+        Piece {
+            dst,
+            src,
+            bytes,
+            from_pinned,
+            how,
+            wait: None,
+            signal: None,
+        }
+    }
+}
+
 /// Puts `signal` on the last of the job's pieces from `first` on (an
 /// empty copy carries it where the job copies nothing this way).
 fn signal_after(pieces: &mut Vec<Piece>, first: usize, how: Mover, signal: Signal) {
     if pieces.len() == first {
-        pieces.push(Piece {
-            dst: 0,
-            src: 0,
-            bytes: 0,
-            from_pinned: false,
-            how,
-            wait: None,
-            signal: None,
-        });
+        pieces.push(Piece::copy(0, 0, 0, false, how));
     }
     if let Some(last) = pieces.last_mut() {
         last.signal = Some(signal);
@@ -410,15 +401,7 @@ mod tests {
     use super::*;
 
     fn piece(bytes: usize) -> Piece {
-        Piece {
-            dst: 0x1000,
-            src: 0x2000,
-            bytes,
-            from_pinned: false,
-            how: Mover::Kernel,
-            wait: None,
-            signal: None,
-        }
+        Piece::copy(0x1000, 0x2000, bytes, false, Mover::Kernel)
     }
 
     #[test]

@@ -250,16 +250,7 @@ fn all_to_all(op: &Op, rank: usize, nranks: usize, slice_bytes: usize) -> Vec<St
     let block = op.bytes();
     let at = |p: u64, r: usize| p + (r * block) as u64;
     let (send, recv) = (op.send as u64, op.recv as u64);
-    let mut group = Vec::with_capacity(2 * nranks);
-    for peer in (0..nranks).filter(|&p| p != rank) {
-        group.push(
-            Op::send(at(send, peer) as *const u8, op.count, op.dtype, peer)
-                .on(op.memory, op.stream),
-        );
-        group.push(
-            Op::recv(at(recv, peer) as *mut u8, op.count, op.dtype, peer).on(op.memory, op.stream),
-        );
-    }
+    let group = op.all_to_all_as_sends_and_receives(nranks, |p| p == rank);
     let mut jobs = sends_and_receives(&group, slice_bytes);
     if jobs.is_empty() {
         jobs.push(Staged::new(Vec::new()));

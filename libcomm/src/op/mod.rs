@@ -233,6 +233,31 @@ impl Op {
         !self.is_send_recv() && self.count == 0
     }
 
+    /// An all-to-all of `nranks` ranks as the group it means: a send of
+    /// block p of the input to rank p and a receive of block p of the output
+    /// from rank p, for every rank p but those `skip` says (the cross-host
+    /// paths: `cuda/pinned_plan.rs` copies its own block apart,
+    /// `comm/hier_p2p.rs` keeps it as a pair to itself).
+    pub fn all_to_all_as_sends_and_receives(
+        &self,
+        nranks: usize,
+        skip: impl Fn(usize) -> bool,
+    ) -> Vec<Op> {
+        debug_assert_eq!(self.kind, OpKind::AllToAll);
+        let block = self.bytes();
+        (0..nranks)
+            .filter(|&p| !skip(p))
+            .flat_map(|p| {
+                let at = p * block;
+                [
+                    Op::send(self.send.wrapping_add(at), self.count, self.dtype, p),
+                    Op::recv(self.recv.wrapping_add(at), self.count, self.dtype, p),
+                ]
+            })
+            .map(|o| o.on(self.memory, self.stream))
+            .collect()
+    }
+
     /// Send or receive (what a group fuses into one exchange).
     pub fn is_send_recv(&self) -> bool {
         matches!(self.kind, OpKind::Send | OpKind::Recv)
