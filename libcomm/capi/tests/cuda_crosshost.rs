@@ -242,6 +242,40 @@ fn collectives_checked_with(env: &[(&str, &str)]) -> Ranks {
     ranks
 }
 
+/// A program of sends and receives alone (pipeline stages across hosts:
+/// no collective ever builds anything): its first device operation builds
+/// the hierarchy, so the pieces between ranks of one host go over the
+/// host-local communicator's GPU kernels, the rest across. Rings both ways
+/// and a pair exchange within each host, odd sizes up to 16 MiB, every
+/// element against the reference; every rank says its sends and receives
+/// went by host.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn sends_and_receives_alone_go_by_host_and_match_the_reference() {
+    gpu_or_panic("sends_and_receives_alone_go_by_host_and_match_the_reference");
+    let mut ranks = Ranks::start_with("sendrecv_only", &[("NCCL_DEBUG", "INFO")]);
+    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
+    let mut checked = 0;
+    while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
+        checked += l.starts_with("ok ") as usize;
+    }
+    assert_eq!(
+        codes,
+        vec![Some(0); NRANKS],
+        "every rank checks and exits 0"
+    );
+    assert!(checked >= NRANKS * 3 * 4, "{checked} checks reported");
+    let logs = ranks.logs.lock().unwrap();
+    for r in 0..NRANKS {
+        assert!(
+            logs.iter().any(|(who, l)| *who == r
+                && l.contains("sends and receives on device memory across")
+                && l.contains("by host")),
+            "rank {r} never said its sends and receives went by host"
+        );
+    }
+}
+
 /// With `WEFT_CROSSHOST_MIN_BYTES=4096` (unset: from 4 MiB), the host part
 /// of the device collectives runs on the cross-host engine (built on the caller's thread
 /// at the first device operation, run by the progress thread): still every
@@ -456,6 +490,7 @@ fn rank_process() {
     match scenario.as_str() {
         "collectives" => r.collectives(),
         "enqueue_time" => r.enqueue_time(),
+        "sendrecv_only" => r.sends_and_receives_only(),
         "loop" => r.loop_until_failure(),
         s => panic!("unknown scenario {s}"),
     }
@@ -597,6 +632,81 @@ impl Rank {
             });
             mem::free(self.dev, send).unwrap();
             mem::free(self.dev, out).unwrap();
+        }
+        assert_eq!(unsafe { pncclCommDestroy(self.comm) }, 0);
+    }
+
+    /// One group of sends and receives on device memory: `sends` (peer,
+    /// buffer) and `recvs`, each of `count` f32.
+    fn group(&self, count: usize, sends: &[(usize, u64)], recvs: &[(usize, u64)]) {
+        let p = |b: u64| b as *mut c_void;
+        unsafe {
+            assert_eq!(pncclGroupStart(), 0);
+            for &(to, b) in sends {
+                assert_eq!(
+                    pncclSend(p(b), count, F32, to as i32, self.comm, self.st()),
+                    0
+                );
+            }
+            for &(from, b) in recvs {
+                assert_eq!(
+                    pncclRecv(p(b), count, F32, from as i32, self.comm, self.st()),
+                    0
+                );
+            }
+            assert_eq!(pncclGroupEnd(), 0, "rank {}: group", self.rank);
+        }
+        self.sync();
+    }
+
+    /// The "sendrecv_only" scenario: no collective at all.
+    fn sends_and_receives_only(&self) {
+        let n = NRANKS;
+        let me = self.rank;
+        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+        // Ranks 0, 1 on one host, 2, 3 on the other: the partner is local.
+        let partner = me ^ 1;
+        for (k, count) in [1usize, 1023, 262_147, 4_194_311].into_iter().enumerate() {
+            let seed = 2000 + k as u64;
+            // What rank `from` sends rank `to`: distinct per pair.
+            let v = |from: usize, to: usize, i: usize| value(seed + to as u64 * 17, from, i);
+            let mine =
+                |to: usize| self.upload(&(0..count).map(|i| v(me, to, i)).collect::<Vec<_>>());
+            let (to_next, to_prev, to_partner) = (mine(next), mine(prev), mine(partner));
+            let nan = vec![f32::NAN; count];
+            let (from_prev, from_next, from_partner) =
+                (self.upload(&nan), self.upload(&nan), self.upload(&nan));
+            self.group(count, &[(next, to_next)], &[(prev, from_prev)]);
+            self.check(
+                "ring forward",
+                count,
+                &self.download(from_prev, count),
+                |i| v(prev, me, i),
+            );
+            self.group(count, &[(prev, to_prev)], &[(next, from_next)]);
+            self.check(
+                "ring backward",
+                count,
+                &self.download(from_next, count),
+                |i| v(next, me, i),
+            );
+            self.group(count, &[(partner, to_partner)], &[(partner, from_partner)]);
+            self.check(
+                "pair within the host",
+                count,
+                &self.download(from_partner, count),
+                |i| v(partner, me, i),
+            );
+            for b in [
+                to_next,
+                to_prev,
+                to_partner,
+                from_prev,
+                from_next,
+                from_partner,
+            ] {
+                mem::free(self.dev, b).unwrap();
+            }
         }
         assert_eq!(unsafe { pncclCommDestroy(self.comm) }, 0);
     }

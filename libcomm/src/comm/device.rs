@@ -31,6 +31,21 @@ pub(super) fn device_backend() -> &'static dyn Backend {
 /// As [`Backend::run`].
 pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
     check_all(ops)?;
+    // A communicator's first device operation (of any kind: sends and
+    // receives too) builds its hierarchy where it has one, before anything
+    // else of the batch, as it builds its cross-host engine: every rank
+    // makes it at the same point of its calls (`hier.rs`).
+    let mut first_seen: Vec<*const Communicator> = Vec::new();
+    for &(c, op) in ops {
+        if let Memory::Device(dev) = op.memory
+            && !op.is_empty()
+            && !first_seen.contains(&(c as *const _))
+            && matches!(*lock(&c.s.dev), DeviceSlot::Unset)
+        {
+            first_seen.push(c);
+            c.prepare_hierarchy(Some(dev));
+        }
+    }
     // Collectives of communicators spanning hosts with several ranks a
     // host go hierarchical (`hier.rs`), each on its own, enqueued before
     // the rest of the batch on their streams.
@@ -76,6 +91,14 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
         Some(e) => Err(e),
         None => r,
     }
+}
+
+/// Sets up `c`'s device side on `dev` now (a collective of `c`: every rank
+/// calls it at the same point), as its first device operation would.
+pub(super) fn set_up_device(c: &Communicator, dev: i32) -> Result<()> {
+    let lent = Lent { comms: vec![c] };
+    // SAFETY: `dev` is the device of an operation the caller was given.
+    unsafe { device_backend().set_up(&lent, &[(0, dev)]) }
 }
 
 /// A send or receive of device memory (what `run_hier_p2p` may take).

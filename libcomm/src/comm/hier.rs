@@ -13,14 +13,14 @@
 //! Collectives of `WEFT_CROSSHOST_HIER_MIN_BYTES` (8 MiB) and more, all
 //! their data counted, take it; smaller ones are staged whole (measured:
 //! docs/PERFORMANCE-GPU.md, "Across hosts"). Built at the first device
-//! all-reduce, all-gather, reduce-scatter, broadcast, reduce or all-to-all
-//! (any size; all-to-all and send/recv groups then go by host:
-//! `hier_p2p.rs`) of a
-//! communicator whose hosts each hold the same number (two or more) of its
-//! ranks: two splits of the communicator (collectives:
-//! every rank calls those operations in the same order, so every rank
-//! builds at the same call), agreed on by every rank over the flat path;
-//! `WEFT_CROSSHOST_HIER=0` keeps the whole operation staged.
+//! operation of any kind (sends and receives too, which then go by host
+//! from the first: `hier_p2p.rs`) of a communicator whose hosts each hold
+//! the same number (two or more) of its ranks: two splits of the
+//! communicator and the host-local one's device setup (collectives: every
+//! rank makes its first device operation at the same point of its calls,
+//! as the cross-host engine, built there too, already requires), agreed on
+//! by every rank over the flat path; `WEFT_CROSSHOST_HIER=0` keeps the
+//! whole operation staged.
 //!
 //! Failures: the communicators are the parent's as far as the user is
 //! concerned. A watch entry ([`HierWatch`]) turns a failure of either into
@@ -33,7 +33,7 @@
 
 use super::communicator::Communicator;
 use super::cross_engine::all_agree;
-use super::device::{device_backend, run_flat};
+use super::device::{device_backend, run_flat, set_up_device};
 use super::hier_slot::{State, Sub};
 use super::shared::{CommShared, lock};
 use super::watch::{self, Watched};
@@ -55,6 +55,17 @@ pub(crate) struct Hier {
     logged: AtomicU32,
     /// Keeps the watch entry alive as long as the hierarchy.
     _watch: Arc<HierWatch>,
+}
+
+impl Hier {
+    /// Logs `line()` (at `WEFT_DEBUG=INFO`) the first time a kind runs by
+    /// the hierarchy.
+    pub(super) fn log_once(&self, kind: OpKind, line: impl FnOnce() -> String) {
+        let bit = 1u32 << (kind as u32);
+        if self.logged.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            crate::log::info_log!("{}", line());
+        }
+    }
 }
 
 /// A communicator of the hierarchy, as its parent's slot sees it.
@@ -121,8 +132,8 @@ impl Watched for HierWatch {
     }
 }
 
-/// Whether a device operation of this kind builds the hierarchy: the
-/// collectives every rank calls (a send or receive is not, so it must not).
+/// Whether a device operation of this kind runs by the hierarchy's steps
+/// (sends and receives go by host in `hier_p2p.rs`).
 fn builds(kind: OpKind) -> bool {
     matches!(
         kind,
@@ -158,7 +169,11 @@ impl Communicator {
         if !self.s.cfg.device_hier || !builds(op.kind) || op.is_empty() {
             return None;
         }
-        let h = self.hierarchy()?;
+        let device = match op.memory {
+            Memory::Device(d) => Some(d),
+            Memory::Host => None,
+        };
+        let h = self.hierarchy(device)?;
         // All of the collective's data, the same on every rank.
         let whole = match op.kind {
             OpKind::AllGather | OpKind::ReduceScatter => op.bytes().saturating_mul(self.s.nranks),
@@ -180,9 +195,8 @@ impl Communicator {
             return Some(unsafe { self.hier_all_to_all(&h, op) });
         }
         let plan = device_plan::plan(op.kind, op.count, op.redop, op.root, &h.layout, me)?;
-        let bit = 1u32 << (op.kind as u32);
-        if h.logged.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
-            crate::log::info_log!(
+        h.log_once(op.kind, || {
+            format!(
                 "comm {} rank {me}: {} on device memory across {}: hierarchical, within the host on the GPU kernels of {}, between hosts on rail {} through pinned host memory ({} steps)",
                 self.s.label,
                 op.name(),
@@ -190,8 +204,8 @@ impl Communicator {
                 h.local.s.label,
                 h.rail.s.label,
                 plan.steps.len()
-            );
-        }
+            )
+        });
         let obs = observe::start(
             &self.s.who(),
             std::slice::from_ref(op),
@@ -212,9 +226,22 @@ impl Communicator {
         }
     }
 
+    /// Builds the hierarchy, when `WEFT_CROSSHOST_HIER` is on and the
+    /// layout has one, at the communicator's first device operation on
+    /// `device` (`run_device`; None: host memory, CI's tests), so that
+    /// sends and receives go by host from the first: a program of sends
+    /// and receives alone (pipeline stages) never calls a collective that
+    /// would build it.
+    pub(super) fn prepare_hierarchy(&self, device: Option<i32>) {
+        if self.s.cfg.device_hier {
+            let _ = self.hierarchy(device);
+        }
+    }
+
     /// The hierarchy, built at the first call that asks (every rank at the
-    /// same call); None where there is none.
-    fn hierarchy(&self) -> Option<Arc<Hier>> {
+    /// same call), its host-local communicator's device side set up on
+    /// `device` (the calling operation's); None where there is none.
+    fn hierarchy(&self, device: Option<i32>) -> Option<Arc<Hier>> {
         let mut st = lock(&self.s.hier.state);
         match &*st {
             State::On(h) => return h.clone().downcast::<Hier>().ok(),
@@ -229,7 +256,7 @@ impl Communicator {
             *st = State::Off;
             return None;
         }
-        let built = self.build_hierarchy(layout);
+        let built = self.build_hierarchy(layout, device);
         let built = match all_agree(self, built.is_ok()) {
             Ok(true) => built,
             Ok(false) => Err(built.err().unwrap_or_else(|| {
@@ -267,7 +294,7 @@ impl Communicator {
     /// The host-local communicator (color: the host, rank order) and the
     /// rail (color: the local index, host order), blocking whatever this
     /// one's configuration says: both are used at once.
-    fn build_hierarchy(&self, layout: Layout) -> Result<Hier> {
+    fn build_hierarchy(&self, layout: Layout, device: Option<i32>) -> Result<Hier> {
         let me = self.s.rank;
         let (h, l) = (layout.host(me), layout.local(me));
         let cfg = |name: String| {
@@ -299,6 +326,14 @@ impl Communicator {
                 "split ranks {} and {} do not match the layout's local index {l} and host {h}",
                 local.s.rank, rail.s.rank
             )));
+        }
+        // The host-local communicator's device side (peers mapped), here
+        // where every rank of the parent is: its first own operation may be
+        // a send that not every local rank makes at that point. (The rail's
+        // is the pinned path, set up without an exchange at its first
+        // step, which all its ranks make together.)
+        if let Some(d) = device {
+            set_up_device(&local, d)?;
         }
         Ok(Hier {
             layout,
@@ -518,7 +553,7 @@ pub(super) mod tests {
             }
         }
         for (r, c) in comms.iter().enumerate() {
-            let h = c.hierarchy().expect("built");
+            let h = c.hierarchy(None).expect("built");
             assert_eq!(h.local.s.label, format!("{}.host{}", c.s.label, r / 2));
             assert_eq!(h.rail.s.label, format!("{}.rail{}", c.s.label, r % 2));
         }

@@ -8,11 +8,11 @@
 //! caller's stream; both ends of a message route it alike (by the layout,
 //! the same on every rank).
 //!
-//! A group of sends and receives never builds the hierarchy (not every
-//! rank calls it: building is a collective), so it takes this path only
-//! after a collective built it on every rank; before, and where there is
-//! none, it is staged whole as before. An all-to-all is a collective and
-//! builds it like the others.
+//! The hierarchy is built at the communicator's first device operation,
+//! whatever it is (`hier.rs`), so a program of sends and receives alone
+//! (pipeline stages) goes by host from its first; where there is none
+//! (`WEFT_CROSSHOST_HIER=0`, hosts of different sizes, one rank a host)
+//! a group is staged whole.
 
 use super::communicator::Communicator;
 use super::device::run_flat;
@@ -20,12 +20,12 @@ use super::hier::Hier;
 use super::host::run_host;
 use crate::error::Result;
 use crate::observe;
-use crate::op::{Memory, Op};
+use crate::op::{Memory, Op, OpKind};
 
 impl Communicator {
     /// Runs a group's sends and receives on this communicator (validated,
-    /// device memory, one stream) split by host as above; None: the
-    /// hierarchy is not built (the caller runs them as before).
+    /// device memory, one stream) split by host as above; None: there is
+    /// no hierarchy (the caller stages them whole).
     ///
     /// # Safety
     /// As `run_device`.
@@ -40,8 +40,19 @@ impl Communicator {
             return None;
         }
         let h = self.built_hierarchy()?;
+        h.log_once(OpKind::Send, || {
+            format!(
+                "comm {} rank {}: sends and receives on device memory across {}: by host, this host's pieces of {} bytes and more (WEFT_CROSSHOST_HIER_MIN_BYTES) on the GPU kernels of {}, the rest through pinned host memory",
+                self.s.label,
+                self.s.rank,
+                h.layout.describe(),
+                self.s.cfg.device_hier_min_bytes,
+                h.local.s.label
+            )
+        });
         let obs = observe::start(&self.s.who(), ops, true, "cross-host-hier");
-        let r = unsafe { self.by_host(&h, ops) }.map_err(|e| self.hier_error(e));
+        let min = self.s.cfg.device_hier_min_bytes;
+        let r = unsafe { self.by_host(&h, ops, min) }.map_err(|e| self.hier_error(e));
         observe::finish(obs, &r);
         Some(r)
     }
@@ -60,19 +71,30 @@ impl Communicator {
             false,
             "cross-host-hier",
         );
-        let r = unsafe { self.by_host(h, &ops) }.map_err(|e| self.hier_error(e));
+        // The whole all-to-all met the threshold (`hierarchical`): every
+        // block of this host goes on its kernels, whatever its size.
+        let r = unsafe { self.by_host(h, &ops, 0) }.map_err(|e| self.hier_error(e));
         observe::finish(obs, &r);
         r
     }
 
-    /// `ops` (sends and receives), those with ranks of this host on the
-    /// host-local communicator (their peers renumbered), then the others
-    /// on this one.
-    unsafe fn by_host(&self, h: &Hier, ops: &[Op]) -> Result<()> {
+    /// `ops` (sends and receives), those of at least `min_here` bytes with
+    /// ranks of this host on the host-local communicator (their peers
+    /// renumbered), then the others on this one. Both ends of a message
+    /// decide alike (the same bytes, the same setting).
+    ///
+    /// Why a threshold for the pieces of a group (`WEFT_CROSSHOST_HIER_MIN_BYTES`,
+    /// as for the collectives): on GPUs shared by both simulated hosts, the
+    /// host-local kernels' waits time-slice with the other host's
+    /// processes, and 1-4 MiB pieces went 2-8x slower than staged, while
+    /// from 16 MiB they went 2.4-7x faster (docs/PERFORMANCE-GPU.md); with
+    /// a GPU a process, as pods run, the setting can go to 0.
+    unsafe fn by_host(&self, h: &Hier, ops: &[Op], min_here: usize) -> Result<()> {
         self.no_sub_failure()?;
         let host = h.layout.host(self.s.rank);
-        let (here, across): (Vec<Op>, Vec<Op>) =
-            ops.iter().partition(|o| h.layout.host(o.peer()) == host);
+        let (here, across): (Vec<Op>, Vec<Op>) = ops
+            .iter()
+            .partition(|o| h.layout.host(o.peer()) == host && o.bytes() >= min_here);
         let here: Vec<Op> = here
             .into_iter()
             .map(|mut o| {
@@ -107,6 +129,47 @@ mod tests {
     /// What rank `from` sends rank `to`, element i: never zero, distinct.
     fn value(from: usize, to: usize, i: usize) -> f32 {
         (from * 1000 + to * 100 + i % 89 + 1) as f32
+    }
+
+    /// A program of sends and receives alone: the hierarchy is built where
+    /// its first device operation would build it (no collective called
+    /// before), and a ring of sends and receives crossing hosts and
+    /// within them goes by host, odd sizes, against the reference.
+    #[test]
+    fn sends_and_receives_alone_go_by_host_from_the_first_operation() {
+        let comms = four_on_two_hosts();
+        let n = 4;
+        std::thread::scope(|s| {
+            for (r, c) in comms.iter().enumerate() {
+                s.spawn(move || {
+                    assert!(c.built_hierarchy().is_none(), "rank {r}: built early");
+                    // What `run_device` does at the first device operation.
+                    c.prepare_hierarchy(None);
+                    let h = c.built_hierarchy().expect("built at the first operation");
+                    for count in [1usize, 4097, 65_537] {
+                        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                        let to_next: Vec<f32> = (0..count).map(|i| value(r, next, i)).collect();
+                        // Every local piece on the host-local communicator,
+                        // then only those of 64 KiB and more (both ends alike).
+                        for min_here in [0, 64 << 10] {
+                            let mut from_prev = vec![0f32; count];
+                            let ops = [
+                                Op::send(to_next.as_ptr().cast(), count, DataType::F32, next),
+                                Op::recv(from_prev.as_mut_ptr().cast(), count, DataType::F32, prev),
+                            ];
+                            unsafe { c.by_host(&h, &ops, min_here) }.unwrap();
+                            for (i, got) in from_prev.iter().enumerate() {
+                                assert_eq!(
+                                    *got,
+                                    value(prev, r, i),
+                                    "rank {r} count {count} min {min_here} at {i}"
+                                );
+                            }
+                        }
+                    }
+                });
+            }
+        });
     }
 
     /// An all-to-all builds the hierarchy and goes by host (the host-local
@@ -166,7 +229,7 @@ mod tests {
                         Op::send(to_me.as_ptr().cast(), count, DataType::F32, r),
                         Op::recv(from_me.as_mut_ptr().cast(), count, DataType::F32, r),
                     ];
-                    unsafe { c.by_host(&h, &ops) }.unwrap();
+                    unsafe { c.by_host(&h, &ops, 0) }.unwrap();
                     for i in 0..count {
                         assert_eq!(
                             from_prev[i],

@@ -97,13 +97,24 @@ fn per_comm(todo: &[(usize, i32)], mut op: impl FnMut(usize) -> Op) -> Vec<Item>
 
 /// Step 1 for every communicator of the batch that needs it.
 unsafe fn setup(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
+    let devices: Vec<(usize, i32)> = ops
+        .iter()
+        .filter_map(|o| match o.op.memory {
+            Memory::Device(d) => Some((o.comm, d)),
+            Memory::Host => None,
+        })
+        .collect();
+    unsafe { set_up_devices(comms, &devices) }
+}
+
+/// Step 1 for each `(communicator, device)` whose slot is still unset (the
+/// first device of a communicator listed twice).
+unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<()> {
     let mut todo: Vec<(usize, i32)> = Vec::new();
-    for o in ops {
-        if let Memory::Device(d) = o.op.memory
-            && matches!(*comms.device_slot(o.comm), DeviceSlot::Unset)
-            && !todo.iter().any(|(c, _)| *c == o.comm)
+    for &(c, d) in devices {
+        if matches!(*comms.device_slot(c), DeviceSlot::Unset) && !todo.iter().any(|(x, _)| *x == c)
         {
-            todo.push((o.comm, d));
+            todo.push((c, d));
         }
     }
     // Communicators that span hosts take the cross-host path: nothing to
@@ -329,6 +340,11 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         unsafe { super::scratch::free(device, ptr, stream) }
             .map_err(|e| Error::Cuda(format!("freeing device scratch: {e}")))
+    }
+
+    unsafe fn set_up(&self, comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<()> {
+        let _ctx = ContextGuard::save();
+        unsafe { set_up_devices(comms, devices) }
     }
 
     /// Runs a batch of operations (see the module docs). Host-memory

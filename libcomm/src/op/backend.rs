@@ -234,6 +234,17 @@ pub trait Backend: Sync {
     /// matching operations.
     unsafe fn run(&self, comms: &dyn Comms, items: &[Item]) -> Result<()>;
 
+    /// Sets up the device side of each `(communicator, device)` still
+    /// without one, as its first device operation would (a collective of
+    /// each: every rank calls this at the same point of its calls): the
+    /// host-local communicator of a hierarchy is set up when the hierarchy
+    /// is built, where every rank of the parent is, not at its first own
+    /// operation, which for sends and receives not every local rank makes.
+    ///
+    /// # Safety
+    /// Every device is a valid device of this process.
+    unsafe fn set_up(&self, comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<()>;
+
     /// `bytes` of memory on `device` for work enqueued on `stream` after
     /// this call, until [`free_scratch`](Self::free_scratch) on the same
     /// stream (stream-ordered: no wait for the GPU, and memory freed on
