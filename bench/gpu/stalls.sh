@@ -1,0 +1,42 @@
+#!/bin/bash
+# Per-call latency of device collectives without Python (issue 33, item 3):
+# libcomm/capi/tests/c/stalls_cuda.c, one process per GPU (NP, default every
+# GPU of the machine), Weft then NCCL from the same binary (LD_LIBRARY_PATH
+# picks libnccl.so.2), 1,000 timed calls per cell (ITERS).
+# Usage: OUT=/tmp/out bench/gpu/stalls.sh        (layout as run.sh: weft/libnccl.so.2 next to it)
+# Output: $OUT/stalls-{weft,weft-sidecar,nccl}.txt, one "cell ..." line per rank and
+# cell, and a summary per run: cells ok / STALL and the largest max. weft-sidecar:
+# Weft's ranks under `weft run --sidecar` (attached to a sidecar, as in a pod: its
+# telemetry and health board on every call).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+D=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$D/../.." && pwd)
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+NP=${NP:-$(nvidia-smi -L | wc -l)}
+NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)
+NVRTC=$(dirname $(find / -name 'libnvrtc.so.13*' -not -path '/proc/*' 2>/dev/null | head -1) 2>/dev/null)
+BIN=/tmp/stalls_cuda
+nvcc -O2 -I $REPO/libcomm/include $REPO/libcomm/capi/tests/c/stalls_cuda.c \
+  -L $D/weft -l:libnccl.so.2 -o $BIN || exit 2
+port=29611
+for who in weft weft-sidecar nccl; do
+  ld=$D/weft:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
+  port=$((port + 1)); pids=()
+  if [ $who = weft-sidecar ]; then
+    # weft run gives each rank RANK, LOCAL_RANK, WORLD_SIZE and NCCL_COMM_ID.
+    LD_LIBRARY_PATH=$ld timeout 300 $D/weft/weft run --sidecar --no-prefix -n $NP -- \
+      $BIN ${ITERS:-1000} > $OUT/stalls-$who-all.txt 2>&1 &
+    pids+=($!)
+  else
+    for r in $(seq 0 $((NP - 1))); do
+      LD_LIBRARY_PATH=$ld RANK=$r LOCAL_RANK=$r WORLD_SIZE=$NP NCCL_COMM_ID=127.0.0.1:$port \
+        timeout 300 $BIN ${ITERS:-1000} > $OUT/stalls-$who-$r.txt 2>&1 &
+      pids+=($!)
+    done
+  fi
+  rc=0; for p in ${pids[@]}; do wait $p || rc=$?; done
+  cat $OUT/stalls-$who-*.txt > $OUT/stalls-$who.txt; rm -f $OUT/stalls-$who-*.txt
+  echo "== $who ($NP processes, one GPU each) rc=$rc"
+  awk '/^cell/{c++; if ($NF=="(ok)") ok++; m=$11+0; if (m>mx) {mx=m; w=$2" "$3}} /WRONG|^rank [0-9]+: /{print}
+    END{printf "cells %d ok %d STALL %d; largest max %.0f us (%s)\n", c, ok, c-ok, mx, w}' $OUT/stalls-$who.txt
+done

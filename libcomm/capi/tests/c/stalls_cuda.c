@@ -1,0 +1,133 @@
+/* Per-call latency of device collectives through the plain NCCL API, no
+ * Python in the way (issue 33, item 3): all_reduce, all_gather and
+ * reduce_scatter at 8 B, 4 KiB, 64 KiB and 1 MiB (the largest buffer's
+ * bytes, float32), 100 warm-up calls, then ITERS calls each timed alone
+ * (host clock around the call and a cudaStreamSynchronize). Each rank prints
+ * one line per cell:
+ *
+ *   cell OP BYTES rank R: p50 P p99 Q max M enq_max E us (ok|STALL)
+ *
+ * where enq_max is the slowest enqueue (the call itself, before the
+ * synchronize: a host-side stall shows there) and the verdict is issue 33's
+ * bound (p99 <= 2 x p50 and max < 1,000 us). The same binary runs on Weft
+ * and on NCCL (LD_LIBRARY_PATH picks libnccl.so.2). Plain NCCL API; run one
+ * process per GPU under a launcher that sets RANK, WORLD_SIZE, LOCAL_RANK
+ * and NCCL_COMM_ID, e.g. on the GPU machine (bench/gpu/stalls.sh does this
+ * for both libraries):
+ *
+ *   nvcc -O2 -I libcomm/include libcomm/capi/tests/c/stalls_cuda.c \
+ *        -L target/release -l:libnccl.so.2 -o /tmp/stalls_cuda
+ *   for r in 0 1; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 \
+ *     NCCL_COMM_ID=127.0.0.1:29611 /tmp/stalls_cuda 1000 & done; wait
+ *
+ * Every result of the last call of a cell is checked (inputs are the rank
+ * plus one, so a sum, a gather and a scatter have known values); a wrong
+ * one prints "WRONG" and the exit status is 1. */
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_us(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+static int env_int(const char* a, int dflt) {
+  const char* v = getenv(a);
+  return v ? atoi(v) : dflt;
+}
+
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return (x > y) - (x < y);
+}
+
+#define CHECK(call)                                                             \
+  do {                                                                          \
+    ncclResult_t r_ = (call);                                                   \
+    if (r_ != ncclSuccess) {                                                    \
+      printf("rank %d: %s: %s\n", rank, #call, ncclGetErrorString(r_));         \
+      exit(2);                                                                  \
+    }                                                                           \
+  } while (0)
+
+enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER };
+static const char* NAMES[] = {"all_reduce", "all_gather", "reduce_scatter"};
+
+int main(int argc, char** argv) {
+  int iters = argc > 1 ? atoi(argv[1]) : 1000;
+  int rank = env_int("RANK", 0), n = env_int("WORLD_SIZE", 1);
+  int local = env_int("LOCAL_RANK", rank), ndev = 0;
+  if (iters < 1 || cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("rank %d: no CUDA device (or bad ITERS)\n", rank);
+    return 2;
+  }
+  cudaSetDevice(local % ndev);
+  ncclUniqueId id;
+  ncclComm_t comm;
+  CHECK(ncclGetUniqueId(&id)); /* NCCL_COMM_ID: every rank gets the same id */
+  CHECK(ncclCommInitRank(&comm, n, id, rank));
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  const size_t sizes[] = {8, 4096, 65536, 1 << 20};
+  size_t most = (1 << 20) / sizeof(float);
+  float *in, *out, *host = malloc(most * sizeof(float));
+  cudaMalloc((void**)&in, most * sizeof(float));
+  cudaMalloc((void**)&out, most * sizeof(float));
+  for (size_t i = 0; i < most; i++) host[i] = (float)(rank + 1);
+  cudaMemcpy(in, host, most * sizeof(float), cudaMemcpyHostToDevice);
+  double* lat = malloc(iters * sizeof(double));
+  int wrong = 0;
+  for (int op = ALL_REDUCE; op <= REDUCE_SCATTER; op++) {
+    for (int si = 0; si < 4; si++) {
+      /* The largest buffer holds `bytes`: the gathered output, the
+       * scattered input. */
+      size_t all = sizes[si] / sizeof(float);
+      size_t count = op == ALL_REDUCE ? all : all / n;
+      if (count == 0) count = 1;
+      double enq_max = 0;
+      for (int it = -100; it < iters; it++) {
+        double t0 = now_us();
+        if (op == ALL_REDUCE)
+          CHECK(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, s));
+        else if (op == ALL_GATHER)
+          CHECK(ncclAllGather(in, out, count, ncclFloat32, comm, s));
+        else
+          CHECK(ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, comm, s));
+        double t1 = now_us();
+        if (cudaStreamSynchronize(s) != cudaSuccess) {
+          printf("rank %d: %s: the stream failed\n", rank, NAMES[op]);
+          return 2;
+        }
+        double t2 = now_us();
+        if (it >= 0) {
+          lat[it] = t2 - t0;
+          if (t1 - t0 > enq_max) enq_max = t1 - t0;
+        }
+      }
+      size_t outn = op == ALL_GATHER ? count * n : count;
+      cudaMemcpy(host, out, outn * sizeof(float), cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < outn; i++) {
+        float want = op == ALL_GATHER ? (float)(i / count + 1) : (float)(n * (n + 1) / 2);
+        if (host[i] != want) {
+          printf("rank %d: %s %zu B: WRONG at %zu: %g, want %g\n", rank, NAMES[op], sizes[si], i,
+                 host[i], want);
+          wrong = 1;
+          break;
+        }
+      }
+      qsort(lat, iters, sizeof(double), cmp_double);
+      double p50 = lat[iters / 2], p99 = lat[(iters * 99) / 100], max = lat[iters - 1];
+      printf("cell %s %zu rank %d: p50 %.1f p99 %.1f max %.1f enq_max %.1f us (%s)\n", NAMES[op],
+             sizes[si], rank, p50, p99, max, enq_max,
+             p99 <= 2 * p50 && max < 1000 ? "ok" : "STALL");
+      fflush(stdout);
+    }
+  }
+  CHECK(ncclCommDestroy(comm));
+  return wrong;
+}
