@@ -30,6 +30,7 @@ use super::links::{Links, Notice, chain_of_waits};
 use super::program::{Call, Step, StepOp};
 use crate::error::{Error, Result};
 use crate::net::{MemKind, Mr, NetError, RecvBuf, Request};
+use crate::sys::backoff::Backoff;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -368,7 +369,9 @@ impl Runner {
     }
 
     fn run(mut self) {
-        let mut idle = 0u32;
+        // Between a call's chunks: spin, yield, then park (a submit or an
+        // abort unparks it), by time (`sys/backoff.rs`).
+        let mut idle = Backoff::new();
         loop {
             if self.sh.abort.load(Ordering::Acquire) {
                 let e = self.sh.error().unwrap_or_else(|| self.sh.aborted());
@@ -417,21 +420,14 @@ impl Runner {
             }
             match self.progress() {
                 Ok(true) => {
-                    idle = 0;
+                    idle.reset();
                     self.last_progress = Instant::now();
                 }
                 Ok(false) => {
-                    idle += 1;
                     if let Some(e) = self.timed_out() {
                         return self.fail(e);
                     }
-                    if idle < 32 {
-                        std::hint::spin_loop();
-                    } else if idle < 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::park_timeout(Duration::from_micros(50));
-                    }
+                    idle.snooze_with(std::thread::park_timeout);
                 }
                 Err(e) => return self.fail(e),
             }

@@ -128,7 +128,7 @@ pub fn wait_geq(
     target: u64,
     mut give_up: impl FnMut() -> bool,
 ) -> Waited {
-    let mut polls = 0u32;
+    let mut wait = crate::sys::backoff::Backoff::new();
     loop {
         let v = flags.load(w);
         if v == TERMINAL {
@@ -137,16 +137,10 @@ pub fn wait_geq(
         if v >= target {
             return Waited::Reached;
         }
-        polls += 1;
-        if polls < 64 {
-            std::hint::spin_loop();
-        } else if polls < 128 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-            if polls.is_multiple_of(64) && give_up() {
-                return Waited::GaveUp;
-            }
+        let step = wait.snooze();
+        if step == crate::sys::backoff::Step::Slept && wait.polls().is_multiple_of(64) && give_up()
+        {
+            return Waited::GaveUp;
         }
     }
 }

@@ -46,6 +46,7 @@ use super::pinned_plan::{Staged, stage};
 use super::staging::device_regions;
 use crate::op::Op;
 use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
+use crate::sys::backoff::Backoff;
 use cudarc::driver::sys;
 use std::any::Any;
 use std::collections::VecDeque;
@@ -130,7 +131,10 @@ impl Shared {
     /// Waits until the stream made job `job` ready; false when the job
     /// must be released without running (abort, an earlier failure).
     fn wait_ready(&self, job: &Job) -> bool {
-        let mut spins = 0u32;
+        // Spin and yield while a small job's copies take microseconds,
+        // then sleep in short steps: the thread must not eat a core while
+        // the stream is busy elsewhere (`sys/backoff.rs`).
+        let mut wait = Backoff::new();
         loop {
             if self.aborted() || self.failed() || self.closing.load(Ordering::Acquire) {
                 return false;
@@ -138,17 +142,7 @@ impl Shared {
             if job.flags.ready(job.seq) {
                 return true;
             }
-            // Spin briefly (a small job's copies take microseconds), then
-            // sleep in short steps: the thread must not eat a core while
-            // the stream is busy elsewhere.
-            spins += 1;
-            if spins < 2000 {
-                std::hint::spin_loop();
-            } else if spins < 2100 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            wait.snooze();
         }
     }
 
