@@ -227,19 +227,51 @@ fn every_collective_staged_whole_matches_the_reference() {
 /// result against the reference and exits 0 (9 checks per size, 4 sizes);
 /// the ranks, for their logs.
 fn collectives_checked_with(env: &[(&str, &str)]) -> Ranks {
+    let n = env
+        .iter()
+        .find(|(k, _)| *k == "WEFT_XHOST_NRANKS")
+        .map_or(NRANKS, |(_, v)| v.parse().unwrap());
     let mut ranks = Ranks::start_with("collectives", env);
-    let codes = ranks.wait(&[0, 1, 2, 3], Duration::from_secs(300));
+    let all: Vec<usize> = (0..n).collect();
+    let codes = ranks.wait(&all, Duration::from_secs(300));
     let mut checked = 0;
     while let Some((_, l)) = ranks.next(Duration::from_millis(500)) {
         checked += l.starts_with("ok ") as usize;
     }
     assert_eq!(
         codes,
-        vec![Some(0); NRANKS],
+        vec![Some(0); n],
         "every rank checks its results and exits 0"
     );
-    assert!(checked >= NRANKS * 9 * 4, "{checked} checks reported");
+    assert!(checked >= n * 9 * 4, "{checked} checks reported");
     ranks
+}
+
+/// Three ranks on hosts of one and two (`sim-a`: rank 0; `sim-b`: 1, 2),
+/// as after a shrink: all-reduce by the hosts' leaders and broadcast
+/// (root 2: a local index the small host lacks) hierarchically at every
+/// size, the rest staged; every result against the reference, and every
+/// rank says all-reduce and broadcast ran hierarchically.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn every_collective_on_hosts_of_different_sizes_matches_the_reference() {
+    gpu_or_panic("every_collective_on_hosts_of_different_sizes_matches_the_reference");
+    let ranks = collectives_checked_with(&[
+        ("WEFT_XHOST_NRANKS", "3"),
+        ("NCCL_DEBUG", "INFO"),
+        ("WEFT_CROSSHOST_HIER_MIN_BYTES", "0"),
+    ]);
+    let logs = ranks.logs.lock().unwrap();
+    for r in 0..3 {
+        for coll in ["all_reduce", "broadcast"] {
+            assert!(
+                logs.iter().any(|(who, l)| *who == r
+                    && l.contains(&format!("{coll} on device memory across"))
+                    && l.contains("hierarchical")),
+                "rank {r} never said {coll} ran hierarchically"
+            );
+        }
+    }
 }
 
 /// A program of sends and receives alone (pipeline stages across hosts:
@@ -483,6 +515,7 @@ fn rank_process() {
     );
     let r = Rank {
         rank,
+        nranks: n,
         comm,
         dev,
         stream: mem::stream(dev).unwrap(),
@@ -498,6 +531,7 @@ fn rank_process() {
 
 struct Rank {
     rank: usize,
+    nranks: usize,
     comm: ncclComm_t,
     dev: i32,
     stream: u64,
@@ -546,7 +580,7 @@ impl Rank {
     }
 
     fn collectives(&self) {
-        let n = NRANKS;
+        let n = self.nranks;
         let me = self.rank;
         let p = |b: u64| b as *mut c_void;
         for (k, count) in [1usize, 1023, 262_147, 4_194_311].into_iter().enumerate() {

@@ -14,8 +14,9 @@
 //! their data counted, take it; smaller ones are staged whole (measured:
 //! docs/PERFORMANCE-GPU.md, "Across hosts"). Built at the first device
 //! operation of any kind (sends and receives too, which then go by host
-//! from the first: `hier_p2p.rs`) of a communicator whose hosts each hold
-//! the same number (two or more) of its ranks: two splits of the
+//! from the first: `hier_p2p.rs`) of a communicator on two hosts or more,
+//! one of them holding two ranks or more (hosts of different sizes take
+//! the leaders' shapes, `device_plan::uneven`): two splits of the
 //! communicator and the host-local one's device setup (collectives: every
 //! rank makes its first device operation at the same point of its calls,
 //! as the cross-host engine, built there too, already requires), agreed on
@@ -251,7 +252,10 @@ impl Communicator {
         // The bootstrap's host identities: the same on every rank, so
         // every rank stops here alike, before any collective.
         let layout = Layout::from_host_ids(&self.s.host_ids());
-        let fits = layout.nhosts() >= 2 && layout.per_host().is_some_and(|k| k >= 2);
+        // Two hosts or more, one of them with two ranks or more: something
+        // stays on a host's kernels (hosts may differ in size: leaders).
+        let fits =
+            layout.nhosts() >= 2 && (0..layout.nhosts()).any(|h| layout.members(h).len() >= 2);
         if !fits {
             *st = State::Off;
             return None;
@@ -321,9 +325,12 @@ impl Communicator {
                 cfg(format!("{}.rail{l}", self.s.label)),
             )?
             .ok_or_else(|| Error::Internal("no rail communicator".into()))?;
-        if local.s.rank != l || rail.s.rank != h {
+        // On hosts of different sizes a rail skips the hosts without its
+        // local index: its rank is this host's place among the others.
+        let on_rail = layout.rail(l).iter().position(|&r| r == me);
+        if local.s.rank != l || Some(rail.s.rank) != on_rail {
             return Err(Error::Internal(format!(
-                "split ranks {} and {} do not match the layout's local index {l} and host {h}",
+                "split ranks {} and {} do not match the layout's local index {l} and place {on_rail:?} on rail {l}",
                 local.s.rank, rail.s.rank
             )));
         }
@@ -557,6 +564,66 @@ pub(super) mod tests {
             assert_eq!(h.local.s.label, format!("{}.host{}", c.s.label, r / 2));
             assert_eq!(h.rail.s.label, format!("{}.rail{}", c.s.label, r % 2));
         }
+    }
+
+    /// Five ranks on hosts of three and two (a job after a shrink, pods
+    /// of different GPU counts): all-reduce by the hosts' leaders,
+    /// broadcast from every root, reduce at the roots whose local index
+    /// both hosts have (to rank 2 it is staged whole: not taken), odd
+    /// sizes, against the reference; all-gather is not taken.
+    #[test]
+    fn uneven_hosts_run_hierarchically_and_match_the_reference() {
+        let comms = Communicator::init_on_simulated_hosts(5, 3, |c| crate::Config {
+            device_hier_min_bytes: 0,
+            timeout: Some(std::time::Duration::from_secs(10)),
+            ..c
+        });
+        let n = 5;
+        std::thread::scope(|s| {
+            for (me, c) in comms.iter().enumerate() {
+                s.spawn(move || {
+                    for count in [1usize, 1021] {
+                        let input: Vec<f32> = (0..n * count).map(|i| value(me, i)).collect();
+                        let mut out = vec![f32::NAN; n * count];
+                        let (sp, rp) = (input.as_ptr().cast(), out.as_mut_ptr().cast());
+                        let ar = Op::all_reduce(sp, rp, count, DataType::F32, ReduceOp::Sum);
+                        unsafe { c.hierarchical(&ar) }
+                            .expect("all-reduce taken on uneven hosts")
+                            .unwrap();
+                        for (i, got) in out[..count].iter().enumerate() {
+                            let want: f32 = (0..n).map(|q| value(q, i)).sum();
+                            assert_eq!(*got, want, "rank {me}: all_reduce {count} at {i}");
+                        }
+                        for root in 0..n {
+                            let b = Op::broadcast(sp, rp, count, DataType::F32, root);
+                            unsafe { c.hierarchical(&b) }
+                                .expect("broadcast taken from every root")
+                                .unwrap();
+                            for (i, got) in out[..count].iter().enumerate() {
+                                assert_eq!(*got, value(root, i), "rank {me}: bcast root {root}");
+                            }
+                            out.fill(f32::NAN);
+                            let rd = Op::reduce(sp, rp, count, DataType::F32, ReduceOp::Max, root);
+                            let taken = unsafe { c.hierarchical(&rd) };
+                            // Local index 2 (rank 2): the second host has none.
+                            if root == 2 {
+                                assert!(taken.is_none(), "rank {me}: reduce to 2 taken");
+                                continue;
+                            }
+                            taken.expect("reduce taken").unwrap();
+                            if me == root {
+                                for (i, got) in out[..count].iter().enumerate() {
+                                    let want = (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max);
+                                    assert_eq!(*got, want, "rank {me}: reduce root {root}");
+                                }
+                            }
+                        }
+                        let ag = Op::all_gather(sp, rp, count, DataType::F32);
+                        assert!(unsafe { c.hierarchical(&ag) }.is_none(), "all_gather taken");
+                    }
+                });
+            }
+        });
     }
 
     /// One rank aborts: every other rank's next hierarchical collective

@@ -27,9 +27,15 @@
 //!   per host h', of the input's range of host h', into scratch block h';
 //!   then a reduce-scatter on the rail of the scratch into the output.
 //!
-//! Everything else (gather, scatter, all-to-all, send/recv, uneven
-//! hosts, hosts that are not rank ranges for all-gather/reduce-scatter) is
-//! not planned here: the caller stages the whole operation.
+//! Hosts of different sizes: leaders (see [`uneven`]) for all-reduce and
+//! broadcast, the root's rail for broadcast and reduce where every host
+//! has the root's local index.
+//!
+//! Everything else (gather, scatter, all-to-all, send/recv; all-gather and
+//! reduce-scatter on uneven hosts or hosts that are not rank ranges; a
+//! reduce to a local index some host lacks) is not planned here: the
+//! caller stages the whole operation (all-to-all and send/recv go by host
+//! in `comm/hier_p2p.rs`).
 
 use super::layout::Layout;
 use crate::data::types::ReduceOp;
@@ -105,12 +111,27 @@ pub fn plan(
     layout: &Layout,
     me: usize,
 ) -> Option<DevicePlan> {
-    let (nh, k) = (layout.nhosts(), layout.per_host()?);
-    if nh < 2 || k < 2 || count == 0 {
+    let sizes = (0..layout.nhosts()).map(|h| layout.members(h).len());
+    let (smallest, largest) = (sizes.clone().min()?, sizes.max()?);
+    if layout.nhosts() < 2 || largest < 2 || count == 0 {
         return None;
     }
-    let l = layout.local(me);
-    let step = |among, kind, send, recv, count, redop, root| Step {
+    match layout.per_host() {
+        Some(_) => uniform(kind, count, redop, root, layout, me),
+        None => uneven(kind, count, redop, root, layout, me, smallest),
+    }
+}
+
+fn step(
+    among: Among,
+    kind: OpKind,
+    send: At,
+    recv: At,
+    count: usize,
+    redop: Option<ReduceOp>,
+    root: usize,
+) -> Step {
+    Step {
         among,
         kind,
         send,
@@ -118,11 +139,113 @@ pub fn plan(
         count,
         redop,
         root,
+    }
+}
+
+/// Hosts of different sizes (after a shrink, or pods of different GPU
+/// counts): each host's first rank (its leader, rail 0: every host has
+/// one) carries the traffic between hosts, the rest stays on the host's
+/// NVLink kernels. All-reduce: reduce to the leader, all-reduce among the
+/// leaders, broadcast from the leader. Broadcast and reduce whose root's
+/// local index every host has: on the root's rail, as on even hosts;
+/// a broadcast from a higher local index: within the root's host first,
+/// then among the leaders, then within each other host. The rest
+/// (all-gather, reduce-scatter, a reduce to a higher local index) is
+/// staged whole.
+fn uneven(
+    kind: OpKind,
+    count: usize,
+    redop: Option<ReduceOp>,
+    root: usize,
+    layout: &Layout,
+    me: usize,
+    smallest: usize,
+) -> Option<DevicePlan> {
+    use At::{Recv, Send};
+    use OpKind::{AllReduce, Broadcast, Reduce};
+    let (h, l) = (layout.host(me), layout.local(me));
+    let (rh, rl) = (layout.host(root), layout.local(root));
+    let steps = match kind {
+        AllReduce => {
+            let mut s = vec![step(Among::Host, Reduce, Send(0), Recv(0), count, redop, 0)];
+            if l == 0 {
+                s.push(step(
+                    Among::Rail,
+                    AllReduce,
+                    Recv(0),
+                    Recv(0),
+                    count,
+                    later(redop),
+                    0,
+                ));
+            }
+            s.push(step(
+                Among::Host,
+                Broadcast,
+                Recv(0),
+                Recv(0),
+                count,
+                None,
+                0,
+            ));
+            s
+        }
+        Broadcast | Reduce if rl < smallest => {
+            return uniform(kind, count, redop, root, layout, me);
+        }
+        Broadcast => {
+            let mut s = Vec::new();
+            if h == rh {
+                s.push(step(
+                    Among::Host,
+                    Broadcast,
+                    Send(0),
+                    Recv(0),
+                    count,
+                    None,
+                    rl,
+                ));
+            }
+            if l == 0 {
+                // The root's host's leader has the data now (in its output).
+                let from = if h == rh { Recv(0) } else { Send(0) };
+                s.push(step(Among::Rail, Broadcast, from, Recv(0), count, None, rh));
+            }
+            if h != rh {
+                s.push(step(
+                    Among::Host,
+                    Broadcast,
+                    Recv(0),
+                    Recv(0),
+                    count,
+                    None,
+                    0,
+                ));
+            }
+            s
+        }
+        _ => return None,
     };
+    Some(DevicePlan { steps, scratch: 0 })
+}
+
+/// Hosts of the same size k >= 2 (see the module docs); broadcast and
+/// reduce on any layout whose hosts all have the root's local index.
+fn uniform(
+    kind: OpKind,
+    count: usize,
+    redop: Option<ReduceOp>,
+    root: usize,
+    layout: &Layout,
+    me: usize,
+) -> Option<DevicePlan> {
+    let nh = layout.nhosts();
+    let l = layout.local(me);
     use At::{Recv, Scratch, Send};
     use OpKind::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter};
     let steps = match kind {
         AllReduce => {
+            let k = layout.per_host()?;
             let m = count / k;
             if m == 0 {
                 return None;
@@ -222,6 +345,7 @@ pub fn plan(
             s
         }
         AllGather if host_major(layout) => {
+            let k = layout.per_host()?;
             let mut s = vec![step(
                 Among::Rail,
                 AllGather,
@@ -248,6 +372,7 @@ pub fn plan(
             });
         }
         ReduceScatter if host_major(layout) => {
+            let k = layout.per_host()?;
             let mut s: Vec<Step> = (0..nh)
                 .map(|h| {
                     step(
@@ -593,8 +718,82 @@ mod tests {
             )
             .is_none()
         );
+        // Uneven hosts: all-gather and reduce-scatter, and a reduce to a
+        // local index the small host lacks, are staged whole.
         let uneven = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
-        assert!(plan(OpKind::AllReduce, 64, Some(ReduceOp::Sum), 0, &uneven, 0).is_none());
+        assert!(plan(OpKind::AllGather, 64, None, 0, &uneven, 0).is_none());
+        assert!(
+            plan(
+                OpKind::ReduceScatter,
+                64,
+                Some(ReduceOp::Sum),
+                0,
+                &uneven,
+                0
+            )
+            .is_none()
+        );
+        assert!(plan(OpKind::Reduce, 64, Some(ReduceOp::Sum), 2, &uneven, 0).is_none());
+    }
+
+    /// Hosts of different sizes, contiguous or interleaved, one of them a
+    /// single rank: all-reduce (leaders), broadcast from every root,
+    /// reduce at every root whose local index every host has, odd sizes,
+    /// Sum/Max/Min, every rank's output against the reference.
+    #[test]
+    fn uneven_hosts_all_reduce_broadcast_and_reduce_match_the_reference() {
+        let layouts = [
+            Layout::from_hosts(vec![vec![0, 1, 2], vec![3, 4]]).unwrap(),
+            Layout::from_hosts(vec![vec![0], vec![1, 2, 3]]).unwrap(),
+            Layout::from_hosts(vec![vec![0, 1], vec![2], vec![3, 4, 5]]).unwrap(),
+            Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap(),
+        ];
+        for layout in &layouts {
+            assert!(layout.per_host().is_none());
+            let n = layout.n();
+            let smallest = (0..layout.nhosts())
+                .map(|h| layout.members(h).len())
+                .min()
+                .unwrap();
+            for count in [1usize, 7, 1023] {
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                    let ins = inputs(n, count, count as u64 + 3);
+                    let outs = simulate(OpKind::AllReduce, count, Some(op), 0, layout, &ins, count)
+                        .expect("planned on uneven hosts");
+                    let want = reduce_all(&ins, Some(op));
+                    for (r, o) in outs.iter().enumerate() {
+                        assert_eq!(o, &want, "{layout:?} count {count} {op:?} rank {r}");
+                    }
+                }
+                for root in 0..n {
+                    let ins = inputs(n, count, root as u64 + 11);
+                    let outs = simulate(OpKind::Broadcast, count, None, root, layout, &ins, count)
+                        .expect("broadcast planned from every root");
+                    for (r, o) in outs.iter().enumerate() {
+                        assert_eq!(o, &ins[root], "{layout:?} root {root} rank {r}");
+                    }
+                    let reduced = simulate(
+                        OpKind::Reduce,
+                        count,
+                        Some(ReduceOp::Sum),
+                        root,
+                        layout,
+                        &ins,
+                        count,
+                    );
+                    if layout.local(root) < smallest {
+                        let outs = reduced.expect("reduce on the root's rail");
+                        assert_eq!(
+                            outs[root],
+                            reduce_all(&ins, Some(ReduceOp::Sum)),
+                            "{layout:?} reduce root {root}"
+                        );
+                    } else {
+                        assert!(reduced.is_none(), "{layout:?} reduce root {root} staged");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

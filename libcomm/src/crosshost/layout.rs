@@ -97,9 +97,13 @@ impl Layout {
         self.hosts.iter().all(|h| h.len() == k).then_some(k)
     }
 
-    /// Local rank `l` of every host, in host order (a rail).
+    /// Local rank `l` of every host that has one, in host order (a rail;
+    /// on hosts of different sizes the higher rails skip the small hosts).
     pub fn rail(&self, l: usize) -> Vec<usize> {
-        self.hosts.iter().map(|h| h[l]).collect()
+        self.hosts
+            .iter()
+            .filter_map(|h| h.get(l).copied())
+            .collect()
     }
 
     /// The rank of host `h` that talks to other hosts for a leader-based
