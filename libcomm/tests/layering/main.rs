@@ -43,7 +43,7 @@ const LAYERS: &[(&str, &[&str])] = &[
 
 /// What `cuda/` may import from the rest of the crate: the operation
 /// descriptor, the backend seam and the tuner's names, the data types, errors
-/// and logging.
+/// and logging, and how a thread waits microseconds (a leaf on `std` alone).
 const SEAM: &[&str] = &[
     "op",
     "op::backend",
@@ -51,6 +51,7 @@ const SEAM: &[&str] = &[
     "data::types",
     "error",
     "log",
+    "sys::backoff",
 ];
 
 const MAX_LINES: usize = 1000;
