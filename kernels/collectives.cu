@@ -1364,7 +1364,9 @@ __device__ void ll_oneshot(const Args& a) {
 // header: its copies are done once every block's word reached `seq`).
 // Where `wait` is set, the block first waits until that u32 word (the job's
 // `done`, which the host's progress thread raises, also on abort) reaches
-// `seq`: every job's copies out are one launch of a few blocks.
+// `seq`: every job's copies out are one launch of a few blocks, or ride at
+// the end of the launch of the copies in on its first `nblocks` blocks
+// (the others end there): one launch for the whole call.
 #define P2P_COPY_SEQ 3
 struct P2pOp {
     u64 ptr;      // send: source; recv: destination; copy: destination
@@ -1495,13 +1497,18 @@ __device__ void p2p_copy_seq(const P2pArgs& a) {
     const int b = blockIdx.x;
     for (int k = 0; k < a.nops; k++) {
         const P2pOp& op = a.ops[k];
+        // An op may take only the launch's first nblocks blocks (a call's
+        // copies back, in the launch of its copies in: the other blocks
+        // end after the copies in).
+        const int nb = op.nblocks > 0 && op.nblocks < (int)gridDim.x ? op.nblocks : (int)gridDim.x;
+        if (b >= nb) continue;
         if (op.wait) {
             if (threadIdx.x == 0)
                 while ((int)(ld_acquire_sys_u32((const u32*)op.wait) - (u32)op.seq) < 0) __nanosleep(256);
             __syncthreads();
         }
         u64 lo, hi;
-        p2p_slice(op.bytes, b, gridDim.x, lo, hi);
+        p2p_slice(op.bytes, b, nb, lo, hi);
         if (hi > lo) copy_bytes((u8*)op.ptr + lo, (const u8*)op.src + lo, hi - lo, op.peer != 0, true);
         if (op.base) {
             __syncthreads();

@@ -1,8 +1,9 @@
 //! The copies of a device job across hosts between its device buffers and
 //! its pinned buffer (`proxy.rs` enqueues them, `pinned_plan.rs` lists
 //! them): the copy kernel (the point-to-point kernel's sequential copy
-//! ops: one launch for every slice's copies in, one per slice out), or the
-//! copy engines (`cuMemcpyAsync`, one call per copy).
+//! ops: for a call of several slices one launch for all their copies in
+//! and back, else one for the copies in and one out), or the copy engines
+//! (`cuMemcpyAsync`, one call per copy).
 //!
 //! Why a kernel by default: what a copy-engine copy costs the calling
 //! thread grows with its size (the driver cuts it up: 12-20 us per 64 MiB
@@ -11,8 +12,8 @@
 //! return within 100 us (issue 32). A launch costs a few microseconds at
 //! any size, and the kernel writes the jobs' `ready` and `released` words
 //! itself (per block: `pinned.rs`) and, for a call of several jobs, waits
-//! for their `done` itself, so a 256 MiB all-reduce in 4 slices costs 2
-//! launches instead of 16 driver calls. The price: the copies in run on
+//! for their `done` itself, so a 256 MiB all-reduce in 4 slices costs one
+//! launch instead of 16 driver calls. The price: the copies in run on
 //! [`SLOTS`] SMs while they last, and a sliced call's copies back hold
 //! [`OUT_BLOCKS`] SMs while its network part runs, as NCCL's kernels hold
 //! theirs.
@@ -134,6 +135,50 @@ impl Copier {
         jobs: &[(&Staged, &Lease, u32)],
         stream: sys::CUstream,
     ) -> CudaResult<()> {
+        let pieces = self.in_pieces(jobs);
+        unsafe { enqueue(dev, &pieces, SLOTS, stream) }
+    }
+
+    /// Enqueues [`copy_in`](Self::copy_in) and [`copy_out`](Self::copy_out)
+    /// of `jobs` as one launch of the copy kernel when that can be: a call
+    /// of several jobs (slices) all on the kernel, whose copies fit one
+    /// launch. The copies back ride at the end, on the first
+    /// [`OUT_BLOCKS`] blocks, which wait for each job's `done` as their own
+    /// launch would (a job's `done` comes after its `ready`, which every
+    /// block writes once its copies in are done, so they never copy back
+    /// early); the other blocks end after the copies in. One launch instead
+    /// of two: the calling thread's cost of a 256 MiB all-reduce. Returns
+    /// whether it did; if not, nothing was enqueued.
+    ///
+    /// # Safety
+    /// As [`copy_in`](Self::copy_in).
+    pub(super) unsafe fn copy_in_and_out_at_once(
+        self,
+        dev: i32,
+        jobs: &[(&Staged, &Lease, u32)],
+        stream: sys::CUstream,
+    ) -> CudaResult<bool> {
+        let Some((ins, outs)) = self.one_launch(jobs) else {
+            return Ok(false);
+        };
+        let mut ops = copy_ops(&ins, SLOTS);
+        ops.extend(copy_ops(&outs, OUT_BLOCKS));
+        unsafe { launch_ops(dev, &ops, SLOTS, stream)? };
+        Ok(true)
+    }
+
+    /// The pieces in and out of `jobs` when they go as one launch (see
+    /// [`copy_in_and_out_at_once`](Self::copy_in_and_out_at_once)).
+    fn one_launch(self, jobs: &[(&Staged, &Lease, u32)]) -> Option<(Vec<Piece>, Vec<Piece>)> {
+        let (outs, blocks) = self.out_pieces(jobs);
+        let ins = self.in_pieces(jobs);
+        let all_kernel = ins.iter().chain(&outs).all(|p| p.how == Mover::Kernel);
+        (blocks == OUT_BLOCKS && all_kernel && ins.len() + outs.len() <= MAX_P2P)
+            .then_some((ins, outs))
+    }
+
+    /// What [`copy_in`](Self::copy_in) enqueues.
+    fn in_pieces(self, jobs: &[(&Staged, &Lease, u32)]) -> Vec<Piece> {
         let mut pieces = Vec::new();
         for &(s, buf, seq) in jobs {
             let how = self.mover(s.bytes);
@@ -155,7 +200,7 @@ impl Copier {
             };
             signal_after(&mut pieces, first, how, signal);
         }
-        unsafe { enqueue(dev, &pieces, SLOTS, stream) }
+        pieces
     }
 
     /// Enqueues on `stream`, for every job in order, a wait for its `done`
@@ -367,33 +412,43 @@ unsafe fn launch_copies(
     blocks: usize,
     stream: sys::CUstream,
 ) -> CudaResult<()> {
-    let f = function(dev, P2P_KERNEL)?;
     for chunk in pieces.chunks(MAX_P2P) {
-        let ops = copy_ops(chunk, blocks);
-        let mut a = P2pArgs {
-            flags: [0; MAX_RANKS],
-            status: 0,
-            rank: 0,
-            nops: ops.len() as i32,
-            ops: [P2pOp::default(); MAX_P2P],
-            scratch: [0; MAX_RANKS],
-            region: 0,
-            step: 0,
-            slots: 0,
-            direct: 1,
-        };
-        a.ops[..ops.len()].copy_from_slice(&ops);
-        unsafe {
-            launch_p2p_kernel(
-                f,
-                blocks as u32,
-                &mut a,
-                stream,
-                "cuLaunchKernel (weft_p2p: the cross-host path's copies)",
-            )?
-        };
+        unsafe { launch_ops(dev, &copy_ops(chunk, blocks), blocks, stream)? };
     }
     Ok(())
+}
+
+/// One launch of the point-to-point kernel of `blocks` blocks running
+/// `ops` (at most [`MAX_P2P`]).
+unsafe fn launch_ops(
+    dev: i32,
+    ops: &[P2pOp],
+    blocks: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    let f = function(dev, P2P_KERNEL)?;
+    let mut a = P2pArgs {
+        flags: [0; MAX_RANKS],
+        status: 0,
+        rank: 0,
+        nops: ops.len() as i32,
+        ops: [P2pOp::default(); MAX_P2P],
+        scratch: [0; MAX_RANKS],
+        region: 0,
+        step: 0,
+        slots: 0,
+        direct: 1,
+    };
+    a.ops[..ops.len()].copy_from_slice(ops);
+    unsafe {
+        launch_p2p_kernel(
+            f,
+            blocks as u32,
+            &mut a,
+            stream,
+            "cuLaunchKernel (weft_p2p: the cross-host path's copies)",
+        )
+    }
 }
 
 #[cfg(test)]
@@ -538,5 +593,51 @@ mod tests {
         );
         assert_eq!((pieces[1].how, pieces[1].wait), (Mover::Kernel, None));
         assert_eq!(pieces[1].signal, Some(Signal::Slots(la.slot_words.1, 7)));
+    }
+
+    /// A sliced call on the kernel is one launch: every job's copies in on
+    /// all SLOTS blocks (each flagging its ready slot), then its copies
+    /// back on the first OUT_BLOCKS blocks only, each waiting for its job's
+    /// done; a single job, the engines, or more pieces than one launch
+    /// holds go as before.
+    #[test]
+    fn a_sliced_calls_copies_in_and_back_are_one_launch_when_they_fit() {
+        let kernel = Copier {
+            kernel_from: Some(0),
+        };
+        let mut to_host = job(64 << 20);
+        to_host.to_host = to_host.to_device.clone();
+        let (a, b) = (to_host.clone(), to_host.clone());
+        let (la, lb) = (lease(1), lease(2));
+        let jobs = [(&a, &la, 5), (&b, &lb, 6)];
+        let (ins, outs) = kernel.one_launch(&jobs).expect("one launch");
+        let mut ops = copy_ops(&ins, SLOTS);
+        ops.extend(copy_ops(&outs, OUT_BLOCKS));
+        let kinds: Vec<(i32, u64, u64)> = ops.iter().map(|o| (o.nblocks, o.wait, o.seq)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (SLOTS as i32, 0, 5),
+                (SLOTS as i32, 0, 6),
+                (OUT_BLOCKS as i32, la.words.1, 5),
+                (OUT_BLOCKS as i32, lb.words.1, 6),
+            ]
+        );
+        // Ins flag the ready slots, outs the released ones.
+        assert_eq!(ops[0].base, la.slot_words.0);
+        assert_eq!(ops[3].base, lb.slot_words.1);
+        // A single job: no.
+        assert!(kernel.one_launch(&jobs[..1]).is_none());
+        // The engines: no.
+        let engines = Copier { kernel_from: None };
+        assert!(engines.one_launch(&jobs).is_none());
+        // More pieces than one launch holds: no.
+        let mut wide = to_host.clone();
+        wide.to_host = vec![wide.to_host[0]; MAX_P2P];
+        assert!(
+            kernel
+                .one_launch(&[(&wide, &la, 5), (&b, &lb, 6)])
+                .is_none()
+        );
     }
 }

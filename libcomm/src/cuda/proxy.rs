@@ -12,17 +12,18 @@
 //! 3. the written buffers are copied back and the buffer is marked
 //!    `released`.
 //!
-//! The copies and marks are the copy kernel's (`pinned_copy.rs`: one
-//! launch for every slice's copies in, one per slice out; its blocks write
-//! the words) or the copy engines' with stream memory operations
-//! (`WEFT_CROSSHOST_COPY=engine`, or no kernels in the library).
+//! The copies and marks are the copy kernel's (`pinned_copy.rs`: for a
+//! sliced call one launch for every slice's copies in and out, whose
+//! blocks write the words and wait for `done`; a single job's copies out
+//! after the stream's wait) or the copy engines' with stream memory
+//! operations (`WEFT_CROSSHOST_COPY=engine`, or no kernels in the library).
 //!
 //! The communicator's progress thread takes jobs in call order (the order
 //! every rank issues them in), waits for `ready`, runs the job's operations
 //! on the pinned copies through the communicator's host path (shared memory
 //! within a host, TCP between hosts, the host algorithms and their tuner)
 //! and writes `done`. The calling thread never waits for the GPU or the
-//! network: a 256 MiB all-reduce (4 slices) costs it 2 launches.
+//! network: a 256 MiB all-reduce (4 slices) costs it one launch.
 //!
 //! **Failures.** A job that fails (a dead peer, `WEFT_TIMEOUT_MS`: the host
 //! path's errors name the rank) is recorded as the communicator's async
@@ -326,16 +327,30 @@ impl ProxySide {
             .iter()
             .map(|(job, buf, s)| (*s, buf, job.seq))
             .collect();
-        if let Err(e) = unsafe { self.copier.copy_in(self.dev, &ins, stream) } {
-            for &(_, b, _) in &jobs {
-                self.pool.poison(&b);
+        // Copies in (with a sliced call's copies out, where they fit one
+        // launch of the copy kernel).
+        let copied = unsafe { self.copier.copy_in_and_out_at_once(self.dev, &ins, stream) }
+            .and_then(|once| {
+                if !once {
+                    unsafe { self.copier.copy_in(self.dev, &ins, stream)? };
+                }
+                Ok(once)
+            });
+        let out_too = match copied {
+            Ok(once) => once,
+            Err(e) => {
+                for &(_, b, _) in &jobs {
+                    self.pool.poison(&b);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         // Waits and copies out. After the first wait a failure must release
         // every wait itself (no job runs: they are not queued).
         let out = || -> CudaResult<()> {
-            unsafe { self.copier.copy_out(self.dev, &ins, stream)? };
+            if !out_too {
+                unsafe { self.copier.copy_out(self.dev, &ins, stream)? };
+            }
             for &s in &others {
                 unsafe { join(s, stream)? };
             }
