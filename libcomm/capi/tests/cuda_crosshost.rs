@@ -643,6 +643,41 @@ impl Rank {
             } else {
                 println!("@ ok reduce count={count} (not the root)");
             }
+            // Gather to the last rank (the other host from rank 0), then
+            // scatter its gathered blocks from it: sends and receives by host.
+            let last = n - 1;
+            run(&|| unsafe {
+                pncclGather(
+                    p(send),
+                    p(out),
+                    count,
+                    F32,
+                    last as i32,
+                    self.comm,
+                    self.st(),
+                )
+            });
+            if me == last {
+                self.check("gather", count, &self.download(out, n * count), |i| {
+                    v(i / count, i % count)
+                });
+            } else {
+                println!("@ ok gather count={count} (not the root)");
+            }
+            let back = self.upload(&vec![f32::NAN; count]);
+            run(&|| unsafe {
+                pncclScatter(
+                    p(out),
+                    p(back),
+                    count,
+                    F32,
+                    last as i32,
+                    self.comm,
+                    self.st(),
+                )
+            });
+            self.check("scatter", count, &self.download(back, count), |i| v(me, i));
+            mem::free(self.dev, back).unwrap();
             run(&|| unsafe { pncclAlltoAll(p(send), p(out), count, F32, self.comm, self.st()) });
             self.check("alltoall", count, &self.download(out, n * count), |i| {
                 v(i / count, me * count + i % count)

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::observe;
 use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item};
 use crate::op::tuner::Decision;
-use crate::op::{Memory, Op};
+use crate::op::{Memory, Op, OpKind};
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, MutexGuard, Weak};
 
@@ -46,6 +46,27 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
             c.prepare_hierarchy(Some(dev));
         }
     }
+    // A gather or scatter across hosts is the sends and receives it means,
+    // so that it goes by host and over the engine's connections as they
+    // do (staged whole, its local part would move through host memory).
+    let expanded: Vec<(&Communicator, Op)> = ops
+        .iter()
+        .flat_map(|&(c, op)| {
+            if matches!(op.kind, OpKind::Gather | OpKind::Scatter)
+                && matches!(op.memory, Memory::Device(_))
+                && !op.is_empty()
+                && spans_hosts(c)
+            {
+                op.gather_or_scatter_as_sends_and_receives(c.s.rank, c.s.nranks)
+                    .into_iter()
+                    .map(|o| (c, o))
+                    .collect()
+            } else {
+                vec![(c, op)]
+            }
+        })
+        .collect();
+    let ops = &expanded[..];
     // Collectives of communicators spanning hosts with several ranks a
     // host go hierarchical (`hier.rs`), each on its own, enqueued before
     // the rest of the batch on their streams.
@@ -99,6 +120,13 @@ pub(super) fn set_up_device(c: &Communicator, dev: i32) -> Result<()> {
     let lent = Lent { comms: vec![c] };
     // SAFETY: `dev` is the device of an operation the caller was given.
     unsafe { device_backend().set_up(&lent, &[(0, dev)]) }
+}
+
+/// Whether `c`'s ranks are on more than one host (their host identities,
+/// the same on every rank).
+fn spans_hosts(c: &Communicator) -> bool {
+    let ids = c.s.host_ids();
+    ids.first().is_some_and(|f| ids.iter().any(|h| h != f))
 }
 
 /// A send or receive of device memory (what `run_hier_p2p` may take).

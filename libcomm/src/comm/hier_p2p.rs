@@ -172,6 +172,65 @@ mod tests {
         });
     }
 
+    /// A gather and a scatter across hosts as the sends and receives they
+    /// mean (what `run_device` makes of them), by host, every root, odd
+    /// sizes, against the reference.
+    #[test]
+    fn gather_and_scatter_as_sends_and_receives_go_by_host() {
+        let comms = four_on_two_hosts();
+        let n = 4;
+        std::thread::scope(|s| {
+            for (r, c) in comms.iter().enumerate() {
+                s.spawn(move || {
+                    c.prepare_hierarchy(None);
+                    let h = c.built_hierarchy().expect("built");
+                    for (root, count) in [(0usize, 1usize), (3, 1001), (1, 4097)] {
+                        let mine: Vec<f32> = (0..count).map(|i| value(r, root, i)).collect();
+                        let mut all = vec![0f32; n * count];
+                        let g = Op::gather(
+                            mine.as_ptr().cast(),
+                            all.as_mut_ptr().cast(),
+                            count,
+                            DataType::F32,
+                            root,
+                        );
+                        let ops = g.gather_or_scatter_as_sends_and_receives(r, n);
+                        unsafe { c.by_host(&h, &ops, 0) }.unwrap();
+                        if r == root {
+                            for (j, got) in all.iter().enumerate() {
+                                assert_eq!(
+                                    *got,
+                                    value(j / count, root, j % count),
+                                    "rank {r}: gather root {root} at {j}"
+                                );
+                            }
+                        }
+                        let blocks: Vec<f32> = (0..n * count)
+                            .map(|j| value(root, j / count, j % count))
+                            .collect();
+                        let mut got = vec![0f32; count];
+                        let sc = Op::scatter(
+                            blocks.as_ptr().cast(),
+                            got.as_mut_ptr().cast(),
+                            count,
+                            DataType::F32,
+                            root,
+                        );
+                        let ops = sc.gather_or_scatter_as_sends_and_receives(r, n);
+                        unsafe { c.by_host(&h, &ops, 0) }.unwrap();
+                        for (i, v) in got.iter().enumerate() {
+                            assert_eq!(
+                                *v,
+                                value(root, r, i),
+                                "rank {r}: scatter root {root} at {i}"
+                            );
+                        }
+                    }
+                });
+            }
+        });
+    }
+
     /// An all-to-all builds the hierarchy and goes by host (the host-local
     /// communicator for this host's blocks, the own one included; the
     /// parent for the others), odd sizes (in place it is left staged); then a

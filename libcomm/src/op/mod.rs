@@ -258,6 +258,45 @@ impl Op {
             .collect()
     }
 
+    /// A gather or scatter on rank `rank` as the group it means (as NCCL
+    /// builds them): a rank other than the root sends its block to the
+    /// root (gather) or receives its block from it (scatter); the root
+    /// receives (sends) block p from (to) every rank p, its own as a pair
+    /// to itself. For the cross-host paths, which route sends and receives
+    /// by host (`comm/hier_p2p.rs`) and over the engine's connections.
+    pub fn gather_or_scatter_as_sends_and_receives(&self, rank: usize, nranks: usize) -> Vec<Op> {
+        debug_assert!(matches!(self.kind, OpKind::Gather | OpKind::Scatter));
+        let (gather, root, block) = (self.kind == OpKind::Gather, self.root, self.bytes());
+        let send = |p: *const u8, to: usize| Op::send(p, self.count, self.dtype, to);
+        let recv = |p: *mut u8, from: usize| Op::recv(p, self.count, self.dtype, from);
+        let mut ops = Vec::new();
+        if rank != root {
+            ops.push(if gather {
+                send(self.send, root)
+            } else {
+                recv(self.recv, root)
+            });
+        } else {
+            for p in 0..nranks {
+                let at = p * block;
+                if gather {
+                    if p == rank {
+                        ops.push(send(self.send, p));
+                    }
+                    ops.push(recv(self.recv.wrapping_add(at), p));
+                } else {
+                    ops.push(send(self.send.wrapping_add(at), p));
+                    if p == rank {
+                        ops.push(recv(self.recv, p));
+                    }
+                }
+            }
+        }
+        ops.into_iter()
+            .map(|o| o.on(self.memory, self.stream))
+            .collect()
+    }
+
     /// Send or receive (what a group fuses into one exchange).
     pub fn is_send_recv(&self) -> bool {
         matches!(self.kind, OpKind::Send | OpKind::Recv)
@@ -653,6 +692,46 @@ fn check_overlap(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// (kind, peer, offset into the buffer it reads or writes) of each op.
+    fn shape(ops: &[Op], base_send: usize, base_recv: usize) -> Vec<(OpKind, usize, usize)> {
+        ops.iter()
+            .map(|o| match o.kind {
+                OpKind::Send => (o.kind, o.peer(), o.send as usize - base_send),
+                _ => (o.kind, o.peer(), o.recv as usize - base_recv),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn gather_and_scatter_as_sends_and_receives_move_a_block_per_rank() {
+        let (s, r) = (0x1000usize, 0x9000usize);
+        // 3 f32 a block (12 bytes), root 1 of 3.
+        let g = Op::gather(s as *const u8, r as *mut u8, 3, DataType::F32, 1);
+        use OpKind::{Recv, Send};
+        assert_eq!(
+            shape(&g.gather_or_scatter_as_sends_and_receives(0, 3), s, r),
+            [(Send, 1, 0)]
+        );
+        assert_eq!(
+            shape(&g.gather_or_scatter_as_sends_and_receives(1, 3), s, r),
+            [(Recv, 0, 0), (Send, 1, 0), (Recv, 1, 12), (Recv, 2, 24)]
+        );
+        let sc = Op::scatter(s as *const u8, r as *mut u8, 3, DataType::F32, 1);
+        assert_eq!(
+            shape(&sc.gather_or_scatter_as_sends_and_receives(2, 3), s, r),
+            [(Recv, 1, 0)]
+        );
+        assert_eq!(
+            shape(&sc.gather_or_scatter_as_sends_and_receives(1, 3), s, r),
+            [(Send, 0, 0), (Send, 1, 12), (Recv, 1, 0), (Send, 2, 24)]
+        );
+        assert!(
+            sc.gather_or_scatter_as_sends_and_receives(1, 3)
+                .iter()
+                .all(|o| o.count == 3 && o.dtype == DataType::F32)
+        );
+    }
 
     #[test]
     fn every_kind_has_its_own_name_and_group_comes_last() {
