@@ -193,9 +193,18 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
     // Two ranks a host: all-reduce, all-gather, reduce-scatter and
     // broadcast ran hierarchically (the local part on the GPU kernels), at
     // every size (the threshold at 0).
+    said_hierarchical(
+        &ranks,
+        NRANKS,
+        &["all_reduce", "all_gather", "reduce_scatter", "broadcast"],
+    );
+}
+
+/// Every one of `n` ranks logged that each of `colls` ran hierarchically.
+fn said_hierarchical(ranks: &Ranks, n: usize, colls: &[&str]) {
     let logs = ranks.logs.lock().unwrap();
-    for r in 0..NRANKS {
-        for coll in ["all_reduce", "all_gather", "reduce_scatter", "broadcast"] {
+    for r in 0..n {
+        for coll in colls {
             assert!(
                 logs.iter().any(|(who, l)| *who == r
                     && l.contains(&format!("{coll} on device memory across"))
@@ -261,17 +270,7 @@ fn every_collective_on_hosts_of_different_sizes_matches_the_reference() {
         ("NCCL_DEBUG", "INFO"),
         ("WEFT_CROSSHOST_HIER_MIN_BYTES", "0"),
     ]);
-    let logs = ranks.logs.lock().unwrap();
-    for r in 0..3 {
-        for coll in ["all_reduce", "broadcast"] {
-            assert!(
-                logs.iter().any(|(who, l)| *who == r
-                    && l.contains(&format!("{coll} on device memory across"))
-                    && l.contains("hierarchical")),
-                "rank {r} never said {coll} ran hierarchically"
-            );
-        }
-    }
+    said_hierarchical(&ranks, 3, &["all_reduce", "broadcast"]);
 }
 
 /// A program of sends and receives alone (pipeline stages across hosts:
