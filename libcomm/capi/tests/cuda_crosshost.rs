@@ -683,18 +683,7 @@ impl Rank {
             });
             // A ring of sends and receives in one group.
             let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
-            run(&|| unsafe {
-                assert_eq!(pncclGroupStart(), 0);
-                assert_eq!(
-                    pncclSend(p(send), count, F32, next as i32, self.comm, self.st()),
-                    0
-                );
-                assert_eq!(
-                    pncclRecv(p(out), count, F32, prev as i32, self.comm, self.st()),
-                    0
-                );
-                pncclGroupEnd()
-            });
+            self.group(count, &[(next, send)], &[(prev, out)]);
             self.check("sendrecv", count, &self.download(out, count), |i| {
                 v(prev, i)
             });

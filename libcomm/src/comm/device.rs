@@ -11,7 +11,7 @@ use crate::comm::shared::CommShared;
 use crate::comm::shared::lock;
 use crate::error::{Error, Result};
 use crate::observe;
-use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item};
+use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item, spans_hosts};
 use crate::op::tuner::Decision;
 use crate::op::{Memory, Op, OpKind};
 use std::mem::ManuallyDrop;
@@ -49,24 +49,32 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
     // A gather or scatter across hosts is the sends and receives it means,
     // so that it goes by host and over the engine's connections as they
     // do (staged whole, its local part would move through host memory).
-    let expanded: Vec<(&Communicator, Op)> = ops
-        .iter()
-        .flat_map(|&(c, op)| {
-            if matches!(op.kind, OpKind::Gather | OpKind::Scatter)
-                && matches!(op.memory, Memory::Device(_))
-                && !op.is_empty()
-                && spans_hosts(c)
-            {
-                op.gather_or_scatter_as_sends_and_receives(c.s.rank, c.s.nranks)
-                    .into_iter()
-                    .map(|o| (c, o))
-                    .collect()
-            } else {
-                vec![(c, op)]
-            }
-        })
-        .collect();
-    let ops = &expanded[..];
+    // Most batches have none: they are used as they are.
+    let expands = |c: &Communicator, op: &Op| {
+        matches!(op.kind, OpKind::Gather | OpKind::Scatter)
+            && matches!(op.memory, Memory::Device(_))
+            && !op.is_empty()
+            && spans_hosts(&c.s.host_ids())
+    };
+    let expanded: Vec<(&Communicator, Op)>;
+    let ops = if ops.iter().any(|&(c, op)| expands(c, &op)) {
+        expanded = ops
+            .iter()
+            .flat_map(|&(c, op)| {
+                if expands(c, &op) {
+                    op.gather_or_scatter_as_sends_and_receives(c.s.rank, c.s.nranks)
+                        .into_iter()
+                        .map(|o| (c, o))
+                        .collect()
+                } else {
+                    vec![(c, op)]
+                }
+            })
+            .collect();
+        &expanded[..]
+    } else {
+        ops
+    };
     // Collectives of communicators spanning hosts with several ranks a
     // host go hierarchical (`hier.rs`), each on its own, enqueued before
     // the rest of the batch on their streams.
@@ -120,13 +128,6 @@ pub(super) fn set_up_device(c: &Communicator, dev: i32) -> Result<()> {
     let lent = Lent { comms: vec![c] };
     // SAFETY: `dev` is the device of an operation the caller was given.
     unsafe { device_backend().set_up(&lent, &[(0, dev)]) }
-}
-
-/// Whether `c`'s ranks are on more than one host (their host identities,
-/// the same on every rank).
-fn spans_hosts(c: &Communicator) -> bool {
-    let ids = c.s.host_ids();
-    ids.first().is_some_and(|f| ids.iter().any(|h| h != f))
 }
 
 /// A send or receive of device memory (what `run_hier_p2p` may take).

@@ -133,9 +133,9 @@ impl Watched for HierWatch {
     }
 }
 
-/// Whether a device operation of this kind runs by the hierarchy's steps
-/// (sends and receives go by host in `hier_p2p.rs`).
-fn builds(kind: OpKind) -> bool {
+/// Whether [`hierarchical`](Communicator::hierarchical) takes a device
+/// operation of this kind (sends and receives go by host in `hier_p2p.rs`).
+fn takes(kind: OpKind) -> bool {
     matches!(
         kind,
         OpKind::AllReduce
@@ -167,7 +167,7 @@ impl Communicator {
     /// memory runs the same steps on the host path, blocking (CI's test of
     /// the hierarchy, which has no GPU).
     pub(super) unsafe fn hierarchical(&self, op: &Op) -> Option<Result<()>> {
-        if !self.s.cfg.device_hier || !builds(op.kind) || op.is_empty() {
+        if !self.s.cfg.device_hier || !takes(op.kind) || op.is_empty() {
             return None;
         }
         let device = match op.memory {

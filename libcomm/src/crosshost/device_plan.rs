@@ -101,8 +101,8 @@ pub fn host_major(layout: &Layout) -> bool {
 
 /// The plan of `kind` (count, reduction, root as the operation's) for rank
 /// `me` of `layout`; None where the operation is staged whole instead (see
-/// the module docs). Only for layouts of two hosts or more with the same
-/// number of ranks, at least two, on each.
+/// the module docs). Only for layouts of two hosts or more, one of them
+/// with two ranks or more (hosts of different sizes: [`uneven`]).
 pub fn plan(
     kind: OpKind,
     count: usize,
@@ -165,6 +165,8 @@ fn uneven(
     use OpKind::{AllReduce, Broadcast, Reduce};
     let (h, l) = (layout.host(me), layout.local(me));
     let (rh, rl) = (layout.host(root), layout.local(root));
+    // Within the host, in place in the output, from its rank `from`.
+    let host_broadcast = |from| step(Among::Host, Broadcast, Recv(0), Recv(0), count, None, from);
     let steps = match kind {
         AllReduce => {
             let mut s = vec![step(Among::Host, Reduce, Send(0), Recv(0), count, redop, 0)];
@@ -179,15 +181,7 @@ fn uneven(
                     0,
                 ));
             }
-            s.push(step(
-                Among::Host,
-                Broadcast,
-                Recv(0),
-                Recv(0),
-                count,
-                None,
-                0,
-            ));
+            s.push(host_broadcast(0));
             s
         }
         Broadcast | Reduce if rl < smallest => {
@@ -212,15 +206,7 @@ fn uneven(
                 s.push(step(Among::Rail, Broadcast, from, Recv(0), count, None, rh));
             }
             if h != rh {
-                s.push(step(
-                    Among::Host,
-                    Broadcast,
-                    Recv(0),
-                    Recv(0),
-                    count,
-                    None,
-                    0,
-                ));
+                s.push(host_broadcast(0));
             }
             s
         }

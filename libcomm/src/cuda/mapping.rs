@@ -357,12 +357,6 @@ pub(super) fn peer_link(token: u64, host: u64, desc: &[u8]) -> PeerLink {
     }
 }
 
-/// Whether `host_ids` (every rank's, by rank) name more than one host:
-/// such a communicator runs its device operations on the cross-host path.
-pub(super) fn spans_hosts(host_ids: &[u64]) -> bool {
-    host_ids.windows(2).any(|w| w[0] != w[1])
-}
-
 /// From the gathered descriptors: the most ranks that share one GPU in one
 /// process (same process token and device), and the fewest SMs of any
 /// rank's GPU (the cap must be the same on every rank).
@@ -461,18 +455,6 @@ mod tests {
         assert_eq!(peer_link(me, host, &desc(8, 0xbb)), PeerLink::OtherHost);
         // Even in one process: another identity is another host.
         assert_eq!(peer_link(me, host, &desc(7, 0xbb)), PeerLink::OtherHost);
-    }
-
-    #[test]
-    fn a_communicator_with_two_host_identities_spans_hosts() {
-        // Identities as the bootstrap gives them (`sys::topology::host_id`
-        // of each half's WEFT_HOSTNAME; its own tests show they differ).
-        let (a, b) = (0x5157_a000_u64, 0x5157_b000_u64);
-        assert!(spans_hosts(&[a, a, b, b]));
-        assert!(spans_hosts(&[a, b]));
-        assert!(!spans_hosts(&[a, a, a]));
-        assert!(!spans_hosts(&[a]));
-        assert!(!spans_hosts(&[]));
     }
 
     #[test]

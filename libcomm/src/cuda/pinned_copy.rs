@@ -120,64 +120,35 @@ impl Copier {
         }
     }
 
-    /// Enqueues on `stream` the copies of `jobs` (each: what it stages,
-    /// its buffer, its sequence number) into their pinned buffers (and a
-    /// broadcast root's own device-to-device copy), each followed by its
-    /// `ready` signal, in job order: the first job's bytes are all in
-    /// place first, so its network part starts while the next ones copy.
+    /// The copies of `jobs` (each: what it stages, its buffer, its
+    /// sequence number), planned once for [`Copies::enqueue_in`] and
+    /// [`Copies::enqueue_out`].
     ///
-    /// # Safety
-    /// The jobs' device addresses are valid device memory of `dev` until
-    /// the stream passes the copies; each buffer holds its job's bytes.
-    pub(super) unsafe fn copy_in(
-        self,
-        dev: i32,
-        jobs: &[(&Staged, &Lease, u32)],
-        stream: sys::CUstream,
-    ) -> CudaResult<()> {
-        let pieces = self.in_pieces(jobs);
-        unsafe { enqueue(dev, &pieces, SLOTS, stream) }
-    }
-
-    /// Enqueues [`copy_in`](Self::copy_in) and [`copy_out`](Self::copy_out)
-    /// of `jobs` as one launch of the copy kernel when that can be: a call
-    /// of several jobs (slices) all on the kernel, whose copies fit one
-    /// launch. The copies back ride at the end, on the first
-    /// [`OUT_BLOCKS`] blocks, which wait for each job's `done` as their own
-    /// launch would (a job's `done` comes after its `ready`, which every
-    /// block writes once its copies in are done, so they never copy back
-    /// early); the other blocks end after the copies in. One launch instead
-    /// of two: the calling thread's cost of a 256 MiB all-reduce. Returns
-    /// whether it did; if not, nothing was enqueued.
-    ///
-    /// # Safety
-    /// As [`copy_in`](Self::copy_in).
-    pub(super) unsafe fn copy_in_and_out_at_once(
-        self,
-        dev: i32,
-        jobs: &[(&Staged, &Lease, u32)],
-        stream: sys::CUstream,
-    ) -> CudaResult<bool> {
-        let Some((ins, outs)) = self.one_launch(jobs) else {
-            return Ok(false);
-        };
-        let mut ops = copy_ops(&ins, SLOTS);
-        ops.extend(copy_ops(&outs, OUT_BLOCKS));
-        unsafe { launch_ops(dev, &ops, SLOTS, stream)? };
-        Ok(true)
-    }
-
-    /// The pieces in and out of `jobs` when they go as one launch (see
-    /// [`copy_in_and_out_at_once`](Self::copy_in_and_out_at_once)).
-    fn one_launch(self, jobs: &[(&Staged, &Lease, u32)]) -> Option<(Vec<Piece>, Vec<Piece>)> {
-        let (outs, blocks) = self.out_pieces(jobs);
+    /// A call of several jobs (slices) all on the kernel, whose copies fit
+    /// one launch, is one launch of the copy kernel: the copies back ride
+    /// at the end, on its first [`OUT_BLOCKS`] blocks, which wait for each
+    /// job's `done` as their own launch would (a job's `done` comes after
+    /// its `ready`, which every block writes once its copies in are done,
+    /// so none copies back early); the other blocks end after the copies
+    /// in. One launch instead of two: the calling thread's cost of a
+    /// 256 MiB all-reduce.
+    pub(super) fn copies(self, jobs: &[(&Staged, &Lease, u32)]) -> Copies {
         let ins = self.in_pieces(jobs);
+        let (outs, out_blocks) = self.out_pieces(jobs);
         let all_kernel = ins.iter().chain(&outs).all(|p| p.how == Mover::Kernel);
-        (blocks == OUT_BLOCKS && all_kernel && ins.len() + outs.len() <= MAX_P2P)
-            .then_some((ins, outs))
+        let at_once = out_blocks == OUT_BLOCKS && all_kernel && ins.len() + outs.len() <= MAX_P2P;
+        Copies {
+            ins,
+            outs,
+            out_blocks,
+            at_once,
+        }
     }
 
-    /// What [`copy_in`](Self::copy_in) enqueues.
+    /// Every job's copies into its pinned buffer (and a broadcast root's
+    /// own device-to-device copy), each job's followed by its `ready`
+    /// signal, in job order: the first job's bytes are all in place first,
+    /// so its network part starts while the next ones copy.
     fn in_pieces(self, jobs: &[(&Staged, &Lease, u32)]) -> Vec<Piece> {
         let mut pieces = Vec::new();
         for &(s, buf, seq) in jobs {
@@ -203,26 +174,12 @@ impl Copier {
         pieces
     }
 
-    /// Enqueues on `stream`, for every job in order, a wait for its `done`
-    /// (the progress thread's), its copies out of its pinned buffer back to
-    /// the device, then its `released` signal. With several jobs the copy
-    /// kernel waits for `done` itself, so every kernel job's copies out are
-    /// one launch (of [`OUT_BLOCKS`] blocks); a single job and the engines'
-    /// jobs wait on the stream (`cuStreamWaitValue32`).
-    ///
-    /// # Safety
-    /// As [`copy_in`](Self::copy_in).
-    pub(super) unsafe fn copy_out(
-        self,
-        dev: i32,
-        jobs: &[(&Staged, &Lease, u32)],
-        stream: sys::CUstream,
-    ) -> CudaResult<()> {
-        let (pieces, blocks) = self.out_pieces(jobs);
-        unsafe { enqueue(dev, &pieces, blocks, stream) }
-    }
-
-    /// What [`copy_out`](Self::copy_out) enqueues, and its kernel's blocks.
+    /// For every job in order, a wait for its `done` (the progress
+    /// thread's), its copies out of its pinned buffer back to the device,
+    /// then its `released` signal; and the kernel's blocks. With several
+    /// jobs the copy kernel waits for `done` itself ([`OUT_BLOCKS`] blocks);
+    /// a single job and the engines' jobs wait on the stream
+    /// (`cuStreamWaitValue32`).
     fn out_pieces(self, jobs: &[(&Staged, &Lease, u32)]) -> (Vec<Piece>, usize) {
         let blocks = out_blocks(jobs.len());
         let mut pieces = Vec::new();
@@ -252,6 +209,51 @@ impl Copier {
             }
         }
         (pieces, blocks)
+    }
+}
+
+/// A call's copies between device and pinned memory ([`Copier::copies`]).
+pub(super) struct Copies {
+    ins: Vec<Piece>,
+    outs: Vec<Piece>,
+    /// The kernel's blocks for the copies out.
+    out_blocks: usize,
+    /// Ins and outs are one launch (enqueued by `enqueue_in`).
+    at_once: bool,
+}
+
+impl Copies {
+    /// Enqueues the copies in and the `ready` signals (and, as one launch,
+    /// the copies out where they go with them).
+    ///
+    /// # Safety
+    /// The jobs' device addresses are valid device memory of `dev` until
+    /// the stream passes the copies; each buffer holds its job's bytes.
+    pub(super) unsafe fn enqueue_in(&self, dev: i32, stream: sys::CUstream) -> CudaResult<()> {
+        if self.at_once {
+            return unsafe { launch_ops(dev, &self.ops_at_once(), SLOTS, stream) };
+        }
+        unsafe { enqueue(dev, &self.ins, SLOTS, stream) }
+    }
+
+    /// The one launch's ops: the copies in on every block, then the
+    /// copies out on the first [`OUT_BLOCKS`].
+    fn ops_at_once(&self) -> Vec<P2pOp> {
+        let mut ops = copy_ops(&self.ins, SLOTS);
+        ops.extend(copy_ops(&self.outs, OUT_BLOCKS));
+        ops
+    }
+
+    /// Enqueues the waits for `done`, the copies out and the `released`
+    /// signals, unless `enqueue_in` did.
+    ///
+    /// # Safety
+    /// As [`enqueue_in`](Self::enqueue_in).
+    pub(super) unsafe fn enqueue_out(&self, dev: i32, stream: sys::CUstream) -> CudaResult<()> {
+        if self.at_once {
+            return Ok(());
+        }
+        unsafe { enqueue(dev, &self.outs, self.out_blocks, stream) }
     }
 }
 
@@ -610,9 +612,9 @@ mod tests {
         let (a, b) = (to_host.clone(), to_host.clone());
         let (la, lb) = (lease(1), lease(2));
         let jobs = [(&a, &la, 5), (&b, &lb, 6)];
-        let (ins, outs) = kernel.one_launch(&jobs).expect("one launch");
-        let mut ops = copy_ops(&ins, SLOTS);
-        ops.extend(copy_ops(&outs, OUT_BLOCKS));
+        let c = kernel.copies(&jobs);
+        assert!(c.at_once, "one launch");
+        let ops = c.ops_at_once();
         let kinds: Vec<(i32, u64, u64)> = ops.iter().map(|o| (o.nblocks, o.wait, o.seq)).collect();
         assert_eq!(
             kinds,
@@ -627,17 +629,13 @@ mod tests {
         assert_eq!(ops[0].base, la.slot_words.0);
         assert_eq!(ops[3].base, lb.slot_words.1);
         // A single job: no.
-        assert!(kernel.one_launch(&jobs[..1]).is_none());
+        assert!(!kernel.copies(&jobs[..1]).at_once);
         // The engines: no.
         let engines = Copier { kernel_from: None };
-        assert!(engines.one_launch(&jobs).is_none());
+        assert!(!engines.copies(&jobs).at_once);
         // More pieces than one launch holds: no.
         let mut wide = to_host.clone();
         wide.to_host = vec![wide.to_host[0]; MAX_P2P];
-        assert!(
-            kernel
-                .one_launch(&[(&wide, &la, 5), (&b, &lb, 6)])
-                .is_none()
-        );
+        assert!(!kernel.copies(&[(&wide, &la, 5), (&b, &lb, 6)]).at_once);
     }
 }

@@ -329,28 +329,17 @@ impl ProxySide {
             .collect();
         // Copies in (with a sliced call's copies out, where they fit one
         // launch of the copy kernel).
-        let copied = unsafe { self.copier.copy_in_and_out_at_once(self.dev, &ins, stream) }
-            .and_then(|once| {
-                if !once {
-                    unsafe { self.copier.copy_in(self.dev, &ins, stream)? };
-                }
-                Ok(once)
-            });
-        let out_too = match copied {
-            Ok(once) => once,
-            Err(e) => {
-                for &(_, b, _) in &jobs {
-                    self.pool.poison(&b);
-                }
-                return Err(e);
+        let copies = self.copier.copies(&ins);
+        if let Err(e) = unsafe { copies.enqueue_in(self.dev, stream) } {
+            for &(_, b, _) in &jobs {
+                self.pool.poison(&b);
             }
-        };
+            return Err(e);
+        }
         // Waits and copies out. After the first wait a failure must release
         // every wait itself (no job runs: they are not queued).
         let out = || -> CudaResult<()> {
-            if !out_too {
-                unsafe { self.copier.copy_out(self.dev, &ins, stream)? };
-            }
+            unsafe { copies.enqueue_out(self.dev, stream)? };
             for &s in &others {
                 unsafe { join(s, stream)? };
             }

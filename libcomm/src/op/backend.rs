@@ -181,6 +181,13 @@ impl DeviceSlot {
     }
 }
 
+/// Whether `host_ids` (every rank's, by rank: [`Comms::host_ids`]) name
+/// more than one host: such a communicator runs its device operations on
+/// the cross-host path (the backend and the core decide alike from it).
+pub fn spans_hosts(host_ids: &[u64]) -> bool {
+    host_ids.windows(2).any(|w| w[0] != w[1])
+}
+
 /// One operation of a batch: `comm` indexes the batch's communicators in [`Comms`].
 #[derive(Debug, Clone, Copy)]
 pub struct Item {
@@ -266,7 +273,19 @@ pub trait Backend: Sync {
 
 #[cfg(test)]
 mod tests {
-    use super::AbortWord;
+    use super::{AbortWord, spans_hosts};
+
+    #[test]
+    fn a_communicator_with_two_host_identities_spans_hosts() {
+        // Identities as the bootstrap gives them (`sys::topology::host_id`
+        // of each half's WEFT_HOSTNAME; its own tests show they differ).
+        let (a, b) = (0x5157_a000_u64, 0x5157_b000_u64);
+        assert!(spans_hosts(&[a, a, b, b]));
+        assert!(spans_hosts(&[a, b]));
+        assert!(!spans_hosts(&[a, a, a]));
+        assert!(!spans_hosts(&[a]));
+        assert!(!spans_hosts(&[]));
+    }
 
     #[test]
     fn a_word_fires_until_retired() {
