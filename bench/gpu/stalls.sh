@@ -5,7 +5,8 @@
 # picks libnccl.so.2), 1,000 timed calls per cell (ITERS).
 # Usage: OUT=/tmp/out bench/gpu/stalls.sh        (layout as run.sh: weft/libnccl.so.2 next to it)
 # Output: $OUT/stalls-{weft,weft-sidecar,nccl}.txt, one "cell ..." line per rank and
-# cell, and a summary per run: cells ok / STALL and the largest max. weft-sidecar:
+# cell, and a summary per run: cells ok / STALL and the largest max (the
+# "floor" cells, a memset and a synchronize without the library, printed apart). weft-sidecar:
 # Weft's ranks under `weft run --sidecar` (attached to a sidecar, as in a pod: its
 # telemetry and health board on every call).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -37,6 +38,6 @@ for who in weft weft-sidecar nccl; do
   rc=0; for p in ${pids[@]}; do wait $p || rc=$?; done
   cat $OUT/stalls-$who-*.txt > $OUT/stalls-$who.txt; rm -f $OUT/stalls-$who-*.txt
   echo "== $who ($NP processes, one GPU each) rc=$rc"
-  awk '/^cell/{c++; if ($NF=="(ok)") ok++; m=$11+0; if (m>mx) {mx=m; w=$2" "$3}} /WRONG|^rank [0-9]+: /{print}
+  awk '/^cell floor/{print; next} /^cell/{c++; if ($NF=="(ok)") ok++; m=$11+0; if (m>mx) {mx=m; w=$2" "$3}} /WRONG|^rank [0-9]+: /{print}
     END{printf "cells %d ok %d STALL %d; largest max %.0f us (%s)\n", c, ok, c-ok, mx, w}' $OUT/stalls-$who.txt
 done

@@ -257,10 +257,11 @@ fn collectives_checked_with(env: &[(&str, &str)]) -> Ranks {
 }
 
 /// Three ranks on hosts of one and two (`sim-a`: rank 0; `sim-b`: 1, 2),
-/// as after a shrink: all-reduce by the hosts' leaders and broadcast
-/// (root 2: a local index the small host lacks) hierarchically at every
-/// size, the rest staged; every result against the reference, and every
-/// rank says all-reduce and broadcast ran hierarchically.
+/// as after a shrink: all-reduce, all-gather and reduce-scatter by the
+/// hosts' leaders, broadcast and reduce (root 2: a local index the small
+/// host lacks) hierarchically at every size, the rest by host or staged;
+/// every result against the reference, and every rank says those five
+/// ran hierarchically.
 #[test]
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn every_collective_on_hosts_of_different_sizes_matches_the_reference() {
@@ -270,7 +271,17 @@ fn every_collective_on_hosts_of_different_sizes_matches_the_reference() {
         ("NCCL_DEBUG", "INFO"),
         ("WEFT_CROSSHOST_HIER_MIN_BYTES", "0"),
     ]);
-    said_hierarchical(&ranks, 3, &["all_reduce", "broadcast"]);
+    said_hierarchical(
+        &ranks,
+        3,
+        &[
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "broadcast",
+            "reduce",
+        ],
+    );
 }
 
 /// A program of sends and receives alone (pipeline stages across hosts:

@@ -388,6 +388,7 @@ impl Communicator {
                 OpKind::AllGather => Op::all_gather(send, recv, st.count, op.dtype),
                 OpKind::Broadcast => Op::broadcast(send, recv, st.count, op.dtype, st.root),
                 OpKind::Reduce => Op::reduce(send, recv, st.count, op.dtype, redop, st.root),
+                OpKind::Scatter => Op::scatter(send, recv, st.count, op.dtype, st.root),
                 k => {
                     r = Err(Error::Internal(format!(
                         "no hierarchical step of kind {k:?}"
@@ -568,9 +569,10 @@ pub(super) mod tests {
 
     /// Five ranks on hosts of three and two (a job after a shrink, pods
     /// of different GPU counts): all-reduce by the hosts' leaders,
-    /// broadcast from every root, reduce at the roots whose local index
-    /// both hosts have (to rank 2 it is staged whole: not taken), odd
-    /// sizes, against the reference; all-gather is not taken.
+    /// broadcast and reduce from every root (to rank 2, a local index the
+    /// second host lacks, by the leaders), all-gather and reduce-scatter by
+    /// the leaders (the hosts are rank ranges), odd sizes, against the
+    /// reference.
     #[test]
     fn uneven_hosts_run_hierarchically_and_match_the_reference() {
         let comms = Communicator::init_on_simulated_hosts(5, 3, |c| crate::Config {
@@ -604,22 +606,37 @@ pub(super) mod tests {
                             }
                             out.fill(f32::NAN);
                             let rd = Op::reduce(sp, rp, count, DataType::F32, ReduceOp::Max, root);
-                            let taken = unsafe { c.hierarchical(&rd) };
-                            // Local index 2 (rank 2): the second host has none.
-                            if root == 2 {
-                                assert!(taken.is_none(), "rank {me}: reduce to 2 taken");
-                                continue;
-                            }
-                            taken.expect("reduce taken").unwrap();
-                            if me == root {
-                                for (i, got) in out[..count].iter().enumerate() {
-                                    let want = (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max);
-                                    assert_eq!(*got, want, "rank {me}: reduce root {root}");
-                                }
+                            unsafe { c.hierarchical(&rd) }
+                                .expect("reduce taken to every root")
+                                .unwrap();
+                            // A non-root's output is left alone.
+                            let want = |i| match me == root {
+                                true => (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max),
+                                false => f32::NAN,
+                            };
+                            for (i, got) in out[..count].iter().enumerate() {
+                                let w = want(i);
+                                let same = *got == w || (got.is_nan() && w.is_nan());
+                                assert!(same, "rank {me}: reduce root {root} at {i}: {got}");
                             }
                         }
                         let ag = Op::all_gather(sp, rp, count, DataType::F32);
-                        assert!(unsafe { c.hierarchical(&ag) }.is_none(), "all_gather taken");
+                        unsafe { c.hierarchical(&ag) }
+                            .expect("all-gather taken on contiguous uneven hosts")
+                            .unwrap();
+                        for (i, got) in out.iter().enumerate() {
+                            let want = value(i / count, i % count);
+                            assert_eq!(*got, want, "rank {me}: all_gather {count} at {i}");
+                        }
+                        out.fill(f32::NAN);
+                        let rs = Op::reduce_scatter(sp, rp, count, DataType::F32, ReduceOp::Sum);
+                        unsafe { c.hierarchical(&rs) }
+                            .expect("reduce-scatter taken on contiguous uneven hosts")
+                            .unwrap();
+                        for (i, got) in out[..count].iter().enumerate() {
+                            let want: f32 = (0..n).map(|q| value(q, me * count + i)).sum();
+                            assert_eq!(*got, want, "rank {me}: reduce_scatter {count} at {i}");
+                        }
                     }
                 });
             }

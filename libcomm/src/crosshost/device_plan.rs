@@ -27,15 +27,15 @@
 //!   per host h', of the input's range of host h', into scratch block h';
 //!   then a reduce-scatter on the rail of the scratch into the output.
 //!
-//! Hosts of different sizes: leaders (see [`uneven`]) for all-reduce and
-//! broadcast, the root's rail for broadcast and reduce where every host
-//! has the root's local index.
+//! Hosts of different sizes: leaders (see [`uneven`]) for all-reduce,
+//! all-gather, reduce-scatter and the broadcasts and reduces whose root's
+//! local index some host lacks; the root's rail for broadcast and reduce
+//! where every host has it.
 //!
 //! Everything else (gather, scatter, all-to-all, send/recv; all-gather and
-//! reduce-scatter on uneven hosts or hosts that are not rank ranges; a
-//! reduce to a local index some host lacks) is not planned here: the
-//! caller stages the whole operation (all-to-all and send/recv go by host
-//! in `comm/hier_p2p.rs`).
+//! reduce-scatter on hosts that are not rank ranges) is not planned here:
+//! the caller stages the whole operation (gather, scatter, all-to-all and
+//! send/recv go by host in `comm/hier_p2p.rs`).
 
 use super::layout::Layout;
 use crate::data::types::ReduceOp;
@@ -145,13 +145,24 @@ fn step(
 /// Hosts of different sizes (after a shrink, or pods of different GPU
 /// counts): each host's first rank (its leader, rail 0: every host has
 /// one) carries the traffic between hosts, the rest stays on the host's
-/// NVLink kernels. All-reduce: reduce to the leader, all-reduce among the
-/// leaders, broadcast from the leader. Broadcast and reduce whose root's
-/// local index every host has: on the root's rail, as on even hosts;
-/// a broadcast from a higher local index: within the root's host first,
-/// then among the leaders, then within each other host. The rest
-/// (all-gather, reduce-scatter, a reduce to a higher local index) is
-/// staged whole.
+/// NVLink kernels.
+/// - All-reduce: reduce to the leader, all-reduce among the leaders,
+///   broadcast from the leader.
+/// - Broadcast and reduce whose root's local index every host has: on the
+///   root's rail, as on even hosts. A broadcast from a higher local index:
+///   within the root's host first, then among the leaders, then within
+///   each other host. A reduce to one: to the leaders, among them to the
+///   root's host's leader, then within that host to the root (a host
+///   broadcast: the kernels have no single copy between two ranks).
+/// - All-gather and reduce-scatter on contiguous hosts (a host's blocks
+///   are one range, host h' from rank s' for k' ranks): all-gather within
+///   the host into place; the leaders broadcast each host's range to each
+///   other; each leader broadcasts the other hosts' ranges within its host.
+///   Reduce-scatter: reduce the whole input to the leader (a scratch);
+///   among the leaders, reduce each host's range to that host's leader;
+///   scatter the host's range from the leader. Every byte between hosts
+///   crosses once per host, as a flat ring would; hosts interleaved in
+///   rank order are staged whole.
 fn uneven(
     kind: OpKind,
     count: usize,
@@ -161,12 +172,19 @@ fn uneven(
     me: usize,
     smallest: usize,
 ) -> Option<DevicePlan> {
-    use At::{Recv, Send};
-    use OpKind::{AllReduce, Broadcast, Reduce};
+    use At::{Recv, Scratch, Send};
+    use OpKind::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter, Scatter};
     let (h, l) = (layout.host(me), layout.local(me));
     let (rh, rl) = (layout.host(root), layout.local(root));
     // Within the host, in place in the output, from its rank `from`.
     let host_broadcast = |from| step(Among::Host, Broadcast, Recv(0), Recv(0), count, None, from);
+    // Host h' as a range of a rank-ordered buffer of `count`-element
+    // blocks: (first element, elements).
+    let range = |hh: usize| {
+        let m = layout.members(hh);
+        (m[0] * count, m.len() * count)
+    };
+    let mut scratch = 0;
     let steps = match kind {
         AllReduce => {
             let mut s = vec![step(Among::Host, Reduce, Send(0), Recv(0), count, redop, 0)];
@@ -210,9 +228,108 @@ fn uneven(
             }
             s
         }
+        Reduce => {
+            // The partial sums in a scratch at the leaders and, for the
+            // last step, at every rank of the root's host but the root
+            // (their outputs are not theirs to use: NCCL's reduce leaves a
+            // non-root's receive buffer alone).
+            let at_root = me == root;
+            if l == 0 || (h == rh && !at_root) {
+                scratch = count;
+            }
+            let mid = if l == 0 { Scratch(0) } else { Recv(0) };
+            let mut s = vec![step(Among::Host, Reduce, Send(0), mid, count, redop, 0)];
+            if l == 0 {
+                s.push(step(
+                    Among::Rail,
+                    Reduce,
+                    Scratch(0),
+                    Scratch(0),
+                    count,
+                    later(redop),
+                    rh,
+                ));
+            }
+            if h == rh {
+                let to = if at_root { Recv(0) } else { Scratch(0) };
+                s.push(step(Among::Host, Broadcast, Scratch(0), to, count, None, 0));
+            }
+            s
+        }
+        AllGather if layout.contiguous_hosts() => {
+            let (mine, _) = range(h);
+            let mut s = vec![step(
+                Among::Host,
+                AllGather,
+                Send(0),
+                Recv(mine),
+                count,
+                None,
+                0,
+            )];
+            if l == 0 {
+                s.extend((0..layout.nhosts()).map(|hh| {
+                    let (at, len) = range(hh);
+                    step(Among::Rail, Broadcast, Recv(at), Recv(at), len, None, hh)
+                }));
+            }
+            // The other hosts' ranges: before this host's and after it.
+            let (at, len) = range(h);
+            let end = layout.n() * count;
+            for (from, len) in [(0, at), (at + len, end - at - len)] {
+                if len > 0 {
+                    s.push(step(
+                        Among::Host,
+                        Broadcast,
+                        Recv(from),
+                        Recv(from),
+                        len,
+                        None,
+                        0,
+                    ));
+                }
+            }
+            s
+        }
+        ReduceScatter if layout.contiguous_hosts() => {
+            let whole = layout.n() * count;
+            let mut s = Vec::new();
+            if l == 0 {
+                scratch = whole;
+                s.push(step(
+                    Among::Host,
+                    Reduce,
+                    Send(0),
+                    Scratch(0),
+                    whole,
+                    redop,
+                    0,
+                ));
+                s.extend((0..layout.nhosts()).map(|hh| {
+                    let (at, len) = range(hh);
+                    let op = later(redop);
+                    step(Among::Rail, Reduce, Scratch(at), Scratch(at), len, op, hh)
+                }));
+                let (at, _) = range(h);
+                s.push(step(
+                    Among::Host,
+                    Scatter,
+                    Scratch(at),
+                    Recv(0),
+                    count,
+                    None,
+                    0,
+                ));
+            } else {
+                // A non-root's reduce output and scatter input are unused.
+                s.push(step(Among::Host, Reduce, Send(0), Recv(0), whole, redop, 0));
+                s.push(step(Among::Host, Scatter, Send(0), Recv(0), count, None, 0));
+            }
+            s
+        }
         _ => return None,
     };
-    Some(DevicePlan { steps, scratch: 0 })
+    Some(DevicePlan { steps, scratch })
 }
 
 /// Hosts of the same size k >= 2 (see the module docs); broadcast and
@@ -531,6 +648,12 @@ fn run_group(members: &[usize], steps: &[Step], bufs: &mut [[Vec<f64>; 3]]) {
                 write(&mut bufs[p], steps[i].recv, &v);
             }
         }
+        OpKind::Scatter => {
+            let v = read(&bufs[members[st.root]], steps[st.root].send, c * g);
+            for (i, &p) in members.iter().enumerate() {
+                write(&mut bufs[p], steps[i].recv, &v[i * c..(i + 1) * c]);
+            }
+        }
         k => panic!("no step of kind {k:?} is planned"),
     }
 }
@@ -704,43 +827,28 @@ mod tests {
             )
             .is_none()
         );
-        // Uneven hosts: all-gather and reduce-scatter, and a reduce to a
-        // local index the small host lacks, are staged whole.
-        let uneven = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
-        assert!(plan(OpKind::AllGather, 64, None, 0, &uneven, 0).is_none());
-        assert!(
-            plan(
-                OpKind::ReduceScatter,
-                64,
-                Some(ReduceOp::Sum),
-                0,
-                &uneven,
-                0
-            )
-            .is_none()
-        );
-        assert!(plan(OpKind::Reduce, 64, Some(ReduceOp::Sum), 2, &uneven, 0).is_none());
+        // Hosts of different sizes interleaved in rank order: all-gather
+        // and reduce-scatter are staged whole (a host's blocks are not one
+        // range); contiguous, they are planned.
+        let interleaved = Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap();
+        let contiguous = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
+        for (layout, planned) in [(&interleaved, false), (&contiguous, true)] {
+            for kind in [OpKind::AllGather, OpKind::ReduceScatter] {
+                let p = plan(kind, 64, Some(ReduceOp::Sum), 0, layout, 0);
+                assert_eq!(p.is_some(), planned, "{kind:?} on {layout:?}");
+            }
+        }
     }
 
     /// Hosts of different sizes, contiguous or interleaved, one of them a
-    /// single rank: all-reduce (leaders), broadcast from every root,
-    /// reduce at every root whose local index every host has, odd sizes,
-    /// Sum/Max/Min, every rank's output against the reference.
+    /// single rank: all-reduce (leaders), broadcast and reduce from every
+    /// root, odd sizes, Sum/Max/Min, every rank's output against the
+    /// reference; a reduce's non-roots' outputs untouched.
     #[test]
     fn uneven_hosts_all_reduce_broadcast_and_reduce_match_the_reference() {
-        let layouts = [
-            Layout::from_hosts(vec![vec![0, 1, 2], vec![3, 4]]).unwrap(),
-            Layout::from_hosts(vec![vec![0], vec![1, 2, 3]]).unwrap(),
-            Layout::from_hosts(vec![vec![0, 1], vec![2], vec![3, 4, 5]]).unwrap(),
-            Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap(),
-        ];
-        for layout in &layouts {
+        for layout in &uneven_layouts() {
             assert!(layout.per_host().is_none());
             let n = layout.n();
-            let smallest = (0..layout.nhosts())
-                .map(|h| layout.members(h).len())
-                .min()
-                .unwrap();
             for count in [1usize, 7, 1023] {
                 for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
                     let ins = inputs(n, count, count as u64 + 3);
@@ -758,28 +866,70 @@ mod tests {
                     for (r, o) in outs.iter().enumerate() {
                         assert_eq!(o, &ins[root], "{layout:?} root {root} rank {r}");
                     }
-                    let reduced = simulate(
-                        OpKind::Reduce,
-                        count,
-                        Some(ReduceOp::Sum),
-                        root,
-                        layout,
-                        &ins,
-                        count,
-                    );
-                    if layout.local(root) < smallest {
-                        let outs = reduced.expect("reduce on the root's rail");
+                    for op in [ReduceOp::Sum, ReduceOp::Max] {
+                        let outs =
+                            simulate(OpKind::Reduce, count, Some(op), root, layout, &ins, count)
+                                .expect("reduce planned to every root");
                         assert_eq!(
                             outs[root],
-                            reduce_all(&ins, Some(ReduceOp::Sum)),
-                            "{layout:?} reduce root {root}"
+                            reduce_all(&ins, Some(op)),
+                            "{layout:?} reduce {op:?} root {root}"
                         );
-                    } else {
-                        assert!(reduced.is_none(), "{layout:?} reduce root {root} staged");
+                        for (r, o) in outs.iter().enumerate().filter(|(r, _)| *r != root) {
+                            assert!(o.iter().all(|x| x.is_nan()), "{layout:?} rank {r} written");
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// Hosts of different sizes as rank ranges: all-gather and
+    /// reduce-scatter (Sum/Max/Min) by the leaders, odd counts, every
+    /// rank's output against the reference.
+    #[test]
+    fn uneven_contiguous_hosts_all_gather_and_reduce_scatter_match_the_reference() {
+        for layout in uneven_layouts().iter().filter(|l| l.contiguous_hosts()) {
+            let n = layout.n();
+            for count in [1usize, 5, 333] {
+                let ins = inputs(n, count, count as u64 + 41);
+                let outs = simulate(OpKind::AllGather, count, None, 0, layout, &ins, n * count)
+                    .expect("all-gather planned on contiguous uneven hosts");
+                let want: Vec<f64> = ins.iter().flatten().copied().collect();
+                for (r, o) in outs.iter().enumerate() {
+                    assert_eq!(o, &want, "{layout:?} all_gather {count} rank {r}");
+                }
+                for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                    let ins = inputs(n, n * count, count as u64 + 43);
+                    let outs = simulate(
+                        OpKind::ReduceScatter,
+                        count,
+                        Some(op),
+                        0,
+                        layout,
+                        &ins,
+                        count,
+                    )
+                    .expect("reduce-scatter planned on contiguous uneven hosts");
+                    let all = reduce_all(&ins, Some(op));
+                    for (r, o) in outs.iter().enumerate() {
+                        let want = &all[r * count..(r + 1) * count];
+                        assert_eq!(o, want, "{layout:?} reduce_scatter {count} {op:?} rank {r}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hosts of different sizes: three contiguous (one a single rank), one
+    /// interleaved.
+    fn uneven_layouts() -> Vec<Layout> {
+        vec![
+            Layout::from_hosts(vec![vec![0, 1, 2], vec![3, 4]]).unwrap(),
+            Layout::from_hosts(vec![vec![0], vec![1, 2, 3]]).unwrap(),
+            Layout::from_hosts(vec![vec![0, 1], vec![2], vec![3, 4, 5]]).unwrap(),
+            Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap(),
+        ]
     }
 
     #[test]

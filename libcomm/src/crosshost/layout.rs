@@ -97,6 +97,15 @@ impl Layout {
         self.hosts.iter().all(|h| h.len() == k).then_some(k)
     }
 
+    /// Whether every host is one contiguous range of ranks (host h holds
+    /// `members(h)[0]..` up to the next host's first rank): then a host's
+    /// blocks of a rank-ordered buffer are one range, in local order.
+    pub fn contiguous_hosts(&self) -> bool {
+        self.hosts
+            .iter()
+            .all(|h| h.windows(2).all(|w| w[1] == w[0] + 1))
+    }
+
     /// Local rank `l` of every host that has one, in host order (a rail;
     /// on hosts of different sizes the higher rails skip the small hosts).
     pub fn rail(&self, l: usize) -> Vec<usize> {
