@@ -32,9 +32,15 @@ pub(super) fn device_backend() -> &'static dyn Backend {
 pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
     check_all(ops)?;
     // A communicator's first device operation (of any kind: sends and
-    // receives too) builds its hierarchy where it has one, before anything
-    // else of the batch, as it builds its cross-host engine: every rank
-    // makes it at the same point of its calls (`hier.rs`).
+    // receives too) builds its hierarchy where it has one, then, if it
+    // spans hosts, its own cross-host path (whose engine is built by a
+    // collective of all its ranks), before anything else of the batch:
+    // every rank makes its first device operation at the same point of
+    // its calls (`hier.rs`). Later, a send or receive between some of the
+    // ranks, or a collective the hierarchy takes whole, may be the first
+    // to reach the parent's own device side: set up lazily there, its
+    // engine would wait for ranks that never come (a gather's sends on
+    // hosts of 1 and 2 ranks timed out so).
     let mut first_seen: Vec<*const Communicator> = Vec::new();
     for &(c, op) in ops {
         if let Memory::Device(dev) = op.memory
@@ -44,6 +50,9 @@ pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
         {
             first_seen.push(c);
             c.prepare_hierarchy(Some(dev));
+            if spans_hosts(&c.s.host_ids()) {
+                set_up_device(c, dev)?;
+            }
         }
     }
     // A gather or scatter across hosts is the sends and receives it means,
