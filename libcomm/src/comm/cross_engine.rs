@@ -12,7 +12,8 @@
 //!
 //! `WEFT_CROSSHOST_MIN_BYTES` (every rank the same, like `WEFT_ALGO`) is
 //! the smallest all-reduce, all-gather, reduce-scatter or all-to-all (of
-//! device memory: broadcast and reduce too) that takes the engine. Unset:
+//! device memory: broadcast and reduce too; by its whole data, an
+//! all-gather's output) that takes the engine. Unset:
 //! [`DEVICE_MIN_BYTES`] for device collectives (on 2 GPUs as two hosts the
 //! engine moved up to 3.4x the flat path's bus bandwidth from 4 MiB and
 //! lost below: docs/PERFORMANCE-GPU.md "Across hosts"), and never for host
@@ -157,7 +158,10 @@ impl Communicator {
         let Some(min) = self.cross_engine_min(device) else {
             return false;
         };
-        coll(op, device).is_some() && !op.is_empty() && op.bytes() >= min
+        // By the whole data (an all-gather's output): a 4 MiB all-gather on
+        // 2 hosts, 2 MiB a rank, went flat at 1.7 GB/s beside the
+        // all-reduce's 3.2 on the engine (torch, 2 x H200 as 2 hosts x 1).
+        coll(op, device).is_some() && !op.is_empty() && op.whole_bytes(self.s.nranks) >= min
     }
 
     /// Whether `op` runs on an engine built already; never builds one. For

@@ -175,12 +175,7 @@ impl Communicator {
             Memory::Host => None,
         };
         let h = self.hierarchy(device)?;
-        // All of the collective's data, the same on every rank.
-        let whole = match op.kind {
-            OpKind::AllGather | OpKind::ReduceScatter => op.bytes().saturating_mul(self.s.nranks),
-            _ => op.bytes(),
-        };
-        if whole < self.s.cfg.device_hier_min_bytes {
+        if op.whole_bytes(self.s.nranks) < self.s.cfg.device_hier_min_bytes {
             return None;
         }
         let me = self.s.rank;

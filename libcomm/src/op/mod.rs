@@ -228,6 +228,18 @@ impl Op {
         self.count * self.dtype.size()
     }
 
+    /// All of the collective's data on `nranks` ranks, the same on every
+    /// rank: an all-gather's output, a reduce-scatter's input, an
+    /// all-to-all's buffer; one rank's buffer for the others.
+    pub fn whole_bytes(&self, nranks: usize) -> usize {
+        match self.kind {
+            OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => {
+                self.bytes().saturating_mul(nranks)
+            }
+            _ => self.bytes(),
+        }
+    }
+
     /// Zero-count collectives are no-ops (sends/receives of 0 bytes still match up).
     pub fn is_empty(&self) -> bool {
         !self.is_send_recv() && self.count == 0
