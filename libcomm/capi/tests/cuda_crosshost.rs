@@ -318,7 +318,7 @@ fn sends_and_receives_alone_go_by_host_and_match_the_reference() {
     }
 }
 
-/// With `WEFT_CROSSHOST_MIN_BYTES=4096` (unset: from 4 MiB), the host part
+/// With `WEFT_CROSSHOST_MIN_BYTES=4096` (unset: from 1 MiB), the host part
 /// of the device collectives runs on the cross-host engine (built on the caller's thread
 /// at the first device operation, run by the progress thread): still every
 /// result against the reference, and every rank says the engine is on.

@@ -15,8 +15,9 @@
 //! device memory: broadcast and reduce too; by its whole data, an
 //! all-gather's output) that takes the engine. Unset:
 //! [`DEVICE_MIN_BYTES`] for device collectives (on 2 GPUs as two hosts the
-//! engine moved up to 3.4x the flat path's bus bandwidth from 4 MiB and
-//! lost below: docs/PERFORMANCE-GPU.md "Across hosts"), and never for host
+//! engine moved up to 3.4x the flat path's bus bandwidth from 4 MiB, and
+//! since its waits back off by time it wins from 1 MiB too:
+//! docs/PERFORMANCE-GPU.md "Across hosts"), and never for host
 //! memory (not yet measured beside the flat path where the cores are not
 //! the limit: docs/PERFORMANCE.md, "Cross-host byte mover"). A value above
 //! every collective's size keeps all flat. The engine
@@ -60,8 +61,12 @@ use std::time::{Duration, Instant};
 const CONNECT_BOUND: Duration = Duration::from_secs(60);
 
 /// The smallest device collective on the engine when
-/// `WEFT_CROSSHOST_MIN_BYTES` is unset (see the module docs).
-pub const DEVICE_MIN_BYTES: usize = 4 << 20;
+/// `WEFT_CROSSHOST_MIN_BYTES` is unset (see the module docs). 1 MiB since
+/// the waits back off by time (`sys/backoff.rs`): under torch on 2 x H200
+/// as 2 hosts x 1 (two rounds, the same call), the engine from 1 MiB moved
+/// broadcast of 1 MiB 2.9-3.3 -> 6.0-6.2 GB/s, all-to-all of 4 MiB
+/// 2.0-2.4 -> 3.8-4.0 and all-reduce of 1 MiB 1.8-1.9 -> 2.0-2.1.
+pub const DEVICE_MIN_BYTES: usize = 1 << 20;
 
 /// Which ranks of other hosts the engine connects to, on a layout (the same
 /// answer on every rank: the layout is).

@@ -482,7 +482,7 @@ pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usiz
     log(
         false,
         &format!(
-            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
             describe(),
             op.name()
         ),
