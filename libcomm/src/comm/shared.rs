@@ -131,13 +131,19 @@ impl CommShared {
         let mut g = lock(&self.resources);
         match r {
             Ok(core) => {
-                let fault = core.fault.clone();
+                // What a thread woken by `Ready` reads (the host identities
+                // the cross-host paths decide from, the fault word) is in
+                // place before the state says so: set after it, a waiter of
+                // a non-blocking init read every rank on one host and skipped
+                // the engine its peers were building (they waited for ever).
+                // If the transition fails (aborted or destroyed meanwhile)
+                // the clones live until the communicator is dropped.
+                let _ = self.fault.set(core.fault.clone());
+                let _ = self.built.set((core.ctx.clone(), core.endpoint.clone()));
                 if self
                     .state
                     .transition_from(&[CommState::Initializing], CommState::Ready)
                 {
-                    let _ = self.fault.set(fault);
-                    let _ = self.built.set((core.ctx.clone(), core.endpoint.clone()));
                     *g = Some(core);
                     self.observe_ready();
                 }
