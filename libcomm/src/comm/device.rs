@@ -377,6 +377,8 @@ mod tests {
         let comms = Communicator::init_on_simulated_hosts(4, 2, |c| {
             crate::Config {
                 cross_engine_min_bytes: Some(4096),
+                // A rank that fails must not leave the others waiting.
+                timeout: Some(std::time::Duration::from_secs(20)),
                 ..c
             }
             .blocking(false)
@@ -416,6 +418,8 @@ mod tests {
     fn a_host_runner_runs_large_sends_and_receives_on_the_engine_and_small_ones_flat() {
         let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
             cross_engine_min_bytes: Some(4096),
+            // A rank that fails must not leave the others waiting.
+            timeout: Some(std::time::Duration::from_secs(20)),
             ..c
         });
         let big = 30_001; // f32: above the threshold
@@ -467,6 +471,8 @@ mod tests {
     fn a_lone_send_meets_a_lone_receive_on_the_engine() {
         let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
             cross_engine_min_bytes: Some(4096),
+            // A rank that fails must not leave the others waiting.
+            timeout: Some(std::time::Duration::from_secs(20)),
             ..c
         });
         let n = 3 << 18; // 3 MiB of f32: several chunks
