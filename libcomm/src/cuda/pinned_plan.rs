@@ -685,6 +685,8 @@ mod tests {
     /// of place, odd block sizes: every rank's output against the
     /// reference, and no job copies more than its slice of each block.
     #[test]
+    // Job j of every rank, rank r of every job: indices read plainer here.
+    #[allow(clippy::needless_range_loop)]
     fn sliced_all_gather_and_reduce_scatter_move_every_block_once_and_match_the_reference() {
         const MEM: usize = 1 << 20;
         let n = 3;
