@@ -1,0 +1,309 @@
+use super::simulate::combine;
+use super::*;
+
+/// Random-looking, never zero, distinct per rank and element.
+fn inputs(n: usize, len: usize, seed: u64) -> Vec<Vec<f64>> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % 1000) as f64 + 1.0
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn reduce_all(ins: &[Vec<f64>], op: Option<ReduceOp>) -> Vec<f64> {
+    let mut acc = ins[0].clone();
+    for v in &ins[1..] {
+        for (a, b) in acc.iter_mut().zip(v) {
+            *a = combine(op, *a, *b);
+        }
+    }
+    acc
+}
+
+fn layouts() -> Vec<Layout> {
+    vec![
+        Layout::uniform(2, 2),
+        Layout::uniform(2, 3),
+        Layout::uniform(3, 2),
+        Layout::uniform(4, 4),
+        // Interleaved hosts (ranks 0, 2, 4 on one host): all-reduce and
+        // broadcast still plan, all-gather and reduce-scatter do not.
+        Layout::from_hosts(vec![vec![0, 2, 4], vec![1, 3, 5]]).unwrap(),
+    ]
+}
+
+#[test]
+fn hierarchical_all_reduce_matches_the_reference_for_odd_sizes() {
+    for layout in layouts() {
+        let (n, k) = (layout.n(), layout.per_host().unwrap());
+        for count in [k, k + 1, 7 * k - 1, 1000, 1023] {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                let ins = inputs(n, count, count as u64);
+                let outs = simulate(OpKind::AllReduce, count, Some(op), 0, &layout, &ins, count)
+                    .expect("planned");
+                let want = reduce_all(&ins, Some(op));
+                for (r, o) in outs.iter().enumerate() {
+                    assert_eq!(o, &want, "{layout:?} count {count} {op:?} rank {r}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hierarchical_broadcast_matches_from_every_root() {
+    for layout in layouts() {
+        let n = layout.n();
+        for root in 0..n {
+            let count = 37;
+            let ins = inputs(n, count, root as u64 + 5);
+            let outs =
+                simulate(OpKind::Broadcast, count, None, root, &layout, &ins, count).unwrap();
+            for (r, o) in outs.iter().enumerate() {
+                assert_eq!(o, &ins[root], "{layout:?} root {root} rank {r}");
+            }
+        }
+    }
+}
+
+#[test]
+fn hierarchical_reduce_matches_at_every_root() {
+    for layout in layouts() {
+        let n = layout.n();
+        for root in 0..n {
+            for count in [1, 33] {
+                let ins = inputs(n, count, root as u64 + 17);
+                for op in [ReduceOp::Sum, ReduceOp::Max] {
+                    let outs =
+                        simulate(OpKind::Reduce, count, Some(op), root, &layout, &ins, count)
+                            .unwrap();
+                    assert_eq!(
+                        outs[root],
+                        reduce_all(&ins, Some(op)),
+                        "{layout:?} root {root}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hierarchical_all_gather_and_reduce_scatter_match_on_contiguous_hosts() {
+    for layout in layouts() {
+        let n = layout.n();
+        for count in [1, 5, 64] {
+            let ins = inputs(n, count, 9);
+            let ag = simulate(OpKind::AllGather, count, None, 0, &layout, &ins, count * n);
+            let ins_rs = inputs(n, count * n, 11);
+            let rs = simulate(
+                OpKind::ReduceScatter,
+                count,
+                Some(ReduceOp::Sum),
+                0,
+                &layout,
+                &ins_rs,
+                count,
+            );
+            if !host_major(&layout) {
+                assert!(ag.is_none() && rs.is_none(), "{layout:?}: staged whole");
+                continue;
+            }
+            let want_ag: Vec<f64> = ins.concat();
+            for (r, o) in ag.unwrap().iter().enumerate() {
+                assert_eq!(o, &want_ag, "{layout:?} all-gather rank {r}");
+            }
+            let sum = reduce_all(&ins_rs, Some(ReduceOp::Sum));
+            for (r, o) in rs.unwrap().iter().enumerate() {
+                assert_eq!(
+                    o[..],
+                    sum[r * count..(r + 1) * count],
+                    "{layout:?} rs rank {r}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn what_is_not_planned_is_staged_whole() {
+    let l = Layout::uniform(2, 2);
+    assert!(plan(OpKind::AllToAll, 64, None, 0, &l, 0).is_none());
+    assert!(plan(OpKind::Send, 64, None, 1, &l, 0).is_none());
+    // Fewer elements than ranks per host: nothing to scatter.
+    assert!(plan(OpKind::AllReduce, 1, Some(ReduceOp::Sum), 0, &l, 0).is_none());
+    // One rank per host, one host, uneven hosts: nothing local to do.
+    assert!(
+        plan(
+            OpKind::AllReduce,
+            64,
+            Some(ReduceOp::Sum),
+            0,
+            &Layout::uniform(2, 1),
+            0
+        )
+        .is_none()
+    );
+    assert!(
+        plan(
+            OpKind::AllReduce,
+            64,
+            Some(ReduceOp::Sum),
+            0,
+            &Layout::uniform(1, 4),
+            0
+        )
+        .is_none()
+    );
+    // Hosts of different sizes interleaved in rank order: all-gather
+    // and reduce-scatter are staged whole (a host's blocks are not one
+    // range); contiguous, they are planned.
+    let interleaved = Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap();
+    let contiguous = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
+    for (layout, planned) in [(&interleaved, false), (&contiguous, true)] {
+        for kind in [OpKind::AllGather, OpKind::ReduceScatter] {
+            let p = plan(kind, 64, Some(ReduceOp::Sum), 0, layout, 0);
+            assert_eq!(p.is_some(), planned, "{kind:?} on {layout:?}");
+        }
+    }
+}
+
+/// Hosts of different sizes, contiguous or interleaved, one of them a
+/// single rank: all-reduce (leaders), broadcast and reduce from every
+/// root, odd sizes, Sum/Max/Min, every rank's output against the
+/// reference; a reduce's non-roots' outputs untouched.
+#[test]
+fn uneven_hosts_all_reduce_broadcast_and_reduce_match_the_reference() {
+    for layout in &uneven_layouts() {
+        assert!(layout.per_host().is_none());
+        let n = layout.n();
+        for count in [1usize, 7, 1023] {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                let ins = inputs(n, count, count as u64 + 3);
+                let outs = simulate(OpKind::AllReduce, count, Some(op), 0, layout, &ins, count)
+                    .expect("planned on uneven hosts");
+                let want = reduce_all(&ins, Some(op));
+                for (r, o) in outs.iter().enumerate() {
+                    assert_eq!(o, &want, "{layout:?} count {count} {op:?} rank {r}");
+                }
+            }
+            for root in 0..n {
+                let ins = inputs(n, count, root as u64 + 11);
+                let outs = simulate(OpKind::Broadcast, count, None, root, layout, &ins, count)
+                    .expect("broadcast planned from every root");
+                for (r, o) in outs.iter().enumerate() {
+                    assert_eq!(o, &ins[root], "{layout:?} root {root} rank {r}");
+                }
+                for op in [ReduceOp::Sum, ReduceOp::Max] {
+                    let outs = simulate(OpKind::Reduce, count, Some(op), root, layout, &ins, count)
+                        .expect("reduce planned to every root");
+                    assert_eq!(
+                        outs[root],
+                        reduce_all(&ins, Some(op)),
+                        "{layout:?} reduce {op:?} root {root}"
+                    );
+                    for (r, o) in outs.iter().enumerate().filter(|(r, _)| *r != root) {
+                        assert!(o.iter().all(|x| x.is_nan()), "{layout:?} rank {r} written");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Hosts of different sizes as rank ranges: all-gather and
+/// reduce-scatter (Sum/Max/Min) by the leaders, odd counts, every
+/// rank's output against the reference.
+#[test]
+fn uneven_contiguous_hosts_all_gather_and_reduce_scatter_match_the_reference() {
+    for layout in uneven_layouts().iter().filter(|l| l.contiguous_hosts()) {
+        let n = layout.n();
+        for count in [1usize, 5, 333] {
+            let ins = inputs(n, count, count as u64 + 41);
+            let outs = simulate(OpKind::AllGather, count, None, 0, layout, &ins, n * count)
+                .expect("all-gather planned on contiguous uneven hosts");
+            let want: Vec<f64> = ins.iter().flatten().copied().collect();
+            for (r, o) in outs.iter().enumerate() {
+                assert_eq!(o, &want, "{layout:?} all_gather {count} rank {r}");
+            }
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+                let ins = inputs(n, n * count, count as u64 + 43);
+                let outs = simulate(
+                    OpKind::ReduceScatter,
+                    count,
+                    Some(op),
+                    0,
+                    layout,
+                    &ins,
+                    count,
+                )
+                .expect("reduce-scatter planned on contiguous uneven hosts");
+                let all = reduce_all(&ins, Some(op));
+                for (r, o) in outs.iter().enumerate() {
+                    let want = &all[r * count..(r + 1) * count];
+                    assert_eq!(o, want, "{layout:?} reduce_scatter {count} {op:?} rank {r}");
+                }
+            }
+        }
+    }
+}
+
+/// Hosts of different sizes: three contiguous (one a single rank), one
+/// interleaved.
+fn uneven_layouts() -> Vec<Layout> {
+    vec![
+        Layout::from_hosts(vec![vec![0, 1, 2], vec![3, 4]]).unwrap(),
+        Layout::from_hosts(vec![vec![0], vec![1, 2, 3]]).unwrap(),
+        Layout::from_hosts(vec![vec![0, 1], vec![2], vec![3, 4, 5]]).unwrap(),
+        Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap(),
+    ]
+}
+
+#[test]
+fn a_pre_multiplied_sum_scales_once_then_adds() {
+    let l = Layout::uniform(2, 2);
+    let p = plan(
+        OpKind::AllReduce,
+        8,
+        Some(ReduceOp::PreMulSum(0.5)),
+        0,
+        &l,
+        1,
+    )
+    .unwrap();
+    assert_eq!(p.steps[0].redop, Some(ReduceOp::PreMulSum(0.5)));
+    assert_eq!(p.steps[1].redop, Some(ReduceOp::Sum));
+    let p = plan(
+        OpKind::ReduceScatter,
+        8,
+        Some(ReduceOp::PreMulSum(0.5)),
+        0,
+        &l,
+        1,
+    )
+    .unwrap();
+    assert!(
+        p.steps[..2]
+            .iter()
+            .all(|s| s.redop == Some(ReduceOp::PreMulSum(0.5)))
+    );
+    assert_eq!(p.steps[2].redop, Some(ReduceOp::Sum));
+    // Avg averages per level: the mean of equal-sized means is the mean.
+    let p = plan(OpKind::AllReduce, 8, Some(ReduceOp::Avg), 0, &l, 1).unwrap();
+    assert!(
+        p.steps
+            .iter()
+            .take(2)
+            .all(|s| s.redop == Some(ReduceOp::Avg))
+    );
+}
