@@ -298,6 +298,19 @@ fn a_pre_multiplied_sum_scales_once_then_adds() {
             .all(|s| s.redop == Some(ReduceOp::PreMulSum(0.5)))
     );
     assert_eq!(p.steps[2].redop, Some(ReduceOp::Sum));
+    // On hosts of different sizes a mean per level is not the mean (the
+    // lone rank of a host would weigh as much as a host of two): never
+    // planned there, whatever the collective.
+    let uneven = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
+    for kind in [OpKind::AllReduce, OpKind::Reduce, OpKind::ReduceScatter] {
+        for me in 0..3 {
+            assert!(
+                plan(kind, 64, Some(ReduceOp::Avg), 0, &uneven, me).is_none(),
+                "{kind:?} Avg planned on uneven hosts"
+            );
+            assert!(plan(kind, 64, Some(ReduceOp::Sum), 0, &uneven, me).is_some());
+        }
+    }
     // Avg averages per level: the mean of equal-sized means is the mean.
     let p = plan(OpKind::AllReduce, 8, Some(ReduceOp::Avg), 0, &l, 1).unwrap();
     assert!(

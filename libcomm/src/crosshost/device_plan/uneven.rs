@@ -26,6 +26,8 @@ use crate::op::OpKind;
 ///   scatter the host's range from the leader. Every byte between hosts
 ///   crosses once per host, as a flat ring would; hosts interleaved in
 ///   rank order are staged whole.
+/// - An average (`Avg`) is staged whole: a mean per level is the mean only
+///   of groups of one size.
 pub(super) fn uneven(
     kind: OpKind,
     count: usize,
@@ -37,6 +39,12 @@ pub(super) fn uneven(
 ) -> Option<DevicePlan> {
     use At::{Recv, Scratch, Send};
     use OpKind::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter, Scatter};
+    // An average per level is the mean only of equal-sized groups: on
+    // hosts of 1 and 2 ranks it would weigh the lone rank twice. Staged
+    // whole, the average is of every rank at once.
+    if redop == Some(ReduceOp::Avg) {
+        return None;
+    }
     let (h, l) = (layout.host(me), layout.local(me));
     let (rh, rl) = (layout.host(root), layout.local(root));
     // Within the host, in place in the output, from its rank `from`.
