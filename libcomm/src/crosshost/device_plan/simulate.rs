@@ -10,7 +10,7 @@ use crate::op::OpKind;
 /// reference semantics of each collective among its ranks, and returns
 /// every rank's output: what the device path computes, for tests (CI has
 /// no GPU). `inputs[r]` is rank r's input (send buffer), `out_len` the
-/// output's elements; Sum, Max and Min only.
+/// output's elements; every reduction ([`reduce_group`]).
 pub fn simulate(
     kind: OpKind,
     count: usize,
@@ -90,12 +90,24 @@ fn slot(at: At) -> (usize, usize) {
     }
 }
 
-pub(super) fn combine(op: Option<ReduceOp>, a: f64, b: f64) -> f64 {
-    match op {
-        Some(ReduceOp::Max) => a.max(b),
-        Some(ReduceOp::Min) => a.min(b),
-        _ => a + b,
-    }
+/// One reduction of `operands` (each a member's values) as a collective of
+/// that many ranks computes it: an average divides by the group's size, a
+/// pre-multiplied sum scales every operand once.
+pub(super) fn reduce_group(op: Option<ReduceOp>, operands: &[Vec<f64>]) -> Vec<f64> {
+    let g = operands.len() as f64;
+    (0..operands[0].len())
+        .map(|i| {
+            let xs = operands.iter().map(|v| v[i]);
+            match op {
+                Some(ReduceOp::Max) => xs.fold(f64::MIN, f64::max),
+                Some(ReduceOp::Min) => xs.fold(f64::MAX, f64::min),
+                Some(ReduceOp::Prod) => xs.product(),
+                Some(ReduceOp::Avg) => xs.sum::<f64>() / g,
+                Some(ReduceOp::PreMulSum(s)) => xs.map(|x| x * s).sum(),
+                Some(ReduceOp::Sum) | None => xs.sum(),
+            }
+        })
+        .collect()
 }
 
 /// One collective among `members` (in their rank order among them).
@@ -104,14 +116,12 @@ fn run_group(members: &[usize], steps: &[Step], bufs: &mut [[Vec<f64>; 3]]) {
     let st = steps[0];
     let c = st.count;
     let reduce = |len: usize, bufs: &[[Vec<f64>; 3]]| -> Vec<f64> {
-        let mut acc = read(&bufs[members[0]], steps[0].send, len);
-        for (i, &p) in members.iter().enumerate().skip(1) {
-            let v = read(&bufs[p], steps[i].send, len);
-            for (a, b) in acc.iter_mut().zip(v) {
-                *a = combine(st.redop, *a, b);
-            }
-        }
-        acc
+        let operands: Vec<Vec<f64>> = members
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| read(&bufs[p], steps[i].send, len))
+            .collect();
+        reduce_group(st.redop, &operands)
     };
     match st.kind {
         OpKind::AllReduce => {

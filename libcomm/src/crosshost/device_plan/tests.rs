@@ -1,4 +1,4 @@
-use super::simulate::combine;
+use super::simulate::reduce_group;
 use super::*;
 
 /// Random-looking, never zero, distinct per rank and element.
@@ -20,14 +20,85 @@ fn inputs(n: usize, len: usize, seed: u64) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// The reference: one flat collective of every rank.
 fn reduce_all(ins: &[Vec<f64>], op: Option<ReduceOp>) -> Vec<f64> {
-    let mut acc = ins[0].clone();
-    for v in &ins[1..] {
-        for (a, b) in acc.iter_mut().zip(v) {
-            *a = combine(op, *a, *b);
+    reduce_group(op, ins)
+}
+
+/// Equal up to rounding (the levels add in another order than one flat
+/// reduction; an average divides twice).
+fn close(got: &[f64], want: &[f64]) -> bool {
+    got.len() == want.len()
+        && got
+            .iter()
+            .zip(want)
+            .all(|(g, w)| (g - w).abs() <= 1e-9 * w.abs().max(1.0))
+}
+
+/// Product, average and pre-multiplied sum, which the levels must not
+/// apply twice or weigh unevenly: all-reduce, reduce-scatter and reduce on
+/// hosts of one size (an average of equal-sized groups' averages is the
+/// average) and of different sizes (an average is not planned there),
+/// against one flat reduction.
+#[test]
+fn product_average_and_pre_multiplied_sum_match_the_reference_at_every_level() {
+    let mut all = layouts();
+    all.extend(uneven_layouts());
+    let ops = [ReduceOp::Prod, ReduceOp::Avg, ReduceOp::PreMulSum(0.375)];
+    for layout in &all {
+        let n = layout.n();
+        let even = layout.per_host().is_some();
+        for op in ops {
+            for count in [1usize, 7, 64] {
+                // Products of up to 16 values under 1000 stay exact enough.
+                let ins = inputs(n, n * count, count as u64 + 5);
+                let want = reduce_all(&ins, Some(op));
+                let planned_here = even || op != ReduceOp::Avg;
+                let ar = simulate(OpKind::AllReduce, count, Some(op), 0, layout, &ins, count);
+                assert_eq!(
+                    ar.is_some(),
+                    planned_here && (!even || count >= layout.per_host().unwrap()),
+                    "{layout:?} {op:?} all_reduce {count} planned"
+                );
+                for (r, o) in ar.iter().flatten().enumerate() {
+                    assert!(
+                        close(o, &want[..count]),
+                        "{layout:?} {op:?} all_reduce {count} rank {r}"
+                    );
+                }
+                for root in [0, n - 1] {
+                    let rd = simulate(OpKind::Reduce, count, Some(op), root, layout, &ins, count);
+                    if let Some(outs) = rd {
+                        assert!(
+                            close(&outs[root], &want[..count]),
+                            "{layout:?} {op:?} reduce root {root}"
+                        );
+                    } else {
+                        assert!(
+                            !planned_here
+                                || (even && layout.local(root) >= layout.per_host().unwrap()),
+                            "{layout:?} {op:?} reduce root {root} not planned"
+                        );
+                    }
+                }
+                let rs = simulate(
+                    OpKind::ReduceScatter,
+                    count,
+                    Some(op),
+                    0,
+                    layout,
+                    &ins,
+                    count,
+                );
+                for (r, o) in rs.iter().flatten().enumerate() {
+                    assert!(
+                        close(o, &want[r * count..(r + 1) * count]),
+                        "{layout:?} {op:?} reduce_scatter {count} rank {r}"
+                    );
+                }
+            }
         }
     }
-    acc
 }
 
 fn layouts() -> Vec<Layout> {
