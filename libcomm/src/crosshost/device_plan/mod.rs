@@ -124,10 +124,27 @@ pub fn plan(
     if layout.nhosts() < 2 || largest < 2 || count == 0 {
         return None;
     }
+    let c = Coll {
+        kind,
+        count,
+        redop,
+        root,
+    };
     match layout.per_host() {
-        Some(_) => uniform(kind, count, redop, root, layout, me),
-        None => uneven(kind, count, redop, root, layout, me, smallest),
+        Some(_) => uniform(c, layout, me),
+        None => uneven(c, layout, me, smallest),
     }
+}
+
+/// The collective a plan is for, as the operation gives it (the shapes'
+/// common arguments).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Coll {
+    pub kind: OpKind,
+    pub count: usize,
+    pub redop: Option<ReduceOp>,
+    /// The operation's root (broadcast, reduce), a rank of the layout.
+    pub root: usize,
 }
 
 pub(super) fn step(

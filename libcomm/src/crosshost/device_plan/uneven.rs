@@ -1,6 +1,6 @@
 //! Hosts of different sizes: the leaders' plans (see [`uneven`]).
 
-use super::{Among, At, DevicePlan, later, step, uniform};
+use super::{Among, At, Coll, DevicePlan, later, step, uniform};
 use crate::crosshost::layout::Layout;
 use crate::data::types::ReduceOp;
 use crate::op::OpKind;
@@ -28,15 +28,13 @@ use crate::op::OpKind;
 ///   rank order are staged whole.
 /// - An average (`Avg`) is staged whole: a mean per level is the mean only
 ///   of groups of one size.
-pub(super) fn uneven(
-    kind: OpKind,
-    count: usize,
-    redop: Option<ReduceOp>,
-    root: usize,
-    layout: &Layout,
-    me: usize,
-    smallest: usize,
-) -> Option<DevicePlan> {
+pub(super) fn uneven(c: Coll, layout: &Layout, me: usize, smallest: usize) -> Option<DevicePlan> {
+    let Coll {
+        kind,
+        count,
+        redop,
+        root,
+    } = c;
     use At::{Recv, Scratch, Send};
     use OpKind::{AllGather, AllReduce, Broadcast, Reduce, ReduceScatter, Scatter};
     // An average per level is the mean only of equal-sized groups: on
@@ -74,7 +72,7 @@ pub(super) fn uneven(
             s
         }
         Broadcast | Reduce if rl < smallest => {
-            return uniform(kind, count, redop, root, layout, me);
+            return uniform(c, layout, me);
         }
         Broadcast => {
             let mut s = Vec::new();

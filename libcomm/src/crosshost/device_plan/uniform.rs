@@ -1,20 +1,18 @@
 //! Hosts of the same size: rails and host-local steps (see [`uniform`]).
 
-use super::{Among, At, DevicePlan, Step, host_major, later, step};
+use super::{Among, At, Coll, DevicePlan, Step, host_major, later, step};
 use crate::crosshost::layout::Layout;
-use crate::data::types::ReduceOp;
 use crate::op::OpKind;
 
 /// Hosts of the same size k >= 2 (see the module docs); broadcast and
 /// reduce on any layout whose hosts all have the root's local index.
-pub(super) fn uniform(
-    kind: OpKind,
-    count: usize,
-    redop: Option<ReduceOp>,
-    root: usize,
-    layout: &Layout,
-    me: usize,
-) -> Option<DevicePlan> {
+pub(super) fn uniform(c: Coll, layout: &Layout, me: usize) -> Option<DevicePlan> {
+    let Coll {
+        kind,
+        count,
+        redop,
+        root,
+    } = c;
     let nh = layout.nhosts();
     let l = layout.local(me);
     use At::{Recv, Scratch, Send};
