@@ -605,9 +605,12 @@ pub(super) mod tests {
                                 .expect("reduce taken to every root")
                                 .unwrap();
                             // A non-root's output is left alone.
-                            let want = |i| match me == root {
-                                true => (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max),
-                                false => f32::NAN,
+                            let want = |i| {
+                                if me == root {
+                                    (0..n).map(|q| value(q, i)).fold(f32::MIN, f32::max)
+                                } else {
+                                    f32::NAN
+                                }
                             };
                             for (i, got) in out[..count].iter().enumerate() {
                                 let w = want(i);

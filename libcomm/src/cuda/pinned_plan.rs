@@ -168,8 +168,7 @@ pub(super) fn stage(
         && op.count > 0
         && op.buffers(rank, nranks).iter().all(|b| on_device(b.ptr))
     {
-        let gathers = matches!(op.kind, OpKind::AllGather | OpKind::ReduceScatter);
-        if gathers {
+        if matches!(op.kind, OpKind::AllGather | OpKind::ReduceScatter) {
             let cut = slices(
                 op.bytes(),
                 gathered_slice_count(op.bytes(), nranks, slice_bytes),
@@ -394,9 +393,11 @@ fn gathered_slice(op: &Op, rank: usize, nranks: usize, off: usize, bytes: usize)
     let mut o = *op;
     o.count = bytes / op.dtype.size();
     if op.kind == OpKind::AllGather {
-        s.to_host.push(piece(send + off as u64, rank));
-        if send + off as u64 != at(recv, rank) {
-            s.dtod.push((at(recv, rank), send + off as u64, bytes));
+        // This rank's slice of its input (a block: `send` is one).
+        let own = send + off as u64;
+        s.to_host.push(piece(own, rank));
+        if own != at(recv, rank) {
+            s.dtod.push((at(recv, rank), own, bytes));
         }
         s.to_device.extend(
             (0..nranks)

@@ -71,26 +71,46 @@ static void report(const char* name, size_t bytes, int rank, double* lat, int it
   fflush(stdout);
 }
 
-/* The floor: an 8 B memset on the stream and its synchronize, timed like a
- * collective, no library call in it. */
-static void report_floor(int rank, cudaStream_t s, void* buf, int iters, double* lat) {
-  double enq_max = 0;
+/* FLOOR: an 8 B memset on the stream, no library call in it. */
+enum { FLOOR, ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER };
+static const char* NAMES[] = {"floor", "all_reduce", "all_gather", "reduce_scatter"};
+
+/* One call of `op` enqueued on `s`. */
+static ncclResult_t enqueue(int op, float* in, float* out, size_t count, ncclComm_t comm,
+                            cudaStream_t s) {
+  switch (op) {
+    case FLOOR:
+      return cudaMemsetAsync(out, 0, 8, s) == cudaSuccess ? ncclSuccess : ncclUnhandledCudaError;
+    case ALL_REDUCE:
+      return ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, s);
+    case ALL_GATHER:
+      return ncclAllGather(in, out, count, ncclFloat32, comm, s);
+    default:
+      return ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, comm, s);
+  }
+}
+
+/* 100 warm-up calls, then `iters` calls each timed alone (the call and a
+ * synchronize) into `lat`; the slowest enqueue in `enq_max`. Exits on an
+ * error. */
+static void time_calls(int rank, int op, float* in, float* out, size_t count, ncclComm_t comm,
+                       cudaStream_t s, int iters, double* lat, double* enq_max) {
+  *enq_max = 0;
   for (int it = -100; it < iters; it++) {
     double t0 = now_us();
-    cudaMemsetAsync(buf, 0, 8, s);
+    CHECK(enqueue(op, in, out, count, comm, s));
     double t1 = now_us();
-    cudaStreamSynchronize(s);
+    if (cudaStreamSynchronize(s) != cudaSuccess) {
+      printf("rank %d: %s: the stream failed\n", rank, NAMES[op]);
+      exit(2);
+    }
     double t2 = now_us();
     if (it >= 0) {
       lat[it] = t2 - t0;
-      if (t1 - t0 > enq_max) enq_max = t1 - t0;
+      if (t1 - t0 > *enq_max) *enq_max = t1 - t0;
     }
   }
-  report("floor", 8, rank, lat, iters, enq_max);
 }
-
-enum { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER };
-static const char* NAMES[] = {"all_reduce", "all_gather", "reduce_scatter"};
 
 int main(int argc, char** argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 1000;
@@ -116,7 +136,9 @@ int main(int argc, char** argv) {
   cudaMemcpy(in, host, most * sizeof(float), cudaMemcpyHostToDevice);
   double* lat = malloc(iters * sizeof(double));
   int wrong = 0;
-  report_floor(rank, s, out, iters, lat);
+  double enq_max;
+  time_calls(rank, FLOOR, in, out, 0, comm, s, iters, lat, &enq_max);
+  report(NAMES[FLOOR], 8, rank, lat, iters, enq_max);
   for (int op = ALL_REDUCE; op <= REDUCE_SCATTER; op++) {
     for (int si = 0; si < 4; si++) {
       /* The largest buffer holds `bytes`: the gathered output, the
@@ -124,26 +146,7 @@ int main(int argc, char** argv) {
       size_t all = sizes[si] / sizeof(float);
       size_t count = op == ALL_REDUCE ? all : all / n;
       if (count == 0) count = 1;
-      double enq_max = 0;
-      for (int it = -100; it < iters; it++) {
-        double t0 = now_us();
-        if (op == ALL_REDUCE)
-          CHECK(ncclAllReduce(in, out, count, ncclFloat32, ncclSum, comm, s));
-        else if (op == ALL_GATHER)
-          CHECK(ncclAllGather(in, out, count, ncclFloat32, comm, s));
-        else
-          CHECK(ncclReduceScatter(in, out, count, ncclFloat32, ncclSum, comm, s));
-        double t1 = now_us();
-        if (cudaStreamSynchronize(s) != cudaSuccess) {
-          printf("rank %d: %s: the stream failed\n", rank, NAMES[op]);
-          return 2;
-        }
-        double t2 = now_us();
-        if (it >= 0) {
-          lat[it] = t2 - t0;
-          if (t1 - t0 > enq_max) enq_max = t1 - t0;
-        }
-      }
+      time_calls(rank, op, in, out, count, comm, s, iters, lat, &enq_max);
       size_t outn = op == ALL_GATHER ? count * n : count;
       cudaMemcpy(host, out, outn * sizeof(float), cudaMemcpyDeviceToHost);
       for (size_t i = 0; i < outn; i++) {
