@@ -28,6 +28,12 @@
 //! a communicator that turns out to live on one host, or whose engine any
 //! rank could not build, keeps the flat path on every rank, logged once.
 //!
+//! The sends and receives of a device job (an all-to-all's pieces too) take
+//! the engine piece by piece from [`DEVICE_P2P_MIN_BYTES`] each when the
+//! setting is unset (from the setting when set): an all-to-all of 1 MiB on
+//! 2 hosts is two pieces of 512 KiB, which went flat at about the speed of
+//! NCCL's sockets while a send of 1 MiB on the engine moved 2.5x that.
+//!
 //! Whom it connects to ([`engine_reach`]): every remote rank while a rank
 //! has at most `WEFT_CROSSHOST_MAX_PEERS` of them; beyond that, on hosts of
 //! equal size, its rail alone, every collective then on rails; with more
@@ -67,6 +73,13 @@ const CONNECT_BOUND: Duration = Duration::from_secs(60);
 /// broadcast of 1 MiB 2.9-3.3 -> 6.0-6.2 GB/s, all-to-all of 4 MiB
 /// 2.0-2.4 -> 3.8-4.0 and all-reduce of 1 MiB 1.8-1.9 -> 2.0-2.1.
 pub const DEVICE_MIN_BYTES: usize = 1 << 20;
+
+/// The smallest send or receive of a device job on the engine when
+/// `WEFT_CROSSHOST_MIN_BYTES` is unset (see the module docs). Under torch
+/// on 2 x H200 as 2 hosts x 1 (100 calls, two rounds): sendrecv of 1 MiB,
+/// on the engine, 5.3-5.5 GB/s; all-to-all of 1 MiB, pieces of 512 KiB,
+/// flat, 1.9-2.1 (NCCL 1.7-1.8).
+pub const DEVICE_P2P_MIN_BYTES: usize = 256 << 10;
 
 /// Which ranks of other hosts the engine connects to, on a layout (the same
 /// answer on every rank: the layout is).
@@ -228,7 +241,7 @@ impl Communicator {
 
     /// The sends and receives of a device job's host part (`ops`, all
     /// sends and receives) that run on the engine, and the rest: those of
-    /// at least the device threshold, when the engine is built and
+    /// at least [`DEVICE_P2P_MIN_BYTES`] (or the setting), when the engine is built and
     /// connected to every remote rank. Both ends of a message decide alike
     /// (the same bytes), so each end's engine part and flat part match the
     /// other's. None: all flat.
@@ -236,7 +249,12 @@ impl Communicator {
         if !ops.iter().all(Op::is_send_recv) || self.s.cross.building.load(Ordering::Acquire) {
             return None;
         }
-        let min = self.cross_engine_min(true)?;
+        self.cross_engine_min(true)?;
+        let min = self
+            .s
+            .cfg
+            .cross_engine_min_bytes
+            .unwrap_or(DEVICE_P2P_MIN_BYTES);
         if !matches!(&*lock(&self.s.cross.state), State::On(x) if x.send_recv) {
             return None;
         }

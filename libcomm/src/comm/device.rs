@@ -463,6 +463,55 @@ mod tests {
         }
     }
 
+    /// Unset, a device job's send or receive takes the engine from its own
+    /// per-piece threshold, below the collectives' (an all-to-all of 1 MiB
+    /// on 2 hosts is two pieces of 512 KiB): a piece of exactly
+    /// `DEVICE_P2P_MIN_BYTES` goes on the engine, one a single element
+    /// shorter flat, and both arrive whole. Two ranks on two simulated
+    /// hosts, host memory.
+    #[test]
+    fn device_sends_and_receives_take_the_engine_from_their_own_threshold() {
+        use super::super::cross_engine::{DEVICE_MIN_BYTES, DEVICE_P2P_MIN_BYTES};
+        const { assert!(DEVICE_P2P_MIN_BYTES < DEVICE_MIN_BYTES) };
+        let comms = Communicator::init_on_simulated_hosts(2, 1, |c| crate::Config {
+            // A rank that fails must not leave the other waiting.
+            timeout: Some(std::time::Duration::from_secs(20)),
+            ..c
+        });
+        let on = DEVICE_P2P_MIN_BYTES / 4; // f32
+        let sizes = [on, on - 1];
+        let value = |from: usize, k: usize, i: usize| (from * 1000 + k * 100 + i % 89) as f32;
+        let outs: Vec<Vec<Vec<f32>>> = per_rank(&comms, |r, c| {
+            let runner = Lent { comms: vec![c] }.host_runner(0);
+            let peer = 1 - r;
+            let sends: Vec<Vec<f32>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| value(r, k, i)).collect())
+                .collect();
+            let mut recvs: Vec<Vec<f32>> = sizes.iter().map(|&n| vec![0f32; n]).collect();
+            let mut ops = Vec::new();
+            for ((&n, snd), rcv) in sizes.iter().zip(&sends).zip(recvs.iter_mut()) {
+                ops.push(Op::send(snd.as_ptr().cast(), n, DataType::F32, peer));
+                ops.push(Op::recv(rcv.as_mut_ptr().cast(), n, DataType::F32, peer));
+            }
+            let (engine, flat) = c
+                .cross_engine_p2p_split(&ops)
+                .unwrap_or_else(|| panic!("rank {r}: no engine part"));
+            assert_eq!((engine.len(), flat.len()), (2, 2), "rank {r}");
+            assert!(engine.iter().all(|o| o.bytes() == DEVICE_P2P_MIN_BYTES));
+            // SAFETY: every buffer lives until it returns.
+            unsafe { run_as_progress_thread(&runner, ops) }.unwrap();
+            recvs
+        });
+        for (r, got) in outs.iter().enumerate() {
+            for (k, &n) in sizes.iter().enumerate() {
+                let want: Vec<f32> = (0..n).map(|i| value(1 - r, k, i)).collect();
+                assert!(got[k] == want, "rank {r}: piece {k} is wrong");
+            }
+        }
+    }
+
     /// A lone large send meets a lone large receive on the engine (the
     /// ranks of one host send, the other host's receive, as a ring's
     /// remote hop is after the hierarchy split it): each end cuts the

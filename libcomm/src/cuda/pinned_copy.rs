@@ -17,10 +17,15 @@
 //! [`SLOTS`] SMs while they last, and a sliced call's copies back hold
 //! [`OUT_BLOCKS`] SMs while its network part runs, as NCCL's kernels hold
 //! theirs.
-//! By default (`WEFT_CROSSHOST_COPY=auto`) only jobs of 16 MiB or more
-//! take the kernel ([`KERNEL_MIN_BYTES`]: below, the engines were faster
-//! and cheap to enqueue); `kernel` and `engine` force one for all; a
-//! library without kernels (no cubin, no NVRTC) always uses the engines.
+//! By default (`WEFT_CROSSHOST_COPY=auto`) every job takes the kernel
+//! where the library has it for the device: on 2 x H200 as 2 hosts x 1
+//! under torch (2026-11-30, three runs) it was ahead of the engines from
+//! 1 MiB to 4 MiB too (all-reduce 3.2-3.8 against 2.1-3.0 GB/s at 1 MiB,
+//! all-gather 3.5-3.8 against 1.3-2.7) and even at 64-256 KiB and from
+//! 16 MiB; an earlier build, whose single jobs copied back on 8 blocks and
+//! whose waits slept in 50 us steps, had measured the engines faster at
+//! 1 MiB. `engine` forces the engines; a library without kernels (no
+//! cubin, no NVRTC) always uses them.
 
 use super::abi::{MAX_P2P, MAX_RANKS, P2P_COPY_SEQ, P2pArgs, P2pOp};
 use super::driver::compute_capability;
@@ -47,23 +52,15 @@ fn out_blocks(jobs: usize) -> usize {
     if jobs > 1 { OUT_BLOCKS } else { SLOTS }
 }
 
-/// `WEFT_CROSSHOST_COPY=auto`: jobs of at least this many bytes take the
-/// kernel, smaller ones the engines. On 2 x H200 as 2 hosts x 1 the kernel
-/// cost 1 MiB operations a quarter to a half of their bandwidth (its reads
-/// of pinned memory across PCIe; the engines were faster there), was even
-/// from 16 MiB, and a small copy's enqueue is cheap for the engines too.
-const KERNEL_MIN_BYTES: usize = 16 << 20;
-
 /// Which hardware moves a job's bytes between device and pinned memory:
-/// the copy kernel for jobs of at least `kernel_from` bytes (every such
-/// job's copies in one launch, each one's copies out one launch; its
-/// blocks flag `ready` and `released`), the copy engines (one
-/// `cuMemcpyAsync` per copy, stream memory operations for the words) for
-/// the others.
+/// the copy kernel (every job's copies in one launch, each one's copies
+/// out one launch; its blocks flag `ready` and `released`), or the copy
+/// engines (one `cuMemcpyAsync` per copy, stream memory operations for
+/// the words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Copier {
-    /// None: the engines for every job.
-    kernel_from: Option<usize>,
+    /// false: the engines.
+    kernel: bool,
 }
 
 /// Which hardware one job's copies take.
@@ -75,46 +72,37 @@ enum Mover {
 
 impl Copier {
     /// The engines for every job.
-    pub const ENGINES: Copier = Copier { kernel_from: None };
+    pub const ENGINES: Copier = Copier { kernel: false };
 
     /// What `setting` (`WEFT_CROSSHOST_COPY`: `auto`, `kernel` or
-    /// `engine`) gives on device `dev`: the kernel only where the library
-    /// has it for the device.
+    /// `engine`) gives on device `dev`: the kernel (`auto` and `kernel`
+    /// alike) only where the library has it for the device.
     pub fn choose(setting: &str, dev: i32) -> Copier {
         let has_kernel = || compute_capability(dev).is_ok_and(|cc| available_for(cc, P2P_KERNEL));
-        let kernel_from = match setting {
-            "engine" => None,
-            "kernel" => Some(0),
-            _ => Some(KERNEL_MIN_BYTES),
-        };
         Copier {
-            kernel_from: kernel_from.filter(|_| has_kernel()),
+            kernel: setting != "engine" && has_kernel(),
         }
     }
 
     pub fn describe(self) -> String {
-        match self.kernel_from {
-            None => "the copy engines".into(),
-            Some(0) => "the copy kernel".into(),
-            Some(b) => format!(
-                "the copy kernel from {} MiB a job, else the copy engines",
-                b >> 20
-            ),
+        match self.kernel {
+            false => "the copy engines".into(),
+            true => "the copy kernel".into(),
         }
     }
 
-    fn mover(self, job_bytes: usize) -> Mover {
-        match self.kernel_from {
-            Some(b) if job_bytes >= b => Mover::Kernel,
-            _ => Mover::Engine,
+    fn mover(self) -> Mover {
+        match self.kernel {
+            true => Mover::Kernel,
+            false => Mover::Engine,
         }
     }
 
-    /// How a job of `bytes` in a call of `jobs` jobs signals `ready` and
+    /// How a job in a call of `jobs` jobs signals `ready` and
     /// `released` (`Pool::take`): the copy kernel's per-block words (its
     /// launches' blocks in and out), or single words (0).
-    pub(super) fn slots_for(self, bytes: usize, jobs: usize) -> (usize, usize) {
-        match self.mover(bytes) {
+    pub(super) fn slots_for(self, jobs: usize) -> (usize, usize) {
+        match self.mover() {
             Mover::Kernel => (SLOTS, out_blocks(jobs)),
             Mover::Engine => (0, 0),
         }
@@ -152,7 +140,7 @@ impl Copier {
     fn in_pieces(self, jobs: &[(&Staged, &Lease, u32)]) -> Vec<Piece> {
         let mut pieces = Vec::new();
         for &(s, buf, seq) in jobs {
-            let how = self.mover(s.bytes);
+            let how = self.mover();
             let first = pieces.len();
             pieces.extend(
                 s.dtod
@@ -184,7 +172,7 @@ impl Copier {
         let blocks = out_blocks(jobs.len());
         let mut pieces = Vec::new();
         for &(s, buf, seq) in jobs {
-            let how = self.mover(s.bytes);
+            let how = self.mover();
             let (_, done, released) = buf.words;
             if how == Mover::Kernel && blocks == SLOTS {
                 // The stream waits (an empty engine piece carries it).
@@ -462,20 +450,13 @@ mod tests {
     }
 
     #[test]
-    fn auto_gives_large_jobs_the_kernel_and_small_ones_the_engines() {
-        let auto = Copier {
-            kernel_from: Some(KERNEL_MIN_BYTES),
-        };
-        assert_eq!(auto.mover(KERNEL_MIN_BYTES), Mover::Kernel);
-        assert_eq!(auto.mover(KERNEL_MIN_BYTES - 1), Mover::Engine);
-        assert_eq!(auto.slots_for(64 << 20, 4), (SLOTS, OUT_BLOCKS));
-        assert_eq!(auto.slots_for(64 << 20, 1), (SLOTS, SLOTS));
-        assert_eq!(auto.slots_for(1 << 20, 1), (0, 0));
-        assert_eq!(Copier::ENGINES.slots_for(1 << 30, 4), (0, 0));
-        let kernel = Copier {
-            kernel_from: Some(0),
-        };
-        assert_eq!(kernel.slots_for(1, 2), (SLOTS, OUT_BLOCKS));
+    fn the_kernel_signals_per_block_and_the_engines_with_single_words() {
+        let kernel = Copier { kernel: true };
+        assert_eq!(kernel.slots_for(4), (SLOTS, OUT_BLOCKS));
+        assert_eq!(kernel.slots_for(1), (SLOTS, SLOTS));
+        assert_eq!(Copier::ENGINES.slots_for(4), (0, 0));
+        assert_eq!(Copier::ENGINES.slots_for(1), (0, 0));
+        assert_eq!(Copier::choose("engine", 0), Copier::ENGINES);
     }
 
     #[test]
@@ -570,9 +551,7 @@ mod tests {
 
     #[test]
     fn several_jobs_copy_back_in_one_waiting_launch_a_single_one_after_the_streams_wait() {
-        let kernel = Copier {
-            kernel_from: Some(0),
-        };
+        let kernel = Copier { kernel: true };
         let (a, b) = (job(64 << 20), job(64 << 20));
         let (la, lb) = (lease(1), lease(2));
         // Slices: one launch of OUT_BLOCKS blocks, each job's first copy
@@ -580,7 +559,7 @@ mod tests {
         // as Pool::take was told.
         let (pieces, blocks) = kernel.out_pieces(&[(&a, &la, 5), (&b, &lb, 6)]);
         assert_eq!(blocks, OUT_BLOCKS);
-        assert_eq!(kernel.slots_for(64 << 20, 2).1, blocks);
+        assert_eq!(kernel.slots_for(2).1, blocks);
         assert!(pieces.iter().all(|p| p.how == Mover::Kernel));
         let waits: Vec<_> = pieces.iter().map(|p| p.wait).collect();
         assert_eq!(waits, vec![Some((la.words.1, 5)), Some((lb.words.1, 6))]);
@@ -588,7 +567,7 @@ mod tests {
         // blocks copy without waiting themselves.
         let (pieces, blocks) = kernel.out_pieces(&[(&a, &la, 7)]);
         assert_eq!(blocks, SLOTS);
-        assert_eq!(kernel.slots_for(64 << 20, 1).1, blocks);
+        assert_eq!(kernel.slots_for(1).1, blocks);
         assert_eq!(
             (pieces[0].how, pieces[0].bytes, pieces[0].wait),
             (Mover::Engine, 0, Some((la.words.1, 7)))
@@ -604,9 +583,7 @@ mod tests {
     /// holds go as before.
     #[test]
     fn a_sliced_calls_copies_in_and_back_are_one_launch_when_they_fit() {
-        let kernel = Copier {
-            kernel_from: Some(0),
-        };
+        let kernel = Copier { kernel: true };
         let mut to_host = job(64 << 20);
         to_host.to_host = to_host.to_device.clone();
         let (a, b) = (to_host.clone(), to_host.clone());
@@ -631,7 +608,7 @@ mod tests {
         // A single job: no.
         assert!(!kernel.copies(&jobs[..1]).at_once);
         // The engines: no.
-        let engines = Copier { kernel_from: None };
+        let engines = Copier::ENGINES;
         assert!(!engines.copies(&jobs).at_once);
         // More pieces than one launch holds: no.
         let mut wide = to_host.clone();

@@ -312,7 +312,7 @@ impl ProxySide {
         let mut jobs: Vec<(Job, Lease, &Staged)> = Vec::with_capacity(staged.len());
         for s in &staged {
             let seq = self.next_seq();
-            let slots = self.copier.slots_for(s.bytes, staged.len());
+            let slots = self.copier.slots_for(staged.len());
             match self.pool.take(s.bytes, seq, slots) {
                 Ok(buf) => jobs.push((job_on(s, seq, &buf), buf, s)),
                 Err(e) => {

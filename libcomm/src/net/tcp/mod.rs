@@ -53,7 +53,8 @@ pub struct TcpConfig {
 }
 
 impl TcpConfig {
-    /// From the environment: `WEFT_NET_SOCKETS`, `WEFT_PEER_TIMEOUT_MS`, and
+    /// From the environment: `WEFT_NET_SOCKETS`, `WEFT_NET_MIN_PIECE_BYTES`,
+    /// `WEFT_PEER_TIMEOUT_MS`, and
     /// the address rules of the peer endpoint (`WEFT_LISTEN_ADDR`, else the
     /// address of the default route, bound on every interface).
     pub fn from_env(secret: [u8; 32]) -> Result<TcpConfig, NetError> {
@@ -61,6 +62,10 @@ impl TcpConfig {
             .try_get()
             .map_err(|e| NetError::InvalidArgument(e.to_string()))?
             .unwrap_or(DEFAULT_SOCKETS);
+        let min_task = weft_contract::params::WEFT_NET_MIN_PIECE_BYTES
+            .try_get()
+            .map_err(|e| NetError::InvalidArgument(e.to_string()))?
+            .unwrap_or(MIN_TASK);
         let cfg = crate::config::Config::from_env()
             .map_err(|e| NetError::InvalidArgument(e.to_string()))?;
         let advertise = crate::bootstrap::unique_id::advertised_ip();
@@ -74,7 +79,7 @@ impl TcpConfig {
             bind,
             advertise,
             peer_timeout: cfg.peer_timeout,
-            min_task: MIN_TASK,
+            min_task,
         })
     }
 
