@@ -143,6 +143,13 @@ unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<
             }
         };
         let copier = Copier::choose(&weft_contract::params::WEFT_CROSSHOST_COPY.value(), d);
+        // The threads started here (the progress thread; the engine and
+        // its socket helpers, which the host runner builds) inherit this
+        // thread's mask: the CPUs near the GPU while they start.
+        let near = super::near_cpus::run_near(d);
+        let threads_on = near
+            .as_ref()
+            .map_or(String::new(), |g| format!("; its threads on CPUs {:?}, near it", g.now));
         match ProxySide::new(
             comms.rank(c),
             comms.nranks(c),
@@ -157,7 +164,7 @@ unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<
                 log(
                     false,
                     &format!(
-                        "{}: CUDA device {d}: ranks on {} hosts: cross-host path (no peer memory is mapped; stream-ordered through pinned host memory and a progress thread; copies to and from it by {})",
+                        "{}: CUDA device {d}: ranks on {} hosts: cross-host path (no peer memory is mapped; stream-ordered through pinned host memory and a progress thread; copies to and from it by {}{threads_on})",
                         comms.describe(c),
                         distinct.len(),
                         copier.describe()

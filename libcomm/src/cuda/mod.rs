@@ -53,6 +53,7 @@
 //! | `staging.rs` | the host-memory fallback, which device an operation's buffers are on, an operation's device regions |
 //! | `proxy.rs` | [`ProxySide`]: device operations of a communicator spanning hosts, through pinned buffers and a progress thread |
 //! | `pinned_plan.rs` | what a device job across hosts copies into its pinned buffers and out, in place and cut in slices |
+//! | `near_cpus.rs` | the CPUs near a GPU, where the cross-host path starts its threads and pins its buffers (`WEFT_CPU_AFFINITY`) |
 //! | `pinned.rs` | the pinned, device-mapped buffers and flag words a stream and the progress thread meet on |
 //! | `driver.rs` | loading the driver, pointer queries, contexts, device attributes |
 //! | `mem.rs` | device memory and streams for tests and tools |
@@ -90,6 +91,7 @@ mod ll;
 mod logger;
 mod mapping;
 pub mod mem;
+mod near_cpus;
 mod nvrtc;
 mod p2p;
 mod pinned;

@@ -76,6 +76,9 @@ pub(super) struct Pinned {
 impl Pinned {
     fn alloc(dev: i32, cap: usize) -> CudaResult<Pinned> {
         use_device(dev)?;
+        // Pinned on the GPU's NUMA node: the pages come from the node of
+        // the thread that pins them (`near_cpus.rs`).
+        let _near = super::near_cpus::run_near(dev);
         let mut host: *mut c_void = std::ptr::null_mut();
         let mut dptr: sys::CUdeviceptr = 0;
         unsafe {

@@ -1,8 +1,9 @@
 //! The operating system: socket options in one place (`sockets.rs`),
 //! descriptors over Unix sockets (`fdpass.rs`), host identity, process
 //! liveness and cores (`topology.rs`), how a thread waits microseconds
-//! (`backoff.rs`); and a mutex lock that outlives a panicked holder.
+//! (`backoff.rs`), which CPUs a thread runs on (`affinity.rs`); and a mutex lock that outlives a panicked holder.
 
+pub(crate) mod affinity;
 pub(crate) mod backoff;
 pub mod fdpass;
 pub mod sockets;

@@ -1,0 +1,29 @@
+//! The CPUs near a GPU (`WEFT_CPU_AFFINITY=gpu`, the default): where the
+//! cross-host path starts its threads (progress thread, engine, socket
+//! helpers) and pins its host buffers; `sys/affinity.rs` says why.
+
+use super::driver::pci_location;
+use crate::sys::affinity::{self, CpuSet, OnCpus};
+use crate::sys::lock;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// The CPUs near device `dev` (looked up once per device and process);
+/// None with `WEFT_CPU_AFFINITY=none`, or where the driver or sysfs does
+/// not say.
+pub(super) fn near(dev: i32) -> Option<CpuSet> {
+    if weft_contract::params::WEFT_CPU_AFFINITY.value() == "none" {
+        return None;
+    }
+    static BY_DEVICE: OnceLock<Mutex<HashMap<i32, Option<CpuSet>>>> = OnceLock::new();
+    *lock(BY_DEVICE.get_or_init(Default::default))
+        .entry(dev)
+        .or_insert_with(|| affinity::near_pci(pci_location(dev).ok()?))
+}
+
+/// The calling thread on the CPUs near `dev` (within its own mask) until
+/// the guard drops; None where that changes nothing (see
+/// [`affinity::run_on`]).
+pub(super) fn run_near(dev: i32) -> Option<OnCpus> {
+    affinity::run_on(&near(dev)?)
+}
