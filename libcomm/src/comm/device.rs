@@ -474,6 +474,8 @@ mod tests {
         use super::super::cross_engine::{DEVICE_MIN_BYTES, DEVICE_P2P_MIN_BYTES};
         const { assert!(DEVICE_P2P_MIN_BYTES < DEVICE_MIN_BYTES) };
         let comms = Communicator::init_on_simulated_hosts(2, 1, |c| crate::Config {
+            // The default, whatever the environment says.
+            cross_engine_min_bytes: None,
             // A rank that fails must not leave the other waiting.
             timeout: Some(std::time::Duration::from_secs(20)),
             ..c

@@ -145,7 +145,9 @@ impl Engine {
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
             .name("weft-crosshost".into())
-            .spawn(move || Runner::new(links, sh).run())
+            .spawn(crate::sys::affinity::placed(move || {
+                Runner::new(links, sh).run()
+            }))
             .map_err(|e| Error::sys("spawning the cross-host engine", e))?;
         Ok(Engine {
             shared,

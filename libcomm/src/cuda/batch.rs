@@ -144,22 +144,26 @@ unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<
         };
         let copier = Copier::choose(&weft_contract::params::WEFT_CROSSHOST_COPY.value(), d);
         // The threads started here (the progress thread; the engine and
-        // its socket helpers, which the host runner builds) inherit this
-        // thread's mask: the CPUs near the GPU while they start.
-        let near = super::near_cpus::run_near(d);
-        let threads_on = near
-            .as_ref()
-            .map_or(String::new(), |g| format!("; its threads on CPUs {:?}, near it", g.now));
-        match ProxySide::new(
-            comms.rank(c),
-            comms.nranks(c),
-            distinct.len(),
-            d,
-            slice_bytes,
-            copier,
-            comms.host_runner(c),
-            comms.describe(c),
-        ) {
+        // its socket helpers, which the host runner builds unless a host
+        // collective built them before) go on the CPUs near the GPU; this
+        // thread stays where it is.
+        let place = super::near_cpus::placement_near(d);
+        let threads_on = place.map_or(String::new(), |p| {
+            format!("; the threads it starts on CPUs {p:?}, near it")
+        });
+        let started = crate::sys::affinity::placing(place, || {
+            ProxySide::new(
+                comms.rank(c),
+                comms.nranks(c),
+                distinct.len(),
+                d,
+                slice_bytes,
+                copier,
+                comms.host_runner(c),
+                comms.describe(c),
+            )
+        });
+        match started {
             Ok(px) => {
                 log(
                     false,

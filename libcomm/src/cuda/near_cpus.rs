@@ -1,5 +1,5 @@
 //! The CPUs near a GPU (`WEFT_CPU_AFFINITY=gpu`, the default): where the
-//! cross-host path starts its threads (progress thread, engine, socket
+//! cross-host path places its threads (progress thread, engine, socket
 //! helpers) and pins its host buffers; `sys/affinity.rs` says why.
 
 use super::driver::pci_location;
@@ -26,4 +26,11 @@ pub(super) fn near(dev: i32) -> Option<CpuSet> {
 /// [`affinity::run_on`]).
 pub(super) fn run_near(dev: i32) -> Option<OnCpus> {
     affinity::run_on(&near(dev)?)
+}
+
+/// The CPUs near `dev` within the calling thread's mask, where that
+/// narrows it: the placement of the threads the cross-host path starts
+/// for `dev` ([`affinity::placing`]).
+pub(super) fn placement_near(dev: i32) -> Option<CpuSet> {
+    affinity::narrowing(&near(dev)?)
 }

@@ -21,7 +21,7 @@
 //! where the library has it for the device: on 2 x H200 as 2 hosts x 1
 //! under torch (2026-11-30, three runs) it was ahead of the engines from
 //! 1 MiB to 4 MiB too (all-reduce 3.2-3.8 against 2.1-3.0 GB/s at 1 MiB,
-//! all-gather 3.5-3.8 against 1.3-2.7) and even at 64-256 KiB and from
+//! all-gather 3.5-3.8 against 1.3-2.7), about even at 64-256 KiB and from
 //! 16 MiB; an earlier build, whose single jobs copied back on 8 blocks and
 //! whose waits slept in 50 us steps, had measured the engines faster at
 //! 1 MiB. `engine` forces the engines; a library without kernels (no

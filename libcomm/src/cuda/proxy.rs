@@ -237,7 +237,7 @@ impl ProxySide {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("weft-xhost-{rank}"))
-            .spawn(move || s.run())
+            .spawn(crate::sys::affinity::placed(move || s.run()))
             .map_err(|e| CudaError::Unsupported(format!("starting the progress thread: {e}")))?;
         Ok(ProxySide {
             rank,

@@ -1,15 +1,20 @@
 //! Which CPUs a thread runs on: the cores the kernel lists as local to a
-//! PCI device (a GPU's NUMA node), and a guard that keeps the calling
-//! thread on them while it starts threads (which inherit its mask) and
-//! pins host memory (placed on its node), then puts the old mask back.
+//! PCI device (a GPU's NUMA node); a placement that threads started under
+//! it take up first thing ([`placing`], [`placed`]); and a guard that
+//! keeps the calling thread on a set while it pins host memory (pages come
+//! from its node), then puts its old mask back ([`run_on`]).
 //!
 //! Why: the cross-host path's progress thread, engine and socket threads
 //! read and write pinned buffers the GPU copies over PCIe; on a machine of
 //! several NUMA nodes, threads and pages on the far node pay the link
 //! between the sockets on every byte, and where the scheduler puts them
 //! changes from run to run. NCCL binds its proxy threads the same way
-//! (the job's mask intersected with the GPU's cores).
+//! (the job's mask intersected with the GPU's cores). Only the threads
+//! that start through [`placed`] move: the caller's own thread keeps its
+//! mask, and so do threads something else starts meanwhile (the
+//! process-wide listener, say).
 
+use std::cell::Cell;
 use std::fmt;
 
 /// A set of CPUs (Linux's `cpu_set_t`: CPUs 0 to 1023).
@@ -136,31 +141,74 @@ pub(crate) fn near_pci([domain, bus, device]: [i32; 3]) -> Option<CpuSet> {
     CpuSet::parse_list(&std::fs::read_to_string(path).ok()?)
 }
 
+/// `cpus` within the calling thread's mask, where that narrows it: None
+/// where the two share no CPU (the job pinned the process elsewhere: its
+/// choice wins), where the thread already runs on those CPUs alone, or
+/// where the kernel does not say.
+pub(crate) fn narrowing(cpus: &CpuSet) -> Option<CpuSet> {
+    let before = CpuSet::of_this_thread()?;
+    let now = before.and(cpus);
+    (!now.is_empty() && now != before).then_some(now)
+}
+
+thread_local! {
+    /// Where threads started from this thread through [`placed`] go
+    /// (see [`placing`]); None: where their mask lets them.
+    static PLACE: Cell<Option<CpuSet>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `cpus` as this thread's placement: threads started inside
+/// through [`placed`] move onto them (within their own mask) before they do
+/// anything else; this thread stays where it is. Placements nest; the
+/// old one comes back when `f` returns or unwinds.
+pub(crate) fn placing<R>(cpus: Option<CpuSet>, f: impl FnOnce() -> R) -> R {
+    struct Back(Option<CpuSet>);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            PLACE.set(self.0);
+        }
+    }
+    let _back = Back(PLACE.replace(cpus));
+    f()
+}
+
+/// The body `f` of a new thread, moved first onto the placement of the
+/// thread that calls this (if any): `spawn(placed(move || ...))`.
+pub(crate) fn placed<R>(f: impl FnOnce() -> R) -> impl FnOnce() -> R {
+    let cpus = PLACE.get();
+    move || {
+        if let Some(now) = cpus.as_ref().and_then(narrowing) {
+            now.apply_to_this_thread();
+        }
+        f()
+    }
+}
+
 /// While alive, the calling thread runs on the CPUs it was given (within
 /// its own mask); dropped, it runs on the mask it had before.
 #[must_use = "the old mask comes back when the guard is dropped"]
 pub(crate) struct OnCpus {
     before: CpuSet,
-    /// The mask the thread has while the guard lives.
-    pub now: CpuSet,
 }
 
 /// Moves the calling thread onto `cpus` within its own mask, until the
-/// guard is dropped. None, and nothing changed, where the two share no CPU
-/// (the job pinned the process elsewhere: its choice wins), where the
-/// thread already runs on those CPUs alone, or where the kernel refused.
+/// guard is dropped; None, and nothing changed, where that would not
+/// narrow its mask (see [`narrowing`]) or the kernel refused.
 pub(crate) fn run_on(cpus: &CpuSet) -> Option<OnCpus> {
     let before = CpuSet::of_this_thread()?;
-    let now = before.and(cpus);
-    if now.is_empty() || now == before || !now.apply_to_this_thread() {
-        return None;
-    }
-    Some(OnCpus { before, now })
+    let now = narrowing(cpus)?;
+    now.apply_to_this_thread().then_some(OnCpus { before })
 }
 
 impl Drop for OnCpus {
     fn drop(&mut self) {
-        self.before.apply_to_this_thread();
+        if !self.before.apply_to_this_thread() {
+            crate::log::warn_log!(
+                "could not put this thread back on CPUs {:?} (its mask before the host buffers were pinned): {}",
+                self.before,
+                std::io::Error::last_os_error()
+            );
+        }
     }
 }
 
@@ -181,11 +229,10 @@ mod tests {
         assert_eq!(s.and(&other).list(), "2-3,8");
     }
 
-    /// The guard moves the thread and puts the old mask back, threads
-    /// started under it inherit the new mask, and a set outside the
-    /// thread's mask changes nothing.
+    /// The guard moves the thread and puts the old mask back, and a set
+    /// outside the thread's mask changes nothing.
     #[test]
-    fn the_guard_moves_this_thread_and_threads_it_starts_then_restores() {
+    fn the_guard_moves_this_thread_then_restores() {
         // On a thread of its own: the test harness's threads keep theirs.
         std::thread::spawn(|| {
             let before = CpuSet::of_this_thread().expect("sched_getaffinity");
@@ -197,16 +244,52 @@ mod tests {
                 assert_eq!(guard.is_some(), moved);
                 if moved {
                     assert_eq!(CpuSet::of_this_thread().unwrap(), one);
-                    let child = std::thread::spawn(CpuSet::of_this_thread).join().unwrap();
-                    assert_eq!(child.unwrap(), one, "a thread started under the guard");
                 }
             }
             assert_eq!(CpuSet::of_this_thread().unwrap(), before);
             let outside = CpuSet::parse_list(&(MAX_CPUS - 1).to_string()).unwrap();
             if !before.contains(MAX_CPUS - 1) {
                 assert!(run_on(&outside).is_none());
+                assert!(narrowing(&outside).is_none());
                 assert_eq!(CpuSet::of_this_thread().unwrap(), before);
             }
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Under a placement, a thread started through `placed` moves onto it
+    /// and one started plainly does not; the placing thread itself never
+    /// moves, and the placement ends with its scope.
+    #[test]
+    fn threads_started_through_placed_take_the_placement_up_and_others_do_not() {
+        std::thread::spawn(|| {
+            let before = CpuSet::of_this_thread().expect("sched_getaffinity");
+            let first = *before.cpus().first().expect("some CPU");
+            let one = CpuSet::parse_list(&first.to_string()).unwrap();
+            let start = |f: fn() -> Option<CpuSet>, through_placed: bool| match through_placed {
+                true => std::thread::spawn(placed(f)).join().unwrap().unwrap(),
+                false => std::thread::spawn(f).join().unwrap().unwrap(),
+            };
+            let (inside, plain) = placing(Some(one), || {
+                assert_eq!(
+                    CpuSet::of_this_thread().unwrap(),
+                    before,
+                    "the placing thread moved"
+                );
+                (
+                    start(CpuSet::of_this_thread, true),
+                    start(CpuSet::of_this_thread, false),
+                )
+            });
+            let want = if before.cpus().len() > 1 { one } else { before };
+            assert_eq!(inside, want, "a thread started through placed");
+            assert_eq!(plain, before, "a thread started plainly");
+            assert_eq!(
+                start(CpuSet::of_this_thread, true),
+                before,
+                "after the placement"
+            );
         })
         .join()
         .unwrap();

@@ -210,7 +210,7 @@ impl TcpSendComm {
             let (fd, sh) = (s.as_raw_fd(), shared.clone());
             let t = std::thread::Builder::new()
                 .name(format!("weft-net-tx{i}"))
-                .spawn(move || send_loop(fd, rx, &sh))
+                .spawn(crate::sys::affinity::placed(move || send_loop(fd, rx, &sh)))
                 .map_err(|e| NetError::sys("spawning a net send thread", e))?;
             queues.push(tx);
             threads.push(t);
@@ -378,7 +378,9 @@ impl TcpRecvComm {
             let (fd, sh, side) = (s.as_raw_fd(), shared.clone(), side.clone());
             let t = std::thread::Builder::new()
                 .name(format!("weft-net-rx{i}"))
-                .spawn(move || recv_loop(fd, &sh, &side))
+                .spawn(crate::sys::affinity::placed(move || {
+                    recv_loop(fd, &sh, &side)
+                }))
                 .map_err(|e| NetError::sys("spawning a net receive thread", e))?;
             threads.push(t);
         }
