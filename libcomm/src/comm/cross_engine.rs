@@ -80,6 +80,7 @@ pub const DEVICE_MIN_BYTES: usize = 1 << 20;
 /// on the engine, 5.3-5.5 GB/s; all-to-all of 1 MiB, pieces of 512 KiB,
 /// flat, 1.9-2.1 (NCCL 1.7-1.8).
 pub const DEVICE_P2P_MIN_BYTES: usize = 256 << 10;
+const _: () = assert!(DEVICE_P2P_MIN_BYTES < DEVICE_MIN_BYTES);
 
 /// Which ranks of other hosts the engine connects to, on a layout (the same
 /// answer on every rank: the layout is).

@@ -4,7 +4,6 @@
 
 use super::driver::pci_location;
 use crate::sys::affinity::{self, CpuSet, OnCpus};
-use crate::sys::lock;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -16,7 +15,10 @@ pub(super) fn near(dev: i32) -> Option<CpuSet> {
         return None;
     }
     static BY_DEVICE: OnceLock<Mutex<HashMap<i32, Option<CpuSet>>>> = OnceLock::new();
-    *lock(BY_DEVICE.get_or_init(Default::default))
+    *BY_DEVICE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
         .entry(dev)
         .or_insert_with(|| affinity::near_pci(pci_location(dev).ok()?))
 }

@@ -43,7 +43,8 @@ const LAYERS: &[(&str, &[&str])] = &[
 
 /// What `cuda/` may import from the rest of the crate: the operation
 /// descriptor, the backend seam and the tuner's names, the data types, errors
-/// and logging, and how a thread waits microseconds (a leaf on `std` alone).
+/// and logging, how a thread waits microseconds (a leaf on `std` alone), and
+/// which CPUs a thread runs on (a leaf on `libc` and logging).
 const SEAM: &[&str] = &[
     "op",
     "op::backend",
@@ -52,6 +53,7 @@ const SEAM: &[&str] = &[
     "error",
     "log",
     "sys::backoff",
+    "sys::affinity",
 ];
 
 const MAX_LINES: usize = 1000;
