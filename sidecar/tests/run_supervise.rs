@@ -242,11 +242,15 @@ fn shared_memory_of_the_job_is_removed() {
 #[test]
 fn processes_that_escaped_the_process_group_are_killed() {
     // `setsid` moves the grandchild into a new session and process group, out of
-    // reach of the group kill; weft, as subreaper, must still end it.
+    // reach of the group kill; weft, as subreaper, must still end it. The
+    // grandchild writes its pid file itself, from inside the new session: with
+    // `$!` written by the rank, a loaded machine could let rank 1 exit before
+    // the grandchild had left the group, so the group kill ended it and weft
+    // found no leftover (seen once in CI).
     let dir = scratch("escaped");
     let script = format!(
-        "setsid sleep 60 > /dev/null 2>&1 & echo $! > {d}/g$RANK.tmp; mv {d}/g$RANK.tmp {d}/g$RANK; \
-         if [ $RANK = 1 ]; then {}; exit 6; fi; sleep 30",
+        "setsid sh -c 'echo $$ > {d}/g$RANK.tmp; mv {d}/g$RANK.tmp {d}/g$RANK; exec sleep 60' \
+         > /dev/null 2>&1 & if [ $RANK = 1 ]; then {}; exit 6; fi; sleep 30",
         wait_all(&dir, 2),
         d = dir.display()
     );
