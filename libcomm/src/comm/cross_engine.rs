@@ -250,7 +250,6 @@ impl Communicator {
         if !ops.iter().all(Op::is_send_recv) || self.s.cross.building.load(Ordering::Acquire) {
             return None;
         }
-        self.cross_engine_min(true)?;
         let min = self
             .s
             .cfg

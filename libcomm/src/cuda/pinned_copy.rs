@@ -58,10 +58,7 @@ fn out_blocks(jobs: usize) -> usize {
 /// engines (one `cuMemcpyAsync` per copy, stream memory operations for
 /// the words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Copier {
-    /// false: the engines.
-    kernel: bool,
-}
+pub struct Copier(Mover);
 
 /// Which hardware one job's copies take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,30 +69,30 @@ enum Mover {
 
 impl Copier {
     /// The engines for every job.
-    pub const ENGINES: Copier = Copier { kernel: false };
+    pub const ENGINES: Copier = Copier(Mover::Engine);
+    /// The copy kernel for every job.
+    const KERNEL: Copier = Copier(Mover::Kernel);
 
     /// What `setting` (`WEFT_CROSSHOST_COPY`: `auto`, `kernel` or
     /// `engine`) gives on device `dev`: the kernel (`auto` and `kernel`
     /// alike) only where the library has it for the device.
     pub fn choose(setting: &str, dev: i32) -> Copier {
         let has_kernel = || compute_capability(dev).is_ok_and(|cc| available_for(cc, P2P_KERNEL));
-        Copier {
-            kernel: setting != "engine" && has_kernel(),
+        match setting != "engine" && has_kernel() {
+            true => Copier::KERNEL,
+            false => Copier::ENGINES,
         }
     }
 
     pub fn describe(self) -> String {
-        match self.kernel {
-            false => "the copy engines".into(),
-            true => "the copy kernel".into(),
+        match self.0 {
+            Mover::Engine => "the copy engines".into(),
+            Mover::Kernel => "the copy kernel".into(),
         }
     }
 
     fn mover(self) -> Mover {
-        match self.kernel {
-            true => Mover::Kernel,
-            false => Mover::Engine,
-        }
+        self.0
     }
 
     /// How a job in a call of `jobs` jobs signals `ready` and
@@ -451,7 +448,7 @@ mod tests {
 
     #[test]
     fn the_kernel_signals_per_block_and_the_engines_with_single_words() {
-        let kernel = Copier { kernel: true };
+        let kernel = Copier::KERNEL;
         assert_eq!(kernel.slots_for(4), (SLOTS, OUT_BLOCKS));
         assert_eq!(kernel.slots_for(1), (SLOTS, SLOTS));
         assert_eq!(Copier::ENGINES.slots_for(4), (0, 0));
@@ -551,7 +548,7 @@ mod tests {
 
     #[test]
     fn several_jobs_copy_back_in_one_waiting_launch_a_single_one_after_the_streams_wait() {
-        let kernel = Copier { kernel: true };
+        let kernel = Copier::KERNEL;
         let (a, b) = (job(64 << 20), job(64 << 20));
         let (la, lb) = (lease(1), lease(2));
         // Slices: one launch of OUT_BLOCKS blocks, each job's first copy
@@ -583,7 +580,7 @@ mod tests {
     /// holds go as before.
     #[test]
     fn a_sliced_calls_copies_in_and_back_are_one_launch_when_they_fit() {
-        let kernel = Copier { kernel: true };
+        let kernel = Copier::KERNEL;
         let mut to_host = job(64 << 20);
         to_host.to_host = to_host.to_device.clone();
         let (a, b) = (to_host.clone(), to_host.clone());

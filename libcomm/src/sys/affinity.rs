@@ -23,7 +23,8 @@ pub(crate) struct CpuSet(libc::cpu_set_t);
 
 impl PartialEq for CpuSet {
     fn eq(&self, other: &CpuSet) -> bool {
-        self.cpus() == other.cpus()
+        // SAFETY: compares the two sets' own bits.
+        unsafe { libc::CPU_EQUAL(&self.0, &other.0) }
     }
 }
 
@@ -146,9 +147,13 @@ pub(crate) fn near_pci([domain, bus, device]: [i32; 3]) -> Option<CpuSet> {
 /// choice wins), where the thread already runs on those CPUs alone, or
 /// where the kernel does not say.
 pub(crate) fn narrowing(cpus: &CpuSet) -> Option<CpuSet> {
-    let before = CpuSet::of_this_thread()?;
-    let now = before.and(cpus);
-    (!now.is_empty() && now != before).then_some(now)
+    narrowed(&CpuSet::of_this_thread()?, cpus)
+}
+
+/// `cpus` within `mask`, where that is a smaller, non-empty set.
+fn narrowed(mask: &CpuSet, cpus: &CpuSet) -> Option<CpuSet> {
+    let now = mask.and(cpus);
+    (!now.is_empty() && now != *mask).then_some(now)
 }
 
 thread_local! {
@@ -196,7 +201,7 @@ pub(crate) struct OnCpus {
 /// narrow its mask (see [`narrowing`]) or the kernel refused.
 pub(crate) fn run_on(cpus: &CpuSet) -> Option<OnCpus> {
     let before = CpuSet::of_this_thread()?;
-    let now = narrowing(cpus)?;
+    let now = narrowed(&before, cpus)?;
     now.apply_to_this_thread().then_some(OnCpus { before })
 }
 
@@ -229,15 +234,20 @@ mod tests {
         assert_eq!(s.and(&other).list(), "2-3,8");
     }
 
+    /// This thread's mask, and its first CPU alone.
+    fn mask_and_its_first_cpu() -> (CpuSet, CpuSet) {
+        let before = CpuSet::of_this_thread().expect("sched_getaffinity");
+        let first = *before.cpus().first().expect("some CPU");
+        (before, CpuSet::parse_list(&first.to_string()).unwrap())
+    }
+
     /// The guard moves the thread and puts the old mask back, and a set
     /// outside the thread's mask changes nothing.
     #[test]
     fn the_guard_moves_this_thread_then_restores() {
         // On a thread of its own: the test harness's threads keep theirs.
         std::thread::spawn(|| {
-            let before = CpuSet::of_this_thread().expect("sched_getaffinity");
-            let first = *before.cpus().first().expect("some CPU");
-            let one = CpuSet::parse_list(&first.to_string()).unwrap();
+            let (before, one) = mask_and_its_first_cpu();
             let moved = before.cpus().len() > 1;
             {
                 let guard = run_on(&one);
@@ -264,9 +274,7 @@ mod tests {
     #[test]
     fn threads_started_through_placed_take_the_placement_up_and_others_do_not() {
         std::thread::spawn(|| {
-            let before = CpuSet::of_this_thread().expect("sched_getaffinity");
-            let first = *before.cpus().first().expect("some CPU");
-            let one = CpuSet::parse_list(&first.to_string()).unwrap();
+            let (before, one) = mask_and_its_first_cpu();
             let start = |f: fn() -> Option<CpuSet>, through_placed: bool| match through_placed {
                 true => std::thread::spawn(placed(f)).join().unwrap().unwrap(),
                 false => std::thread::spawn(f).join().unwrap().unwrap(),

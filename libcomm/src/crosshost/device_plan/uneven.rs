@@ -126,12 +126,12 @@ pub(super) fn uneven(c: Coll, layout: &Layout, me: usize, smallest: usize) -> Op
             s
         }
         AllGather if layout.contiguous_hosts() => {
-            let (mine, _) = range(h);
+            let (at, len) = range(h);
             let mut s = vec![step(
                 Among::Host,
                 AllGather,
                 Send(0),
-                Recv(mine),
+                Recv(at),
                 count,
                 None,
                 0,
@@ -143,7 +143,6 @@ pub(super) fn uneven(c: Coll, layout: &Layout, me: usize, smallest: usize) -> Op
                 }));
             }
             // The other hosts' ranges: before this host's and after it.
-            let (at, len) = range(h);
             let end = layout.n() * count;
             for (from, len) in [(0, at), (at + len, end - at - len)] {
                 if len > 0 {
