@@ -43,6 +43,11 @@ typedef long long i64;
 #define K_ALLGATHER 4
 #define K_BROADCAST 5
 #define K_ALLTOALL 6
+// A local reduction, no peers: out = op over r < nranks of scratch[r]
+// (device or host-mapped pinned addresses): the cross-host path's
+// reduce-scatter, which reduces on the GPU what its pinned buffer received
+// from the other hosts (libcomm/src/cuda/pinned_copy.rs).
+#define K_LOCAL_REDUCE 7
 
 struct Args {
     u64 scratch[WEFT_MAX_RANKS];  // each rank's scratch base (peer-mapped here)
@@ -327,7 +332,8 @@ template <typename Op> struct Family {
     static constexpr bool move = !Op::reduces;
     __device__ static bool runs(int kind) {
         const bool reducing =
-            kind == K_ALLREDUCE || kind == K_ALLREDUCE_2SHOT || kind == K_REDUCE || kind == K_REDUCESCATTER;
+            kind == K_ALLREDUCE || kind == K_ALLREDUCE_2SHOT || kind == K_REDUCE || kind == K_REDUCESCATTER ||
+            kind == K_LOCAL_REDUCE;
         return reducing == Op::reduces;
     }
 };
@@ -457,6 +463,16 @@ __device__ void collective(const Args& a) {
     // A kind launched on the other family's kernel is a host bug: fail the
     // launch loudly rather than leave the output unwritten.
     if (!F::runs(a.kind)) __trap();
+    if (a.kind == K_LOCAL_REDUCE) {
+        if (F::move) return;
+        __shared__ u64 src[WEFT_MAX_RANKS];
+        if (threadIdx.x < WEFT_MAX_RANKS) src[threadIdx.x] = a.scratch[threadIdx.x];
+        __syncthreads();
+        u64 lo, hi;
+        slice<T>(a.count, lo, hi);
+        if (hi > lo) reduce_src<T, Op>(src, a.nranks, 0, (T*)a.out, lo, hi);
+        return;
+    }
     if (a.ll) {
         ll_oneshot<T, Op>(a);
         return;

@@ -33,9 +33,15 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+const I32: i32 = 2;
 const F32: i32 = 7;
+const F64: i32 = 8;
+const BF16: i32 = 9;
 const SUM: i32 = 0;
+const PROD: i32 = 1;
 const MAX: i32 = 2;
+const MIN: i32 = 3;
+const AVG: i32 = 4;
 /// Ranks of a scenario unless it says otherwise (`WEFT_XHOST_NRANKS`).
 const NRANKS: usize = 4;
 const TIMEOUT_MS: u64 = 3000;
@@ -348,6 +354,17 @@ fn device_collectives_cut_in_slices_match_the_reference() {
     collectives_checked_with(&[("WEFT_CROSSHOST_SLICE_BYTES", "4194304")]);
 }
 
+/// With `WEFT_CROSSHOST_REDUCE=host` a reduce-scatter reduces in place
+/// on its pinned copy, on the progress thread as it receives (the path
+/// before the GPU reduced what it received): every result still against
+/// the reference.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn device_reduce_scatters_reduced_on_the_host_match_the_reference() {
+    gpu_or_panic("device_reduce_scatters_reduced_on_the_host_match_the_reference");
+    collectives_checked_with(&[("WEFT_CROSSHOST_REDUCE", "host")]);
+}
+
 #[test]
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
 fn a_256_mib_all_reduce_across_hosts_returns_within_100_us() {
@@ -619,6 +636,7 @@ impl Rank {
             self.check("reduce_scatter", count, &self.download(out, count), |i| {
                 (0..n).map(|q| v(q, me * count + i)).sum()
             });
+            self.reduce_scatter_kinds(seed, count);
             // Root 2: on the other host from ranks 0 and 1.
             run(&|| unsafe {
                 pncclBroadcast(p(send), p(out), count, F32, 2, self.comm, self.st())
@@ -702,6 +720,112 @@ impl Rank {
             mem::free(self.dev, out).unwrap();
         }
         assert_eq!(unsafe { pncclCommDestroy(self.comm) }, 0);
+    }
+
+    /// Reduce-scatter beyond f32 sums (it reduces on the GPU what it
+    /// received, `WEFT_CROSSHOST_REDUCE`): in place (NCCL's layout: the
+    /// output is this rank's block of the input), int32 products, f64
+    /// minima, bf16 sums and f32 averages, every element against the
+    /// reference computed here.
+    fn reduce_scatter_kinds(&self, seed: u64, count: usize) {
+        let (n, me) = (self.nranks, self.rank);
+        let v = |q: usize, i: usize| value(seed ^ 0x5eed, q, i);
+        let p = |b: u64| b as *mut c_void;
+        let run = |f: &dyn Fn() -> i32| {
+            assert_eq!(f(), 0, "rank {me}: enqueue");
+            self.sync();
+        };
+        // In place.
+        let input: Vec<f32> = (0..n * count).map(|i| v(me, i)).collect();
+        let buf = self.upload(&input);
+        let mine = buf + (me * count * 4) as u64;
+        run(&|| unsafe {
+            pncclReduceScatter(p(buf), p(mine), count, F32, SUM, self.comm, self.st())
+        });
+        let want = |i: usize| (0..n).map(|q| v(q, me * count + i)).sum::<f32>();
+        let got = self.download(buf, n * count);
+        self.check(
+            "reduce_scatter in place",
+            count,
+            &got[me * count..(me + 1) * count],
+            want,
+        );
+        mem::free(self.dev, buf).unwrap();
+        // Average: sums of small integers are exact, so is the division.
+        let buf = self.upload(&input);
+        let out = self.upload(&vec![f32::NAN; count]);
+        run(&|| unsafe {
+            pncclReduceScatter(p(buf), p(out), count, F32, AVG, self.comm, self.st())
+        });
+        self.check(
+            "reduce_scatter avg",
+            count,
+            &self.download(out, count),
+            |i| want(i) / n as f32,
+        );
+        mem::free(self.dev, buf).unwrap();
+        mem::free(self.dev, out).unwrap();
+        // Other types, as raw bytes: (type, op, element bytes, rank q's
+        // element i, the reduction of the ranks' elements).
+        type Enc = fn(f32) -> Vec<u8>;
+        type Reduce = fn(&[f32]) -> f32;
+        let cases: [(&str, i32, i32, usize, Enc, Reduce); 3] = [
+            (
+                "int32 prod",
+                I32,
+                PROD,
+                4,
+                |x| ((x as i32).rem_euclid(3) + 1).to_le_bytes().to_vec(),
+                |xs| {
+                    xs.iter()
+                        .map(|&x| ((x as i32).rem_euclid(3) + 1) as f32)
+                        .product()
+                },
+            ),
+            (
+                "f64 min",
+                F64,
+                MIN,
+                8,
+                |x| (x as f64).to_le_bytes().to_vec(),
+                |xs| xs.iter().copied().fold(f32::MAX, f32::min),
+            ),
+            (
+                "bf16 sum",
+                BF16,
+                SUM,
+                2,
+                |x| ((x.to_bits() >> 16) as u16).to_le_bytes().to_vec(),
+                |xs| xs.iter().sum(),
+            ),
+        ];
+        for (what, ty, op, es, enc, reduce) in cases {
+            let bytes: Vec<u8> = (0..n * count).flat_map(|i| enc(v(me, i))).collect();
+            let send = mem::alloc(self.dev, bytes.len()).unwrap();
+            mem::htod(self.dev, send, &bytes).unwrap();
+            let out = mem::alloc(self.dev, count * es).unwrap();
+            run(&|| unsafe {
+                pncclReduceScatter(p(send), p(out), count, ty, op, self.comm, self.st())
+            });
+            let mut got = vec![0u8; count * es];
+            mem::dtoh(self.dev, &mut got, out).unwrap();
+            for i in 0..count {
+                let xs: Vec<f32> = (0..n).map(|q| v(q, me * count + i)).collect();
+                // The products are of the encoded factors already.
+                let want = match ty {
+                    I32 => (reduce(&xs) as i32).to_le_bytes().to_vec(),
+                    _ => enc(reduce(&xs)),
+                };
+                assert_eq!(
+                    &got[i * es..(i + 1) * es],
+                    &want[..],
+                    "rank {me}: reduce_scatter {what} of {count}: element {i}"
+                );
+            }
+            println!("@ ok reduce_scatter {what} count={count}");
+            mem::free(self.dev, send).unwrap();
+            mem::free(self.dev, out).unwrap();
+        }
     }
 
     /// One group of sends and receives on device memory: `sends` (peer,

@@ -44,15 +44,18 @@ pub(super) const K_REDUCESCATTER: i32 = 3;
 pub(super) const K_ALLGATHER: i32 = 4;
 pub(super) const K_BROADCAST: i32 = 5;
 pub(super) const K_ALLTOALL: i32 = 6;
+/// A local reduction of `nranks` sources (`Args::scratch`) into `output`.
+pub(super) const K_LOCAL_REDUCE: i32 = 7;
 
 /// Direct broadcast algorithms (keep in sync with WEFT_BCAST_* in
 /// collectives.cu).
 pub(super) const BCAST_RING: i32 = 0;
 pub(super) const BCAST_SCATTER: i32 = 1;
 
-/// Must match `struct Args` in kernels/collectives.cu.
+/// Must match `struct Args` in kernels/collectives.cu. `Default`: every
+/// field 0 (no peers, no algorithm options).
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 pub(super) struct Args {
     pub(super) scratch: [u64; MAX_RANKS],
     pub(super) flags: [u64; MAX_RANKS],

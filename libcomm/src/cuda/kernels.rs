@@ -197,6 +197,25 @@ fn load_module(image: &[u8], name: &str) -> CudaResult<sys::CUfunction> {
         unsafe { sys::cuModuleUnload(m) };
         return Err(e);
     }
+    // Load it onto the device now. Under CUDA's lazy loading (the default
+    // since 12.2) the first launch would load it, and loading may wait for
+    // the context's work in flight: a launch enqueued after a stream wait
+    // that the calling thread itself must release later (the cross-host
+    // path's wait for `done`, which its progress thread writes only after
+    // the call queued the job) then never returns. Asking for an attribute
+    // forces the load here, where the caller looks the kernel up.
+    let mut regs = 0;
+    let r = unsafe {
+        sys::cuFuncGetAttribute(
+            &mut regs,
+            sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NUM_REGS,
+            f,
+        )
+    };
+    if let Err(e) = check(r, "cuFuncGetAttribute (loading the kernel)") {
+        unsafe { sys::cuModuleUnload(m) };
+        return Err(e);
+    }
     Ok(f)
 }
 

@@ -4,9 +4,9 @@
 //! and point-to-point counters, which every rank must advance alike.
 
 use super::abi::{
-    Args, CHAIN_FIFO, CHAIN_LINES, FLAG_AREA, K_ALLGATHER, K_ALLREDUCE, K_BROADCAST, K_REDUCE,
-    LINES_AREA, LL_SLOT, MAX_BLOCKS, MAX_P2P, MAX_RANKS, P2P_COPY, P2P_RECV, P2P_SEND, P2pArgs,
-    P2pOp,
+    Args, CHAIN_FIFO, CHAIN_LINES, FLAG_AREA, K_ALLGATHER, K_ALLREDUCE, K_BROADCAST,
+    K_LOCAL_REDUCE, K_REDUCE, LINES_AREA, LL_SLOT, MAX_BLOCKS, MAX_P2P, MAX_RANKS, P2P_COPY,
+    P2P_RECV, P2P_SEND, P2pArgs, P2pOp,
 };
 use super::devcomm::DevComm;
 use super::driver::use_device;
@@ -317,6 +317,61 @@ impl DevComm {
             };
         }
         Ok(())
+    }
+}
+
+/// Launches reducing kernel `func` on `stream` as a local reduction
+/// (`K_LOCAL_REDUCE`): `dst[i] = op(srcs[0][i], srcs[1][i], ...)` for
+/// `count` elements, on `blocks` blocks of 512 threads. The sources may be device memory or
+/// device-mapped pinned memory: the cross-host path's reduce-scatter
+/// (`pinned_copy.rs`).
+///
+/// # Safety
+/// Every address is valid for `count` elements until the stream passes
+/// the kernel; `srcs` holds 1 to [`MAX_RANKS`] of them.
+pub(super) unsafe fn launch_local_reduce(
+    dev: i32,
+    func: &'static str,
+    srcs: &[u64],
+    dst: u64,
+    count: usize,
+    blocks: usize,
+    stream: sys::CUstream,
+) -> CudaResult<()> {
+    debug_assert!((1..=MAX_RANKS).contains(&srcs.len()));
+    if count == 0 {
+        return Ok(());
+    }
+    let f = function(dev, func)?;
+    let mut scratch = [0u64; MAX_RANKS];
+    scratch[..srcs.len()].copy_from_slice(srcs);
+    let blocks = blocks.clamp(1, MAX_BLOCKS);
+    let mut a = Args {
+        scratch,
+        output: dst,
+        count: count as u64,
+        nranks: srcs.len() as i32,
+        kind: K_LOCAL_REDUCE,
+        ..Args::default()
+    };
+    let mut params = [(&mut a as *mut Args).cast::<c_void>()];
+    unsafe {
+        check(
+            sys::cuLaunchKernel(
+                f,
+                blocks as u32,
+                1,
+                1,
+                512,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            "cuLaunchKernel (a cross-host reduce-scatter's reduction on the GPU)",
+        )
     }
 }
 

@@ -30,10 +30,11 @@
 use super::abi::{MAX_P2P, MAX_RANKS, P2P_COPY_SEQ, P2pArgs, P2pOp};
 use super::driver::compute_capability;
 use super::error::{CudaResult, check};
-use super::kernels::{P2P_KERNEL, available_for, function};
-use super::launch::launch_p2p_kernel;
+use super::kernels::{P2P_KERNEL, available_for, func_name, function};
+use super::launch::{launch_local_reduce, launch_p2p_kernel};
 use super::pinned::{Lease, SLOTS};
-use super::pinned_plan::Staged;
+use super::pinned_plan::{ReduceOut, Staged};
+use crate::data::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
 
 /// Blocks of the copy kernel's launch out when a call has several jobs
@@ -95,11 +96,33 @@ impl Copier {
         self.0
     }
 
-    /// How a job in a call of `jobs` jobs signals `ready` and
+    /// Whether a job's copy out reduces values of `dtype` with `op`
+    /// (`Staged::reduce_out`): on the copy kernel's path (the engines only
+    /// copy), for the types and ops every supported GPU has a reducing
+    /// kernel for. `WEFT_CROSSHOST_REDUCE=host` turns it off.
+    ///
+    /// The answer changes what the ranks send each other (sends and
+    /// receives instead of the host algorithm's messages), so it rests on
+    /// what every rank shares: the settings (`WEFT_CROSSHOST_COPY` and
+    /// `WEFT_CROSSHOST_REDUCE` are set alike on every rank), the type and
+    /// the op, and whether the library has kernels at all (the copy
+    /// kernel's images are the reducing kernels' images), never on one
+    /// GPU's architecture: fp8 types, whose kernels need sm_89, reduce on
+    /// the host everywhere, so a job of A100s and H100s agrees.
+    pub fn reduces(self, dtype: DataType, op: ReduceOp) -> bool {
+        self.mover() == Mover::Kernel
+            && weft_contract::params::WEFT_CROSSHOST_REDUCE.value() != "host"
+            && !matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2)
+            && func_name(dtype, Some(op), true).is_some()
+    }
+
+    /// How job `s` in a call of `jobs` jobs signals `ready` and
     /// `released` (`Pool::take`): the copy kernel's per-block words (its
-    /// launches' blocks in and out), or single words (0).
-    pub(super) fn slots_for(self, jobs: usize) -> (usize, usize) {
+    /// launches' blocks in and out), or single words (0): the engines',
+    /// and a reducing copy out's (the stream writes it after the launch).
+    pub(super) fn slots_for(self, s: &Staged, jobs: usize) -> (usize, usize) {
         match self.mover() {
+            Mover::Kernel if s.reduce_out.is_some() => (SLOTS, 0),
             Mover::Kernel => (SLOTS, out_blocks(jobs)),
             Mover::Engine => (0, 0),
         }
@@ -120,7 +143,10 @@ impl Copier {
     pub(super) fn copies(self, jobs: &[(&Staged, &Lease, u32)]) -> Copies {
         let ins = self.in_pieces(jobs);
         let (outs, out_blocks) = self.out_pieces(jobs);
-        let all_kernel = ins.iter().chain(&outs).all(|p| p.how == Mover::Kernel);
+        let all_kernel = ins
+            .iter()
+            .chain(&outs)
+            .all(|p| p.how == Mover::Kernel && p.reduce.is_none());
         let at_once = out_blocks == OUT_BLOCKS && all_kernel && ins.len() + outs.len() <= MAX_P2P;
         Copies {
             ins,
@@ -171,6 +197,20 @@ impl Copier {
         for &(s, buf, seq) in jobs {
             let how = self.mover();
             let (_, done, released) = buf.words;
+            if let Some(r) = &s.reduce_out {
+                // The stream waits, the reducing kernel runs, the stream
+                // flags the release (whatever the other jobs do).
+                pieces.push(Piece {
+                    wait: Some((done, seq)),
+                    ..Piece::copy(0, 0, 0, false, Mover::Engine)
+                });
+                pieces.push(Piece {
+                    reduce: Some(Reduction::of(r, buf)),
+                    signal: Some(Signal::Word(released, seq)),
+                    ..Piece::copy(r.dst, 0, 0, true, Mover::Kernel)
+                });
+                continue;
+            }
             if how == Mover::Kernel && blocks == SLOTS {
                 // The stream waits (an empty engine piece carries it).
                 pieces.push(Piece {
@@ -208,6 +248,18 @@ pub(super) struct Copies {
 }
 
 impl Copies {
+    /// Looks up (loads) the kernels of the copies out that are not the
+    /// copy kernel: before the stream holds anything of the call. A kernel
+    /// loaded after the stream's wait for a job's `done` could wait for
+    /// that wait, which only the caller's queueing of the job ends (the
+    /// first reduce-scatter of a process hung so, on 2 x H200).
+    pub(super) fn load_kernels(&self, dev: i32) -> CudaResult<()> {
+        for r in self.outs.iter().filter_map(|p| p.reduce) {
+            function(dev, r.func)?;
+        }
+        Ok(())
+    }
+
     /// Enqueues the copies in and the `ready` signals (and, as one launch,
     /// the copies out where they go with them).
     ///
@@ -250,7 +302,23 @@ unsafe fn enqueue(
     blocks: usize,
     stream: sys::CUstream,
 ) -> CudaResult<()> {
-    for run in pieces.chunk_by(|a, b| a.how == b.how) {
+    let alone = |p: &Piece| p.reduce.is_some();
+    for run in pieces.chunk_by(|a, b| a.how == b.how && !alone(a) && !alone(b)) {
+        if let Some(r) = run[0].reduce {
+            unsafe {
+                launch_local_reduce(
+                    dev,
+                    r.func,
+                    &r.srcs[..r.n],
+                    r.dst,
+                    r.count,
+                    r.blocks,
+                    stream,
+                )?;
+                signal_on_stream(run[0].signal, stream)?;
+            }
+            continue;
+        }
         match run[0].how {
             Mover::Kernel => unsafe { launch_copies(dev, run, blocks, stream)? },
             Mover::Engine => {
@@ -271,6 +339,47 @@ impl Lease {
         match how {
             Mover::Kernel => self.dev_data + off as u64,
             Mover::Engine => self.data as u64 + off as u64,
+        }
+    }
+}
+
+/// A job's reducing copy out as one launch takes it (`Staged::reduce_out`
+/// with the buffer's device addresses): `dst = op(srcs[0..n])`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Reduction {
+    /// The type's and op's reducing kernel.
+    func: &'static str,
+    dst: u64,
+    /// This rank's own part (device memory), then the received parts
+    /// (the pinned buffer, device-mapped).
+    srcs: [u64; MAX_RANKS],
+    n: usize,
+    count: usize,
+    /// One block per [`REDUCE_BLOCK_BYTES`] of output, [`SLOTS`] at most.
+    blocks: usize,
+}
+
+/// Output bytes per block of a reducing copy out, at least (small ones
+/// stay on few SMs; 1 MiB and more take [`SLOTS`], as the copies do).
+const REDUCE_BLOCK_BYTES: usize = 32 << 10;
+
+impl Reduction {
+    fn of(r: &ReduceOut, buf: &Lease) -> Reduction {
+        let mut srcs = [0; MAX_RANKS];
+        srcs[0] = r.own;
+        for (i, &off) in r.from.iter().enumerate() {
+            srcs[i + 1] = buf.at(off, Mover::Kernel);
+        }
+        Reduction {
+            func: func_name(r.dtype, Some(r.op), true)
+                .expect("staged only where the kernel exists (Copier::reduces)"),
+            dst: r.dst,
+            srcs,
+            n: r.from.len() + 1,
+            count: r.count,
+            blocks: (r.count * r.dtype.size())
+                .div_ceil(REDUCE_BLOCK_BYTES)
+                .clamp(1, SLOTS),
         }
     }
 }
@@ -300,6 +409,9 @@ struct Piece {
     /// Wait first until this word (device address) reaches this value.
     wait: Option<(u64, u32)>,
     signal: Option<Signal>,
+    /// Not a copy: this reduction, a launch of its own (its wait is the
+    /// piece before, its signal a word the stream writes).
+    reduce: Option<Reduction>,
 }
 
 impl Piece {
@@ -314,6 +426,7 @@ impl Piece {
             how,
             wait: None,
             signal: None,
+            reduce: None,
         }
     }
 }
@@ -348,14 +461,20 @@ unsafe fn engine_copy(p: &Piece, stream: sys::CUstream) -> CudaResult<()> {
                 "cuMemcpyAsync (between device memory and the cross-host pinned buffer)",
             )?;
         }
-        match p.signal {
-            Some(Signal::Word(word, seq)) => check(
-                sys::cuStreamWriteValue32_v2(stream, word, seq, 0),
-                "cuStreamWriteValue32 (a cross-host job's ready or released word)",
-            ),
-            Some(Signal::Slots(..)) => unreachable!("the engines signal with words"),
-            None => Ok(()),
-        }
+        signal_on_stream(p.signal, stream)
+    }
+}
+
+/// The stream writes a job's word (after its work before: the default
+/// flags fence it system-wide).
+unsafe fn signal_on_stream(signal: Option<Signal>, stream: sys::CUstream) -> CudaResult<()> {
+    match signal {
+        Some(Signal::Word(word, seq)) => check(
+            unsafe { sys::cuStreamWriteValue32_v2(stream, word, seq, 0) },
+            "cuStreamWriteValue32 (a cross-host job's ready or released word)",
+        ),
+        Some(Signal::Slots(..)) => unreachable!("the stream signals with words"),
+        None => Ok(()),
     }
 }
 
@@ -449,11 +568,70 @@ mod tests {
     #[test]
     fn the_kernel_signals_per_block_and_the_engines_with_single_words() {
         let kernel = Copier::KERNEL;
-        assert_eq!(kernel.slots_for(4), (SLOTS, OUT_BLOCKS));
-        assert_eq!(kernel.slots_for(1), (SLOTS, SLOTS));
-        assert_eq!(Copier::ENGINES.slots_for(4), (0, 0));
-        assert_eq!(Copier::ENGINES.slots_for(1), (0, 0));
+        let (copy, reducing) = (job(1 << 20), reducing_job());
+        assert_eq!(kernel.slots_for(&copy, 4), (SLOTS, OUT_BLOCKS));
+        assert_eq!(kernel.slots_for(&copy, 1), (SLOTS, SLOTS));
+        assert_eq!(Copier::ENGINES.slots_for(&copy, 4), (0, 0));
+        assert_eq!(Copier::ENGINES.slots_for(&copy, 1), (0, 0));
+        // A reducing copy out: its copies in per block, its release a word
+        // the stream writes after the reduction.
+        assert_eq!(kernel.slots_for(&reducing, 4), (SLOTS, 0));
+        assert_eq!(kernel.slots_for(&reducing, 1), (SLOTS, 0));
         assert_eq!(Copier::choose("engine", 0), Copier::ENGINES);
+    }
+
+    /// The reducing copy out only on the kernel's path, for the types and
+    /// ops every supported GPU reduces (the answer must be the same on
+    /// every rank: it decides what the ranks send).
+    #[test]
+    fn only_the_kernels_path_reduces_and_never_fp8_or_premulsum() {
+        let kernel = Copier::KERNEL;
+        assert!(kernel.reduces(DataType::F32, ReduceOp::Sum));
+        assert!(kernel.reduces(DataType::Bf16, ReduceOp::Avg));
+        assert!(kernel.reduces(DataType::I64, ReduceOp::Prod));
+        assert!(!kernel.reduces(DataType::F8E4M3, ReduceOp::Sum));
+        assert!(!kernel.reduces(DataType::F8E5M2, ReduceOp::Max));
+        assert!(!kernel.reduces(DataType::F32, ReduceOp::PreMulSum(2.0)));
+        assert!(!Copier::ENGINES.reduces(DataType::F32, ReduceOp::Sum));
+    }
+
+    /// A job that reduces on the GPU, in a call of one job or of several:
+    /// the stream waits for its done, one launch of the reducing kernel
+    /// (its own part in device memory first, then the received parts at
+    /// their pinned offsets through the device mapping), then the stream
+    /// writes the release word; never inside the copy kernel's one launch.
+    #[test]
+    fn a_reducing_copy_out_waits_on_the_stream_reduces_then_writes_its_release() {
+        let kernel = Copier::KERNEL;
+        let r = reducing_job();
+        let (la, lb) = (lease(1), lease(2));
+        for jobs in [vec![(&r, &la, 5)], vec![(&r, &la, 5), (&r, &lb, 6)]] {
+            let (pieces, _) = kernel.out_pieces(&jobs);
+            assert_eq!(pieces.len(), 2 * jobs.len());
+            for (k, &(_, l, seq)) in jobs.iter().enumerate() {
+                let (wait, red) = (&pieces[2 * k], &pieces[2 * k + 1]);
+                assert_eq!(
+                    (wait.how, wait.bytes, wait.wait, wait.reduce),
+                    (Mover::Engine, 0, Some((l.words.1, seq)), None)
+                );
+                let x = red.reduce.expect("the reduction");
+                assert_eq!(x.func, "weft_coll_f32_sum");
+                assert_eq!(x.n, 3);
+                assert_eq!(
+                    &x.srcs[..3],
+                    &[0x7000, l.dev_data + 4096, l.dev_data + 12288]
+                );
+                assert_eq!((x.dst, x.count), (0x9000, 1000));
+                assert_eq!(x.blocks, 1, "4000 bytes: one block");
+                assert_eq!(red.signal, Some(Signal::Word(l.words.2, seq)));
+                assert_eq!(red.wait, None);
+            }
+            assert!(!kernel.copies(&jobs).at_once);
+        }
+        let mut big = reducing_job();
+        big.reduce_out.as_mut().unwrap().count = 64 << 20;
+        let (pieces, _) = kernel.out_pieces(&[(&big, &la, 9)]);
+        assert_eq!(pieces[1].reduce.unwrap().blocks, SLOTS);
     }
 
     #[test]
@@ -533,6 +711,25 @@ mod tests {
             map: Vec::new(),
             ops: Vec::new(),
             per_op: false,
+            after_previous: false,
+            reduce_out: None,
+        }
+    }
+
+    /// A job whose copy out reduces 1000 f32 of its own at 0x7000 with two
+    /// received parts at offsets 4096 and 12288 of its buffer into 0x9000.
+    fn reducing_job() -> Staged {
+        Staged {
+            to_device: Vec::new(),
+            reduce_out: Some(ReduceOut {
+                dst: 0x9000,
+                own: 0x7000,
+                from: vec![4096, 12288],
+                count: 1000,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+            }),
+            ..job(16384)
         }
     }
 
@@ -556,7 +753,7 @@ mod tests {
         // as Pool::take was told.
         let (pieces, blocks) = kernel.out_pieces(&[(&a, &la, 5), (&b, &lb, 6)]);
         assert_eq!(blocks, OUT_BLOCKS);
-        assert_eq!(kernel.slots_for(2).1, blocks);
+        assert_eq!(kernel.slots_for(&a, 2).1, blocks);
         assert!(pieces.iter().all(|p| p.how == Mover::Kernel));
         let waits: Vec<_> = pieces.iter().map(|p| p.wait).collect();
         assert_eq!(waits, vec![Some((la.words.1, 5)), Some((lb.words.1, 6))]);
@@ -564,7 +761,7 @@ mod tests {
         // blocks copy without waiting themselves.
         let (pieces, blocks) = kernel.out_pieces(&[(&a, &la, 7)]);
         assert_eq!(blocks, SLOTS);
-        assert_eq!(kernel.slots_for(1).1, blocks);
+        assert_eq!(kernel.slots_for(&a, 1).1, blocks);
         assert_eq!(
             (pieces[0].how, pieces[0].bytes, pieces[0].wait),
             (Mover::Engine, 0, Some((la.words.1, 7)))

@@ -38,8 +38,10 @@
 //! call) is staged as before: every device region the job touches, read
 //! ones copied in, written ones copied out, the operations unchanged.
 
+use super::abi::MAX_RANKS;
 use super::pinned::ALIGN;
 use super::staging::{DevRegion, host_op};
+use crate::data::types::{DataType, ReduceOp};
 use crate::op::{Op, OpKind};
 
 /// The most slices one collective is cut into (each is a job: a few stream
@@ -78,6 +80,29 @@ pub(super) struct Staged {
     /// `map[i]` is op i's own region, and only op i's (sends and receives,
     /// whose regions may overlap in the device's address space).
     pub per_op: bool,
+    /// The stream copies this job in only after the previous job's copy
+    /// out (it reads what that one wrote: an all-reduce's gathered half,
+    /// [`all_reduce_on_gpu`]); such a call's jobs are enqueued one after
+    /// the other, copies in, wait, copies out.
+    pub after_previous: bool,
+    /// After `done`, besides `to_device`: a reduction the GPU runs from
+    /// device memory and the pinned buffer into device memory (a
+    /// reduce-scatter's received blocks, see [`reduce_scatter_on_gpu`]).
+    pub reduce_out: Option<ReduceOut>,
+}
+
+/// `dst = op(own, pinned[from[0]], pinned[from[1]], ...)`, `count`
+/// elements of `dtype`: what a job's copy out reduces on the GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct ReduceOut {
+    pub dst: u64,
+    /// This rank's own contribution, in device memory.
+    pub own: u64,
+    /// Offsets in the pinned buffer of the other ranks' contributions.
+    pub from: Vec<usize>,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
 }
 
 impl Staged {
@@ -90,6 +115,8 @@ impl Staged {
             map: Vec::new(),
             ops,
             per_op: false,
+            after_previous: false,
+            reduce_out: None,
         }
     }
 
@@ -152,17 +179,26 @@ fn in_place_kind(op: &Op) -> bool {
     )
 }
 
-/// Stages the job `ops` of rank `rank` of `nranks`. `on_device(p)`: whether
-/// address `p` is device memory; `regions`: the generic path's device
-/// regions of a list of operations (`staging::device_regions`).
+/// What the device can do for the staging besides copies.
+pub(super) struct DeviceCan<'a> {
+    /// Whether address `p` is device memory.
+    pub on_device: &'a dyn Fn(u64) -> bool,
+    /// Whether the GPU reduces values of this type with this op in a copy
+    /// out (the copy kernel's path with the type's reducing kernel).
+    pub reduce: &'a dyn Fn(DataType, ReduceOp) -> bool,
+}
+
+/// Stages the job `ops` of rank `rank` of `nranks`. `regions`: the generic
+/// path's device regions of a list of operations (`staging::device_regions`).
 pub(super) fn stage(
     ops: &[Op],
     rank: usize,
     nranks: usize,
     slice_bytes: usize,
-    on_device: &dyn Fn(u64) -> bool,
+    can: &DeviceCan,
     regions: &dyn Fn(&[Op]) -> Vec<DevRegion>,
 ) -> Vec<Staged> {
+    let on_device = can.on_device;
     if let [op] = ops
         && in_place_kind(op)
         && op.count > 0
@@ -173,6 +209,15 @@ pub(super) fn stage(
                 op.bytes(),
                 gathered_slice_count(op.bytes(), nranks, slice_bytes),
             );
+            let on_gpu = op.kind == OpKind::ReduceScatter
+                && nranks <= MAX_RANKS
+                && op.redop.is_some_and(|r| (can.reduce)(op.dtype, r));
+            if on_gpu {
+                return cut
+                    .into_iter()
+                    .map(|(off, bytes)| reduce_scatter_on_gpu(op, rank, nranks, off, bytes))
+                    .collect();
+            }
             if cut.len() > 1 {
                 return cut
                     .into_iter()
@@ -182,6 +227,15 @@ pub(super) fn stage(
             return vec![in_place(op, rank, nranks)];
         }
         let k = slice_count(op.bytes(), slice_bytes);
+        if op.kind == OpKind::AllReduce
+            && k == 1
+            && op.bytes() >= ALL_REDUCE_ON_GPU_MIN_BYTES
+            && (2..=MAX_RANKS).contains(&nranks)
+            && op.count >= nranks
+            && op.redop.is_some_and(|r| (can.reduce)(op.dtype, r))
+        {
+            return all_reduce_on_gpu(op, rank, nranks);
+        }
         let es = op.dtype.size();
         return slices(op.bytes(), k)
             .into_iter()
@@ -417,6 +471,157 @@ fn gathered_slice(op: &Op, rank: usize, nranks: usize, off: usize, bytes: usize)
     s
 }
 
+/// Slice `[off, off + bytes)` of every rank's block of a reduce-scatter
+/// (blocks of `op.bytes()`), reduced on the GPU ([`exchange_reduced`]):
+/// the other ranks' slices of this rank's input go out, their slices of
+/// this rank's block come in, and the copy out reduces this rank's own
+/// slice, still in device memory, with the received ones into the output.
+/// Against the in-place staging ([`gathered_slice`]: every block copied
+/// in, the host algorithm reducing on the progress thread's CPUs as it
+/// receives, the result copied out): `nranks - 1` slices copied in instead
+/// of `nranks`, no reduction on the CPU. Reduce-scatter was the slowest
+/// collective across hosts at 1-4 MiB (0.7-1.4x NCCL's socket transport
+/// where all-gather read 0.9-2.2x, 2 x H200 as 2 hosts x 1); reduced on the
+/// GPU it read 1.3-2.5x (docs/PERFORMANCE-GPU.md, "Across hosts").
+fn reduce_scatter_on_gpu(op: &Op, rank: usize, nranks: usize, off: usize, bytes: usize) -> Staged {
+    let (send, recv, block) = (op.send as u64, op.recv as u64, op.bytes());
+    let at = |r: usize| send + (r * block + off) as u64;
+    exchange_reduced(
+        op,
+        rank,
+        nranks,
+        |p| (at(p), bytes),
+        at(rank),
+        recv + off as u64,
+    )
+}
+
+/// All-reduces of at least this many bytes reduce on the GPU
+/// ([`all_reduce_on_gpu`]); smaller ones run the host algorithm on one
+/// pinned copy: one round trip between GPU and host, not two, where the
+/// round trip weighs more than the reduction. On 2 x H200 as 2 hosts x 1
+/// (two runs each, 100 calls) reduced on the GPU read 3.1-3.4 GB/s at
+/// 1 MiB against 3.8-3.9 on the host, and 5.3-5.6 against 3.8 at 2 MiB.
+const ALL_REDUCE_ON_GPU_MIN_BYTES: usize = 2 << 20;
+
+/// Part `p` of `count` elements cut into `n` parts, the first `count % n`
+/// one element longer: `(first element, elements)`.
+fn part(count: usize, n: usize, p: usize) -> (usize, usize) {
+    let (base, rem) = (count / n, count % n);
+    (p * base + p.min(rem), base + usize::from(p < rem))
+}
+
+/// An all-reduce as a reduce-scatter reduced on the GPU and an
+/// all-gather, two jobs, the second after the first's copy out (each rank
+/// owns part `rank` of the buffer, [`part`]):
+///
+/// 1. the other ranks' parts of the input go out, their contributions to
+///    this rank's part come in, and the copy out reduces this rank's part
+///    of the input (device memory) with them into its part of the output;
+/// 2. that reduced part is copied in (the stream runs it after 1's copy
+///    out) and goes to every other rank, their reduced parts come in and
+///    are copied out to their places.
+///
+/// Against the in-place staging (the whole buffer copied in, the host
+/// algorithm's reduce-scatter and all-gather on the pinned copy with the
+/// reductions on the progress thread's CPUs, the whole buffer copied back):
+/// the same bytes on the network, `(n - 1) / n` of the buffer copied in and
+/// back plus `1 / n` each way, no reduction on the CPU, one more round trip
+/// between GPU and host. In place the input's other parts are read (job 1's
+/// copies in) before anything writes them (job 2's copies out).
+fn all_reduce_on_gpu(op: &Op, rank: usize, nranks: usize) -> Vec<Staged> {
+    let (send, recv, es) = (op.send as u64, op.recv as u64, op.dtype.size());
+    let at = |base: u64, p: usize| base + (part(op.count, nranks, p).0 * es) as u64;
+    let len = |p: usize| part(op.count, nranks, p).1 * es;
+    let reduce = exchange_reduced(
+        op,
+        rank,
+        nranks,
+        |p| (at(send, p), len(p)),
+        at(send, rank),
+        at(recv, rank),
+    );
+    let mut gather = Staged::new(Vec::new());
+    gather.per_op = true;
+    gather.after_previous = true;
+    let (mine, own_bytes) = (at(recv, rank), len(rank));
+    gather.to_host.push(Copy {
+        dev: mine,
+        off: 0,
+        bytes: own_bytes,
+    });
+    gather.bytes = own_bytes.next_multiple_of(ALIGN);
+    for p in (1..nranks).map(|k| (rank + k) % nranks) {
+        gather.map.push((mine, own_bytes, 0));
+        gather.ops.push(
+            Op::send(mine as *const u8, own_bytes / es, op.dtype, p).on(op.memory, op.stream),
+        );
+        let (theirs, bytes) = (at(recv, p), len(p));
+        gather.map.push((theirs, bytes, gather.bytes));
+        gather
+            .ops
+            .push(Op::recv(theirs as *mut u8, bytes / es, op.dtype, p).on(op.memory, op.stream));
+        gather.to_device.push(Copy {
+            dev: theirs,
+            off: gather.bytes,
+            bytes,
+        });
+        gather.bytes += bytes.next_multiple_of(ALIGN);
+    }
+    vec![reduce, gather]
+}
+
+/// One job that sends every other rank `p` the device bytes `piece(p)`
+/// (address, bytes), receives from each as many bytes as `piece(rank)`
+/// has, and whose copy out reduces `own` (device memory, `piece(rank)`'s
+/// size) with what it received into `dst` on the GPU: a send and a receive
+/// per other rank, as an all-to-all's pieces (each end lists the pair
+/// alike, so they meet on the same transport).
+fn exchange_reduced(
+    op: &Op,
+    rank: usize,
+    nranks: usize,
+    piece: impl Fn(usize) -> (u64, usize),
+    own: u64,
+    dst: u64,
+) -> Staged {
+    let (es, dtype) = (op.dtype.size(), op.dtype);
+    let mine = piece(rank).1;
+    let mut s = Staged::new(Vec::new());
+    s.per_op = true;
+    let mut from = Vec::with_capacity(nranks - 1);
+    // Peers in ring order from this rank's successor, so the ranks do not
+    // all send to rank 0 first.
+    for p in (1..nranks).map(|k| (rank + k) % nranks) {
+        let (dev, bytes) = piece(p);
+        s.to_host.push(Copy {
+            dev,
+            off: s.bytes,
+            bytes,
+        });
+        s.map.push((dev, bytes, s.bytes));
+        s.ops
+            .push(Op::send(dev as *const u8, bytes / es, dtype, p).on(op.memory, op.stream));
+        s.bytes += bytes.next_multiple_of(ALIGN);
+        // The receive's address stands for its pinned region only (its
+        // own map entry); nothing is copied back from it as such.
+        s.map.push((dst, mine, s.bytes));
+        s.ops
+            .push(Op::recv(dst as *mut u8, mine / es, dtype, p).on(op.memory, op.stream));
+        from.push(s.bytes);
+        s.bytes += mine.next_multiple_of(ALIGN);
+    }
+    s.reduce_out = Some(ReduceOut {
+        dst,
+        own,
+        from,
+        count: mine / es,
+        dtype,
+        op: op.redop.expect("a reducing collective has its op"),
+    });
+    s
+}
+
 /// Every device region of the job, read ones copied in and written ones
 /// copied out, the operations as they are.
 fn generic(ops: &[Op], regions: Vec<DevRegion>) -> Staged {
@@ -441,543 +646,5 @@ fn generic(ops: &[Op], regions: Vec<DevRegion>) -> Staged {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::data::types::{DataType, ReduceOp};
-    use crate::op::Memory;
-
-    const MIB: usize = 1 << 20;
-
-    /// Device addresses in these tests are at or above this.
-    const DEV: u64 = 1 << 40;
-
-    fn on_device(p: u64) -> bool {
-        p >= DEV
-    }
-
-    fn no_regions(_: &[Op]) -> Vec<DevRegion> {
-        panic!("the generic path was not expected")
-    }
-
-    fn dev_op(mut op: Op) -> Op {
-        op = op.on(Memory::Device(0), std::ptr::null_mut());
-        op
-    }
-
-    fn p(a: u64) -> *mut u8 {
-        a as *mut u8
-    }
-
-    /// The element at device address `a`, in the pinned buffer of `s`: its
-    /// offset there.
-    fn pinned_at(s: &Staged, a: u64) -> usize {
-        let &(d, n, off) = s
-            .map
-            .iter()
-            .find(|&&(d, n, _)| a >= d && a < d + n as u64)
-            .unwrap_or_else(|| panic!("{a:#x} is not staged: {:?}", s.map));
-        assert!(off + n <= s.bytes);
-        off + (a - d) as usize
-    }
-
-    #[test]
-    fn slices_cover_the_collective_on_aligned_bounds() {
-        assert_eq!(slice_count(100 * MIB, 0), 1, "0: never cut");
-        assert_eq!(slice_count(100 * MIB, 64 * MIB), 1);
-        assert_eq!(slice_count(128 * MIB, 64 * MIB), 2);
-        assert_eq!(slice_count(1 << 30, 64 * MIB), MAX_SLICES);
-        for (bytes, k) in [
-            (128 * MIB + 12, 2),
-            (3 * SLICE_ALIGN + 4, 3),
-            (1 << 30, 8),
-            (5, 1),
-        ] {
-            let s = slices(bytes, k);
-            assert!(s.len() <= k && !s.is_empty(), "{bytes} {k}: {s:?}");
-            let mut at = 0;
-            for &(o, n) in &s {
-                assert_eq!(o, at, "contiguous");
-                assert_eq!(o % SLICE_ALIGN, 0);
-                assert!(n > 0);
-                at += n;
-            }
-            assert_eq!(at, bytes, "{s:?}");
-        }
-    }
-
-    #[test]
-    fn an_out_of_place_all_reduce_runs_in_place_on_one_pinned_copy_cut_in_slices() {
-        let (send, recv) = (DEV, DEV + (1 << 32));
-        let count = (160 * MIB + 4096) / 4;
-        let op = dev_op(Op::all_reduce(
-            p(send),
-            p(recv),
-            count,
-            DataType::F32,
-            ReduceOp::Sum,
-        ));
-        let staged = stage(&[op], 0, 2, 64 * MIB, &on_device, &no_regions);
-        assert_eq!(staged.len(), 2);
-        let mut covered = 0;
-        for s in &staged {
-            let o = s.ops[0];
-            assert_eq!(o.send, o.recv.cast_const(), "in place");
-            assert_eq!(s.bytes, o.count * 4, "one copy, not two");
-            let off = o.recv as u64 - recv;
-            assert_eq!(
-                s.to_host,
-                vec![Copy {
-                    dev: send + off,
-                    off: 0,
-                    bytes: s.bytes
-                }]
-            );
-            assert_eq!(
-                s.to_device,
-                vec![Copy {
-                    dev: recv + off,
-                    off: 0,
-                    bytes: s.bytes
-                }]
-            );
-            assert_eq!(pinned_at(s, o.recv as u64), 0);
-            assert!(s.dtod.is_empty());
-            covered += o.count;
-        }
-        assert_eq!(covered, count);
-    }
-
-    #[test]
-    fn a_broadcast_root_copies_its_output_on_the_device_and_nothing_back() {
-        let (send, recv) = (DEV, DEV + (1 << 32));
-        let op = dev_op(Op::broadcast(p(send), p(recv), 1000, DataType::F64, 1));
-        let root = &stage(&[op], 1, 3, 64 * MIB, &on_device, &no_regions)[0];
-        assert_eq!(root.dtod, vec![(recv, send, 8000)]);
-        assert_eq!(
-            root.to_host,
-            vec![Copy {
-                dev: send,
-                off: 0,
-                bytes: 8000
-            }]
-        );
-        assert!(root.to_device.is_empty());
-        assert_eq!(root.ops[0].send, root.ops[0].recv.cast_const());
-        let other = &stage(&[op], 0, 3, 64 * MIB, &on_device, &no_regions)[0];
-        assert!(other.dtod.is_empty() && other.to_host.is_empty());
-        assert_eq!(
-            other.to_device,
-            vec![Copy {
-                dev: recv,
-                off: 0,
-                bytes: 8000
-            }]
-        );
-        // In place at the root: no device copy either.
-        let inp = dev_op(Op::broadcast(p(send), p(send), 1000, DataType::F64, 1));
-        assert!(
-            stage(&[inp], 1, 3, 0, &on_device, &no_regions)[0]
-                .dtod
-                .is_empty()
-        );
-    }
-
-    #[test]
-    fn a_reduce_copies_back_at_the_root_only() {
-        let (send, recv) = (DEV, DEV + (1 << 32));
-        let op = dev_op(Op::reduce(
-            p(send),
-            p(recv),
-            77,
-            DataType::I32,
-            ReduceOp::Max,
-            2,
-        ));
-        let root = &stage(&[op], 2, 4, 0, &on_device, &no_regions)[0];
-        assert_eq!(
-            root.to_device,
-            vec![Copy {
-                dev: recv,
-                off: 0,
-                bytes: 308
-            }]
-        );
-        assert_eq!(root.ops[0].send, root.ops[0].recv.cast_const());
-        let other = &stage(&[op], 0, 4, 0, &on_device, &no_regions)[0];
-        assert!(other.to_device.is_empty());
-        assert_eq!(
-            other.to_host,
-            vec![Copy {
-                dev: send,
-                off: 0,
-                bytes: 308
-            }]
-        );
-    }
-
-    #[test]
-    fn all_gather_and_reduce_scatter_take_nccls_in_place_layouts() {
-        let (send, recv) = (DEV, DEV + (1 << 32));
-        let (n, c) = (3usize, 1001usize);
-        let ag = dev_op(Op::all_gather(p(send), p(recv), c, DataType::F32));
-        let s = &stage(&[ag], 1, n, 8, &on_device, &no_regions);
-        assert_eq!(s.len(), 1, "a block under one slice's alignment is not cut");
-        let s = &s[0];
-        assert_eq!(s.bytes, n * c * 4);
-        let o = s.ops[0];
-        assert_eq!(
-            o.send as u64,
-            recv + (c * 4) as u64,
-            "input at recv + rank*count"
-        );
-        assert_eq!(
-            s.to_host,
-            vec![Copy {
-                dev: send,
-                off: c * 4,
-                bytes: c * 4
-            }]
-        );
-        assert_eq!(pinned_at(s, o.send as u64), c * 4);
-        assert_eq!(
-            s.to_device,
-            vec![Copy {
-                dev: recv,
-                off: 0,
-                bytes: n * c * 4
-            }]
-        );
-
-        let rs = dev_op(Op::reduce_scatter(
-            p(send),
-            p(recv),
-            c,
-            DataType::F32,
-            ReduceOp::Sum,
-        ));
-        let s = &stage(&[rs], 2, n, 8, &on_device, &no_regions)[0];
-        let o = s.ops[0];
-        assert_eq!(
-            o.recv as u64,
-            send + (2 * c * 4) as u64,
-            "output at send + rank*count"
-        );
-        assert_eq!(
-            s.to_host,
-            vec![Copy {
-                dev: send,
-                off: 0,
-                bytes: n * c * 4
-            }]
-        );
-        assert_eq!(
-            s.to_device,
-            vec![Copy {
-                dev: recv,
-                off: 2 * c * 4,
-                bytes: c * 4
-            }]
-        );
-    }
-
-    /// Every rank's jobs of a sliced all-gather and reduce-scatter run as
-    /// the GPU and the progress thread would (the device's copies, the
-    /// collective on each job's pinned region, the copies back), in and out
-    /// of place, odd block sizes: every rank's output against the
-    /// reference, and no job copies more than its slice of each block.
-    #[test]
-    // Job j of every rank, rank r of every job: indices read plainer here.
-    #[allow(clippy::needless_range_loop)]
-    fn sliced_all_gather_and_reduce_scatter_move_every_block_once_and_match_the_reference() {
-        const MEM: usize = 1 << 20;
-        let n = 3;
-        // A block of 5 pages and 3 floats: six slices, the last of 12 bytes.
-        let count = 5 * 1024 + 3;
-        let block = count * 4;
-        let value = |r: usize, i: usize| ((r * 31 + i * 7) % 97 + 1) as f32;
-        for kind in [OpKind::AllGather, OpKind::ReduceScatter] {
-            for in_place_op in [false, true] {
-                // Device memory of each rank: the send buffer at DEV, the
-                // receive buffer at DEV + MEM (in place: NCCL's layouts).
-                let mut mem: Vec<Vec<f32>> = (0..n)
-                    .map(|r| {
-                        let mut m = vec![f32::NAN; 2 * MEM / 4];
-                        let inputs = if kind == OpKind::AllGather {
-                            count
-                        } else {
-                            n * count
-                        };
-                        let at = match (kind, in_place_op) {
-                            (OpKind::AllGather, true) => MEM / 4 + r * count,
-                            _ => 0,
-                        };
-                        for i in 0..inputs {
-                            m[at + i] = value(r, i);
-                        }
-                        m
-                    })
-                    .collect();
-                let ops: Vec<Op> = (0..n)
-                    .map(|r| {
-                        let recv = DEV + MEM as u64;
-                        let (sp, rp) = match (kind, in_place_op) {
-                            (OpKind::AllGather, true) => (recv + (r * block) as u64, recv),
-                            (OpKind::AllGather, false) => (DEV, recv),
-                            (_, true) => (DEV, DEV + (r * block) as u64),
-                            (_, false) => (DEV, recv),
-                        };
-                        let op = if kind == OpKind::AllGather {
-                            Op::all_gather(p(sp), p(rp), count, DataType::F32)
-                        } else {
-                            Op::reduce_scatter(p(sp), p(rp), count, DataType::F32, ReduceOp::Sum)
-                        };
-                        dev_op(op)
-                    })
-                    .collect();
-                let jobs: Vec<Vec<Staged>> = (0..n)
-                    .map(|r| stage(&[ops[r]], r, n, 8192, &on_device, &no_regions))
-                    .collect();
-                assert_eq!(jobs[0].len(), 6, "{kind:?}: cut in six slices");
-                let idx = |a: u64| (a - DEV) as usize / 4;
-                for j in 0..jobs[0].len() {
-                    // Copies in (and the GPU's own copies), per rank.
-                    let mut pinned: Vec<Vec<f32>> = Vec::new();
-                    for r in 0..n {
-                        let s = &jobs[r][j];
-                        for &(dst, src, bytes) in &s.dtod {
-                            let v = mem[r][idx(src)..idx(src) + bytes / 4].to_vec();
-                            mem[r][idx(dst)..idx(dst) + bytes / 4].copy_from_slice(&v);
-                        }
-                        let mut b = vec![f32::NAN; s.bytes / 4];
-                        for c in &s.to_host {
-                            assert!(c.bytes <= 4096, "{kind:?}: a slice of a block at most");
-                            b[c.off / 4..(c.off + c.bytes) / 4]
-                                .copy_from_slice(&mem[r][idx(c.dev)..idx(c.dev) + c.bytes / 4]);
-                        }
-                        pinned.push(b);
-                    }
-                    // The collective of the slice on the pinned regions.
-                    let o = jobs[0][j].ops[0];
-                    let c = o.count;
-                    let before = pinned.clone();
-                    for r in 0..n {
-                        let s = &jobs[r][j];
-                        let (so, ro) = (
-                            pinned_at(s, s.ops[0].send as u64) / 4,
-                            pinned_at(s, s.ops[0].recv as u64) / 4,
-                        );
-                        for q in 0..n {
-                            if kind == OpKind::AllGather {
-                                let sq = &jobs[q][j];
-                                let qo = pinned_at(sq, sq.ops[0].send as u64) / 4;
-                                let v = before[q][qo..qo + c].to_vec();
-                                pinned[r][ro + q * c..ro + (q + 1) * c].copy_from_slice(&v);
-                            }
-                        }
-                        if kind == OpKind::ReduceScatter {
-                            for i in 0..c {
-                                pinned[r][ro + i] = (0..n).map(|q| before[q][so + r * c + i]).sum();
-                            }
-                        }
-                    }
-                    // Copies back.
-                    for r in 0..n {
-                        for cp in &jobs[r][j].to_device {
-                            assert!(cp.bytes <= 4096, "{kind:?}: a slice of a block at most");
-                            let v = pinned[r][cp.off / 4..(cp.off + cp.bytes) / 4].to_vec();
-                            mem[r][idx(cp.dev)..idx(cp.dev) + cp.bytes / 4].copy_from_slice(&v);
-                        }
-                    }
-                }
-                for r in 0..n {
-                    let out = idx(ops[r].recv as u64);
-                    if kind == OpKind::AllGather {
-                        for i in 0..n * count {
-                            let want = value(i / count, i % count);
-                            assert_eq!(
-                                mem[r][out + i],
-                                want,
-                                "all_gather in place {in_place_op} rank {r} at {i}"
-                            );
-                        }
-                    } else {
-                        for i in 0..count {
-                            let want: f32 = (0..n).map(|q| value(q, r * count + i)).sum();
-                            assert_eq!(
-                                mem[r][out + i],
-                                want,
-                                "reduce_scatter in place {in_place_op} rank {r} at {i}"
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn groups_host_buffers_and_other_kinds_take_the_generic_staging() {
-        let (a, b) = (DEV, DEV + (1 << 32));
-        let regions = |ops: &[Op]| {
-            assert!(!ops.is_empty());
-            vec![
-                DevRegion {
-                    dev: a,
-                    bytes: 100,
-                    write: false,
-                    read: true,
-                },
-                DevRegion {
-                    dev: b,
-                    bytes: 300,
-                    write: true,
-                    read: false,
-                },
-            ]
-        };
-        let a2a = dev_op(Op::all_to_all(p(a), p(b), 25, DataType::F32));
-        let host = dev_op(Op::all_reduce(
-            p(4096),
-            p(b),
-            25,
-            DataType::F32,
-            ReduceOp::Sum,
-        ));
-        let send = dev_op(Op::send(p(a), 25, DataType::F32, 1));
-        for job in [vec![host], vec![send, a2a]] {
-            let s = stage(&job, 0, 2, 8, &on_device, &regions);
-            assert_eq!(s.len(), 1);
-            let s = &s[0];
-            assert_eq!(s.ops.len(), job.len());
-            assert_eq!(
-                s.to_host,
-                vec![Copy {
-                    dev: a,
-                    off: 0,
-                    bytes: 100
-                }]
-            );
-            assert_eq!(
-                s.to_device,
-                vec![Copy {
-                    dev: b,
-                    off: 256,
-                    bytes: 300
-                }]
-            );
-            assert_eq!(s.bytes, 256 + 512);
-            assert_eq!(
-                s.host_map(1 << 20),
-                vec![(a, 100, 1 << 20), (b, 300, (1 << 20) + 256)]
-            );
-        }
-    }
-
-    /// Where op `i` of `s` points once staged at pinned base `base`.
-    fn host_ptrs(s: &Staged, base: u64) -> Vec<u64> {
-        s.host_ops(base)
-            .iter()
-            .map(|o| o.p2p_buf() as u64)
-            .collect()
-    }
-
-    #[test]
-    fn sends_and_receives_stage_each_piece_apart_cut_alike_on_both_ends() {
-        let (a, b) = (DEV, DEV + (1 << 32));
-        // In place, as nccl-tests' send/recv: the receive over its own send.
-        let mine = vec![
-            dev_op(Op::send(p(a), 3 * MIB / 4, DataType::F32, 1)),
-            dev_op(Op::recv(p(a), 3 * MIB / 4, DataType::F32, 1)),
-            dev_op(Op::recv(p(b), (MIB + 12) / 4, DataType::F32, 2)),
-        ];
-        let jobs = stage(&mine, 0, 3, MIB, &on_device, &no_regions);
-        // 3 MiB in 3 slices of 1 MiB; the 1 MiB + 12 receive is not cut.
-        assert_eq!(jobs.len(), 3);
-        for (k, s) in jobs.iter().enumerate() {
-            let piece = (k * MIB) as u64;
-            assert_eq!(
-                s.to_host,
-                vec![Copy {
-                    dev: a + piece,
-                    off: 0,
-                    bytes: MIB
-                }]
-            );
-            let mut want = vec![Copy {
-                dev: a + piece,
-                off: MIB,
-                bytes: MIB,
-            }];
-            if k == 0 {
-                want.push(Copy {
-                    dev: b,
-                    off: 2 * MIB,
-                    bytes: MIB + 12,
-                });
-            }
-            assert_eq!(s.to_device, want, "job {k}");
-            // The send and the receive over it get their own regions.
-            let base = 1 << 30;
-            let ptrs = host_ptrs(s, base);
-            assert_eq!(ptrs[..2], [base, base + MIB as u64], "job {k}");
-            assert!(
-                s.ops
-                    .iter()
-                    .all(|o| o.count == MIB / 4 || o.count == (MIB + 12) / 4)
-            );
-            assert!(s.host_ops(base).iter().all(|o| o.memory == Memory::Host));
-        }
-        // The other end's matching ops are cut alike: job k moves piece k.
-        let theirs = vec![
-            dev_op(Op::recv(p(b), 3 * MIB / 4, DataType::F32, 0)),
-            dev_op(Op::send(p(b), 3 * MIB / 4, DataType::F32, 0)),
-        ];
-        let other = stage(&theirs, 1, 3, MIB, &on_device, &no_regions);
-        assert_eq!(other.len(), 3);
-        for (k, s) in other.iter().enumerate() {
-            assert_eq!(
-                s.ops.iter().map(|o| o.bytes()).collect::<Vec<_>>(),
-                vec![MIB, MIB]
-            );
-            assert_eq!(s.to_device[0].dev, b + (k * MIB) as u64);
-        }
-    }
-
-    #[test]
-    fn an_all_to_all_sends_only_the_other_ranks_blocks_and_copies_its_own_on_the_gpu() {
-        let (snd, rcv) = (DEV, DEV + (1 << 32));
-        let count = 1000; // 4000 bytes a block
-        let op = dev_op(Op::all_to_all(p(snd), p(rcv), count, DataType::F32));
-        let jobs = stage(&[op], 1, 3, 0, &on_device, &no_regions);
-        assert_eq!(jobs.len(), 1);
-        let s = &jobs[0];
-        assert_eq!(
-            s.dtod,
-            vec![(rcv + 4000, snd + 4000, 4000)],
-            "the own block, on the GPU"
-        );
-        let peers: Vec<(OpKind, usize, u64)> = s
-            .ops
-            .iter()
-            .map(|o| (o.kind, o.peer(), o.p2p_buf() as u64))
-            .collect();
-        assert_eq!(
-            peers,
-            vec![
-                (OpKind::Send, 0, snd),
-                (OpKind::Recv, 0, rcv),
-                (OpKind::Send, 2, snd + 8000),
-                (OpKind::Recv, 2, rcv + 8000),
-            ]
-        );
-        let devs = |c: &[Copy]| c.iter().map(|c| (c.dev, c.bytes)).collect::<Vec<_>>();
-        assert_eq!(devs(&s.to_host), vec![(snd, 4000), (snd + 8000, 4000)]);
-        assert_eq!(devs(&s.to_device), vec![(rcv, 4000), (rcv + 8000, 4000)]);
-        assert_eq!(s.bytes, 4 * 4096);
-        // In place: no own copy at all.
-        let inplace = dev_op(Op::all_to_all(p(snd), p(snd), count, DataType::F32));
-        let jobs = stage(&[inplace], 1, 3, 0, &on_device, &no_regions);
-        assert!(jobs[0].dtod.is_empty());
-        assert_eq!(jobs[0].ops.len(), 4);
-    }
-}
+#[path = "pinned_plan_tests.rs"]
+mod tests;

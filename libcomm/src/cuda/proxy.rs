@@ -42,8 +42,8 @@ use super::driver::use_device;
 use super::error::{CudaError, CudaResult, check};
 use super::logger::{log, warn};
 use super::pinned::{JobFlags, Lease, Pool};
-use super::pinned_copy::Copier;
-use super::pinned_plan::{Staged, stage};
+use super::pinned_copy::{Copier, Copies};
+use super::pinned_plan::{DeviceCan, Staged, stage};
 use super::staging::device_regions;
 use crate::op::Op;
 use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
@@ -304,15 +304,25 @@ impl ProxySide {
         let on_device = |p: u64| pointer_device(p as *const std::ffi::c_void).is_some();
         let regions =
             |ops: &[Op]| device_regions(ops.iter().flat_map(|o| o.buffers(rank, n)).collect());
-        let staged = stage(ops, rank, n, self.slice_bytes, &on_device, &regions);
+        let copier = self.copier;
+        let reduce = move |dt, op| copier.reduces(dt, op);
+        let can = DeviceCan {
+            on_device: &on_device,
+            reduce: &reduce,
+        };
+        let staged = stage(ops, rank, n, self.slice_bytes, &can, &regions);
         // A buffer per job, then every job's copies in and `ready`. Up to
         // the waits nothing the stream does needs the thread; a failure
         // leaves jobs that never run (their buffers are not reused: a
         // stream may still copy).
         let mut jobs: Vec<(Job, Lease, &Staged)> = Vec::with_capacity(staged.len());
+        // A job that reads what the one before wrote makes the call's
+        // copies go job by job (each job's copies as a call of one job's).
+        let one_by_one = staged.iter().any(|s| s.after_previous);
+        let per_call = if one_by_one { 1 } else { staged.len() };
         for s in &staged {
             let seq = self.next_seq();
-            let slots = self.copier.slots_for(staged.len());
+            let slots = self.copier.slots_for(s, per_call);
             match self.pool.take(s.bytes, seq, slots) {
                 Ok(buf) => jobs.push((job_on(s, seq, &buf), buf, s)),
                 Err(e) => {
@@ -327,10 +337,18 @@ impl ProxySide {
             .iter()
             .map(|(job, buf, s)| (*s, buf, job.seq))
             .collect();
-        // Copies in (with a sliced call's copies out, where they fit one
-        // launch of the copy kernel).
-        let copies = self.copier.copies(&ins);
-        if let Err(e) = unsafe { copies.enqueue_in(self.dev, stream) } {
+        // Every job's copies in first (with a sliced call's copies out,
+        // where they fit one launch of the copy kernel), then every job's
+        // waits and copies out; or job by job.
+        let plans: Vec<Copies> = match one_by_one {
+            true => ins.chunks(1).map(|j| self.copier.copies(j)).collect(),
+            false => vec![self.copier.copies(&ins)],
+        };
+        let first = plans
+            .iter()
+            .try_for_each(|c| c.load_kernels(self.dev))
+            .and_then(|()| unsafe { plans[0].enqueue_in(self.dev, stream) });
+        if let Err(e) = first {
             for &(_, b, _) in &jobs {
                 self.pool.poison(&b);
             }
@@ -339,7 +357,12 @@ impl ProxySide {
         // Waits and copies out. After the first wait a failure must release
         // every wait itself (no job runs: they are not queued).
         let out = || -> CudaResult<()> {
-            unsafe { copies.enqueue_out(self.dev, stream)? };
+            for (k, c) in plans.iter().enumerate() {
+                if k > 0 {
+                    unsafe { c.enqueue_in(self.dev, stream)? };
+                }
+                unsafe { c.enqueue_out(self.dev, stream)? };
+            }
             for &s in &others {
                 unsafe { join(s, stream)? };
             }
