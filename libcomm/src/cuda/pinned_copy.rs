@@ -96,24 +96,15 @@ impl Copier {
         self.0
     }
 
-    /// Whether a job's copy out reduces values of `dtype` with `op`
-    /// (`Staged::reduce_out`): on the copy kernel's path (the engines only
-    /// copy), for the types and ops every supported GPU has a reducing
-    /// kernel for. `WEFT_CROSSHOST_REDUCE=host` turns it off.
-    ///
-    /// The answer changes what the ranks send each other (sends and
-    /// receives instead of the host algorithm's messages), so it rests on
-    /// what every rank shares: the settings (`WEFT_CROSSHOST_COPY` and
-    /// `WEFT_CROSSHOST_REDUCE` are set alike on every rank), the type and
-    /// the op, and whether the library has kernels at all (the copy
-    /// kernel's images are the reducing kernels' images), never on one
-    /// GPU's architecture: fp8 types, whose kernels need sm_89, reduce on
-    /// the host everywhere, so a job of A100s and H100s agrees.
-    pub fn reduces(self, dtype: DataType, op: ReduceOp) -> bool {
+    /// Whether this rank's copy out can reduce values of `dtype` with `op`
+    /// on device `dev` (`Staged::reduce_out`): on the copy kernel's path
+    /// (the engines only copy), where the library has the type's reducing
+    /// kernel for the device. Where not, the progress thread reduces
+    /// (`pinned_plan::reduced_on_host`): the messages stay the same.
+    pub fn reduces_here(self, dev: i32, dtype: DataType, op: ReduceOp) -> bool {
         self.mover() == Mover::Kernel
-            && weft_contract::params::WEFT_CROSSHOST_REDUCE.value() != "host"
-            && !matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2)
-            && func_name(dtype, Some(op), true).is_some()
+            && func_name(dtype, Some(op), true)
+                .is_some_and(|f| compute_capability(dev).is_ok_and(|cc| available_for(cc, f)))
     }
 
     /// How job `s` in a call of `jobs` jobs signals `ready` and
@@ -580,19 +571,12 @@ mod tests {
         assert_eq!(Copier::choose("engine", 0), Copier::ENGINES);
     }
 
-    /// The reducing copy out only on the kernel's path, for the types and
-    /// ops every supported GPU reduces (the answer must be the same on
-    /// every rank: it decides what the ranks send).
+    /// The engines never reduce (their rank reduces on the host), nor
+    /// does the kernel's path without a reducing kernel (PreMulSum).
     #[test]
-    fn only_the_kernels_path_reduces_and_never_fp8_or_premulsum() {
-        let kernel = Copier::KERNEL;
-        assert!(kernel.reduces(DataType::F32, ReduceOp::Sum));
-        assert!(kernel.reduces(DataType::Bf16, ReduceOp::Avg));
-        assert!(kernel.reduces(DataType::I64, ReduceOp::Prod));
-        assert!(!kernel.reduces(DataType::F8E4M3, ReduceOp::Sum));
-        assert!(!kernel.reduces(DataType::F8E5M2, ReduceOp::Max));
-        assert!(!kernel.reduces(DataType::F32, ReduceOp::PreMulSum(2.0)));
-        assert!(!Copier::ENGINES.reduces(DataType::F32, ReduceOp::Sum));
+    fn the_engines_and_premulsum_leave_the_reduction_to_the_host() {
+        assert!(!Copier::ENGINES.reduces_here(0, DataType::F32, ReduceOp::Sum));
+        assert!(!Copier::KERNEL.reduces_here(0, DataType::F32, ReduceOp::PreMulSum(2.0)));
     }
 
     /// A job that reduces on the GPU, in a call of one job or of several:

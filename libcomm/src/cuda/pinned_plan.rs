@@ -179,13 +179,73 @@ fn in_place_kind(op: &Op) -> bool {
     )
 }
 
-/// What the device can do for the staging besides copies.
+/// What the staging asks of the device and the settings.
 pub(super) struct DeviceCan<'a> {
     /// Whether address `p` is device memory.
     pub on_device: &'a dyn Fn(u64) -> bool,
-    /// Whether the GPU reduces values of this type with this op in a copy
-    /// out (the copy kernel's path with the type's reducing kernel).
+    /// Whether a reduce-scatter or all-reduce of this type and op is
+    /// staged as an exchange whose copy out reduces ([`exchanges`]): the
+    /// same answer on every rank, since it decides what the ranks send.
     pub reduce: &'a dyn Fn(DataType, ReduceOp) -> bool,
+}
+
+/// Whether a reduce-scatter or all-reduce of `dtype` with `op` across
+/// hosts is staged as an exchange whose copy out reduces
+/// ([`reduce_scatter_on_gpu`], [`all_reduce_on_gpu`]): unless
+/// `WEFT_CROSSHOST_REDUCE=host`, for every op but PreMulSum and every type
+/// but the fp8 ones. The answer changes what the ranks send each other,
+/// so it rests only on what every rank shares (the setting, the type, the
+/// op), never on this rank's GPU or copier: a rank that cannot run the
+/// reducing kernel reduces on its CPU instead ([`reduced_on_host`]) and
+/// sends the same messages.
+pub(super) fn exchanges(dtype: DataType, op: ReduceOp) -> bool {
+    weft_contract::params::WEFT_CROSSHOST_REDUCE.value() != "host"
+        && !matches!(dtype, DataType::F8E4M3 | DataType::F8E5M2)
+        && !matches!(op, ReduceOp::PreMulSum(_))
+}
+
+/// A job's reducing copy out done by the progress thread instead, on the
+/// pinned buffer, after the network part ([`reduced_on_host`]): offsets of
+/// the buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct HostReduce {
+    /// This rank's own part, copied in; the result is left here.
+    pub into: usize,
+    pub from: Vec<usize>,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+}
+
+/// Job `s` whose copy out reduces ([`Staged::reduce_out`]) for a rank that
+/// cannot launch the reducing kernel (the copy engines' path, or no kernel
+/// for its GPU): the same sends and receives, its own part copied into
+/// the pinned buffer too, reduced there by the progress thread with what
+/// arrived ([`HostReduce`]), and copied out like any result.
+pub(super) fn reduced_on_host(mut s: Staged) -> (Staged, Option<HostReduce>) {
+    let Some(r) = s.reduce_out.take() else {
+        return (s, None);
+    };
+    let (into, bytes) = (s.bytes, r.count * r.dtype.size());
+    s.to_host.push(Copy {
+        dev: r.own,
+        off: into,
+        bytes,
+    });
+    s.to_device.push(Copy {
+        dev: r.dst,
+        off: into,
+        bytes,
+    });
+    s.bytes += bytes.next_multiple_of(ALIGN);
+    let host = HostReduce {
+        into,
+        from: r.from,
+        count: r.count,
+        dtype: r.dtype,
+        op: r.op,
+    };
+    (s, Some(host))
 }
 
 /// Stages the job `ops` of rank `rank` of `nranks`. `regions`: the generic

@@ -399,6 +399,17 @@ fn sliced_all_gather_and_reduce_scatter_move_every_block_once_and_match_the_refe
 /// this rank (one a pair: the same bytes), the reducing copy out (sum),
 /// the copies out. Returns each rank's pinned buffer after the network.
 fn run_exchange(mem: &mut [Vec<f32>], jobs: &[Vec<Staged>], j: usize) -> Vec<Vec<f32>> {
+    run_exchange_with(mem, jobs, j, &vec![None; mem.len()])
+}
+
+/// [`run_exchange`] where rank r's progress thread reduces `cpu[r]` on
+/// its pinned buffer after the network part ([`reduced_on_host`]).
+fn run_exchange_with(
+    mem: &mut [Vec<f32>],
+    jobs: &[Vec<Staged>],
+    j: usize,
+    cpu: &[Option<HostReduce>],
+) -> Vec<Vec<f32>> {
     let n = mem.len();
     let idx = |a: u64| (a - DEV) as usize / 4;
     let mut pinned: Vec<Vec<f32>> = Vec::new();
@@ -429,6 +440,18 @@ fn run_exchange(mem: &mut [Vec<f32>], jobs: &[Vec<Staged>], j: usize) -> Vec<Vec
             let (from, to, c) = (send.send as usize / 4, recv.recv as usize / 4, send.count);
             let v = before[r][from..from + c].to_vec();
             pinned[q][to..to + c].copy_from_slice(&v);
+        }
+    }
+    for (r, h) in cpu.iter().enumerate() {
+        if let Some(h) = h {
+            assert_eq!((h.op, h.from.len()), (ReduceOp::Sum, n - 1));
+            for i in 0..h.count {
+                let mut acc = pinned[r][h.into / 4 + i];
+                for &off in &h.from {
+                    acc += pinned[r][off / 4 + i];
+                }
+                pinned[r][h.into / 4 + i] = acc;
+            }
         }
     }
     for r in 0..n {
@@ -571,6 +594,93 @@ fn a_reduce_scatter_reduced_on_the_gpu_sends_the_other_blocks_and_reduces_what_a
             .reduce_out
             .is_none()
     );
+}
+
+/// A rank that cannot launch the reducing kernel ([`reduced_on_host`])
+/// sends and receives exactly what the others do: its own part is copied
+/// in too, its progress thread reduces, the result is copied out. A
+/// reduce-scatter and an all-reduce on 3 ranks, rank 1 reducing on its
+/// CPU and the others on their GPUs: every output is the reference. And
+/// the choice of the form rests on the setting, type and op alone.
+#[test]
+// Rank r of every job: indices read plainer here.
+#[allow(clippy::needless_range_loop)]
+fn a_rank_reducing_on_its_cpu_exchanges_what_the_gpu_ranks_do() {
+    const MEM: usize = 4 << 20;
+    let n = 3;
+    let count = (1 << 19) + 7;
+    let mut seed = 0x5851_f42d_4c95_7f2du64;
+    for kind in [OpKind::ReduceScatter, OpKind::AllReduce] {
+        let inputs = if kind == OpKind::AllReduce {
+            count
+        } else {
+            n * count
+        };
+        let mut mem: Vec<Vec<f32>> = (0..n)
+            .map(|_| {
+                let mut m = vec![f32::NAN; 2 * MEM / 4];
+                m[..inputs].copy_from_slice(&random_values(&mut seed, inputs));
+                m
+            })
+            .collect();
+        let input = mem.clone();
+        let recv = DEV + MEM as u64;
+        let op = dev_op(match kind {
+            OpKind::AllReduce => {
+                Op::all_reduce(p(DEV), p(recv), count, DataType::F32, ReduceOp::Sum)
+            }
+            _ => Op::reduce_scatter(p(DEV), p(recv), count, DataType::F32, ReduceOp::Sum),
+        });
+        let mut host: Vec<Vec<Option<HostReduce>>> = Vec::new();
+        let jobs: Vec<Vec<Staged>> = (0..n)
+            .map(|r| {
+                let staged = stage(&[op], r, n, 64 << 20, &ON_GPU, &no_regions);
+                let (jobs, h): (Vec<Staged>, Vec<Option<HostReduce>>) = staged
+                    .into_iter()
+                    .map(|s| {
+                        if r == 1 {
+                            reduced_on_host(s)
+                        } else {
+                            (s, None)
+                        }
+                    })
+                    .unzip();
+                host.push(h);
+                jobs
+            })
+            .collect();
+        assert!(host[1][0].is_some() && jobs[1][0].reduce_out.is_none());
+        assert!(jobs[0][0].reduce_out.is_some());
+        assert_eq!(
+            jobs[1][0].to_host.len(),
+            jobs[0][0].to_host.len() + 1,
+            "the own part copied in too"
+        );
+        for j in 0..jobs[0].len() {
+            let h: Vec<Option<HostReduce>> = host.iter().map(|hs| hs[j].clone()).collect();
+            run_exchange_with(&mut mem, &jobs, j, &h);
+        }
+        for r in 0..n {
+            let out = (recv - DEV) as usize / 4;
+            for i in 0..count {
+                let at = if kind == OpKind::AllReduce {
+                    i
+                } else {
+                    r * count + i
+                };
+                let want: f32 = (0..n).map(|q| input[q][at]).sum();
+                assert_eq!(mem[r][out + i], want, "{kind:?} rank {r} at {i}");
+            }
+        }
+    }
+    // The form: the setting (default gpu), the type, the op; never fp8 or
+    // PreMulSum.
+    assert!(exchanges(DataType::F32, ReduceOp::Sum));
+    assert!(exchanges(DataType::Bf16, ReduceOp::Avg));
+    assert!(exchanges(DataType::I64, ReduceOp::Prod));
+    assert!(!exchanges(DataType::F8E4M3, ReduceOp::Sum));
+    assert!(!exchanges(DataType::F8E5M2, ReduceOp::Max));
+    assert!(!exchanges(DataType::F32, ReduceOp::PreMulSum(2.0)));
 }
 
 /// An all-reduce of 2 MiB and more the GPU reduces ([`all_reduce_on_gpu`])

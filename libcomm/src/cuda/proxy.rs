@@ -43,8 +43,10 @@ use super::error::{CudaError, CudaResult, check};
 use super::logger::{log, warn};
 use super::pinned::{JobFlags, Lease, Pool};
 use super::pinned_copy::{Copier, Copies};
-use super::pinned_plan::{DeviceCan, Staged, stage};
+use super::pinned_plan::{DeviceCan, HostReduce, Staged, exchanges, reduced_on_host, stage};
 use super::staging::device_regions;
+use crate::data::reduce;
+use crate::data::types::ReduceOp;
 use crate::op::Op;
 use crate::op::backend::{AbortWord, DeviceSide, HostRunner};
 use crate::sys::backoff::Backoff;
@@ -66,6 +68,9 @@ struct Job {
     flags: JobFlags,
     /// The operations on the pinned copies (and host memory).
     ops: Vec<Op>,
+    /// A reduction to run on the pinned buffer (at `.0`) after the
+    /// operations (`pinned_plan::reduced_on_host`).
+    host_reduce: Option<(usize, HostReduce)>,
 }
 
 // The operations' pointers are pinned buffers the pool keeps until the
@@ -172,7 +177,13 @@ impl Shared {
             };
             if self.wait_ready(&job) {
                 // SAFETY: the job's pointers are valid until `done` (above).
-                if let Err(e) = unsafe { self.runner.run(&job.ops) } {
+                let ran = unsafe { self.runner.run(&job.ops) }.map(|()| {
+                    if let Some((base, r)) = &job.host_reduce {
+                        // SAFETY: the buffer holds the job's staged regions.
+                        unsafe { reduce_in_pinned(*base, r) };
+                    }
+                });
+                if let Err(e) = ran {
                     warn(&format!(
                         "{}: a device operation across hosts failed: {e}",
                         self.describe
@@ -304,13 +315,21 @@ impl ProxySide {
         let on_device = |p: u64| pointer_device(p as *const std::ffi::c_void).is_some();
         let regions =
             |ops: &[Op]| device_regions(ops.iter().flat_map(|o| o.buffers(rank, n)).collect());
-        let copier = self.copier;
-        let reduce = move |dt, op| copier.reduces(dt, op);
         let can = DeviceCan {
             on_device: &on_device,
-            reduce: &reduce,
+            reduce: &exchanges,
         };
-        let staged = stage(ops, rank, n, self.slice_bytes, &can, &regions);
+        // Where this rank cannot launch a job's reducing kernel, its
+        // progress thread reduces (the messages are the same).
+        let (copier, dev) = (self.copier, self.dev);
+        let (staged, host_reduces): (Vec<Staged>, Vec<Option<HostReduce>>) =
+            stage(ops, rank, n, self.slice_bytes, &can, &regions)
+                .into_iter()
+                .map(|s| match &s.reduce_out {
+                    Some(r) if !copier.reduces_here(dev, r.dtype, r.op) => reduced_on_host(s),
+                    _ => (s, None),
+                })
+                .unzip();
         // A buffer per job, then every job's copies in and `ready`. Up to
         // the waits nothing the stream does needs the thread; a failure
         // leaves jobs that never run (their buffers are not reused: a
@@ -320,11 +339,11 @@ impl ProxySide {
         // copies go job by job (each job's copies as a call of one job's).
         let one_by_one = staged.iter().any(|s| s.after_previous);
         let per_call = if one_by_one { 1 } else { staged.len() };
-        for s in &staged {
+        for (s, host_reduce) in staged.iter().zip(host_reduces) {
             let seq = self.next_seq();
             let slots = self.copier.slots_for(s, per_call);
             match self.pool.take(s.bytes, seq, slots) {
-                Ok(buf) => jobs.push((job_on(s, seq, &buf), buf, s)),
+                Ok(buf) => jobs.push((job_on(s, seq, &buf, host_reduce), buf, s)),
                 Err(e) => {
                     for &(_, b, _) in &jobs {
                         self.pool.poison(&b);
@@ -416,12 +435,30 @@ impl ProxySide {
 }
 
 /// Job `seq` of `s` as the progress thread runs it: its operations on the
-/// pinned copies in `buf`.
-fn job_on(s: &Staged, seq: u32, buf: &Lease) -> Job {
+/// pinned copies in `buf`, then `host_reduce` there.
+fn job_on(s: &Staged, seq: u32, buf: &Lease, host_reduce: Option<HostReduce>) -> Job {
     Job {
         seq,
         flags: buf.flags,
         ops: s.host_ops(buf.data as u64),
+        host_reduce: host_reduce.map(|r| (buf.data as usize, r)),
+    }
+}
+
+/// `r` on the pinned buffer at `base`: this rank's part combined with
+/// each received one in turn, an average divided once at the end (as the
+/// reducing kernel does).
+///
+/// # Safety
+/// The buffer holds `r`'s regions.
+unsafe fn reduce_in_pinned(base: usize, r: &HostReduce) {
+    let into = (base + r.into) as *mut u8;
+    for &off in &r.from {
+        let from = (base + off) as *const u8;
+        unsafe { reduce::combine(r.dtype, r.op.combine(), into, into, from, r.count) };
+    }
+    if r.op == ReduceOp::Avg {
+        unsafe { reduce::divide(r.dtype, into, r.count, r.from.len() + 1) };
     }
 }
 
@@ -505,7 +542,7 @@ pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usiz
     log(
         false,
         &format!(
-            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy, except a reduce-scatter and an all-reduce from 2 MiB unless WEFT_CROSSHOST_REDUCE=host: the other ranks' parts sent and theirs received, reduced with this rank's own on the GPU, an all-reduce's reduced parts then gathered; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
             describe(),
             op.name()
         ),
@@ -566,6 +603,7 @@ mod tests {
             seq,
             flags,
             ops: vec![op],
+            host_reduce: None,
         });
         px.shared.changed.notify_all();
         (seq, flags)
@@ -577,6 +615,82 @@ mod tests {
             assert!(Instant::now() < until, "job {seq} was never released");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// A job whose rank cannot launch the reducing kernel: after its
+    /// operations the progress thread combines its own part with each
+    /// received one in the pinned buffer, an average divided once by the
+    /// ranks (own + received), as the kernel does; a failed job's is not
+    /// run (its stream is released, its result is not one).
+    #[test]
+    fn a_job_reduced_on_the_host_combines_after_its_operations_and_averages_once() {
+        let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        // Own part at 0, two received parts at 64 and 128.
+        let mut buf = vec![0u8; 192];
+        buf[..12].copy_from_slice(&floats(&[1.0, 2.0, -3.0]));
+        buf[64..76].copy_from_slice(&floats(&[3.0, 4.0, 5.0]));
+        buf[128..140].copy_from_slice(&floats(&[5.0, 6.0, 7.0]));
+        let read = |b: &[u8]| -> Vec<f32> {
+            b[..12]
+                .chunks_exact(4)
+                .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+                .collect()
+        };
+        for (op, want) in [
+            (ReduceOp::Avg, vec![3.0, 4.0, 3.0]),
+            (ReduceOp::Max, vec![5.0, 6.0, 7.0]),
+        ] {
+            let mut b = buf.clone();
+            let r = HostReduce {
+                into: 0,
+                from: vec![64, 128],
+                count: 3,
+                dtype: DataType::F32,
+                op,
+            };
+            unsafe { reduce_in_pinned(b.as_mut_ptr() as usize, &r) };
+            assert_eq!(read(&b), want, "{op:?}");
+            assert_eq!(&b[64..76], &buf[64..76], "the received parts are read only");
+        }
+        // Through the progress thread: run after the operations, not
+        // after a failed job.
+        let (px, rec) = side(10);
+        // (A failed job releases the later ones without running them:
+        // the one that succeeds goes first.)
+        for (count, reduced) in [(20, true), (10, false)] {
+            let mut b = buf.clone();
+            let mut words = [0u32; 4];
+            let flags = JobFlags::on(words.as_mut_ptr());
+            let host_reduce = HostReduce {
+                into: 0,
+                from: vec![64, 128],
+                count: 3,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+            };
+            let op = Op::all_reduce(
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+            );
+            let mut q = locked(&px.shared.queue);
+            q.jobs.push_back(Job {
+                seq: 1,
+                flags,
+                ops: vec![op],
+                host_reduce: Some((b.as_mut_ptr() as usize, host_reduce)),
+            });
+            px.shared.changed.notify_all();
+            drop(q);
+            flags.set_ready(1);
+            wait_done(flags, 1);
+            let sum = vec![9.0, 12.0, 9.0];
+            assert_eq!(read(&b) == sum, reduced, "job of {count}");
+            assert!(locked(&rec.ran).contains(&count));
+        }
+        px.drain();
     }
 
     #[test]

@@ -50,6 +50,7 @@ const SEAM: &[&str] = &[
     "op::backend",
     "op::tuner",
     "data::types",
+    "data::reduce",
     "error",
     "log",
     "sys::backoff",
