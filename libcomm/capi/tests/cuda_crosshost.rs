@@ -472,6 +472,37 @@ fn a_killed_remote_rank_fails_the_survivors_in_bounded_time() {
 const HIER: &[(&str, &str)] = &[("WEFT_CROSSHOST_HIER_MIN_BYTES", "0")];
 /// ... or staged whole.
 const STAGED: &[(&str, &str)] = &[("WEFT_CROSSHOST_HIER", "0")];
+/// Staged whole, the loop's collectives in the exchange form (a
+/// reduce-scatter and a 2 MiB all-reduce in turn: sends and receives,
+/// the reduction on the GPU).
+const EXCHANGE: &[(&str, &str)] = &[
+    ("WEFT_CROSSHOST_HIER", "0"),
+    ("WEFT_XHOST_LOOP", "exchange"),
+];
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_killed_remote_rank_fails_the_survivors_exchanging_parts() {
+    gpu_or_panic("a_killed_remote_rank_fails_the_survivors_exchanging_parts");
+    a_signalled_remote_rank_fails_the_survivors(
+        libc::SIGKILL,
+        Duration::from_secs(5),
+        true,
+        EXCHANGE,
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn a_frozen_remote_rank_fails_the_survivors_exchanging_parts() {
+    gpu_or_panic("a_frozen_remote_rank_fails_the_survivors_exchanging_parts");
+    a_signalled_remote_rank_fails_the_survivors(
+        libc::SIGSTOP,
+        Duration::from_millis(TIMEOUT_MS) + Duration::from_secs(5),
+        false,
+        EXCHANGE,
+    );
+}
 
 #[test]
 #[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
@@ -931,13 +962,33 @@ impl Rank {
         assert_eq!(unsafe { pncclCommDestroy(self.comm) }, 0);
     }
 
+    /// Device all-reduces of 1 MiB in a loop (`WEFT_XHOST_LOOP=exchange`:
+    /// a reduce-scatter and an all-reduce of 2 MiB in turn, the forms
+    /// that exchange their parts and reduce on the GPU) until one fails;
+    /// then abort.
     fn loop_until_failure(&self) {
-        let count = 1 << 18;
+        let exchange = std::env::var("WEFT_XHOST_LOOP").is_ok_and(|v| v == "exchange");
+        let count = if exchange { 1 << 19 } else { 1 << 18 };
         let buf = mem::alloc(self.dev, count * 4).unwrap();
+        let out = mem::alloc(self.dev, count * 4).unwrap();
         let started = Instant::now();
         let mut i = 0u64;
         while started.elapsed() < Duration::from_secs(120) {
-            let rc = self.sum_in_place(buf, count);
+            let rc = match exchange && i % 2 == 1 {
+                true => unsafe {
+                    let blocks = count / self.nranks;
+                    pncclReduceScatter(
+                        buf as *mut c_void,
+                        out as *mut c_void,
+                        blocks,
+                        F32,
+                        SUM,
+                        self.comm,
+                        self.st(),
+                    )
+                },
+                false => self.sum_in_place(buf, count),
+            };
             if rc == 0 {
                 self.sync();
             }
