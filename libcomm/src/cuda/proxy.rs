@@ -589,6 +589,16 @@ mod tests {
 
     /// Queues a job of one all-reduce of `count` whose words are `words`.
     fn push(px: &mut ProxySide, words: &mut [u32; 4], count: usize) -> (u32, JobFlags) {
+        push_reducing(px, words, count, None)
+    }
+
+    /// [`push`] with a reduction on the host after the job's operations.
+    fn push_reducing(
+        px: &mut ProxySide,
+        words: &mut [u32; 4],
+        count: usize,
+        host_reduce: Option<(usize, HostReduce)>,
+    ) -> (u32, JobFlags) {
         let seq = px.next_seq();
         let flags = JobFlags::on(words.as_mut_ptr());
         let op = Op::all_reduce(
@@ -603,7 +613,7 @@ mod tests {
             seq,
             flags,
             ops: vec![op],
-            host_reduce: None,
+            host_reduce,
         });
         px.shared.changed.notify_all();
         (seq, flags)
@@ -654,13 +664,12 @@ mod tests {
         }
         // Through the progress thread: run after the operations, not
         // after a failed job.
-        let (px, rec) = side(10);
+        let (mut px, rec) = side(10);
         // (A failed job releases the later ones without running them:
         // the one that succeeds goes first.)
         for (count, reduced) in [(20, true), (10, false)] {
             let mut b = buf.clone();
             let mut words = [0u32; 4];
-            let flags = JobFlags::on(words.as_mut_ptr());
             let host_reduce = HostReduce {
                 into: 0,
                 from: vec![64, 128],
@@ -668,24 +677,10 @@ mod tests {
                 dtype: DataType::F32,
                 op: ReduceOp::Sum,
             };
-            let op = Op::all_reduce(
-                std::ptr::null(),
-                std::ptr::null_mut(),
-                count,
-                DataType::F32,
-                ReduceOp::Sum,
-            );
-            let mut q = locked(&px.shared.queue);
-            q.jobs.push_back(Job {
-                seq: 1,
-                flags,
-                ops: vec![op],
-                host_reduce: Some((b.as_mut_ptr() as usize, host_reduce)),
-            });
-            px.shared.changed.notify_all();
-            drop(q);
-            flags.set_ready(1);
-            wait_done(flags, 1);
+            let at = b.as_mut_ptr() as usize;
+            let (seq, flags) = push_reducing(&mut px, &mut words, count, Some((at, host_reduce)));
+            flags.set_ready(seq);
+            wait_done(flags, seq);
             let sum = vec![9.0, 12.0, 9.0];
             assert_eq!(read(&b) == sum, reduced, "job of {count}");
             assert!(locked(&rec.ran).contains(&count));
