@@ -263,6 +263,8 @@ params! {
         "which scenario a rank process of the cross-host GPU test runs (set by the test for its children)";
     WEFT_XHOST_GPU_PER_HOST: String = Str, Unset(""), Test, [Tests],
         "`1`: the cross-host GPU test puts each simulated host on its own GPU (2 GPUs); `rank`: each rank on its own GPU (one process per GPU); else every rank on GPU 0";
+    WEFT_XHOST_LOOP: String = Str, Unset(""), Test, [Tests],
+        "`exchange`: the failure loop of the cross-host GPU test runs a reduce-scatter and a 2 MiB all-reduce in turn (the forms that exchange parts and reduce on the GPU) instead of 1 MiB all-reduces";
     WEFT_XHOST_NRANKS: u64 = Int, Unset(""), Test, [Tests],
         "ranks of a cross-host GPU test scenario (set by the test; default 4, half on each simulated host)";
     WEFT_XHOST_RANK: u64 = Int, Unset(""), Test, [Tests],
