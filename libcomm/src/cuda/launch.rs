@@ -44,23 +44,14 @@ impl DevComm {
             self.direct_or_staged_args(p)
         };
         self.seq += seqs;
-        let threads = self.tuning.threads;
-        let mut params = [(&mut a as *mut Args).cast::<c_void>()];
+        let threads = self.tuning.threads as u32;
         unsafe {
-            check(
-                sys::cuLaunchKernel(
-                    f,
-                    blocks as u32,
-                    1,
-                    1,
-                    threads as u32,
-                    1,
-                    1,
-                    0,
-                    stream as sys::CUstream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                ),
+            launch_kernel(
+                f,
+                blocks as u32,
+                threads,
+                &mut a,
+                stream as sys::CUstream,
                 "cuLaunchKernel",
             )
         }
@@ -307,9 +298,10 @@ impl DevComm {
                 a.nops += 1;
             }
             unsafe {
-                launch_p2p_kernel(
+                launch_kernel(
                     f,
                     blocks as u32,
+                    MAX_THREADS,
                     &mut a,
                     stream as sys::CUstream,
                     "weft_p2p",
@@ -320,11 +312,16 @@ impl DevComm {
     }
 }
 
+/// Threads of a block at most: every kernel's `__launch_bounds__(512)`
+/// (kernels/collectives.cu); the point-to-point, copy and local-reduction
+/// launches take all of them.
+pub(super) const MAX_THREADS: u32 = 512;
+
 /// Launches reducing kernel `func` on `stream` as a local reduction
 /// (`K_LOCAL_REDUCE`): `dst[i] = op(srcs[0][i], srcs[1][i], ...)` for
-/// `count` elements, on `blocks` blocks of 512 threads. The sources may be device memory or
-/// device-mapped pinned memory: the cross-host path's reduce-scatter
-/// (`pinned_copy.rs`).
+/// `count` elements, on `blocks` blocks of [`MAX_THREADS`]. The sources
+/// may be device memory or device-mapped pinned memory: the cross-host
+/// path's reduce-scatter and all-reduce (`pinned_copy.rs`).
 ///
 /// # Safety
 /// Every address is valid for `count` elements until the stream passes
@@ -354,41 +351,35 @@ pub(super) unsafe fn launch_local_reduce(
         kind: K_LOCAL_REDUCE,
         ..Args::default()
     };
-    let mut params = [(&mut a as *mut Args).cast::<c_void>()];
     unsafe {
-        check(
-            sys::cuLaunchKernel(
-                f,
-                blocks as u32,
-                1,
-                1,
-                512,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            ),
+        launch_kernel(
+            f,
+            blocks as u32,
+            MAX_THREADS,
+            &mut a,
+            stream,
             "cuLaunchKernel (a cross-host reduce-scatter's reduction on the GPU)",
         )
     }
 }
 
-/// Launches the point-to-point kernel `f` with `a` on `stream`, `blocks`
-/// blocks of 512 threads (its rounds here, and the cross-host path's
-/// copies: `pinned_copy.rs`); `what` is the call as an error names it.
+/// Launches kernel `f` with its one argument struct `a` (`Args` or
+/// `P2pArgs`, by value as the kernel declares it) on `stream`: `blocks`
+/// blocks of `threads` threads, no dynamic shared memory; `what` is the
+/// call as an error names it. The one place a kernel is launched.
 ///
 /// # Safety
-/// `a` describes memory valid until the stream passes the kernel.
-pub(super) unsafe fn launch_p2p_kernel(
+/// `a` is the kernel's argument type and describes memory valid until the
+/// stream passes the kernel.
+pub(super) unsafe fn launch_kernel<A>(
     f: sys::CUfunction,
     blocks: u32,
-    a: &mut P2pArgs,
+    threads: u32,
+    a: &mut A,
     stream: sys::CUstream,
     what: &'static str,
 ) -> CudaResult<()> {
-    let mut params = [(a as *mut P2pArgs).cast::<c_void>()];
+    let mut params = [(a as *mut A).cast::<c_void>()];
     unsafe {
         check(
             sys::cuLaunchKernel(
@@ -396,7 +387,7 @@ pub(super) unsafe fn launch_p2p_kernel(
                 blocks,
                 1,
                 1,
-                512,
+                threads,
                 1,
                 1,
                 0,

@@ -31,8 +31,10 @@ use super::abi::{MAX_P2P, MAX_RANKS, P2P_COPY_SEQ, P2pArgs, P2pOp};
 use super::driver::compute_capability;
 use super::error::{CudaResult, check};
 use super::kernels::{P2P_KERNEL, available_for, func_name, function};
-use super::launch::{launch_local_reduce, launch_p2p_kernel};
+use super::launch::{MAX_THREADS, launch_kernel, launch_local_reduce};
 use super::pinned::{Lease, SLOTS};
+#[cfg(test)]
+use super::pinned_plan::Received;
 use super::pinned_plan::{ReduceOut, Staged};
 use crate::data::types::{DataType, ReduceOp};
 use cudarc::driver::sys;
@@ -356,19 +358,20 @@ const REDUCE_BLOCK_BYTES: usize = 32 << 10;
 
 impl Reduction {
     fn of(r: &ReduceOut, buf: &Lease) -> Reduction {
+        let got = &r.received;
         let mut srcs = [0; MAX_RANKS];
         srcs[0] = r.own;
-        for (i, &off) in r.from.iter().enumerate() {
+        for (i, &off) in got.from.iter().enumerate() {
             srcs[i + 1] = buf.at(off, Mover::Kernel);
         }
         Reduction {
-            func: func_name(r.dtype, Some(r.op), true)
-                .expect("staged only where the kernel exists (Copier::reduces)"),
+            func: func_name(got.dtype, Some(got.op), true)
+                .expect("staged only where the kernel exists (Copier::reduces_here)"),
             dst: r.dst,
             srcs,
-            n: r.from.len() + 1,
-            count: r.count,
-            blocks: (r.count * r.dtype.size())
+            n: got.from.len() + 1,
+            count: got.count,
+            blocks: (got.count * got.dtype.size())
                 .div_ceil(REDUCE_BLOCK_BYTES)
                 .clamp(1, SLOTS),
         }
@@ -538,9 +541,10 @@ unsafe fn launch_ops(
     };
     a.ops[..ops.len()].copy_from_slice(ops);
     unsafe {
-        launch_p2p_kernel(
+        launch_kernel(
             f,
             blocks as u32,
+            MAX_THREADS,
             &mut a,
             stream,
             "cuLaunchKernel (weft_p2p: the cross-host path's copies)",
@@ -613,7 +617,7 @@ mod tests {
             assert!(!kernel.copies(&jobs).at_once);
         }
         let mut big = reducing_job();
-        big.reduce_out.as_mut().unwrap().count = 64 << 20;
+        big.reduce_out.as_mut().unwrap().received.count = 64 << 20;
         let (pieces, _) = kernel.out_pieces(&[(&big, &la, 9)]);
         assert_eq!(pieces[1].reduce.unwrap().blocks, SLOTS);
     }
@@ -708,10 +712,12 @@ mod tests {
             reduce_out: Some(ReduceOut {
                 dst: 0x9000,
                 own: 0x7000,
-                from: vec![4096, 12288],
-                count: 1000,
-                dtype: DataType::F32,
-                op: ReduceOp::Sum,
+                received: Received {
+                    from: vec![4096, 12288],
+                    count: 1000,
+                    dtype: DataType::F32,
+                    op: ReduceOp::Sum,
+                },
             }),
             ..job(16384)
         }

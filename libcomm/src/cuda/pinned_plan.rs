@@ -91,14 +91,21 @@ pub(super) struct Staged {
     pub reduce_out: Option<ReduceOut>,
 }
 
-/// `dst = op(own, pinned[from[0]], pinned[from[1]], ...)`, `count`
-/// elements of `dtype`: what a job's copy out reduces on the GPU.
+/// `dst = op(own, pinned[from[0]], pinned[from[1]], ...)`: what a job's
+/// copy out reduces on the GPU.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct ReduceOut {
     pub dst: u64,
     /// This rank's own contribution, in device memory.
     pub own: u64,
-    /// Offsets in the pinned buffer of the other ranks' contributions.
+    pub received: Received,
+}
+
+/// The other ranks' contributions a job received into its pinned buffer
+/// and how they combine with this rank's: `count` elements of `dtype` at
+/// each offset of `from`, reduced with `op`.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Received {
     pub from: Vec<usize>,
     pub count: usize,
     pub dtype: DataType,
@@ -211,10 +218,7 @@ pub(super) fn exchanges(dtype: DataType, op: ReduceOp) -> bool {
 pub(super) struct HostReduce {
     /// This rank's own part, copied in; the result is left here.
     pub into: usize,
-    pub from: Vec<usize>,
-    pub count: usize,
-    pub dtype: DataType,
-    pub op: ReduceOp,
+    pub received: Received,
 }
 
 /// Job `s` whose copy out reduces ([`Staged::reduce_out`]) for a rank that
@@ -226,7 +230,7 @@ pub(super) fn reduced_on_host(mut s: Staged) -> (Staged, Option<HostReduce>) {
     let Some(r) = s.reduce_out.take() else {
         return (s, None);
     };
-    let (into, bytes) = (s.bytes, r.count * r.dtype.size());
+    let (into, bytes) = (s.bytes, r.received.count * r.received.dtype.size());
     s.to_host.push(Copy {
         dev: r.own,
         off: into,
@@ -240,10 +244,7 @@ pub(super) fn reduced_on_host(mut s: Staged) -> (Staged, Option<HostReduce>) {
     s.bytes += bytes.next_multiple_of(ALIGN);
     let host = HostReduce {
         into,
-        from: r.from,
-        count: r.count,
-        dtype: r.dtype,
-        op: r.op,
+        received: r.received,
     };
     (s, Some(host))
 }
@@ -674,10 +675,12 @@ fn exchange_reduced(
     s.reduce_out = Some(ReduceOut {
         dst,
         own,
-        from,
-        count: mine / es,
-        dtype,
-        op: op.redop.expect("a reducing collective has its op"),
+        received: Received {
+            from,
+            count: mine / es,
+            dtype,
+            op: op.redop.expect("a reducing collective has its op"),
+        },
     });
     s
 }

@@ -444,10 +444,13 @@ fn run_exchange_with(
     }
     for (r, h) in cpu.iter().enumerate() {
         if let Some(h) = h {
-            assert_eq!((h.op, h.from.len()), (ReduceOp::Sum, n - 1));
-            for i in 0..h.count {
+            assert_eq!(
+                (h.received.op, h.received.from.len()),
+                (ReduceOp::Sum, n - 1)
+            );
+            for i in 0..h.received.count {
                 let mut acc = pinned[r][h.into / 4 + i];
-                for &off in &h.from {
+                for &off in &h.received.from {
                     acc += pinned[r][off / 4 + i];
                 }
                 pinned[r][h.into / 4 + i] = acc;
@@ -457,10 +460,13 @@ fn run_exchange_with(
     for r in 0..n {
         let s = &jobs[r][j];
         if let Some(red) = &s.reduce_out {
-            assert_eq!((red.op, red.from.len()), (ReduceOp::Sum, n - 1));
-            for i in 0..red.count {
+            assert_eq!(
+                (red.received.op, red.received.from.len()),
+                (ReduceOp::Sum, n - 1)
+            );
+            for i in 0..red.received.count {
                 let mut acc = mem[r][idx(red.own) + i];
-                for &off in &red.from {
+                for &off in &red.received.from {
                     acc += pinned[r][off / 4 + i];
                 }
                 mem[r][idx(red.dst) + i] = acc;
@@ -724,7 +730,7 @@ fn an_all_reduce_reduced_on_the_gpu_is_a_reduce_scatter_then_an_all_gather() {
             assert!(reduce.reduce_out.is_some() && !reduce.after_previous);
             assert!(gather.reduce_out.is_none() && gather.after_previous);
             let (_, mine) = part(count, n, r);
-            assert_eq!(reduce.reduce_out.as_ref().unwrap().count, mine);
+            assert_eq!(reduce.reduce_out.as_ref().unwrap().received.count, mine);
             assert_eq!(gather.to_host.len(), 1, "its own reduced part");
             assert_eq!(gather.to_device.len(), n - 1, "the others' parts");
         }

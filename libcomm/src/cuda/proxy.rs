@@ -325,7 +325,7 @@ impl ProxySide {
         let (staged, host_reduces): (Vec<Staged>, Vec<Option<HostReduce>>) =
             stage(ops, rank, n, self.slice_bytes, &can, &regions)
                 .into_iter()
-                .map(|s| match &s.reduce_out {
+                .map(|s| match s.reduce_out.as_ref().map(|r| &r.received) {
                     Some(r) if !copier.reduces_here(dev, r.dtype, r.op) => reduced_on_host(s),
                     _ => (s, None),
                 })
@@ -452,13 +452,13 @@ fn job_on(s: &Staged, seq: u32, buf: &Lease, host_reduce: Option<HostReduce>) ->
 /// # Safety
 /// The buffer holds `r`'s regions.
 unsafe fn reduce_in_pinned(base: usize, r: &HostReduce) {
-    let into = (base + r.into) as *mut u8;
-    for &off in &r.from {
+    let (into, got) = ((base + r.into) as *mut u8, &r.received);
+    for &off in &got.from {
         let from = (base + off) as *const u8;
-        unsafe { reduce::combine(r.dtype, r.op.combine(), into, into, from, r.count) };
+        unsafe { reduce::combine(got.dtype, got.op.combine(), into, into, from, got.count) };
     }
-    if r.op == ReduceOp::Avg {
-        unsafe { reduce::divide(r.dtype, into, r.count, r.from.len() + 1) };
+    if got.op == ReduceOp::Avg {
+        unsafe { reduce::divide(got.dtype, into, got.count, got.from.len() + 1) };
     }
 }
 
@@ -554,7 +554,8 @@ mod tests {
     //! The progress thread's protocol on plain memory (no GPU): the words a
     //! stream would write are written by the test.
     use super::*;
-    use crate::data::types::{DataType, ReduceOp};
+    use crate::cuda::pinned_plan::Received;
+    use crate::data::types::DataType;
     use crate::error::{Error, Result};
 
     /// Records each job's first count; fails the job whose count is `fail`.
@@ -653,10 +654,12 @@ mod tests {
             let mut b = buf.clone();
             let r = HostReduce {
                 into: 0,
-                from: vec![64, 128],
-                count: 3,
-                dtype: DataType::F32,
-                op,
+                received: Received {
+                    from: vec![64, 128],
+                    count: 3,
+                    dtype: DataType::F32,
+                    op,
+                },
             };
             unsafe { reduce_in_pinned(b.as_mut_ptr() as usize, &r) };
             assert_eq!(read(&b), want, "{op:?}");
@@ -672,10 +675,12 @@ mod tests {
             let mut words = [0u32; 4];
             let host_reduce = HostReduce {
                 into: 0,
-                from: vec![64, 128],
-                count: 3,
-                dtype: DataType::F32,
-                op: ReduceOp::Sum,
+                received: Received {
+                    from: vec![64, 128],
+                    count: 3,
+                    dtype: DataType::F32,
+                    op: ReduceOp::Sum,
+                },
             };
             let at = b.as_mut_ptr() as usize;
             let (seq, flags) = push_reducing(&mut px, &mut words, count, Some((at, host_reduce)));
