@@ -47,7 +47,10 @@ SIZES=${XH_SIZES:--b 1M -e 256M -f 4}
 ITERS=${XH_ITERS:--n 5 -w 2}   # nccl-tests iterations of the perf, engine, proxy and nccl phases
 CHK() { awk '/^ +[0-9]+ /{n++; if ($9!="0" || ($13!="0" && $13!="N/A")) {bad++; if (bad<4) print "WRONG:", $0}} /Out of bounds|rc=|error|fail|WARN/{print} END{print "rows", n+0, "wrong rows", bad+0}'; }
 NP=${XH_NP:-4}
-DEVX="-x NCCL_TESTS_DEVICE"; [ "${XH_DEV:-0}" = local ] && DEVX=
+# XH_DEV=local: NCCL_TESTS_DEVICE unset in the ranks (mpirun's local ranks inherit
+# its environment, -x or not), so nccl-tests picks its local rank's GPU. Before
+# 2026-11-30 it stayed set to 0 and "local" runs shared GPU 0 (docs/PERFORMANCE-GPU.md).
+DEVX="-x NCCL_TESTS_DEVICE"; [ "${XH_DEV:-0}" = local ] && DEVX="-x XH_LOCALDEV" && export XH_LOCALDEV=1
 [ "${XH_DEV:-0}" = mod ] && DEVX="-x XH_NG" && export XH_NG=$(nvidia-smi -L | wc -l)
 HALF=$((NP / 2))   # ranks per host of the two-host runs (check, engine)
 # mpirun of NP ranks (on GPU 0 or one each); PER ranks per simulated host; WHO=ours|nccl.
@@ -60,6 +63,7 @@ xrun() { local who=$1 per=$2; shift 2
     mpirun --allow-run-as-root --oversubscribe -np $NP --bind-to none \
       -x LD_LIBRARY_PATH $DEVX -x XH_PER -x XH_WHO -x NCCL_NVLS_ENABLE $xs \
       bash -c 'h=sim-$((OMPI_COMM_WORLD_RANK / XH_PER))
+        [ -n "${XH_LOCALDEV:-}" ] && unset NCCL_TESTS_DEVICE
         [ -n "${XH_NG:-}" ] && export NCCL_TESTS_DEVICE=$((OMPI_COMM_WORLD_RANK % XH_NG))
         if [ "$XH_WHO" = nccl ]; then
           export NCCL_HOSTID=$h NCCL_SOCKET_IFNAME=lo

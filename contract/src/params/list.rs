@@ -265,6 +265,8 @@ params! {
         "`1`: the cross-host GPU test puts each simulated host on its own GPU (2 GPUs); `rank`: each rank on its own GPU (one process per GPU); else every rank on GPU 0";
     WEFT_XHOST_LOOP: String = Str, Unset(""), Test, [Tests],
         "`exchange`: the failure loop of the cross-host GPU test runs a reduce-scatter and a 2 MiB all-reduce in turn (the forms that exchange parts and reduce on the GPU) instead of 1 MiB all-reduces";
+    WEFT_XHOST_HOSTS: String = Str, Unset(""), Test, [Tests],
+        "`interleaved`: the cross-host GPU test places its ranks round-robin on the two simulated hosts (ranks 0, 2 on one) instead of half on each";
     WEFT_XHOST_NRANKS: u64 = Int, Unset(""), Test, [Tests],
         "ranks of a cross-host GPU test scenario (set by the test; default 4, half on each simulated host)";
     WEFT_XHOST_RANK: u64 = Int, Unset(""), Test, [Tests],

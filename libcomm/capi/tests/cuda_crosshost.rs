@@ -1,6 +1,7 @@
 //! Device collectives across hosts, on one GPU: 2 simulated hosts x 2 ranks,
 //! each rank a process of this test binary with its host's
-//! `WEFT_HOSTNAME` (`sim-a`: ranks 0, 1; `sim-b`: ranks 2, 3), all on GPU 0.
+//! `WEFT_HOSTNAME` (`sim-a`: ranks 0, 1; `sim-b`: ranks 2, 3; round-robin
+//! with `WEFT_XHOST_HOSTS=interleaved`), all on GPU 0.
 //! Ranks of different host identities never map each other's memory, so
 //! these run the cross-host path (`libcomm/src/cuda/proxy.rs`) exactly as
 //! two machines would, with loopback TCP between the halves.
@@ -46,9 +47,25 @@ const AVG: i32 = 4;
 const NRANKS: usize = 4;
 const TIMEOUT_MS: u64 = 3000;
 
-/// The first half of the ranks on one simulated host, the rest on the other.
-fn host_of(rank: usize, n: usize) -> &'static str {
-    if rank < n / 2 { "sim-a" } else { "sim-b" }
+/// The first half of the ranks on one simulated host, the rest on the
+/// other; with `WEFT_XHOST_HOSTS=interleaved` (in this process or in
+/// `env`), round-robin: even ranks on one, odd ones on the other.
+fn host_index(rank: usize, n: usize, env: &[(&str, &str)]) -> usize {
+    let interleaved = env
+        .iter()
+        .find(|(k, _)| *k == "WEFT_XHOST_HOSTS")
+        .map(|(_, v)| v.to_string())
+        .or_else(|| std::env::var("WEFT_XHOST_HOSTS").ok())
+        .is_some_and(|v| v == "interleaved");
+    if interleaved {
+        rank % 2
+    } else {
+        usize::from(rank >= n / 2)
+    }
+}
+
+fn host_of(rank: usize, n: usize, env: &[(&str, &str)]) -> &'static str {
+    ["sim-a", "sim-b"][host_index(rank, n, env)]
 }
 
 /// Rank `q`'s input element `i` for `seed`: a small integer (sums are exact
@@ -106,7 +123,7 @@ impl Ranks {
                     .env("WEFT_XHOST_SCENARIO", scenario)
                     .env("WEFT_XHOST_RANK", r.to_string())
                     .env("WEFT_XHOST_ID", &hex)
-                    .env("WEFT_HOSTNAME", host_of(r, n))
+                    .env("WEFT_HOSTNAME", host_of(r, n, env))
                     .env("WEFT_TIMEOUT_MS", TIMEOUT_MS.to_string())
                     .envs(env.iter().copied())
                     .stdout(Stdio::piped())
@@ -287,6 +304,28 @@ fn every_collective_on_hosts_of_different_sizes_matches_the_reference() {
             "broadcast",
             "reduce",
         ],
+    );
+}
+
+/// Four ranks placed round-robin on the two simulated hosts (`sim-a`:
+/// ranks 0, 2; `sim-b`: 1, 3), so a host's blocks of an all-gather or
+/// reduce-scatter are not one range: those two run hierarchically through
+/// a host-major copy in device scratch (`device_plan/permuted.rs`), the
+/// others hierarchically as on any layout; every result against the
+/// reference, and every rank says all four ran hierarchically.
+#[test]
+#[ignore = "needs a GPU: cargo test -p weft-nccl --test cuda_crosshost -- --ignored --test-threads=1"]
+fn every_collective_on_interleaved_hosts_matches_the_reference() {
+    gpu_or_panic("every_collective_on_interleaved_hosts_matches_the_reference");
+    let ranks = collectives_checked_with(&[
+        ("WEFT_XHOST_HOSTS", "interleaved"),
+        ("NCCL_DEBUG", "INFO"),
+        ("WEFT_CROSSHOST_HIER_MIN_BYTES", "0"),
+    ]);
+    said_hierarchical(
+        &ranks,
+        NRANKS,
+        &["all_reduce", "all_gather", "reduce_scatter", "broadcast"],
     );
 }
 
@@ -560,7 +599,7 @@ fn rank_process() {
     // WEFT_XHOST_GPU_PER_HOST=1 (with 2 GPUs): each simulated host on its
     // own GPU; `rank`: each rank on its own; else every rank on GPU 0.
     let dev = match std::env::var("WEFT_XHOST_GPU_PER_HOST").as_deref() {
-        Ok("1") => (rank >= n / 2) as i32,
+        Ok("1") => host_index(rank, n, &[]) as i32,
         Ok("rank") => rank as i32,
         _ => 0,
     };

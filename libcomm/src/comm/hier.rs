@@ -375,6 +375,15 @@ impl Communicator {
         };
         let mut r = Ok(());
         for st in &plan.steps {
+            if st.among == Among::Me {
+                // SAFETY: both ranges lie within the operation's buffers
+                // or the scratch (the plan's offsets), apart.
+                r = unsafe { copy_alone(op, at(st.recv), at(st.send), st.count * esz) };
+                if r.is_err() {
+                    break;
+                }
+                continue;
+            }
             let (send, recv) = (at(st.send) as *const u8, at(st.recv) as *mut u8);
             let redop = st.redop.unwrap_or(crate::data::types::ReduceOp::Sum);
             let sub = match st.kind {
@@ -395,7 +404,7 @@ impl Communicator {
             let comm = match st.among {
                 Among::Host => &h.local,
                 Among::Rail => &h.rail,
-                Among::All => self,
+                Among::All | Among::Me => self,
             };
             // SAFETY: the step's buffers lie within the operation's (the
             // plan's offsets) or the scratch, live until the stream passes
@@ -438,6 +447,25 @@ impl Communicator {
         match self.s.state.get() {
             CommState::Failed => self.s.failure("a hierarchical collective"),
             _ => e,
+        }
+    }
+}
+
+/// A plan's step on this rank alone (`Among::Me`): `bytes` from `src` to
+/// `dst` in `op`'s memory, on its stream for device memory (in stream
+/// order with the steps around it), at once for host memory (whose steps
+/// run blocking).
+///
+/// # Safety
+/// Both ranges are valid for `bytes` in `op`'s memory and apart.
+unsafe fn copy_alone(op: &Op, dst: u64, src: u64, bytes: usize) -> Result<()> {
+    match op.memory {
+        Memory::Device(dev) => unsafe {
+            device_backend().copy_on_stream(dev, dst, src, bytes, op.stream)
+        },
+        Memory::Host => {
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+            Ok(())
         }
     }
 }
@@ -568,6 +596,90 @@ pub(super) mod tests {
     /// second host lacks, by the leaders), all-gather and reduce-scatter by
     /// the leaders (the hosts are rank ranges), odd sizes, against the
     /// reference.
+    /// Hosts that are not rank ranges (ranks round-robin on two hosts of
+    /// two; hosts {0, 2, 3} and {1, 4}): all-gather and reduce-scatter run
+    /// hierarchically through the host-major copy, out of place and in
+    /// place, odd sizes, against the reference.
+    #[test]
+    fn interleaved_hosts_gather_and_scatter_hierarchically() {
+        let round_robin = |r: usize| r % 2;
+        let uneven = |r: usize| usize::from(r == 1 || r == 4);
+        for (n, host_of) in [
+            (4, &round_robin as &(dyn Fn(usize) -> usize + Sync)),
+            (5, &uneven),
+        ] {
+            let comms = Communicator::init_on_hosts(n, host_of, |c| crate::Config {
+                device_hier_min_bytes: 0,
+                timeout: Some(std::time::Duration::from_secs(10)),
+                ..c
+            });
+            std::thread::scope(|s| {
+                for (me, c) in comms.iter().enumerate() {
+                    s.spawn(move || interleaved_gather_and_scatter(c, me, n));
+                }
+            });
+        }
+    }
+
+    fn interleaved_gather_and_scatter(c: &Communicator, me: usize, n: usize) {
+        for count in [1usize, 1021] {
+            let whole = n * count;
+            let input: Vec<f32> = (0..whole).map(|i| value(me, i)).collect();
+            let gathered = |i: usize| value(i / count, i % count);
+            let summed = |i: usize| -> f32 { (0..n).map(|q| value(q, me * count + i)).sum() };
+            let mut out = vec![f32::NAN; whole];
+            let (sp, rp) = (input.as_ptr().cast(), out.as_mut_ptr().cast());
+            let ag = Op::all_gather(sp, rp, count, DataType::F32);
+            unsafe { c.hierarchical(&ag) }
+                .expect("all-gather taken on interleaved hosts")
+                .unwrap();
+            for (i, got) in out.iter().enumerate() {
+                assert_eq!(*got, gathered(i), "rank {me}: all_gather {count} at {i}");
+            }
+            out.fill(f32::NAN);
+            let rs = Op::reduce_scatter(sp, rp, count, DataType::F32, ReduceOp::Sum);
+            unsafe { c.hierarchical(&rs) }
+                .expect("reduce-scatter taken on interleaved hosts")
+                .unwrap();
+            for (i, got) in out[..count].iter().enumerate() {
+                assert_eq!(*got, summed(i), "rank {me}: reduce_scatter {count} at {i}");
+            }
+            // In place (NCCL's layouts): the all-gather's input is this
+            // rank's block of the output, the reduce-scatter's output this
+            // rank's block of the input.
+            let mut buf: Vec<f32> = vec![f32::NAN; whole];
+            buf[me * count..(me + 1) * count].copy_from_slice(&input[..count]);
+            let own = buf[me * count..].as_ptr().cast();
+            let ag = Op::all_gather(own, buf.as_mut_ptr().cast(), count, DataType::F32);
+            unsafe { c.hierarchical(&ag) }.unwrap().unwrap();
+            for (i, got) in buf.iter().enumerate() {
+                assert_eq!(
+                    *got,
+                    gathered(i),
+                    "rank {me}: in-place all_gather {count} at {i}"
+                );
+            }
+            let mut buf = input.clone();
+            let at = buf.as_mut_ptr();
+            let own = unsafe { at.add(me * count) }.cast();
+            let rs = Op::reduce_scatter(
+                at.cast_const().cast(),
+                own,
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+            );
+            unsafe { c.hierarchical(&rs) }.unwrap().unwrap();
+            for (i, got) in buf[me * count..][..count].iter().enumerate() {
+                assert_eq!(
+                    *got,
+                    summed(i),
+                    "rank {me}: in-place reduce_scatter {count} at {i}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn uneven_hosts_run_hierarchically_and_match_the_reference() {
         let comms = Communicator::init_on_simulated_hosts(5, 3, |c| crate::Config {
@@ -620,7 +732,7 @@ pub(super) mod tests {
                         }
                         let ag = Op::all_gather(sp, rp, count, DataType::F32);
                         unsafe { c.hierarchical(&ag) }
-                            .expect("all-gather taken on contiguous uneven hosts")
+                            .expect("all-gather taken on uneven hosts")
                             .unwrap();
                         for (i, got) in out.iter().enumerate() {
                             let want = value(i / count, i % count);
@@ -629,7 +741,7 @@ pub(super) mod tests {
                         out.fill(f32::NAN);
                         let rs = Op::reduce_scatter(sp, rp, count, DataType::F32, ReduceOp::Sum);
                         unsafe { c.hierarchical(&rs) }
-                            .expect("reduce-scatter taken on contiguous uneven hosts")
+                            .expect("reduce-scatter taken on uneven hosts")
                             .unwrap();
                         for (i, got) in out[..count].iter().enumerate() {
                             let want: f32 = (0..n).map(|q| value(q, me * count + i)).sum();

@@ -126,14 +126,26 @@ impl Communicator {
         per_host: usize,
         cfg: impl Fn(Config) -> Config + Sync,
     ) -> Vec<Communicator> {
+        Self::init_on_hosts(n, |r| r / per_host, cfg)
+    }
+
+    /// Tests: as [`init_on_simulated_hosts`](Self::init_on_simulated_hosts),
+    /// rank r on host `sim-<host_of(r)>` (hosts interleaved in rank order,
+    /// of different sizes).
+    #[cfg(test)]
+    pub(crate) fn init_on_hosts(
+        n: usize,
+        host_of: impl Fn(usize) -> usize + Sync,
+        cfg: impl Fn(Config) -> Config + Sync,
+    ) -> Vec<Communicator> {
         let id = UniqueId::new().unwrap();
         std::thread::scope(|sc| {
             let hs: Vec<_> = (0..n)
                 .map(|r| {
-                    let (id, cfg) = (&id, &cfg);
+                    let (id, cfg, host_of) = (&id, &cfg, &host_of);
                     sc.spawn(move || {
                         let mut c = Config::from_env().unwrap();
-                        c.hostname = Some(format!("sim-{}", r / per_host));
+                        c.hostname = Some(format!("sim-{}", host_of(r)));
                         let comm = Self::init_with_config(id, n, r, cfg(c)).unwrap();
                         comm.wait_ready(None).unwrap();
                         comm

@@ -353,6 +353,21 @@ impl Backend for CudaBackend {
             .map_err(|e| Error::Cuda(format!("freeing device scratch: {e}")))
     }
 
+    unsafe fn copy_on_stream(
+        &self,
+        device: i32,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        stream: *mut std::ffi::c_void,
+    ) -> Result<()> {
+        unsafe { super::scratch::copy(device, dst, src, bytes, stream) }.map_err(|e| {
+            Error::Cuda(format!(
+                "copy of {bytes} bytes between a hierarchical collective's buffer and its scratch: {e}"
+            ))
+        })
+    }
+
     unsafe fn set_up(&self, comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<()> {
         let _ctx = ContextGuard::save();
         unsafe { set_up_devices(comms, devices) }

@@ -94,6 +94,28 @@ pub unsafe fn alloc(dev: i32, bytes: usize, stream: *mut c_void) -> CudaResult<u
     Ok(p)
 }
 
+/// Copies `bytes` from `src` to `dst` on `dev`'s `stream`.
+///
+/// # Safety
+/// Both ranges are device memory of `dev`, apart, valid until the stream
+/// passes the copy; `stream` is a live stream of `dev` (or NULL).
+pub unsafe fn copy(
+    dev: i32,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: *mut c_void,
+) -> CudaResult<()> {
+    let _ctx = ContextGuard::save();
+    use_device(dev)?;
+    unsafe {
+        check(
+            sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream as sys::CUstream),
+            "cuMemcpyDtoDAsync (a hierarchical collective's blocks between rank and host order)",
+        )
+    }
+}
+
 /// Frees `p` once `stream`'s work so far is done with it.
 ///
 /// # Safety

@@ -269,6 +269,23 @@ pub trait Backend: Sync {
     /// `ptr` came from `alloc_scratch` on `device` and is not used after
     /// the work enqueued on `stream` before this call.
     unsafe fn free_scratch(&self, device: i32, ptr: u64, stream: *mut c_void) -> Result<()>;
+
+    /// Copies `bytes` from `src` to `dst`, both memory of `device`, on
+    /// `stream` (after the work enqueued on it so far, without waiting
+    /// for it): a hierarchical plan's step on the rank alone (blocks moved
+    /// between rank order and host order).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `device` (or NULL); both ranges are
+    /// valid device memory, apart, until the stream passes the copy.
+    unsafe fn copy_on_stream(
+        &self,
+        device: i32,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        stream: *mut c_void,
+    ) -> Result<()>;
 }
 
 #[cfg(test)]

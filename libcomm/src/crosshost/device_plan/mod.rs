@@ -26,21 +26,26 @@
 //! - reduce-scatter (contiguous hosts): one reduce-scatter within the host
 //!   per host h', of the input's range of host h', into scratch block h';
 //!   then a reduce-scatter on the rail of the scratch into the output.
+//! - all-gather and reduce-scatter on hosts that are not rank ranges
+//!   (interleaved): the plan of the layout renumbered host-major, on a
+//!   scratch copy of the buffer in host-major block order, with copies on
+//!   the rank alone between the two orders ([`permuted`]).
 //!
 //! Hosts of different sizes: leaders (see [`uneven`]) for all-reduce,
 //! all-gather, reduce-scatter and the broadcasts and reduces whose root's
 //! local index some host lacks; the root's rail for broadcast and reduce
 //! where every host has it.
 //!
-//! Everything else (gather, scatter, all-to-all, send/recv; all-gather and
-//! reduce-scatter on hosts that are not rank ranges) is not planned here:
+//! Everything else (gather, scatter, all-to-all, send/recv) is not planned here:
 //! the caller stages the whole operation (gather, scatter, all-to-all and
 //! send/recv go by host in `comm/hier_p2p.rs`).
 
+mod permuted;
 mod simulate;
 mod uneven;
 mod uniform;
 
+use permuted::permuted;
 pub use simulate::simulate;
 use uneven::uneven;
 use uniform::uniform;
@@ -58,6 +63,9 @@ pub enum Among {
     Rail,
     /// Every rank (the whole communicator).
     All,
+    /// This rank alone: a broadcast among one rank, that is a copy on the
+    /// rank's stream (between a buffer and the scratch, [`permuted`]).
+    Me,
 }
 
 /// A place in one of a step's buffers, in elements from its start.
@@ -130,6 +138,9 @@ pub fn plan(
         redop,
         root,
     };
+    if matches!(kind, OpKind::AllGather | OpKind::ReduceScatter) && !layout.contiguous_hosts() {
+        return permuted(c, layout, me);
+    }
     match layout.per_host() {
         Some(_) => uniform(c, layout, me),
         None => uneven(c, layout, me, smallest),

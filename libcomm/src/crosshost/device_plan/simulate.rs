@@ -49,6 +49,7 @@ pub fn simulate(
                 Among::Host => layout.members(layout.host(r)).to_vec(),
                 Among::Rail => layout.rail(layout.local(r)),
                 Among::All => (0..n).collect(),
+                Among::Me => vec![r],
             };
             if !members.iter().all(|&p| {
                 plans[p].steps.get(next[p]).map(|s| (s.among, s.kind)) == Some((st.among, st.kind))

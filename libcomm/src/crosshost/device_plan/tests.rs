@@ -107,9 +107,10 @@ fn layouts() -> Vec<Layout> {
         Layout::uniform(2, 3),
         Layout::uniform(3, 2),
         Layout::uniform(4, 4),
-        // Interleaved hosts (ranks 0, 2, 4 on one host): all-reduce and
-        // broadcast still plan, all-gather and reduce-scatter do not.
+        // Interleaved hosts (ranks placed round-robin: 0, 2, 4 on one
+        // host): all-gather and reduce-scatter through the host-major copy.
         Layout::from_hosts(vec![vec![0, 2, 4], vec![1, 3, 5]]).unwrap(),
+        Layout::from_hosts(vec![vec![0, 3], vec![1, 2]]).unwrap(),
     ]
 }
 
@@ -170,7 +171,7 @@ fn hierarchical_reduce_matches_at_every_root() {
 }
 
 #[test]
-fn hierarchical_all_gather_and_reduce_scatter_match_on_contiguous_hosts() {
+fn hierarchical_all_gather_and_reduce_scatter_match_on_every_layout() {
     for layout in layouts() {
         let n = layout.n();
         for count in [1, 5, 64] {
@@ -186,10 +187,6 @@ fn hierarchical_all_gather_and_reduce_scatter_match_on_contiguous_hosts() {
                 &ins_rs,
                 count,
             );
-            if !host_major(&layout) {
-                assert!(ag.is_none() && rs.is_none(), "{layout:?}: staged whole");
-                continue;
-            }
             let want_ag: Vec<f64> = ins.concat();
             for (r, o) in ag.unwrap().iter().enumerate() {
                 assert_eq!(o, &want_ag, "{layout:?} all-gather rank {r}");
@@ -218,15 +215,53 @@ fn what_is_not_planned_is_staged_whole() {
         let p = plan(OpKind::AllReduce, 64, Some(ReduceOp::Sum), 0, &layout, 0);
         assert!(p.is_none(), "{layout:?}");
     }
-    // Hosts of different sizes interleaved in rank order: all-gather
-    // and reduce-scatter are staged whole (a host's blocks are not one
-    // range); contiguous, they are planned.
-    let interleaved = Layout::from_hosts(vec![vec![0, 2, 3], vec![1]]).unwrap();
-    let contiguous = Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap();
-    for (layout, planned) in [(&interleaved, false), (&contiguous, true)] {
+}
+
+/// Hosts that are not rank ranges: all-gather and reduce-scatter run the
+/// host-major plan on a scratch copy, with copies on the rank alone
+/// between the orders (runs of blocks in order copied as one), nothing of
+/// the caller's buffers written by the inner steps, the scratch sized for
+/// the copy; on contiguous hosts no copy at all.
+#[test]
+fn interleaved_hosts_gather_and_scatter_through_a_host_major_copy() {
+    let count = 10;
+    // Host-major order [0, 1, 3, 2]: blocks 0-1 one run, then 3, then 2.
+    let l = Layout::from_hosts(vec![vec![0, 1, 3], vec![2]]).unwrap();
+    let ag = plan(OpKind::AllGather, count, None, 0, &l, 1).unwrap();
+    let copies: Vec<&Step> = ag.steps.iter().filter(|s| s.among == Among::Me).collect();
+    let want = [(0, 0, 2), (2, 3, 1), (3, 2, 1)];
+    assert_eq!(copies.len(), want.len(), "{:?}", ag.steps);
+    let inner = ag.scratch - 4 * count;
+    for (c, (j, r, len)) in copies.iter().zip(want) {
+        assert_eq!((c.kind, c.count), (OpKind::Broadcast, len * count));
+        assert_eq!(c.send, At::Scratch(inner + j * count));
+        assert_eq!(c.recv, At::Recv(r * count));
+    }
+    // The copies come last, and no step before them writes the output.
+    assert!(ag.steps.iter().rev().take(3).all(|s| s.among == Among::Me));
+    assert!(
+        ag.steps
+            .iter()
+            .all(|s| s.among == Among::Me || !matches!(s.recv, At::Recv(_)))
+    );
+    let rs = plan(OpKind::ReduceScatter, count, Some(ReduceOp::Sum), 0, &l, 1).unwrap();
+    assert!(rs.steps.iter().take(3).all(|s| s.among == Among::Me));
+    assert!(
+        rs.steps
+            .iter()
+            .skip(3)
+            .all(|s| !matches!(s.send, At::Send(_)))
+    );
+    for contiguous in [
+        Layout::uniform(2, 2),
+        Layout::from_hosts(vec![vec![0], vec![1, 2]]).unwrap(),
+    ] {
         for kind in [OpKind::AllGather, OpKind::ReduceScatter] {
-            let p = plan(kind, 64, Some(ReduceOp::Sum), 0, layout, 0);
-            assert_eq!(p.is_some(), planned, "{kind:?} on {layout:?}");
+            let p = plan(kind, count, Some(ReduceOp::Sum), 0, &contiguous, 0).unwrap();
+            assert!(
+                p.steps.iter().all(|s| s.among != Among::Me),
+                "{kind:?} {contiguous:?}"
+            );
         }
     }
 }
@@ -274,17 +309,17 @@ fn uneven_hosts_all_reduce_broadcast_and_reduce_match_the_reference() {
     }
 }
 
-/// Hosts of different sizes as rank ranges: all-gather and
-/// reduce-scatter (Sum/Max/Min) by the leaders, odd counts, every
-/// rank's output against the reference.
+/// Hosts of different sizes, as rank ranges or interleaved (through the
+/// host-major copy): all-gather and reduce-scatter (Sum/Max/Min) by the
+/// leaders, odd counts, every rank's output against the reference.
 #[test]
-fn uneven_contiguous_hosts_all_gather_and_reduce_scatter_match_the_reference() {
-    for layout in uneven_layouts().iter().filter(|l| l.contiguous_hosts()) {
+fn uneven_hosts_all_gather_and_reduce_scatter_match_the_reference() {
+    for layout in &uneven_layouts() {
         let n = layout.n();
         for count in [1usize, 5, 333] {
             let ins = inputs(n, count, count as u64 + 41);
             let outs = simulate(OpKind::AllGather, count, None, 0, layout, &ins, n * count)
-                .expect("all-gather planned on contiguous uneven hosts");
+                .expect("all-gather planned on uneven hosts");
             let want: Vec<f64> = ins.iter().flatten().copied().collect();
             for (r, o) in outs.iter().enumerate() {
                 assert_eq!(o, &want, "{layout:?} all_gather {count} rank {r}");
@@ -300,7 +335,7 @@ fn uneven_contiguous_hosts_all_gather_and_reduce_scatter_match_the_reference() {
                     &ins,
                     count,
                 )
-                .expect("reduce-scatter planned on contiguous uneven hosts");
+                .expect("reduce-scatter planned on uneven hosts");
                 let all = reduce_all(&ins, Some(op));
                 for (r, o) in outs.iter().enumerate() {
                     let want = &all[r * count..(r + 1) * count];
