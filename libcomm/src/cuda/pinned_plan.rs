@@ -34,6 +34,14 @@
 //!   plus its own block, copied on the GPU: nothing of it goes through host
 //!   memory, and the host part moves only what crosses to other ranks.
 //!
+//! - **Exchanges.** On at most `MAX_RANKS` ranks a reduce-scatter (reduced
+//!   on the GPU, [`reduce_scatter_on_gpu`]) and an all-gather
+//!   ([`all_gather_exchanged`]), whole or per slice, and an all-reduce from
+//!   2 MiB ([`all_reduce_on_gpu`]) are staged as a send and a receive of a
+//!   part per other rank, each part in its own pinned region: only what
+//!   crosses to other ranks is copied, and parts of 256 KiB and more go
+//!   on the cross-host engine's striped connections.
+//!
 //! Everything else (other groups, gather, scatter, host buffers in a device
 //! call) is staged as before: every device region the job touches, read
 //! ones copied in, written ones copied out, the operations unchanged.
@@ -277,6 +285,12 @@ pub(super) fn stage(
                 return cut
                     .into_iter()
                     .map(|(off, bytes)| reduce_scatter_on_gpu(op, rank, nranks, off, bytes))
+                    .collect();
+            }
+            if op.kind == OpKind::AllGather && nranks <= MAX_RANKS {
+                return cut
+                    .into_iter()
+                    .map(|(off, bytes)| all_gather_exchanged(op, rank, nranks, off, bytes))
                     .collect();
             }
             if cut.len() > 1 {
@@ -602,34 +616,72 @@ fn all_reduce_on_gpu(op: &Op, rank: usize, nranks: usize) -> Vec<Staged> {
         at(send, rank),
         at(recv, rank),
     );
-    let mut gather = Staged::new(Vec::new());
-    gather.per_op = true;
+    let mut gather = exchange_gathered(op, rank, nranks, |p| (at(recv, p), len(p)), at(recv, rank));
     gather.after_previous = true;
-    let (mine, own_bytes) = (at(recv, rank), len(rank));
-    gather.to_host.push(Copy {
-        dev: mine,
+    vec![reduce, gather]
+}
+
+/// Slice `[off, off + bytes)` of every rank's block of an all-gather
+/// (blocks of `op.bytes()`) as an exchange ([`exchange_gathered`]): this
+/// rank's slice of its input goes to every other rank, theirs come in and
+/// are copied out to their places; this rank's own, out of place, is
+/// copied on the GPU. Against the in-place staging ([`gathered_slice`]:
+/// the host algorithm's ring on the pinned copy, through the flat path's
+/// transport): the same bytes, as sends and receives, which from 256 KiB
+/// go on the cross-host engine's striped connections, as the
+/// reduce-scatter's pieces do. On 2 x H200 as 2 hosts x 1 under
+/// nccl-tests the in-place all-gather of 2 MiB took 376 us where the
+/// reduce-scatter's exchange of the same bytes took 201 us.
+fn all_gather_exchanged(op: &Op, rank: usize, nranks: usize, off: usize, bytes: usize) -> Staged {
+    let (send, recv, block) = (op.send as u64, op.recv as u64, op.bytes());
+    let at = |r: usize| recv + (r * block + off) as u64;
+    let own = send + off as u64;
+    let mut s = exchange_gathered(op, rank, nranks, |p| (at(p), bytes), own);
+    if own != at(rank) {
+        s.dtod.push((at(rank), own, bytes));
+    }
+    s
+}
+
+/// One job that sends every other rank this rank's piece (`own`, device
+/// memory of `piece(rank)`'s size, copied in once) and receives rank `p`'s
+/// piece into `piece(p)` (address, bytes; copied out from its own pinned
+/// region): a send and a receive per other rank, in ring order from this
+/// rank's successor, as an all-to-all's pieces (each end lists the pair
+/// alike, so they meet on the same transport).
+fn exchange_gathered(
+    op: &Op,
+    rank: usize,
+    nranks: usize,
+    piece: impl Fn(usize) -> (u64, usize),
+    own: u64,
+) -> Staged {
+    let es = op.dtype.size();
+    let own_bytes = piece(rank).1;
+    let mut s = Staged::new(Vec::new());
+    s.per_op = true;
+    s.to_host.push(Copy {
+        dev: own,
         off: 0,
         bytes: own_bytes,
     });
-    gather.bytes = own_bytes.next_multiple_of(ALIGN);
+    s.bytes = own_bytes.next_multiple_of(ALIGN);
     for p in (1..nranks).map(|k| (rank + k) % nranks) {
-        gather.map.push((mine, own_bytes, 0));
-        gather.ops.push(
-            Op::send(mine as *const u8, own_bytes / es, op.dtype, p).on(op.memory, op.stream),
-        );
-        let (theirs, bytes) = (at(recv, p), len(p));
-        gather.map.push((theirs, bytes, gather.bytes));
-        gather
-            .ops
+        s.map.push((own, own_bytes, 0));
+        s.ops
+            .push(Op::send(own as *const u8, own_bytes / es, op.dtype, p).on(op.memory, op.stream));
+        let (theirs, bytes) = piece(p);
+        s.map.push((theirs, bytes, s.bytes));
+        s.ops
             .push(Op::recv(theirs as *mut u8, bytes / es, op.dtype, p).on(op.memory, op.stream));
-        gather.to_device.push(Copy {
+        s.to_device.push(Copy {
             dev: theirs,
-            off: gather.bytes,
+            off: s.bytes,
             bytes,
         });
-        gather.bytes += bytes.next_multiple_of(ALIGN);
+        s.bytes += bytes.next_multiple_of(ALIGN);
     }
-    vec![reduce, gather]
+    s
 }
 
 /// One job that sends every other rank `p` the device bytes `piece(p)`
@@ -711,3 +763,7 @@ fn generic(ops: &[Op], regions: Vec<DevRegion>) -> Staged {
 #[cfg(test)]
 #[path = "pinned_plan_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "pinned_exchange_tests.rs"]
+mod exchange_tests;
