@@ -3,7 +3,7 @@
 //! rank's CPU, an all-gather): each rank's jobs run as the GPU and the
 //! progress thread would, on host memory standing for both.
 
-use super::tests::{DEV, ON_CPU, ON_GPU, dev_op, no_regions, on_device, p};
+use super::tests::{DEV, ON_CPU, ON_GPU, copy_in, dev_op, no_regions, on_device, p};
 use super::*;
 use crate::data::types::{DataType, ReduceOp};
 
@@ -26,20 +26,7 @@ fn run_exchange_with(
 ) -> Vec<Vec<f32>> {
     let n = mem.len();
     let idx = |a: u64| (a - DEV) as usize / 4;
-    let mut pinned: Vec<Vec<f32>> = Vec::new();
-    for r in 0..n {
-        let s = &jobs[r][j];
-        for &(dst, src, bytes) in &s.dtod {
-            let v = mem[r][idx(src)..idx(src) + bytes / 4].to_vec();
-            mem[r][idx(dst)..idx(dst) + bytes / 4].copy_from_slice(&v);
-        }
-        let mut b = vec![f32::NAN; s.bytes / 4];
-        for c in &s.to_host {
-            b[c.off / 4..(c.off + c.bytes) / 4]
-                .copy_from_slice(&mem[r][idx(c.dev)..idx(c.dev) + c.bytes / 4]);
-        }
-        pinned.push(b);
-    }
+    let mut pinned: Vec<Vec<f32>> = (0..n).map(|r| copy_in(&mut mem[r], &jobs[r][j])).collect();
     let host: Vec<Vec<Op>> = (0..n).map(|r| jobs[r][j].host_ops(0)).collect();
     let before = pinned.clone();
     for r in 0..n {

@@ -46,6 +46,23 @@ pub(super) fn p(a: u64) -> *mut u8 {
     a as *mut u8
 }
 
+/// Job `s`'s stream part before the network, on `mem` (one rank's device
+/// memory from [`DEV`], f32 elements): its device-to-device copies, then
+/// its copies into a new pinned buffer, which it returns.
+pub(super) fn copy_in(mem: &mut [f32], s: &Staged) -> Vec<f32> {
+    let idx = |a: u64| (a - DEV) as usize / 4;
+    for &(dst, src, bytes) in &s.dtod {
+        let v = mem[idx(src)..idx(src) + bytes / 4].to_vec();
+        mem[idx(dst)..idx(dst) + bytes / 4].copy_from_slice(&v);
+    }
+    let mut b = vec![f32::NAN; s.bytes / 4];
+    for c in &s.to_host {
+        b[c.off / 4..(c.off + c.bytes) / 4]
+            .copy_from_slice(&mem[idx(c.dev)..idx(c.dev) + c.bytes / 4]);
+    }
+    b
+}
+
 /// The element at device address `a`, in the pinned buffer of `s`: its
 /// offset there.
 fn pinned_at(s: &Staged, a: u64) -> usize {
@@ -331,17 +348,11 @@ fn sliced_all_gather_and_reduce_scatter_move_every_block_once_and_match_the_refe
                 let mut pinned: Vec<Vec<f32>> = Vec::new();
                 for r in 0..n {
                     let s = &jobs[r][j];
-                    for &(dst, src, bytes) in &s.dtod {
-                        let v = mem[r][idx(src)..idx(src) + bytes / 4].to_vec();
-                        mem[r][idx(dst)..idx(dst) + bytes / 4].copy_from_slice(&v);
-                    }
-                    let mut b = vec![f32::NAN; s.bytes / 4];
-                    for c in &s.to_host {
-                        assert!(c.bytes <= largest, "{kind:?}: a slice of a block at most");
-                        b[c.off / 4..(c.off + c.bytes) / 4]
-                            .copy_from_slice(&mem[r][idx(c.dev)..idx(c.dev) + c.bytes / 4]);
-                    }
-                    pinned.push(b);
+                    assert!(
+                        s.to_host.iter().all(|c| c.bytes <= largest),
+                        "{kind:?}: a slice"
+                    );
+                    pinned.push(copy_in(&mut mem[r], s));
                 }
                 // The collective of the slice on the pinned regions.
                 let o = jobs[0][j].ops[0];
