@@ -31,6 +31,24 @@ pub fn level() -> Level {
     })
 }
 
+thread_local! {
+    static CALL_BEGAN: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// With `TRACE`: a public call began on this thread now (a per-phase
+/// timing further down the call, such as the cross-host enqueue's, counts
+/// its first phase from here). Otherwise nothing.
+pub fn mark_call() {
+    if level() >= Level::Trace {
+        CALL_BEGAN.with(|c| c.set(Some(std::time::Instant::now())));
+    }
+}
+
+/// When the call [`mark_call`] marked began (taken: once per call).
+pub fn call_began() -> Option<std::time::Instant> {
+    CALL_BEGAN.with(|c| c.take())
+}
+
 pub fn host() -> &'static str {
     static HOST: OnceLock<String> = OnceLock::new();
     HOST.get_or_init(crate::sys::topology::system_hostname)

@@ -199,6 +199,62 @@ impl Shared {
     }
 }
 
+/// With `WEFT_DEBUG=TRACE`, where the calling thread's time inside one
+/// enqueue goes (the bound on it: a 256 MiB all-reduce returns within
+/// 100 us): one line per call, microseconds per phase. Otherwise nothing
+/// is timed (one load of the level).
+struct Phases {
+    at: Option<Instant>,
+    spent: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        let on = crate::log::level() >= crate::log::Level::Trace;
+        let mut p = Phases {
+            at: on.then(Instant::now),
+            spent: Vec::new(),
+        };
+        // From the public call's start (`log::mark_call`): the core's and
+        // the backend's part before this enqueue.
+        if let (Some(now), Some(began)) = (p.at, crate::log::call_began()) {
+            p.spent
+                .push(("before", now.saturating_duration_since(began)));
+        }
+        p
+    }
+
+    /// The phase `name` ended now.
+    fn mark(&mut self, name: &'static str) {
+        if let Some(at) = self.at {
+            let now = Instant::now();
+            self.spent.push((name, now - at));
+            self.at = Some(now);
+        }
+    }
+
+    fn log(&self, what: impl FnOnce() -> String) {
+        if self.at.is_none() {
+            return;
+        }
+        let total: Duration = self.spent.iter().map(|p| p.1).sum();
+        let parts: Vec<String> = self
+            .spent
+            .iter()
+            .map(|(n, d)| format!("{n} {:.1}", d.as_secs_f64() * 1e6))
+            .collect();
+        log(
+            false,
+            &format!(
+                "{}: {:.1} us ({})",
+                what(),
+                total.as_secs_f64() * 1e6,
+                parts.join(", ")
+            ),
+        );
+    }
+}
+
 /// A communicator's device side when it spans hosts (see the module docs).
 pub struct ProxySide {
     rank: usize,
@@ -297,6 +353,7 @@ impl ProxySide {
             )));
         }
         use_device(self.dev)?;
+        let mut phases = Phases::start();
         let (rank, n) = (self.rank, self.nranks);
         let stream = ops
             .iter()
@@ -330,6 +387,7 @@ impl ProxySide {
                     _ => (s, None),
                 })
                 .unzip();
+        phases.mark("stage");
         // A buffer per job, then every job's copies in and `ready`. Up to
         // the waits nothing the stream does needs the thread; a failure
         // leaves jobs that never run (their buffers are not reused: a
@@ -352,6 +410,7 @@ impl ProxySide {
                 }
             }
         }
+        phases.mark("buffers");
         let ins: Vec<(&Staged, &Lease, u32)> = jobs
             .iter()
             .map(|(job, buf, s)| (*s, buf, job.seq))
@@ -363,16 +422,16 @@ impl ProxySide {
             true => ins.chunks(1).map(|j| self.copier.copies(j)).collect(),
             false => vec![self.copier.copies(&ins)],
         };
-        let first = plans
-            .iter()
-            .try_for_each(|c| c.load_kernels(self.dev))
-            .and_then(|()| unsafe { plans[0].enqueue_in(self.dev, stream) });
+        let loaded = plans.iter().try_for_each(|c| c.load_kernels(self.dev));
+        phases.mark("plan");
+        let first = loaded.and_then(|()| unsafe { plans[0].enqueue_in(self.dev, stream) });
         if let Err(e) = first {
             for &(_, b, _) in &jobs {
                 self.pool.poison(&b);
             }
             return Err(e);
         }
+        phases.mark("copies in");
         // Waits and copies out. After the first wait a failure must release
         // every wait itself (no job runs: they are not queued).
         let out = || -> CudaResult<()> {
@@ -394,6 +453,8 @@ impl ProxySide {
             }
             return Err(e);
         }
+        phases.mark("waits and copies out");
+        let njobs = jobs.len();
         let mut q = locked(&self.shared.queue);
         if q.closed || self.shared.aborted() {
             for (job, _, _) in &jobs {
@@ -405,6 +466,9 @@ impl ProxySide {
         }
         q.jobs.extend(jobs.into_iter().map(|(job, _, _)| job));
         self.shared.changed.notify_all();
+        drop(q);
+        phases.mark("queue");
+        phases.log(|| format!("{}: enqueue of {njobs} job(s)", self.shared.describe));
         Ok(())
     }
 
@@ -633,6 +697,29 @@ mod tests {
     /// received one in the pinned buffer, an average divided once by the
     /// ranks (own + received), as the kernel does; a failed job's is not
     /// run (its stream is released, its result is not one).
+    /// The enqueue's timing: nothing recorded unless tracing, each mark
+    /// the time since the one before, in order.
+    #[test]
+    fn phases_time_each_mark_only_when_tracing() {
+        let mut off = Phases {
+            at: None,
+            spent: Vec::new(),
+        };
+        off.mark("stage");
+        assert!(off.spent.is_empty());
+        let mut on = Phases {
+            at: Some(Instant::now()),
+            spent: Vec::new(),
+        };
+        std::thread::sleep(Duration::from_millis(2));
+        on.mark("stage");
+        on.mark("queue");
+        let names: Vec<&str> = on.spent.iter().map(|p| p.0).collect();
+        assert_eq!(names, ["stage", "queue"]);
+        assert!(on.spent[0].1 >= Duration::from_millis(2));
+        assert!(on.spent[1].1 < on.spent[0].1);
+    }
+
     #[test]
     fn a_job_reduced_on_the_host_combines_after_its_operations_and_averages_once() {
         let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
