@@ -43,8 +43,9 @@ pub(super) fn host_major_order(layout: &Layout) -> (Layout, Vec<usize>) {
 ///   index are kept).
 ///
 /// The cost against a host-major layout is one copy of the whole buffer
-/// in device memory (fast next to the network), and the steps' traffic
-/// is the host-major plan's: the local part stays on the NVLink kernels.
+/// in device memory (fast next to the network) and a scratch of its size
+/// for the call, and the steps' traffic is the host-major plan's: the
+/// local part stays on the NVLink kernels.
 /// Runs of blocks that stay in order are copied as one.
 pub(super) fn permuted(c: Coll, layout: &Layout, me: usize) -> Option<DevicePlan> {
     let (renumbered, order) = host_major_order(layout);
