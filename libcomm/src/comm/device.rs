@@ -30,6 +30,9 @@ pub(super) fn device_backend() -> &'static dyn Backend {
 /// # Safety
 /// As [`Backend::run`].
 pub(crate) unsafe fn run_device(ops: &[(&Communicator, Op)]) -> Result<()> {
+    // TRACE: a per-phase timing further down (the cross-host enqueue's)
+    // counts from here, for single calls and groups alike.
+    crate::log::mark_call();
     check_all(ops)?;
     // A communicator's first device operation (of any kind: sends and
     // receives too) builds its hierarchy where it has one, then, if it

@@ -23,7 +23,6 @@ impl Communicator {
     /// The operation's pointers must be valid for the sizes it names (until
     /// its stream reaches it, for device memory).
     pub unsafe fn submit(&self, op: Op) -> Result<()> {
-        crate::log::mark_call();
         if op.memory != Memory::Host {
             return unsafe { run_device(&[(self, op)]) };
         }

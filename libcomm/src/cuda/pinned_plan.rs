@@ -278,28 +278,27 @@ pub(super) fn stage(
                 op.bytes(),
                 gathered_slice_count(op.bytes(), nranks, slice_bytes),
             );
-            let on_gpu = op.kind == OpKind::ReduceScatter
-                && nranks <= MAX_RANKS
-                && op.redop.is_some_and(|r| (can.reduce)(op.dtype, r));
-            if on_gpu {
-                return cut
-                    .into_iter()
-                    .map(|(off, bytes)| reduce_scatter_on_gpu(op, rank, nranks, off, bytes))
-                    .collect();
-            }
-            if op.kind == OpKind::AllGather && nranks <= MAX_RANKS {
-                return cut
-                    .into_iter()
-                    .map(|(off, bytes)| all_gather_exchanged(op, rank, nranks, off, bytes))
-                    .collect();
-            }
-            if cut.len() > 1 {
-                return cut
-                    .into_iter()
-                    .map(|(off, bytes)| gathered_slice(op, rank, nranks, off, bytes))
-                    .collect();
-            }
-            return vec![in_place(op, rank, nranks)];
+            // Each slice (or the whole) as an exchange where the ranks
+            // are few enough (a reduce-scatter: where it reduces on the
+            // GPU), else in place on one pinned region.
+            type Slice = fn(&Op, usize, usize, usize, usize) -> Staged;
+            let exchange: Option<Slice> = match op.kind {
+                _ if nranks > MAX_RANKS => None,
+                OpKind::AllGather => Some(all_gather_exchanged),
+                _ if op.redop.is_some_and(|r| (can.reduce)(op.dtype, r)) => {
+                    Some(reduce_scatter_on_gpu)
+                }
+                _ => None,
+            };
+            let each: Slice = match (exchange, cut.len()) {
+                (Some(f), _) => f,
+                (None, 1) => return vec![in_place(op, rank, nranks)],
+                (None, _) => gathered_slice,
+            };
+            return cut
+                .into_iter()
+                .map(|(off, bytes)| each(op, rank, nranks, off, bytes))
+                .collect();
         }
         let k = slice_count(op.bytes(), slice_bytes);
         if op.kind == OpKind::AllReduce

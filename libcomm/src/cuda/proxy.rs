@@ -215,8 +215,9 @@ impl Phases {
             at: on.then(Instant::now),
             spent: Vec::new(),
         };
-        // From the public call's start (`log::mark_call`): the core's and
-        // the backend's part before this enqueue.
+        // From the device call's start in the core (`log::mark_call` in
+        // `run_device`): the core's and the backend's part before this
+        // enqueue.
         if let (Some(now), Some(began)) = (p.at, crate::log::call_began()) {
             p.spent
                 .push(("before", now.saturating_duration_since(began)));
@@ -606,7 +607,7 @@ pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usiz
     log(
         false,
         &format!(
-            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy, except a reduce-scatter and an all-reduce from 2 MiB unless WEFT_CROSSHOST_REDUCE=host: the other ranks' parts sent and theirs received, reduced with this rank's own on the GPU, an all-reduce's reduced parts then gathered; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy, except on up to 8 ranks an all-gather (this rank's block sent to every other rank, theirs received and copied out) and a reduce-scatter and an all-reduce from 2 MiB unless WEFT_CROSSHOST_REDUCE=host: the other ranks' parts sent and theirs received, reduced with this rank's own on the GPU, an all-reduce's reduced parts then gathered; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
             describe(),
             op.name()
         ),
@@ -692,11 +693,6 @@ mod tests {
         }
     }
 
-    /// A job whose rank cannot launch the reducing kernel: after its
-    /// operations the progress thread combines its own part with each
-    /// received one in the pinned buffer, an average divided once by the
-    /// ranks (own + received), as the kernel does; a failed job's is not
-    /// run (its stream is released, its result is not one).
     /// The enqueue's timing: nothing recorded unless tracing, each mark
     /// the time since the one before, in order.
     #[test]
@@ -720,6 +716,11 @@ mod tests {
         assert!(on.spent[1].1 < on.spent[0].1);
     }
 
+    /// A job whose rank cannot launch the reducing kernel: after its
+    /// operations the progress thread combines its own part with each
+    /// received one in the pinned buffer, an average divided once by the
+    /// ranks (own + received), as the kernel does; a failed job's is not
+    /// run (its stream is released, its result is not one).
     #[test]
     fn a_job_reduced_on_the_host_combines_after_its_operations_and_averages_once() {
         let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
