@@ -221,6 +221,18 @@ fn every_collective_across_two_simulated_hosts_matches_the_reference() {
         NRANKS,
         &["all_reduce", "all_gather", "reduce_scatter", "broadcast"],
     );
+    // The 16 MiB broadcast's rail parts (8 MiB, one rank a host each)
+    // pipelined: sends read the root's pieces as they landed, the others
+    // copied pieces out as they arrived (`WEFT_CROSSHOST_PIPELINE`).
+    let logs = ranks.logs.lock().unwrap();
+    for host in ["sim-a", "sim-b"] {
+        assert!(
+            logs.iter()
+                .any(|(who, l)| host_of(*who, NRANKS, &[]) == host
+                    && l.contains("a device job pipelined")),
+            "no rank on {host} ran a pipelined job"
+        );
+    }
 }
 
 /// Every one of `n` ranks logged that each of `colls` ran hierarchically.

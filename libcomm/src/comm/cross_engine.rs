@@ -58,6 +58,7 @@ use crate::net::Net;
 use crate::net::proxy::ProxyNet;
 use crate::net::tcp::{TcpConfig, TcpNet};
 use crate::observe::{self, Lever};
+use crate::op::backend::JobProgress;
 use crate::op::{Op, OpKind};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -298,7 +299,30 @@ impl Communicator {
         r
     }
 
+    /// As [`run_on_cross_engine`](Self::run_on_cross_engine) for a device
+    /// job's collective whose stream puts its input in place and copies its
+    /// output out chunk by chunk (`HostRunner::run_progressive`).
+    pub(crate) fn run_on_cross_engine_progressive(
+        &self,
+        op: &Op,
+        progress: Arc<dyn JobProgress>,
+    ) -> Result<()> {
+        let obs = observe::start(&self.s.who(), std::slice::from_ref(op), false, "crosshost");
+        let r = self.run_on_engine_with(op, true, Some(progress));
+        observe::finish(obs, &r);
+        r
+    }
+
     fn run_on_engine(&self, op: &Op, device: bool) -> Result<()> {
+        self.run_on_engine_with(op, device, None)
+    }
+
+    fn run_on_engine_with(
+        &self,
+        op: &Op,
+        device: bool,
+        progress: Option<Arc<dyn JobProgress>>,
+    ) -> Result<()> {
         let mut state = lock(&self.s.cross.state);
         let (State::On(x), Some(coll)) = (&mut *state, coll(op, device)) else {
             return Err(Error::Internal(
@@ -306,9 +330,15 @@ impl Communicator {
             ));
         };
         let redop = op.redop.unwrap_or(crate::data::types::ReduceOp::Sum);
+        let (send, recv, count, dtype) = (op.send, op.recv, op.count, op.dtype);
         // SAFETY: validated by the caller; every rank passes both buffers
         // of these collectives.
-        let r = unsafe { x.collective(coll, op.send, op.recv, op.count, op.dtype, redop) };
+        let r = match progress {
+            None => unsafe { x.collective(coll, send, recv, count, dtype, redop) },
+            Some(p) => unsafe {
+                x.collective_progressive(coll, send, recv, count, dtype, redop, p)
+            },
+        };
         if let Err(e) = &r {
             self.s.record_failure(e);
         }

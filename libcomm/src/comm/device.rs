@@ -11,7 +11,7 @@ use crate::comm::shared::CommShared;
 use crate::comm::shared::lock;
 use crate::error::{Error, Result};
 use crate::observe;
-use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item, spans_hosts};
+use crate::op::backend::{Backend, Comms, DeviceSlot, HostRunner, Item, JobProgress, spans_hosts};
 use crate::op::tuner::Decision;
 use crate::op::{Memory, Op, OpKind};
 use std::mem::ManuallyDrop;
@@ -316,6 +316,30 @@ impl HostRunner for SharedRunner {
                 // SAFETY: the caller's (HostRunner::run's contract).
                 _ => unsafe { run_host(ops.iter().map(|op| (&*comm, *op)).collect()) },
             });
+        // SAFETY: read once, and `comm` is never dropped or used again.
+        drop(unsafe { std::ptr::read(&comm.s) });
+        r
+    }
+
+    unsafe fn run_progressive(&self, ops: &[Op], progress: Arc<dyn JobProgress>) -> Result<()> {
+        let Some(s) = self.0.upgrade() else {
+            return Err(Error::Internal(
+                "the communicator was destroyed with device work in flight".into(),
+            ));
+        };
+        // As in `run`: a second handle that must not destroy the record.
+        let comm = ManuallyDrop::new(Communicator { s });
+        let r = match ops {
+            // A collective on the cross-host engine reads its input and
+            // lands its output chunk by chunk.
+            [op] if comm.validate(op).is_ok() && comm.cross_engine_ready_for(op) => {
+                comm.run_on_cross_engine_progressive(op, progress)
+            }
+            // Anything else runs on the whole input, as `run` does.
+            _ if !progress.wait_input() => Ok(()),
+            // SAFETY: the caller's (HostRunner::run_progressive's contract).
+            _ => unsafe { self.run(ops) },
+        };
         // SAFETY: read once, and `comm` is never dropped or used again.
         drop(unsafe { std::ptr::read(&comm.s) });
         r

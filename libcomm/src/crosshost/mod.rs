@@ -9,10 +9,13 @@ pub mod flags;
 pub mod layout;
 pub mod links;
 pub mod local;
+#[cfg(test)]
+mod pipe_tests;
 pub mod plan;
 pub mod program;
 pub mod runner;
 pub mod schedule;
+pub mod stream_words;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]

@@ -9,30 +9,35 @@
 //! done word).
 
 use super::engine::{Engine, EngineConfig, NOTICE_GRACE};
-use super::flags::FlagWords;
 use super::layout::Layout;
 use super::links::Links;
 use super::local::{LocalMover, Mem, run_local};
 use super::plan::{Buf, Coll, Phase, RankPlan, Region, Scaling, Shape, plan, plan_p2p};
 use super::program::{Call, CallBuf};
 use super::schedule::{Cut, schedule};
+use super::stream_words::{DONE, LANDED, READY, StreamWords};
 use super::tuner::{self, Choice};
 use crate::data::types::{DataType, Element, ReduceOp};
 use crate::error::{Error, Result};
+use crate::op::backend::JobProgress;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// The word the engine raises when a call is done.
-const DONE: usize = 0;
 
 /// One rank's cross-host collectives over host memory.
 pub struct CrossHost {
     me: usize,
     layout: Layout,
     engine: Engine,
+    /// The engine's words (its `done`, a pipelined job's `ready` and
+    /// `landed`).
+    words: Arc<StreamWords>,
     local: Box<dyn LocalMover>,
     /// Calls submitted so far (the done word's target).
     calls: u64,
+    /// Input chunks and landings of the pipelined calls so far (the
+    /// `ready` and `landed` words' values before the next one).
+    readies: u64,
+    landings: u64,
     /// Forces a shape (tests, measurements); None: the tuner decides.
     pub shape: Option<Shape>,
     /// Forces a chunk size in bytes (tests, measurements).
@@ -81,6 +86,23 @@ impl Bufs {
     }
 }
 
+/// A pipelined device job's collective: its stream's progress and where
+/// its input and output are (address, bytes).
+struct Pipe {
+    progress: Arc<dyn JobProgress>,
+    input: (usize, usize),
+    output: (usize, usize),
+}
+
+/// Ends the words' job when the call is over, however it ends.
+struct EndJob<'a>(&'a StreamWords);
+
+impl Drop for EndJob<'_> {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
 impl CrossHost {
     /// Starts the engine over `links` for rank `links.me` of `layout`.
     /// `timeout`: fail a network phase that makes no progress this long.
@@ -95,9 +117,10 @@ impl CrossHost {
         let names = (0..layout.n())
             .map(|r| format!("rank {r} (host {})", layout.host(r)))
             .collect();
+        let words = Arc::new(StreamWords::default());
         let engine = Engine::start(
             links,
-            Arc::new(FlagWords::new(1)),
+            words.clone(),
             EngineConfig {
                 label: label.to_string(),
                 rank: me,
@@ -109,8 +132,11 @@ impl CrossHost {
             me,
             layout,
             engine,
+            words,
             local,
             calls: 0,
+            readies: 0,
+            landings: 0,
             shape: None,
             chunk: None,
             all_to_all: true,
@@ -164,6 +190,46 @@ impl CrossHost {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        unsafe { self.collective_with(coll, send, recv, count, dtype, op, None) }
+    }
+
+    /// As [`collective`](Self::collective), for a device job whose stream
+    /// is still putting `send` in place and copies `recv` out as it becomes
+    /// final (`progress`): when the plan is one network phase (a rank
+    /// alone on its host), its steps read each input chunk once it is in
+    /// place and tell `progress` how far the output is final as chunks
+    /// land; otherwise (local phases would read the input on this thread)
+    /// it waits for the whole input first. When that wait is given up (the
+    /// job is released: an abort) nothing runs and it returns `Ok`.
+    ///
+    /// # Safety
+    /// As [`collective`](Self::collective); bytes of `send` may be read
+    /// as soon as `progress` says they are in place.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn collective_progressive(
+        &mut self,
+        coll: Coll,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        progress: Arc<dyn JobProgress>,
+    ) -> Result<()> {
+        unsafe { self.collective_with(coll, send, recv, count, dtype, op, Some(progress)) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn collective_with(
+        &mut self,
+        coll: Coll,
+        send: *const u8,
+        recv: *mut u8,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        progress: Option<Arc<dyn JobProgress>>,
+    ) -> Result<()> {
         let n = self.layout.n();
         if coll == Coll::AllToAll && !self.all_to_all {
             return Err(Error::InvalidUsage(
@@ -184,12 +250,17 @@ impl CrossHost {
             avg: op == ReduceOp::Avg,
         };
         let p = plan(coll, count, sc, &self.layout, self.me, c.shape, in_place);
+        let piped = progress.map(|pr| Pipe {
+            progress: pr,
+            input: (send as usize, ns * es),
+            output: (recv as usize, nr * es),
+        });
         let list = vec![
             (Buf::Send(0), send as usize, ns * es),
             (Buf::Recv(0), recv as usize, nr * es),
         ];
         let tag = (u32::from(coll.id()) << 8) | 0x5700_0000;
-        unsafe { self.execute(&p, list, dtype, op, c, tag) }
+        unsafe { self.execute(&p, list, dtype, op, c, tag, piped) }
     }
 
     /// Runs a group of sends (`sends[i]`: peer, buffer, count) and receives.
@@ -235,9 +306,10 @@ impl CrossHost {
             chunk: self.chunk.unwrap_or(tuner::P2P_CHUNK),
             window: tuner::WINDOW,
         };
-        unsafe { self.execute(&p, list, dtype, ReduceOp::Sum, c, 0x5750_0000) }
+        unsafe { self.execute(&p, list, dtype, ReduceOp::Sum, c, 0x5750_0000, None) }
     }
 
+    #[allow(clippy::too_many_arguments)]
     unsafe fn execute(
         &mut self,
         p: &RankPlan,
@@ -246,6 +318,7 @@ impl CrossHost {
         op: ReduceOp,
         c: Choice,
         tag: u32,
+        piped: Option<Pipe>,
     ) -> Result<()> {
         if let Some(e) = self.engine.error() {
             return Err(e);
@@ -270,6 +343,20 @@ impl CrossHost {
             ));
         }
         let bufs = Bufs { list, esize: es };
+        // A pipelined job's input is read chunk by chunk by its one network
+        // phase; any other phase that moves data (a local step, a copy
+        // that is not in place) would read it on this thread: the whole
+        // input first then, and the output final at the end.
+        let piped = match piped {
+            Some(pp) if !pipelines(p, &bufs) => match pp.progress.wait_input() {
+                true => None,
+                false => {
+                    self.scratch = scratch;
+                    return Ok(());
+                }
+            },
+            pp => pp,
+        };
         let at = |r: &Region| bufs.at(r);
         let mem = Mem {
             at: &at,
@@ -286,15 +373,38 @@ impl CrossHost {
                             self.engine.wait(DONE, t)?;
                         }
                         let locate = |r: &Region| (bufs.index(r.buf), r.off * es);
+                        let on = piped.is_some();
                         let cut = Cut {
                             me: self.me,
                             chunk: (c.chunk / es).max(1),
                             esize: es,
                             locate: &locate,
-                            ready: None,
-                            landed: None,
+                            ready: on.then_some((READY, self.readies)),
+                            landed: on.then_some((LANDED, self.landings)),
                         };
                         let s = schedule(coll, &cut);
+                        // The words stand for the job while its call runs
+                        // (it is the plan's only phase, waited for below).
+                        let _job = piped.as_ref().map(|pp| {
+                            let at: Vec<usize> = bufs.list.iter().map(|b| b.1).collect();
+                            self.words.begin(
+                                pp.progress.clone(),
+                                &s.steps,
+                                &at,
+                                (self.readies, pp.input),
+                                (self.landings, pp.output),
+                            );
+                            let chunks = s
+                                .steps
+                                .iter()
+                                .filter_map(|st| st.ready.map(|r| r.1))
+                                .max()
+                                .map_or(0, |v| v - self.readies);
+                            self.readies += chunks;
+                            self.landings += s.landed;
+                            said_pipelined(self.me, chunks, s.landed);
+                            EndJob(&self.words)
+                        });
                         self.calls += 1;
                         self.engine.submit(Call {
                             steps: s.steps,
@@ -304,7 +414,7 @@ impl CrossHost {
                             window: c.window,
                             done: Some((DONE, self.calls)),
                         })?;
-                        if *wait {
+                        if *wait || on {
                             self.engine.wait(DONE, self.calls)?;
                         } else {
                             pending = Some(self.calls);
@@ -477,6 +587,32 @@ impl CrossHost {
             )
         }
     }
+}
+
+/// Says once per process that a device job's call ran chunk by chunk.
+fn said_pipelined(me: usize, chunks: u64, landings: u64) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        crate::log::info_log!(
+            "cross-host engine rank {me}: a device job pipelined: its sends read {chunks} input chunk(s) as its stream puts them in place, {landings} chunk(s) landed tell its stream how far the output is final"
+        );
+    }
+}
+
+/// Whether plan `p` can run pipelined: one network phase, and no other
+/// phase that moves bytes (copies in place are none).
+fn pipelines(p: &RankPlan, bufs: &Bufs) -> bool {
+    let nets = p
+        .phases
+        .iter()
+        .filter(|ph| matches!(ph, Phase::Net { .. }))
+        .count();
+    nets == 1
+        && p.phases.iter().all(|ph| match ph {
+            Phase::Net { .. } => true,
+            Phase::Copy { src, dst } => bufs.at(src) == bufs.at(dst),
+            _ => false,
+        })
 }
 
 fn check_len(got: usize, want: usize, what: &str) -> Result<()> {

@@ -143,6 +143,7 @@ unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<
             }
         };
         let copier = Copier::choose(&weft_contract::params::WEFT_CROSSHOST_COPY.value(), d);
+        let pipeline = weft_contract::params::WEFT_CROSSHOST_PIPELINE.value() != "0";
         // The threads started here (the progress thread; the engine and
         // its socket helpers, which the host runner builds unless a host
         // collective built them before) go on the CPUs near the GPU; this
@@ -159,6 +160,7 @@ unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<
                 d,
                 slice_bytes,
                 copier,
+                pipeline,
                 comms.host_runner(c),
                 comms.describe(c),
             )

@@ -22,7 +22,7 @@
 //! >= 0`), so sequence numbers may wrap.
 
 use super::driver::use_device;
-use super::error::{CudaResult, check};
+use super::error::{CudaError, CudaResult, check};
 use super::logger::warn;
 use cudarc::driver::sys;
 use std::ffi::c_void;
@@ -52,6 +52,14 @@ const POOL_BYTES: usize = 2 << 30;
 /// How long a job waits for a buffer at the cap before it allocates anyway
 /// (a stream that never reaches its jobs must not hang the caller).
 const PRESSURE_BOUND: Duration = Duration::from_secs(10);
+/// Buffers large enough for a job that may be in use at once before the
+/// job waits for one of them to be released instead of pinning another:
+/// enough to keep a few jobs on the network and a few being copied while
+/// the caller runs ahead. Without it a caller that queues many small
+/// operations (nccl-tests queues 20 and more) pinned a new buffer for each
+/// inside its timed loop, 1.5-4 ms apiece on 2 x H200 (the calling thread
+/// blocked, and the process's sockets slowed while pages were pinned).
+const BUSY_FITTING: usize = 8;
 
 /// `a >= b` as CUDA's `CU_STREAM_WAIT_VALUE_GEQ` compares.
 pub(super) fn cyclic_geq(a: u32, b: u32) -> bool {
@@ -205,6 +213,30 @@ impl JobFlags {
         }
     }
 
+    /// Flags on plain memory of a whole header whose `ready` and
+    /// `released` are `slots` per-block words (tests).
+    #[cfg(test)]
+    pub(super) fn with_slots(header: *mut u32, slots: usize) -> JobFlags {
+        JobFlags {
+            header: header as usize,
+            ready_slots: slots,
+            released_slots: slots,
+        }
+    }
+
+    /// Writes `value` into the `ready` words of `blocks`, as those blocks
+    /// of the copy kernel do (tests).
+    #[cfg(test)]
+    pub(super) fn write_slots_for_test(
+        header: &mut [u32],
+        blocks: std::ops::Range<usize>,
+        value: u32,
+    ) {
+        for b in blocks {
+            header[READY_SLOTS / 4 + b] = value;
+        }
+    }
+
     /// `done` as the stream would read it (tests).
     #[cfg(test)]
     pub(super) fn done(&self) -> u32 {
@@ -234,6 +266,15 @@ pub(super) struct Lease {
     pub flags: JobFlags,
 }
 
+/// Whether a job that found no reusable buffer pins a new one (else it
+/// waits for a release): the pool holds fewer than two, or it stays under
+/// [`POOL_BYTES`] (`held_after`: with the new one) with fewer than
+/// [`BUSY_FITTING`] buffers that fit in use, or the job has waited past
+/// [`PRESSURE_BOUND`].
+fn pins_another(bufs: usize, held_after: usize, busy_fitting: usize, waited: Duration) -> bool {
+    bufs < 2 || (held_after <= POOL_BYTES && busy_fitting < BUSY_FITTING) || waited > PRESSURE_BOUND
+}
+
 pub(super) struct Pool {
     dev: i32,
     bufs: Vec<Pinned>,
@@ -252,20 +293,26 @@ impl Pool {
 
     /// A buffer of at least `bytes` for job `seq`: the smallest reusable one
     /// that fits, else a new one (a multiple of 1 MiB) while the pool holds
-    /// less than [`POOL_BYTES`] (and always a second one, so one job can be
-    /// staged while another runs). At the cap the caller waits for a
-    /// buffer to be released (back pressure, as NCCL's full work FIFO
-    /// blocks its caller): the streams and the progress thread release them
-    /// without this thread, and reusable buffers too small are freed first.
+    /// less than [`POOL_BYTES`] and fewer than [`BUSY_FITTING`] buffers
+    /// that fit are in use (and always a second one, so one job can be
+    /// staged while another runs). Otherwise the caller waits for a buffer
+    /// to be released (back pressure, as NCCL's full work FIFO blocks its
+    /// caller): the streams and the progress thread release them without
+    /// this thread, and reusable buffers too small are freed first.
     ///
     /// `slots`: how job `seq` signals `ready` and `released`: 0, single
     /// words the stream writes; else the copy kernel's per-block words,
     /// that many (at most [`SLOTS`]).
+    ///
+    /// `stop`: asked while waiting; true ends the wait with an error (the
+    /// communicator failed or was aborted: its streams may never release
+    /// a buffer, and the caller must hear of the failure, not wait).
     pub(super) fn take(
         &mut self,
         bytes: usize,
         seq: u32,
         (ready_slots, released_slots): (usize, usize),
+        stop: &dyn Fn() -> bool,
     ) -> CudaResult<Lease> {
         debug_assert!(ready_slots <= SLOTS && released_slots <= SLOTS);
         let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
@@ -282,17 +329,29 @@ impl Pool {
                 break i;
             }
             let held: usize = self.bufs.iter().map(|b| b.cap).sum();
-            if self.bufs.len() < 2 || held + cap <= POOL_BYTES || started.elapsed() > PRESSURE_BOUND
-            {
+            let busy_fitting = self
+                .bufs
+                .iter()
+                .filter(|b| b.cap >= bytes && !b.poisoned)
+                .count();
+            if pins_another(self.bufs.len(), held + cap, busy_fitting, started.elapsed()) {
                 self.bufs.push(Pinned::alloc(self.dev, cap)?);
                 break self.bufs.len() - 1;
             }
-            // Reusable but too small: give their memory back for a bigger one.
-            if let Some(j) = self.bufs.iter().position(|b| b.reusable()) {
+            // At the byte cap, reusable buffers too small give their memory
+            // back for a bigger one (at the count of busy ones, a release
+            // is what is waited for).
+            let over_bytes = held + cap > POOL_BYTES;
+            if let Some(j) = self.bufs.iter().position(|b| over_bytes && b.reusable()) {
                 let b = self.bufs.swap_remove(j);
                 use_device(self.dev)?;
                 unsafe { check(sys::cuMemFreeHost(b.host.cast()), "cuMemFreeHost")? };
                 continue;
+            }
+            if stop() {
+                return Err(CudaError::Unsupported(
+                    "the communicator failed or was aborted while this operation waited for a pinned buffer of the cross-host path".into(),
+                ));
             }
             std::thread::sleep(Duration::from_micros(20));
         };
@@ -387,6 +446,25 @@ mod tests {
         assert!(!f.released(7));
         header[released + 7] = 7;
         assert!(f.released(7), "8 blocks copy out");
+    }
+
+    #[test]
+    fn a_job_waits_for_a_release_once_enough_fitting_buffers_are_busy() {
+        let (mib, none) = (1 << 20, Duration::ZERO);
+        assert!(pins_another(1, 64 * mib, 1, none), "always a second buffer");
+        assert!(pins_another(5, 8 * mib, BUSY_FITTING - 1, none));
+        assert!(
+            !pins_another(9, 9 * mib, BUSY_FITTING, none),
+            "eight small jobs in flight"
+        );
+        assert!(
+            !pins_another(3, POOL_BYTES + mib, 1, none),
+            "at the byte cap"
+        );
+        assert!(
+            pins_another(9, 9 * mib, BUSY_FITTING, PRESSURE_BOUND * 2),
+            "a stream that never came"
+        );
     }
 
     #[test]

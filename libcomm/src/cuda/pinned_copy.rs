@@ -33,6 +33,7 @@ use super::error::{CudaResult, check};
 use super::kernels::{P2P_KERNEL, available_for, func_name, function};
 use super::launch::{MAX_THREADS, launch_kernel, launch_local_reduce};
 use super::pinned::{Lease, SLOTS};
+use super::pinned_pipe::Pipe;
 #[cfg(test)]
 use super::pinned_plan::Received;
 use super::pinned_plan::{ReduceOut, Staged};
@@ -85,6 +86,11 @@ impl Copier {
             true => Copier::KERNEL,
             false => Copier::ENGINES,
         }
+    }
+
+    /// Whether every job takes the copy kernel.
+    pub fn is_kernel(self) -> bool {
+        self.0 == Mover::Kernel
     }
 
     pub fn describe(self) -> String {
@@ -146,6 +152,52 @@ impl Copier {
             outs,
             out_blocks,
             at_once,
+        }
+    }
+
+    /// The copies of `s`, the only job of its call, in `pipe`'s pieces
+    /// (`pinned_pipe.rs`): each piece in marks `ready` with its number,
+    /// each piece out waits for its number in `done`; a job that copies
+    /// nothing out waits for `done` on the stream as a single job does.
+    /// The kernel's (`pinned_pipe::pipelines` asks for the kernel).
+    pub(super) fn pipelined(self, s: &Staged, buf: &Lease, pipe: &Pipe) -> Copies {
+        let how = Mover::Kernel;
+        let seq = pipe.seq();
+        let (_, done, _) = buf.words;
+        let mut ins: Vec<Piece> = s
+            .dtod
+            .iter()
+            .map(|&(dst, src, bytes)| Piece::copy(dst, src, bytes, false, how))
+            .collect();
+        match s.to_host.first() {
+            Some(c) => ins.extend(pipe.pieces.iter().map(|&(off, bytes, number)| Piece {
+                signal: Some(Signal::Slots(buf.slot_words.0, number)),
+                ..Piece::copy(buf.at(off, how), c.dev + off as u64, bytes, false, how)
+            })),
+            None => signal_after(&mut ins, 0, how, Signal::Slots(buf.slot_words.0, seq)),
+        }
+        let outs = match s.to_device.first() {
+            Some(c) => {
+                let mut outs: Vec<Piece> = pipe
+                    .pieces
+                    .iter()
+                    .map(|&(off, bytes, number)| Piece {
+                        wait: Some((done, number)),
+                        ..Piece::copy(c.dev + off as u64, buf.at(off, how), bytes, true, how)
+                    })
+                    .collect();
+                if let Some(last) = outs.last_mut() {
+                    last.signal = Some(Signal::Slots(buf.slot_words.1, seq));
+                }
+                outs
+            }
+            None => self.out_pieces(&[(s, buf, seq)]).0,
+        };
+        Copies {
+            ins,
+            outs,
+            out_blocks: SLOTS,
+            at_once: false,
         }
     }
 
@@ -620,6 +672,93 @@ mod tests {
         big.reduce_out.as_mut().unwrap().received.count = 64 << 20;
         let (pieces, _) = kernel.out_pieces(&[(&big, &la, 9)]);
         assert_eq!(pieces[1].reduce.unwrap().blocks, SLOTS);
+    }
+
+    /// A pipelined broadcast: the root copies its pieces in, each marking
+    /// `ready` with its own number, and waits for `done` on the stream
+    /// before its buffer is released; another rank marks its job ready at
+    /// once and copies each piece out after its number in `done`, the
+    /// last also marking the release.
+    #[test]
+    fn a_pipelined_job_marks_and_waits_piece_by_piece() {
+        use crate::cuda::pinned_plan::Copy;
+        let kernel = Copier::KERNEL;
+        let bytes = 1 << 20;
+        let whole = |dev| Copy { dev, off: 0, bytes };
+        let root = Staged {
+            bytes,
+            dtod: vec![(0x5000, 0x7000, bytes)],
+            to_host: vec![whole(0x7000)],
+            to_device: Vec::new(),
+            ..job(0)
+        };
+        let other = Staged {
+            bytes,
+            to_device: vec![whole(0x9000)],
+            ..job(0)
+        };
+        let l = lease(3);
+        let mut n = 20;
+        let pipe = Pipe::new(bytes, || {
+            n += 1;
+            n
+        });
+        assert_eq!(pipe.pieces.len(), 4);
+        let c = kernel.pipelined(&root, &l, &pipe);
+        assert!(!c.at_once && c.out_blocks == SLOTS);
+        assert_eq!(
+            (c.ins[0].dst, c.ins[0].signal),
+            (0x5000, None),
+            "its own copy first"
+        );
+        for (k, p) in c.ins[1..].iter().enumerate() {
+            let off = (k << 18) as u64;
+            assert_eq!(
+                (p.dst, p.src, p.bytes),
+                (l.dev_data + off, 0x7000 + off, 1 << 18)
+            );
+            assert_eq!(p.signal, Some(Signal::Slots(l.slot_words.0, 21 + k as u32)));
+        }
+        assert_eq!(
+            c.outs[0].wait,
+            Some((l.words.1, 24)),
+            "the stream waits for the job"
+        );
+        assert_eq!(
+            c.outs.last().unwrap().signal,
+            Some(Signal::Slots(l.slot_words.1, 24))
+        );
+        let c = kernel.pipelined(&other, &l, &pipe);
+        assert_eq!(c.ins.len(), 1);
+        assert_eq!(
+            (c.ins[0].bytes, c.ins[0].signal),
+            (0, Some(Signal::Slots(l.slot_words.0, 24)))
+        );
+        assert_eq!(c.outs.len(), 4);
+        for (k, p) in c.outs.iter().enumerate() {
+            let off = (k << 18) as u64;
+            assert_eq!(
+                (p.dst, p.src, p.bytes),
+                (0x9000 + off, l.dev_data + off, 1 << 18)
+            );
+            assert_eq!(p.wait, Some((l.words.1, 21 + k as u32)));
+            assert!(p.from_pinned && p.how == Mover::Kernel);
+        }
+        assert_eq!(c.outs[3].signal, Some(Signal::Slots(l.slot_words.1, 24)));
+        // As the kernel runs them: each piece waits for its own number.
+        let ops = copy_ops(&c.outs, SLOTS);
+        let waits: Vec<(u64, u64)> = ops.iter().map(|o| (o.wait, o.seq)).collect();
+        assert_eq!(
+            waits,
+            [
+                (l.words.1, 21),
+                (l.words.1, 22),
+                (l.words.1, 23),
+                (l.words.1, 24)
+            ]
+        );
+        assert_eq!(ops[3].base, l.slot_words.1);
+        assert!(ops[..3].iter().all(|o| o.base == 0));
     }
 
     #[test]

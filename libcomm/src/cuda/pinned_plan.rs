@@ -761,7 +761,7 @@ fn generic(ops: &[Op], regions: Vec<DevRegion>) -> Staged {
 
 #[cfg(test)]
 #[path = "pinned_plan_tests.rs"]
-mod tests;
+pub(super) mod tests;
 
 #[cfg(test)]
 #[path = "pinned_exchange_tests.rs"]

@@ -7,7 +7,7 @@ use crate::op::Memory;
 const MIB: usize = 1 << 20;
 
 /// Device addresses in these tests are at or above this.
-pub(super) const DEV: u64 = 1 << 40;
+pub(in crate::cuda) const DEV: u64 = 1 << 40;
 
 pub(super) fn on_device(p: u64) -> bool {
     p >= DEV
@@ -22,7 +22,7 @@ fn always(_: DataType, _: ReduceOp) -> bool {
 }
 
 /// Device memory at [`DEV`] and up; every reduction on the CPU.
-pub(super) const ON_CPU: DeviceCan = DeviceCan {
+pub(in crate::cuda) const ON_CPU: DeviceCan = DeviceCan {
     on_device: &on_device,
     reduce: &never,
 };
@@ -33,16 +33,16 @@ pub(super) const ON_GPU: DeviceCan = DeviceCan {
     reduce: &always,
 };
 
-pub(super) fn no_regions(_: &[Op]) -> Vec<DevRegion> {
+pub(in crate::cuda) fn no_regions(_: &[Op]) -> Vec<DevRegion> {
     panic!("the generic path was not expected")
 }
 
-pub(super) fn dev_op(mut op: Op) -> Op {
+pub(in crate::cuda) fn dev_op(mut op: Op) -> Op {
     op = op.on(Memory::Device(0), std::ptr::null_mut());
     op
 }
 
-pub(super) fn p(a: u64) -> *mut u8 {
+pub(in crate::cuda) fn p(a: u64) -> *mut u8 {
     a as *mut u8
 }
 

@@ -43,7 +43,9 @@ use super::error::{CudaError, CudaResult, check};
 use super::logger::{log, warn};
 use super::pinned::{JobFlags, Lease, Pool};
 use super::pinned_copy::{Copier, Copies};
+use super::pinned_pipe::{Pipe, StreamProgress, log_pipelined_once, pipelines};
 use super::pinned_plan::{DeviceCan, HostReduce, Staged, exchanges, reduced_on_host, stage};
+use super::proxy_trace::{Phases, trace_job};
 use super::staging::device_regions;
 use crate::data::reduce;
 use crate::data::types::ReduceOp;
@@ -71,6 +73,8 @@ struct Job {
     /// A reduction to run on the pinned buffer (at `.0`) after the
     /// operations (`pinned_plan::reduced_on_host`).
     host_reduce: Option<(usize, HostReduce)>,
+    /// A pipelined job's stream, piece by piece (`pinned_pipe.rs`).
+    progress: Option<Arc<StreamProgress>>,
 }
 
 // The operations' pointers are pinned buffers the pool keeps until the
@@ -134,18 +138,28 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    /// Waits until the stream made job `job` ready; false when the job
-    /// must be released without running (abort, an earlier failure).
+    /// Whether a job must be released without running (abort, an earlier
+    /// failure, a close).
+    fn stopping(&self) -> bool {
+        self.aborted() || self.failed() || self.closing.load(Ordering::Acquire)
+    }
+
+    /// Waits until the stream made job `job` ready (a pipelined job: its
+    /// first piece); false when the job must be released without running.
     fn wait_ready(&self, job: &Job) -> bool {
         // Spin and yield while a small job's copies take microseconds,
         // then sleep in short steps: the thread must not eat a core while
         // the stream is busy elsewhere (`sys/backoff.rs`).
         let mut wait = Backoff::new();
         loop {
-            if self.aborted() || self.failed() || self.closing.load(Ordering::Acquire) {
+            if self.stopping() {
                 return false;
             }
-            if job.flags.ready(job.seq) {
+            let ready = match &job.progress {
+                Some(p) => p.started(),
+                None => job.flags.ready(job.seq),
+            };
+            if ready {
                 return true;
             }
             wait.snooze();
@@ -175,14 +189,26 @@ impl Shared {
                         .0;
                 }
             };
+            let taken = Instant::now();
             if self.wait_ready(&job) {
+                let reached = Instant::now();
                 // SAFETY: the job's pointers are valid until `done` (above).
-                let ran = unsafe { self.runner.run(&job.ops) }.map(|()| {
+                let ran = match &job.progress {
+                    Some(p) => unsafe { self.runner.run_progressive(&job.ops, p.clone()) },
+                    None => unsafe { self.runner.run(&job.ops) },
+                };
+                let ran = ran.map(|()| {
                     if let Some((base, r)) = &job.host_reduce {
                         // SAFETY: the buffer holds the job's staged regions.
                         unsafe { reduce_in_pinned(*base, r) };
                     }
                 });
+                trace_job(
+                    &self.describe,
+                    (job.seq, job.progress.as_deref()),
+                    taken,
+                    reached,
+                );
                 if let Err(e) = ran {
                     warn(&format!(
                         "{}: a device operation across hosts failed: {e}",
@@ -199,63 +225,6 @@ impl Shared {
     }
 }
 
-/// With `WEFT_DEBUG=TRACE`, where the calling thread's time inside one
-/// enqueue goes (the bound on it: a 256 MiB all-reduce returns within
-/// 100 us): one line per call, microseconds per phase. Otherwise nothing
-/// is timed (one load of the level).
-struct Phases {
-    at: Option<Instant>,
-    spent: Vec<(&'static str, Duration)>,
-}
-
-impl Phases {
-    fn start() -> Phases {
-        let on = crate::log::level() >= crate::log::Level::Trace;
-        let mut p = Phases {
-            at: on.then(Instant::now),
-            spent: Vec::new(),
-        };
-        // From the device call's start in the core (`log::mark_call` in
-        // `run_device`): the core's and the backend's part before this
-        // enqueue.
-        if let (Some(now), Some(began)) = (p.at, crate::log::call_began()) {
-            p.spent
-                .push(("before", now.saturating_duration_since(began)));
-        }
-        p
-    }
-
-    /// The phase `name` ended now.
-    fn mark(&mut self, name: &'static str) {
-        if let Some(at) = self.at {
-            let now = Instant::now();
-            self.spent.push((name, now - at));
-            self.at = Some(now);
-        }
-    }
-
-    fn log(&self, what: impl FnOnce() -> String) {
-        if self.at.is_none() {
-            return;
-        }
-        let total: Duration = self.spent.iter().map(|p| p.1).sum();
-        let parts: Vec<String> = self
-            .spent
-            .iter()
-            .map(|(n, d)| format!("{n} {:.1}", d.as_secs_f64() * 1e6))
-            .collect();
-        log(
-            false,
-            &format!(
-                "{}: {:.1} us ({})",
-                what(),
-                total.as_secs_f64() * 1e6,
-                parts.join(", ")
-            ),
-        );
-    }
-}
-
 /// A communicator's device side when it spans hosts (see the module docs).
 pub struct ProxySide {
     rank: usize,
@@ -268,6 +237,9 @@ pub struct ProxySide {
     slice_bytes: usize,
     /// What moves the bytes between device and pinned memory.
     copier: Copier,
+    /// Whether a single job overlaps its copies with its network part
+    /// where it can (`WEFT_CROSSHOST_PIPELINE`, `pinned_pipe.rs`).
+    pipeline: bool,
     seq: u32,
     pool: Pool,
     shared: Arc<Shared>,
@@ -278,7 +250,8 @@ impl ProxySide {
     /// Starts the progress thread of this rank's side on `dev`; the
     /// communicator spans `hosts` hosts; collectives of `slice_bytes` and
     /// more are cut in slices (0: never); `copier` moves the bytes between
-    /// device and pinned memory.
+    /// device and pinned memory; `pipeline`: a single job may overlap its
+    /// copies with its network part.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         rank: usize,
@@ -287,6 +260,7 @@ impl ProxySide {
         dev: i32,
         slice_bytes: usize,
         copier: Copier,
+        pipeline: bool,
         runner: Arc<dyn HostRunner>,
         describe: String,
     ) -> CudaResult<ProxySide> {
@@ -314,6 +288,7 @@ impl ProxySide {
             dev,
             slice_bytes,
             copier,
+            pipeline,
             seq: 0,
             pool: Pool::new(dev),
             shared,
@@ -398,11 +373,43 @@ impl ProxySide {
         // copies go job by job (each job's copies as a call of one job's).
         let one_by_one = staged.iter().any(|s| s.after_previous);
         let per_call = if one_by_one { 1 } else { staged.len() };
+        // A single job may overlap its copies with its network part: one
+        // sequence number per piece, the last the job's.
+        let mut pipe = match staged.as_slice() {
+            [s] if self.pipeline
+                && self.copier.is_kernel()
+                && host_reduces[0].is_none()
+                && pipelines(s) =>
+            {
+                Some(Pipe::new(s.bytes, || self.next_seq()))
+            }
+            _ => None,
+        };
+        if let Some(p) = &pipe {
+            log_pipelined_once(&self.shared.describe, staged[0].bytes, p.pieces.len());
+        }
         for (s, host_reduce) in staged.iter().zip(host_reduces) {
-            let seq = self.next_seq();
+            let seq = match &pipe {
+                Some(p) => p.seq(),
+                None => self.next_seq(),
+            };
             let slots = self.copier.slots_for(s, per_call);
-            match self.pool.take(s.bytes, seq, slots) {
-                Ok(buf) => jobs.push((job_on(s, seq, &buf, host_reduce), buf, s)),
+            let shared = &self.shared;
+            match self.pool.take(s.bytes, seq, slots, &|| shared.stopping()) {
+                Ok(buf) => {
+                    let mut job = job_on(s, seq, &buf, host_reduce);
+                    if let Some(p) = &pipe {
+                        let shared = Arc::downgrade(&self.shared);
+                        job.progress = Some(Arc::new(StreamProgress::new(
+                            buf.flags,
+                            p.clone(),
+                            s.bytes,
+                            !s.to_host.is_empty(),
+                            Box::new(move || shared.upgrade().is_none_or(|sh| sh.stopping())),
+                        )));
+                    }
+                    jobs.push((job, buf, s))
+                }
                 Err(e) => {
                     for &(_, b, _) in &jobs {
                         self.pool.poison(&b);
@@ -419,9 +426,10 @@ impl ProxySide {
         // Every job's copies in first (with a sliced call's copies out,
         // where they fit one launch of the copy kernel), then every job's
         // waits and copies out; or job by job.
-        let plans: Vec<Copies> = match one_by_one {
-            true => ins.chunks(1).map(|j| self.copier.copies(j)).collect(),
-            false => vec![self.copier.copies(&ins)],
+        let plans: Vec<Copies> = match (pipe.take(), one_by_one) {
+            (Some(p), _) => vec![self.copier.pipelined(jobs[0].2, &jobs[0].1, &p)],
+            (None, true) => ins.chunks(1).map(|j| self.copier.copies(j)).collect(),
+            (None, false) => vec![self.copier.copies(&ins)],
         };
         let loaded = plans.iter().try_for_each(|c| c.load_kernels(self.dev));
         phases.mark("plan");
@@ -507,6 +515,7 @@ fn job_on(s: &Staged, seq: u32, buf: &Lease, host_reduce: Option<HostReduce>) ->
         flags: buf.flags,
         ops: s.host_ops(buf.data as u64),
         host_reduce: host_reduce.map(|r| (buf.data as usize, r)),
+        progress: None,
     }
 }
 
@@ -607,7 +616,7 @@ pub(super) fn log_choice(describe: impl FnOnce() -> String, op: &Op, hosts: usiz
     log(
         false,
         &format!(
-            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy, except on up to 8 ranks an all-gather (this rank's block sent to every other rank, theirs received and copied out) and a reduce-scatter and an all-reduce from 2 MiB unless WEFT_CROSSHOST_REDUCE=host: the other ranks' parts sent and theirs received, reduced with this rank's own on the GPU, an all-reduce's reduced parts then gathered; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
+            "{}: {} on device memory across {hosts} hosts: stream-ordered through pinned host memory (a single all-reduce, broadcast, reduce, all-gather or reduce-scatter in place on one pinned copy, except on up to 8 ranks an all-gather (this rank's block sent to every other rank, theirs received and copied out) and a reduce-scatter and an all-reduce from 2 MiB unless WEFT_CROSSHOST_REDUCE=host: the other ranks' parts sent and theirs received, reduced with this rank's own on the GPU, an all-reduce's reduced parts then gathered; an all-to-all as sends and receives to the other ranks, its own block copied on the GPU; all-reduce, broadcast, reduce, all-gather, reduce-scatter and sends and receives from twice WEFT_CROSSHOST_SLICE_BYTES cut into slices whose copies overlap the network; a single broadcast from 4 MiB copied in and out in pieces that overlap its own network part unless WEFT_CROSSHOST_PIPELINE=0); the progress thread runs the host algorithm (shared memory within a host, the cross-host engine or TCP between hosts; sends and receives of WEFT_CROSSHOST_MIN_BYTES each over the engine)",
             describe(),
             op.name()
         ),
@@ -622,8 +631,11 @@ mod tests {
     use crate::cuda::pinned_plan::Received;
     use crate::data::types::DataType;
     use crate::error::{Error, Result};
+    use crate::op::backend::JobProgress;
 
     /// Records each job's first count; fails the job whose count is `fail`.
+    /// A pipelined job's: the input in place when it started, then it
+    /// waits for the rest and makes the whole output final.
     struct Recorder {
         ran: Mutex<Vec<usize>>,
         fail: usize,
@@ -641,6 +653,13 @@ mod tests {
             }
             Ok(())
         }
+
+        unsafe fn run_progressive(&self, ops: &[Op], p: Arc<dyn JobProgress>) -> Result<()> {
+            locked(&self.ran).push(p.input_ready());
+            assert!(p.wait_input());
+            p.output_final(usize::MAX);
+            unsafe { self.run(ops) }
+        }
     }
 
     fn side(fail: usize) -> (ProxySide, Arc<Recorder>) {
@@ -648,8 +667,18 @@ mod tests {
             ran: Mutex::new(Vec::new()),
             fail,
         });
-        let px =
-            ProxySide::new(0, 2, 2, 0, 0, Copier::ENGINES, rec.clone(), "test".into()).unwrap();
+        let px = ProxySide::new(
+            0,
+            2,
+            2,
+            0,
+            0,
+            Copier::ENGINES,
+            true,
+            rec.clone(),
+            "test".into(),
+        )
+        .unwrap();
         (px, rec)
     }
 
@@ -680,6 +709,7 @@ mod tests {
             flags,
             ops: vec![op],
             host_reduce,
+            progress: None,
         });
         px.shared.changed.notify_all();
         (seq, flags)
@@ -691,29 +721,6 @@ mod tests {
             assert!(Instant::now() < until, "job {seq} was never released");
             std::thread::sleep(Duration::from_millis(1));
         }
-    }
-
-    /// The enqueue's timing: nothing recorded unless tracing, each mark
-    /// the time since the one before, in order.
-    #[test]
-    fn phases_time_each_mark_only_when_tracing() {
-        let mut off = Phases {
-            at: None,
-            spent: Vec::new(),
-        };
-        off.mark("stage");
-        assert!(off.spent.is_empty());
-        let mut on = Phases {
-            at: Some(Instant::now()),
-            spent: Vec::new(),
-        };
-        std::thread::sleep(Duration::from_millis(2));
-        on.mark("stage");
-        on.mark("queue");
-        let names: Vec<&str> = on.spent.iter().map(|p| p.0).collect();
-        assert_eq!(names, ["stage", "queue"]);
-        assert!(on.spent[0].1 >= Duration::from_millis(2));
-        assert!(on.spent[1].1 < on.spent[0].1);
     }
 
     /// A job whose rank cannot launch the reducing kernel: after its
@@ -848,5 +855,51 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2));
         wait_done(f, s);
         assert!(locked(&rec.ran).is_empty());
+    }
+
+    /// A pipelined job runs from its first piece on (not its whole
+    /// input), and its `done` ends at its own number.
+    #[test]
+    fn a_pipelined_job_starts_at_its_first_piece() {
+        let (mut px, rec) = side(0);
+        let mut header = vec![0u32; 128];
+        let flags = JobFlags::with_slots(header.as_mut_ptr(), 4);
+        let pipe = Pipe::new(1 << 20, || px.next_seq());
+        let (first, seq) = (pipe.pieces[0].2, pipe.seq());
+        let stop = Box::new(|| false);
+        let progress = Arc::new(StreamProgress::new(flags, pipe, 1 << 20, true, stop));
+        locked(&px.shared.queue).jobs.push_back(Job {
+            seq,
+            flags,
+            ops: vec![Op::broadcast(
+                std::ptr::null(),
+                std::ptr::null_mut(),
+                1 << 18,
+                DataType::F32,
+                0,
+            )],
+            host_reduce: None,
+            progress: Some(progress),
+        });
+        px.shared.changed.notify_all();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(
+            locked(&rec.ran).is_empty(),
+            "ran before the stream reached it"
+        );
+        JobFlags::write_slots_for_test(&mut header, 0..4, first);
+        let until = Instant::now() + Duration::from_secs(10);
+        while locked(&rec.ran).is_empty() {
+            assert!(Instant::now() < until, "never started");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            *locked(&rec.ran),
+            [256 << 10],
+            "started with the first piece only"
+        );
+        JobFlags::write_slots_for_test(&mut header, 0..4, seq);
+        wait_done(flags, seq);
+        assert_eq!(*locked(&rec.ran), [256 << 10, 1 << 18]);
     }
 }

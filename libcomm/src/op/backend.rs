@@ -155,6 +155,39 @@ pub trait HostRunner: Send + Sync {
     /// # Safety
     /// As [`Comms::run_host`].
     unsafe fn run(&self, ops: &[Op]) -> Result<()>;
+
+    /// As [`run`](Self::run) for one collective whose input the stream is
+    /// still putting in place and whose output the stream copies out as it
+    /// becomes final (the cross-host pipeline, `cuda/pinned_pipe.rs`): it
+    /// reads no input byte before `progress` says it is in place and tells
+    /// `progress` how much of the output is final as it goes. A runner that
+    /// cannot (this default) waits for the whole input first and leaves the
+    /// output to the job's end; when that wait is given up (the job is
+    /// released: an abort) nothing runs.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run).
+    unsafe fn run_progressive(&self, ops: &[Op], progress: Arc<dyn JobProgress>) -> Result<()> {
+        match progress.wait_input() {
+            true => unsafe { self.run(ops) },
+            false => Ok(()),
+        }
+    }
+}
+
+/// How far a device job's stream has gone, chunk by chunk, as the host
+/// part of a job across hosts sees it: the input is the collective's send
+/// buffer, the output its receive buffer (the job's pinned copies), both
+/// counted in bytes from their start, in order.
+pub trait JobProgress: Send + Sync {
+    /// Bytes of the input in place (only grows).
+    fn input_ready(&self) -> usize;
+    /// Waits until the whole input is in place; false when the job is
+    /// released instead (an abort, an earlier failure, a close).
+    fn wait_input(&self) -> bool;
+    /// The first `bytes` of the output are final: the stream may copy
+    /// them out (called with growing values).
+    fn output_final(&self, bytes: usize);
 }
 
 /// A communicator's device side.
