@@ -40,11 +40,11 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// A broadcast pipelines from this many bytes. Measured on 2 x H200 as 2
-/// hosts x 1 (nccl-tests, two builds, two runs each, against the same
-/// build with `WEFT_CROSSHOST_PIPELINE=0`): +24% busbw at 4 MiB, +12-27%
-/// at 8 MiB, even from 16 MiB, but -13% to -19% at 1-2 MiB (four pieces of
-/// 256 KiB: each block's fence after its 8 KiB of a piece costs about as
-/// much as the copy), and torch's 1-2 MiB broadcasts lower too.
+/// hosts x 1 (nccl-tests against the same build with
+/// `WEFT_CROSSHOST_PIPELINE=0`, several runs in three calls): +19-24% busbw
+/// at 4 MiB, +19-22% at 8 MiB, even from 16 MiB, but 9-14% lower at 1-2 MiB
+/// with pieces of 256 KiB; pieces of 1 MiB from 2 MiB did no better at 2 MiB
+/// (even with it off) and worse at 4-8 MiB. Why small ones lose is not known.
 pub(super) const MIN_BYTES: usize = 4 << 20;
 /// The smallest piece, and the most pieces a job has: each piece costs the
 /// kernel's blocks a fence and a word, and the copy out a wait.
