@@ -40,6 +40,10 @@ pub(super) const SLOTS: usize = 32;
 const READY_SLOTS: usize = 64;
 const RELEASED_SLOTS: usize = READY_SLOTS + 4 * SLOTS;
 const _: () = assert!(RELEASED_SLOTS + 4 * SLOTS <= HEADER);
+/// A job that copies nothing out: its buffer is released when the
+/// progress thread is done with it (its `done` word), and its stream
+/// never waits for the network (the `released_slots` of such a job).
+pub(super) const RELEASED_BY_DONE: usize = usize::MAX;
 /// Alignment of each staged region inside a buffer.
 pub(super) const ALIGN: usize = 256;
 /// The smallest buffer allocated, and the unit of sizes (small jobs share
@@ -73,8 +77,9 @@ pub(super) struct Pinned {
     cap: usize,
     /// The sequence number of the last job given it (0: never used).
     last: u32,
-    /// How that job signals its release (0 or a block count: see
-    /// [`JobFlags`]).
+    /// How that job signals its copies in and its release (0 or a block
+    /// count, or [`RELEASED_BY_DONE`]: see [`JobFlags`]).
+    last_ready_slots: usize,
     last_released_slots: usize,
     /// A job's enqueue failed half way: the stream may still use it, so it
     /// is never reused (freed at finalize with the rest).
@@ -112,6 +117,7 @@ impl Pinned {
             dev: dptr,
             cap,
             last: 0,
+            last_ready_slots: 0,
             last_released_slots: 0,
             poisoned: false,
         })
@@ -121,7 +127,10 @@ impl Pinned {
     /// reused.
     fn reusable(&self) -> bool {
         !self.poisoned
-            && (self.last == 0 || self.flags(0, self.last_released_slots).released(self.last))
+            && (self.last == 0
+                || self
+                    .flags(self.last_ready_slots, self.last_released_slots)
+                    .released(self.last))
     }
 
     /// Device address of the data (its mapping into the device).
@@ -192,8 +201,15 @@ impl JobFlags {
         self.reached(READY, READY_SLOTS, self.ready_slots, seq)
     }
 
-    /// The stream's copies out of the buffer for job `seq` are done.
+    /// The stream's copies out of the buffer for job `seq` are done (a
+    /// job that copies nothing out: the progress thread is done with it
+    /// and the stream's copies in are over; a job released without
+    /// running, by an abort or an earlier failure, has `done` before its
+    /// stream may have copied in).
     fn released(&self, seq: u32) -> bool {
+        if self.released_slots == RELEASED_BY_DONE {
+            return cyclic_geq(self.word(DONE).load(Ordering::Acquire), seq) && self.ready(seq);
+        }
         self.reached(RELEASED, RELEASED_SLOTS, self.released_slots, seq)
     }
 
@@ -314,7 +330,9 @@ impl Pool {
         (ready_slots, released_slots): (usize, usize),
         stop: &dyn Fn() -> bool,
     ) -> CudaResult<Lease> {
-        debug_assert!(ready_slots <= SLOTS && released_slots <= SLOTS);
+        debug_assert!(
+            ready_slots <= SLOTS && (released_slots <= SLOTS || released_slots == RELEASED_BY_DONE)
+        );
         let cap = bytes.max(MIN_BYTES).next_multiple_of(MIN_BYTES);
         let started = Instant::now();
         let i = loop {
@@ -357,6 +375,7 @@ impl Pool {
         };
         let b = &mut self.bufs[i];
         b.last = seq;
+        b.last_ready_slots = ready_slots;
         b.last_released_slots = released_slots;
         Ok(Lease {
             data: b.data(),
@@ -465,6 +484,28 @@ mod tests {
             pins_another(9, 9 * mib, BUSY_FITTING, PRESSURE_BOUND * 2),
             "a stream that never came"
         );
+    }
+
+    #[test]
+    fn a_job_that_copies_nothing_out_is_released_by_its_done() {
+        let mut header = vec![0u32; HEADER / 4];
+        let f = JobFlags {
+            header: header.as_mut_ptr() as usize,
+            ready_slots: SLOTS,
+            released_slots: RELEASED_BY_DONE,
+        };
+        assert!(!f.released(3));
+        header[RELEASED / 4] = 3;
+        assert!(!f.released(3), "the stream's word means nothing here");
+        f.set_done(3);
+        assert!(
+            !f.released(3),
+            "released without running: the stream may still copy in"
+        );
+        for b in 0..SLOTS {
+            header[READY_SLOTS / 4 + b] = 3;
+        }
+        assert!(f.released(3) && !f.released(4));
     }
 
     #[test]

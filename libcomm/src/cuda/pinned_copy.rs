@@ -32,7 +32,7 @@ use super::driver::compute_capability;
 use super::error::{CudaResult, check};
 use super::kernels::{P2P_KERNEL, available_for, func_name, function};
 use super::launch::{MAX_THREADS, launch_kernel, launch_local_reduce};
-use super::pinned::{Lease, SLOTS};
+use super::pinned::{Lease, RELEASED_BY_DONE, SLOTS};
 use super::pinned_pipe::Pipe;
 #[cfg(test)]
 use super::pinned_plan::Received;
@@ -119,12 +119,20 @@ impl Copier {
     /// `released` (`Pool::take`): the copy kernel's per-block words (its
     /// launches' blocks in and out), or single words (0): the engines',
     /// and a reducing copy out's (the stream writes it after the launch).
+    /// A job that copies nothing out is released by its `done`
+    /// ([`RELEASED_BY_DONE`]).
     pub(super) fn slots_for(self, s: &Staged, jobs: usize) -> (usize, usize) {
-        match self.mover() {
-            Mover::Kernel if s.reduce_out.is_some() => (SLOTS, 0),
-            Mover::Kernel => (SLOTS, out_blocks(jobs)),
-            Mover::Engine => (0, 0),
-        }
+        let ready = match self.mover() {
+            Mover::Kernel => SLOTS,
+            Mover::Engine => 0,
+        };
+        let released = match self.mover() {
+            _ if copies_nothing_out(s) => RELEASED_BY_DONE,
+            Mover::Kernel if s.reduce_out.is_some() => 0,
+            Mover::Kernel => out_blocks(jobs),
+            Mover::Engine => 0,
+        };
+        (ready, released)
     }
 
     /// The copies of `jobs` (each: what it stages, its buffer, its
@@ -158,7 +166,7 @@ impl Copier {
     /// The copies of `s`, the only job of its call, in `pipe`'s pieces
     /// (`pinned_pipe.rs`): each piece in marks `ready` with its number,
     /// each piece out waits for its number in `done`; a job that copies
-    /// nothing out waits for `done` on the stream as a single job does.
+    /// nothing out (the root) has no copies out and no wait.
     /// The kernel's (`pinned_pipe::pipelines` asks for the kernel).
     pub(super) fn pipelined(self, s: &Staged, buf: &Lease, pipe: &Pipe) -> Copies {
         let how = Mover::Kernel;
@@ -235,11 +243,15 @@ impl Copier {
     /// then its `released` signal; and the kernel's blocks. With several
     /// jobs the copy kernel waits for `done` itself ([`OUT_BLOCKS`] blocks);
     /// a single job and the engines' jobs wait on the stream
-    /// (`cuStreamWaitValue32`).
+    /// (`cuStreamWaitValue32`). A job that copies nothing out
+    /// ([`copies_nothing_out`]) has none of them: its stream goes on once
+    /// its copies in are done.
     fn out_pieces(self, jobs: &[(&Staged, &Lease, u32)]) -> (Vec<Piece>, usize) {
         let blocks = out_blocks(jobs.len());
         let mut pieces = Vec::new();
-        for &(s, buf, seq) in jobs {
+        // A job that copies nothing out adds nothing: its stream does not
+        // wait for its network part (its buffer is released by `done`).
+        for &(s, buf, seq) in jobs.iter().filter(|j| !copies_nothing_out(j.0)) {
             let how = self.mover();
             let (_, done, released) = buf.words;
             if let Some(r) = &s.reduce_out {
@@ -556,6 +568,14 @@ fn copy_ops(pieces: &[Piece], blocks: usize) -> Vec<P2pOp> {
         .collect()
 }
 
+/// Whether job `s` writes nothing back to device memory (a broadcast's
+/// root, a reduce's other ranks, sends alone): its stream has no reason
+/// to wait for the network, as NCCL's kernels end once their data is in
+/// the network's buffers.
+pub(super) fn copies_nothing_out(s: &Staged) -> bool {
+    s.to_device.is_empty() && s.reduce_out.is_none()
+}
+
 /// One launch of the point-to-point kernel of `blocks` blocks per
 /// [`MAX_P2P`] pieces.
 unsafe fn launch_copies(
@@ -719,14 +739,9 @@ mod tests {
             );
             assert_eq!(p.signal, Some(Signal::Slots(l.slot_words.0, 21 + k as u32)));
         }
-        assert_eq!(
-            c.outs[0].wait,
-            Some((l.words.1, 24)),
-            "the stream waits for the job"
-        );
-        assert_eq!(
-            c.outs.last().unwrap().signal,
-            Some(Signal::Slots(l.slot_words.1, 24))
+        assert!(
+            c.outs.is_empty(),
+            "the root's stream does not wait for the network"
         );
         let c = kernel.pipelined(&other, &l, &pipe);
         assert_eq!(c.ins.len(), 1);
@@ -759,6 +774,37 @@ mod tests {
         );
         assert_eq!(ops[3].base, l.slot_words.1);
         assert!(ops[..3].iter().all(|o| o.base == 0));
+    }
+
+    /// A job that writes nothing back (a broadcast's root, a reduce's
+    /// other ranks, sends alone) neither waits for `done` on its stream
+    /// nor signals `released`: its buffer is released by `done`, and in a
+    /// call of several jobs only the others wait.
+    #[test]
+    fn a_job_that_copies_nothing_out_lets_its_stream_go_on() {
+        let root = Staged {
+            to_host: job(1 << 20).to_device.clone(),
+            to_device: Vec::new(),
+            ..job(1 << 20)
+        };
+        let other = job(1 << 20);
+        let (la, lb) = (lease(1), lease(2));
+        for copier in [Copier::KERNEL, Copier::ENGINES] {
+            assert_eq!(copier.slots_for(&root, 1).1, RELEASED_BY_DONE);
+            assert_ne!(copier.slots_for(&other, 1).1, RELEASED_BY_DONE);
+            assert!(copier.out_pieces(&[(&root, &la, 5)]).0.is_empty());
+            let (outs, _) = copier.out_pieces(&[(&root, &la, 5), (&other, &lb, 6)]);
+            assert!(!outs.is_empty());
+            assert!(
+                outs.iter()
+                    .all(|p| p.wait.is_none_or(|w| w == (lb.words.1, 6)))
+            );
+            assert!(outs.iter().any(|p| p.wait == Some((lb.words.1, 6))));
+        }
+        // The copy kernel's one launch of a sliced call: the root's jobs'
+        // copies in only.
+        let c = Copier::KERNEL.copies(&[(&root, &la, 5), (&root, &lb, 6)]);
+        assert!(c.outs.is_empty());
     }
 
     #[test]
