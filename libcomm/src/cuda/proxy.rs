@@ -12,6 +12,12 @@
 //! 3. the written buffers are copied back and the buffer is marked
 //!    `released`.
 //!
+//! A job that writes nothing back (a broadcast's root, a reduce's other
+//! ranks, sends alone) has neither 2 nor 3: its stream goes on after its
+//! copies in, and its buffer is released by `done`. A single broadcast of
+//! 4 MiB and more does 1 and 3 in pieces that overlap its own network part
+//! (`pinned_pipe.rs`).
+//!
 //! The copies and marks are the copy kernel's (`pinned_copy.rs`: for a
 //! sliced call one launch for every slice's copies in and out, whose
 //! blocks write the words and wait for `done`; a single job's copies out
@@ -19,7 +25,8 @@
 //! operations (`WEFT_CROSSHOST_COPY=engine`, or no kernels in the library).
 //!
 //! The communicator's progress thread takes jobs in call order (the order
-//! every rank issues them in), waits for `ready`, runs the job's operations
+//! every rank issues them in), waits for `ready` (a pipelined job: its
+//! first piece), runs the job's operations
 //! on the pinned copies through the communicator's host path (shared memory
 //! within a host, TCP between hosts, the host algorithms and their tuner)
 //! and writes `done`. The calling thread never waits for the GPU or the
