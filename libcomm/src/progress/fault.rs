@@ -130,8 +130,15 @@ impl Fault {
         self.locals.iter().find_map(|(rank, m)| {
             let c = m.control();
             let pid = c.pid.load(Ordering::Relaxed);
-            let gone = c.state.load(Ordering::Acquire) != ST_DESTROYED
-                && !crate::sys::topology::pid_alive(pid);
+            // The process first, then its state: a peer that destroys its
+            // side and exits between the two reads must not look like one
+            // that died without destroying (read the other way round, the
+            // state was read before its destroy and the pid after its
+            // exit: a finished peer was reported as failed, seen once in
+            // CI). Its last store precedes its exit, so once the process is
+            // seen gone the state it left is the one read here.
+            let gone = !crate::sys::topology::pid_alive(pid)
+                && c.state.load(Ordering::Acquire) != ST_DESTROYED;
             gone.then_some((*rank, pid))
         })
     }
