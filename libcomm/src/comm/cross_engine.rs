@@ -235,10 +235,7 @@ impl Communicator {
     /// or [`cross_engine_ready_for`](Self::cross_engine_ready_for) said
     /// so), reported as one `crosshost` call.
     pub(crate) fn run_on_cross_engine(&self, op: &Op, device: bool) -> Result<()> {
-        let obs = observe::start(&self.s.who(), std::slice::from_ref(op), false, "crosshost");
-        let r = self.run_on_engine(op, device);
-        observe::finish(obs, &r);
-        r
+        self.run_observed_on_engine(op, device, None)
     }
 
     /// The sends and receives of a device job's host part (`ops`, all
@@ -307,17 +304,22 @@ impl Communicator {
         op: &Op,
         progress: Arc<dyn JobProgress>,
     ) -> Result<()> {
+        self.run_observed_on_engine(op, true, Some(progress))
+    }
+
+    fn run_observed_on_engine(
+        &self,
+        op: &Op,
+        device: bool,
+        progress: Option<Arc<dyn JobProgress>>,
+    ) -> Result<()> {
         let obs = observe::start(&self.s.who(), std::slice::from_ref(op), false, "crosshost");
-        let r = self.run_on_engine_with(op, true, Some(progress));
+        let r = self.run_on_engine(op, device, progress);
         observe::finish(obs, &r);
         r
     }
 
-    fn run_on_engine(&self, op: &Op, device: bool) -> Result<()> {
-        self.run_on_engine_with(op, device, None)
-    }
-
-    fn run_on_engine_with(
+    fn run_on_engine(
         &self,
         op: &Op,
         device: bool,

@@ -31,7 +31,7 @@
 
 use super::logger::log;
 use super::pinned::JobFlags;
-use super::pinned_plan::{Copy, Staged};
+use super::pinned_plan::{Copy, Staged, slice_count, slices};
 use crate::op::OpKind;
 use crate::op::backend::JobProgress;
 use crate::sys::backoff::Backoff;
@@ -46,12 +46,10 @@ use std::time::Instant;
 /// with pieces of 256 KiB; pieces of 1 MiB from 2 MiB did no better at 2 MiB
 /// (even with it off) and worse at 4-8 MiB. Why small ones lose is not known.
 pub(super) const MIN_BYTES: usize = 4 << 20;
-/// The smallest piece, and the most pieces a job has: each piece costs the
-/// kernel's blocks a fence and a word, and the copy out a wait.
+/// The smallest piece (a job has at most `pinned_plan::MAX_SLICES`, cut as slices
+/// are: `pinned_plan::slices`): each piece costs the kernel's blocks a
+/// fence and a word, and the copy out a wait.
 const PIECE_BYTES: usize = 256 << 10;
-const MAX_PIECES: usize = 8;
-/// Pieces start on this many bytes (page-aligned copies).
-const PIECE_ALIGN: usize = 4096;
 
 /// Whether `s`, the only job of its call, pipelines.
 pub(super) fn pipelines(s: &Staged) -> bool {
@@ -64,14 +62,10 @@ pub(super) fn pipelines(s: &Staged) -> bool {
         && whole(&s.to_device)
 }
 
-/// `(offset, bytes)` of the pieces of a job of `bytes`.
+/// `(offset, bytes)` of the pieces of a job of `bytes`: slices of at
+/// least [`PIECE_BYTES`] on page boundaries.
 pub(super) fn pieces(bytes: usize) -> Vec<(usize, usize)> {
-    let k = (bytes / PIECE_BYTES).clamp(1, MAX_PIECES);
-    let per = bytes.div_ceil(k).next_multiple_of(PIECE_ALIGN);
-    (0..bytes)
-        .step_by(per.max(1))
-        .map(|o| (o, per.min(bytes - o)))
-        .collect()
+    slices(bytes, slice_count(bytes, PIECE_BYTES))
 }
 
 /// A pipelined job's pieces and their sequence numbers (the last is the
@@ -108,6 +102,9 @@ pub(super) struct StreamProgress {
     total: usize,
     /// Whether the job puts input into the buffer (else it is all there).
     has_input: bool,
+    /// Input pieces already seen in place (the engine asks on every
+    /// pass: only the pieces after them are read again).
+    seen: AtomicUsize,
     /// Output pieces already released to the stream.
     released: AtomicUsize,
     /// When the input was first whole and each output piece was released
@@ -131,6 +128,7 @@ impl StreamProgress {
             pipe,
             total,
             has_input,
+            seen: AtomicUsize::new(0),
             released: AtomicUsize::new(0),
             input_whole: OnceLock::new(),
             released_at: Mutex::new(Vec::new()),
@@ -180,13 +178,13 @@ impl JobProgress for StreamProgress {
         if !self.has_input {
             return self.total;
         }
-        let ready = self
-            .pipe
-            .pieces
-            .iter()
-            .take_while(|p| self.flags.ready(p.2))
-            .last()
-            .map_or(0, |p| p.0 + p.1);
+        let pieces = &self.pipe.pieces;
+        let mut k = self.seen.load(Ordering::Acquire);
+        while k < pieces.len() && self.flags.ready(pieces[k].2) {
+            k += 1;
+        }
+        self.seen.fetch_max(k, Ordering::AcqRel);
+        let ready = k.checked_sub(1).map_or(0, |i| pieces[i].0 + pieces[i].1);
         if ready == self.total {
             self.input_whole.get_or_init(Instant::now);
         }
@@ -237,8 +235,8 @@ pub(super) fn log_pipelined_once(describe: &str, bytes: usize, pieces: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cuda::pinned_plan::stage;
     use crate::cuda::pinned_plan::tests::{DEV, ON_CPU, dev_op, no_regions, p};
+    use crate::cuda::pinned_plan::{MAX_SLICES, SLICE_ALIGN, stage};
     use crate::data::types::{DataType, ReduceOp};
     use crate::op::Op;
 
@@ -246,11 +244,11 @@ mod tests {
     fn pieces_cover_the_job_in_order_on_page_boundaries() {
         for bytes in [512 << 10, (1 << 20) + 36, 3 << 20, (64 << 20) - 4] {
             let p = pieces(bytes);
-            assert!((2..=MAX_PIECES).contains(&p.len()), "{bytes}: {p:?}");
+            assert!((2..=MAX_SLICES).contains(&p.len()), "{bytes}: {p:?}");
             assert_eq!(p[0].0, 0);
             assert!(
                 p.windows(2)
-                    .all(|w| w[0].0 + w[0].1 == w[1].0 && w[1].0 % PIECE_ALIGN == 0)
+                    .all(|w| w[0].0 + w[0].1 == w[1].0 && w[1].0 % SLICE_ALIGN == 0)
             );
             assert_eq!(p.last().map(|l| l.0 + l.1), Some(bytes));
         }

@@ -59,7 +59,7 @@ pub(super) const MAX_SLICES: usize = 8;
 
 /// Slice boundaries fall on this many bytes (a multiple of every element
 /// size, and page-aligned copies run at full speed).
-const SLICE_ALIGN: usize = 4096;
+pub(super) const SLICE_ALIGN: usize = 4096;
 
 /// A copy between device memory at `dev` and the job's pinned buffer at
 /// offset `off`.
@@ -170,7 +170,7 @@ pub(super) fn slice_count(bytes: usize, slice_bytes: usize) -> usize {
 
 /// `(byte offset, bytes)` of each slice of `bytes` cut into `k` parts on
 /// [`SLICE_ALIGN`] boundaries (fewer when the parts round up past the end).
-fn slices(bytes: usize, k: usize) -> Vec<(usize, usize)> {
+pub(super) fn slices(bytes: usize, k: usize) -> Vec<(usize, usize)> {
     let per = bytes
         .div_ceil(k)
         .next_multiple_of(SLICE_ALIGN)
