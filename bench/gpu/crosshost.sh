@@ -25,7 +25,8 @@
 #           and the engine through the proxy (=proxy), these two from XH_ENGINE_MIN
 #           (default 1048576); XH_ENGINE_COLLS: which collectives
 #   table   busbw side by side from $OUT/crosshost.txt
-# XH_ITERS: nccl-tests iterations (default "-n 5 -w 2"). XH_LABEL: the perf phase's column name (default ours). XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
+# XH_ITERS: nccl-tests iterations (default "-n 5 -w 2"). XH_EXTRA: more nccl-tests arguments
+# after the perf, engine, proxy and nccl phases' own (e.g. "-d all -o all": every type and op). XH_LABEL: the perf phase's column name (default ours). XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
 # local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1); XH_DEV=mod:
 # rank r on GPU r mod (GPUs), e.g. XH_NP=4 on 2 GPUs: 2 hosts x 2 GPUs (NVLink within a
 # host; the hosts share the two GPUs); else every rank on GPU 0. XH_NCCL_PERS: the nccl
@@ -94,7 +95,7 @@ perf)
   for per in ${XH_PERS:-2 1}; do for t in $COLLS; do
     log perf ${XH_LABEL:-ours} $t $((NP / per)) hosts x $per
     echo "### ${XH_LABEL:-ours} $t hosts=$((NP / per))x$per" >> $OUT/crosshost.txt
-    TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    TMO=300 xrun ours $per $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float ${XH_EXTRA:-} 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 engine)
   # As perf, 2 hosts x 2 ranks, with the host part on the cross-host engine
@@ -102,7 +103,7 @@ engine)
   for t in ${XH_ENGINE_COLLS:-all_reduce all_gather reduce_scatter alltoall}; do
     log perf ours-engine $t 2 hosts x $HALF
     echo "### engine $t hosts=2x$HALF" >> $OUT/crosshost.txt
-    WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float ${XH_EXTRA:-} 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done ;;
 proxy)
   # One sidecar per simulated host, as the operator puts one in every pod.
@@ -120,7 +121,7 @@ proxy)
       echo "### sidecar-$m $t hosts=2x$HALF" >> $OUT/crosshost.txt
       if [ $m = default ]; then unset WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET
       else export WEFT_CROSSHOST_MIN_BYTES=${XH_ENGINE_MIN:-1048576} WEFT_CROSSHOST_NET=$m; fi
-      TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+      TMO=300 xrun ours $HALF $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float ${XH_EXTRA:-} 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
     done
   done
   unset XH_SC WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_NET; kill ${scs[@]} 2>/dev/null; wait ${scs[@]} ;;
@@ -134,7 +135,7 @@ nccl)
   for per in $np; do for t in $COLLS; do
     log perf nccl $t $((NP / per)) hosts x $per, socket transport between hosts
     echo "### nccl $t hosts=$((NP / per))x$per" >> $OUT/crosshost.txt
-    TMO=300 xrun nccl $per $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
+    TMO=300 xrun nccl $per $TM/${t}_perf -g 1 $SIZES -c 1 $ITERS -d float ${XH_EXTRA:-} 2>&1 | tee -a $OUT/crosshost.txt | grep -E "^ +[0-9]+ |rc=" | awk '{print $1, $6, $8, $9}'
   done; done ;;
 table)
   # busbw (out of place) per size: one column per "### who coll hosts" run.

@@ -283,6 +283,10 @@ impl Comms for Lent<'_> {
 struct SharedRunner(Weak<CommShared>);
 
 impl HostRunner for SharedRunner {
+    fn times_out(&self) -> bool {
+        self.0.upgrade().is_none_or(|s| s.cfg.timeout.is_some())
+    }
+
     unsafe fn run(&self, ops: &[Op]) -> Result<()> {
         let Some(s) = self.0.upgrade() else {
             return Err(Error::Internal(

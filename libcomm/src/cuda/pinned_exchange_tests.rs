@@ -373,6 +373,116 @@ fn an_all_reduce_reduced_on_the_gpu_is_a_reduce_scatter_then_an_all_gather() {
     assert_eq!(part(10, 3, 2), (7, 3));
 }
 
+/// An all-reduce on two ranks ([`all_reduce_of_two`]) run here as the GPU
+/// and the progress thread would: in and out of place, odd counts from one
+/// element, random values: one job, each rank sends its whole buffer and
+/// copies in nothing else, nothing is
+/// copied back as such, the copy out reduces its own slice (device memory)
+/// with the other's; every output is the reference. A rank that cannot run
+/// the reducing kernel ([`reduced_on_host`]) sends the same messages and
+/// reduces on its CPU. From 2 MiB the pair of jobs of every rank count;
+/// where the ranks do not exchange, and a call cut in slices (one launch
+/// for all of them), the in-place staging.
+#[test]
+// Rank r of every job: indices read plainer here.
+#[allow(clippy::needless_range_loop)]
+fn an_all_reduce_on_two_ranks_is_one_exchange_of_the_whole_buffer_per_slice() {
+    const MEM: usize = 1 << 20;
+    let n = 2;
+    let mut seed = 0x5851_f42d_4c95_7f2du64;
+    for (count, slice_bytes, jobs_each) in [(1, 0, 1), (1023, 0, 1), (20 * 1024 + 5, 1 << 20, 1)] {
+        for in_place_op in [false, true] {
+            for on_cpu in [false, true] {
+                let mut mem: Vec<Vec<f32>> = (0..n)
+                    .map(|_| {
+                        let mut m = vec![f32::NAN; 2 * MEM / 4];
+                        m[..count].copy_from_slice(&random_values(&mut seed, count));
+                        m
+                    })
+                    .collect();
+                let input = mem.clone();
+                let recv = if in_place_op { DEV } else { DEV + MEM as u64 };
+                let op = dev_op(Op::all_reduce(
+                    p(DEV),
+                    p(recv),
+                    count,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                ));
+                let jobs: Vec<Vec<Staged>> = (0..n)
+                    .map(|r| stage(&[op], r, n, slice_bytes, &ON_GPU, &no_regions))
+                    .collect();
+                let what = format!("count {count} in place {in_place_op} on cpu {on_cpu}");
+                for r in 0..n {
+                    assert_eq!(jobs[r].len(), jobs_each, "{what}");
+                    let mut covered = 0;
+                    for s in &jobs[r] {
+                        assert!(s.per_op && !s.after_previous, "{what}");
+                        let red = s.reduce_out.as_ref().expect("the copy out reduces");
+                        assert_eq!(red.own, DEV + 4 * covered as u64, "{what}");
+                        assert_eq!(red.dst, recv + 4 * covered as u64, "{what}");
+                        assert_eq!(s.to_host.len(), 1, "its own slice, once: {what}");
+                        assert_eq!(s.to_host[0].dev, red.own, "{what}");
+                        assert!(s.to_device.is_empty(), "{what}");
+                        let sends = s.ops.iter().filter(|o| o.kind == OpKind::Send);
+                        let recvs = s.ops.iter().filter(|o| o.kind == OpKind::Recv);
+                        assert_eq!((sends.count(), recvs.count()), (1, 1), "{what}");
+                        covered += red.received.count;
+                    }
+                    assert_eq!(covered, count, "the slices cover the buffer: {what}");
+                }
+                for j in 0..jobs_each {
+                    let mut jobs_j = jobs.clone();
+                    let mut cpu = vec![None; n];
+                    if on_cpu {
+                        for r in 0..n {
+                            let (s, h) = reduced_on_host(jobs[r][j].clone());
+                            assert!(h.is_some(), "{what}");
+                            jobs_j[r][j] = s;
+                            cpu[r] = h;
+                        }
+                    }
+                    run_exchange_with(&mut mem, &jobs_j, j, &cpu);
+                }
+                let out = (recv - DEV) as usize / 4;
+                for r in 0..n {
+                    for i in 0..count {
+                        assert_eq!(
+                            mem[r][out + i],
+                            input[0][i] + input[1][i],
+                            "{what}: rank {r} at {i}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Where the ranks do not exchange (`exchanges`: the setting, fp8,
+    // PreMulSum), the in-place staging.
+    let op = dev_op(Op::all_reduce(
+        p(DEV),
+        p(DEV),
+        4096,
+        DataType::F32,
+        ReduceOp::Sum,
+    ));
+    let s = stage(&[op], 0, n, 0, &ON_CPU, &no_regions);
+    assert!(s.iter().all(|j| j.reduce_out.is_none() && !j.per_op));
+    let s = stage(&[op], 0, n, 4096, &ON_GPU, &no_regions);
+    assert_eq!(s.len(), 4, "cut in slices");
+    assert!(s.iter().all(|j| j.reduce_out.is_none() && !j.per_op));
+    let big = dev_op(Op::all_reduce(
+        p(DEV),
+        p(DEV),
+        1 << 19,
+        DataType::F32,
+        ReduceOp::Sum,
+    ));
+    let s = stage(&[big], 0, n, 64 << 20, &ON_GPU, &no_regions);
+    assert_eq!(s.len(), 2, "2 MiB: a reduce-scatter, then an all-gather");
+    assert!(s[1].after_previous);
+}
+
 /// An all-gather as an exchange ([`all_gather_exchanged`]), its jobs run
 /// here as the GPU and the progress thread would, on 3 ranks, whole and
 /// cut in slices, in and out of place, an odd block, random values: each

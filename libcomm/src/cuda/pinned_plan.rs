@@ -37,7 +37,8 @@
 //! - **Exchanges.** On at most `MAX_RANKS` ranks a reduce-scatter (reduced
 //!   on the GPU, [`reduce_scatter_on_gpu`]) and an all-gather
 //!   ([`all_gather_exchanged`]), whole or per slice, and an all-reduce from
-//!   2 MiB ([`all_reduce_on_gpu`]) are staged as a send and a receive of a
+//!   2 MiB ([`all_reduce_on_gpu`]; on two ranks below 2 MiB as one
+//!   exchange of the whole buffer, [`all_reduce_of_two`]) are staged as a send and a receive of a
 //!   part per other rank, each part in its own pinned region: only what
 //!   crosses to other ranks is copied, and parts of 256 KiB and more go
 //!   on the cross-host engine's striped connections.
@@ -301,12 +302,21 @@ pub(super) fn stage(
                 .collect();
         }
         let k = slice_count(op.bytes(), slice_bytes);
+        let reduces_on_gpu = op.redop.is_some_and(|r| (can.reduce)(op.dtype, r));
+        if op.kind == OpKind::AllReduce
+            && nranks == 2
+            && k == 1
+            && op.bytes() < ALL_REDUCE_ON_GPU_MIN_BYTES
+            && reduces_on_gpu
+        {
+            return vec![all_reduce_of_two(op, rank)];
+        }
         if op.kind == OpKind::AllReduce
             && k == 1
             && op.bytes() >= ALL_REDUCE_ON_GPU_MIN_BYTES
             && (2..=MAX_RANKS).contains(&nranks)
             && op.count >= nranks
-            && op.redop.is_some_and(|r| (can.reduce)(op.dtype, r))
+            && reduces_on_gpu
         {
             return all_reduce_on_gpu(op, rank, nranks);
         }
@@ -571,12 +581,37 @@ fn reduce_scatter_on_gpu(op: &Op, rank: usize, nranks: usize, off: usize, bytes:
 }
 
 /// All-reduces of at least this many bytes reduce on the GPU
-/// ([`all_reduce_on_gpu`]); smaller ones run the host algorithm on one
+/// ([`all_reduce_on_gpu`]); smaller ones on two ranks too, as one exchange
+/// ([`all_reduce_of_two`]); smaller ones on more ranks run the host algorithm on one
 /// pinned copy: one round trip between GPU and host, not two, where the
 /// round trip weighs more than the reduction. On 2 x H200 as 2 hosts x 1
 /// (two runs each, 100 calls) reduced on the GPU read 3.1-3.4 GB/s at
 /// 1 MiB against 3.8-3.9 on the host, and 5.3-5.6 against 3.8 at 2 MiB.
 const ALL_REDUCE_ON_GPU_MIN_BYTES: usize = 2 << 20;
+
+/// An all-reduce between two ranks as one exchange whose copy out reduces
+/// ([`exchange_reduced`]): each rank sends the other its whole buffer and
+/// reduces what arrives with its own, still in device memory, into the
+/// output. On two ranks this puts as many bytes
+/// on the network as the reduce-scatter and all-gather pair
+/// ([`all_reduce_on_gpu`]: half the buffer each way, twice) or the host
+/// ring on one pinned copy, in one round trip and one job instead of two,
+/// with no reduction on the progress thread's CPU (the host ring reduced
+/// half the buffer there between its two steps). On 2 x H200 as 2 hosts x 1
+/// the host ring's 1 MiB all-reduce read 0.96x NCCL's socket transport
+/// while a send/recv of the same size read 2.2x (docs/PERFORMANCE-GPU.md,
+/// "Across hosts"); as one exchange it read 1.3-1.5x the host ring at
+/// 1 MiB, 2x at 512 KiB. On three ranks and more it would send each rank's
+/// whole buffer to every other one: not used there. Only below
+/// [`ALL_REDUCE_ON_GPU_MIN_BYTES`]: from there the pair of jobs was as fast
+/// under nccl-tests and faster in a DDP step of a 404M-parameter
+/// transformer (25 MB buckets: 253-276 ms against 341-373 ms a step), its
+/// reducing copy out (the kernel reading the received bytes from pinned
+/// memory across PCIe) covering half the buffer, not all of it.
+fn all_reduce_of_two(op: &Op, rank: usize) -> Staged {
+    let (send, recv) = (op.send as u64, op.recv as u64);
+    exchange_reduced(op, rank, 2, |_| (send, op.bytes()), send, recv)
+}
 
 /// Part `p` of `count` elements cut into `n` parts, the first `count % n`
 /// one element longer: `(first element, elements)`.

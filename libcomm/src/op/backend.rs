@@ -173,6 +173,16 @@ pub trait HostRunner: Send + Sync {
             false => Ok(()),
         }
     }
+
+    /// Whether this communicator's host path fails a wait that made no
+    /// progress for a while (`WEFT_TIMEOUT_MS`). A device job that reads
+    /// nothing from its stream may start its network part before the
+    /// stream reaches it only where nothing times out: that clock would
+    /// also count the stream's backlog (a long kernel before the call), not
+    /// only the peers'. This default says it may time out.
+    fn times_out(&self) -> bool {
+        true
+    }
 }
 
 /// How far a device job's stream has gone, chunk by chunk, as the host
