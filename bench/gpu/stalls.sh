@@ -8,7 +8,8 @@
 # cell, and a summary per run: cells ok / STALL and the largest max (the
 # "floor" cells, a memset and a synchronize without the library, printed apart). weft-sidecar:
 # Weft's ranks under `weft run --sidecar` (attached to a sidecar, as in a pod: its
-# telemetry and health board on every call).
+# telemetry and health board on every call). weft-run: the same launcher without a sidecar
+# (what the launcher itself adds). MODES: which runs (default "weft weft-sidecar nccl").
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 D=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$D/../.." && pwd)
@@ -20,12 +21,13 @@ BIN=/tmp/stalls_cuda
 nvcc -O2 -I $REPO/libcomm/include $REPO/libcomm/capi/tests/c/stalls_cuda.c \
   -L $D/weft -l:libnccl.so.2 -o $BIN || exit 2
 port=29611
-for who in weft weft-sidecar nccl; do
+for who in ${MODES:-weft weft-sidecar nccl}; do
   ld=$D/weft:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
   port=$((port + 1)); pids=()
-  if [ $who = weft-sidecar ]; then
+  if [ $who = weft-sidecar ] || [ $who = weft-run ]; then
     # weft run gives each rank RANK, LOCAL_RANK, WORLD_SIZE and NCCL_COMM_ID.
-    LD_LIBRARY_PATH=$ld timeout 300 $D/weft/weft run --sidecar --no-prefix -n $NP -- \
+    sc=--sidecar; [ $who = weft-run ] && sc=
+    LD_LIBRARY_PATH=$ld timeout 300 $D/weft/weft run $sc --no-prefix -n $NP -- \
       $BIN ${ITERS:-1000} > $OUT/stalls-$who-all.txt 2>&1 &
     pids+=($!)
   else
@@ -36,7 +38,8 @@ for who in weft weft-sidecar nccl; do
     done
   fi
   rc=0; for p in ${pids[@]}; do wait $p || rc=$?; done
-  cat $OUT/stalls-$who-*.txt > $OUT/stalls-$who.txt; rm -f $OUT/stalls-$who-*.txt
+  # Only this run's files (stalls-weft-* would also match weft-run's and weft-sidecar's).
+  cat $OUT/stalls-$who-[0-9a]*.txt > $OUT/stalls-$who.txt; rm -f $OUT/stalls-$who-[0-9a]*.txt
   echo "== $who ($NP processes, one GPU each) rc=$rc"
   awk '/^cell floor/{print; next} /^cell/{c++; if ($NF=="(ok)") ok++; m=$11+0; if (m>mx) {mx=m; w=$2" "$3}} /WRONG|^rank [0-9]+: /{print}
     END{printf "cells %d ok %d STALL %d; largest max %.0f us (%s)\n", c, ok, c-ok, mx, w}' $OUT/stalls-$who.txt
