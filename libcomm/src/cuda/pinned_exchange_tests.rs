@@ -96,6 +96,29 @@ fn random_values(seed: &mut u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Every rank's memory (`2 * mem` bytes from [`DEV`]) for a sum
+/// all-reduce of `count` random values (the rest NaN), a copy of it (the
+/// inputs), where the output goes (in place, or `mem` bytes further) and
+/// the operation.
+fn all_reduce_setup(
+    n: usize,
+    count: usize,
+    mem: usize,
+    seed: &mut u64,
+    in_place: bool,
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>, u64, Op) {
+    let memory: Vec<Vec<f32>> = (0..n)
+        .map(|_| {
+            let mut m = vec![f32::NAN; 2 * mem / 4];
+            m[..count].copy_from_slice(&random_values(seed, count));
+            m
+        })
+        .collect();
+    let recv = if in_place { DEV } else { DEV + mem as u64 };
+    let op = Op::all_reduce(p(DEV), p(recv), count, DataType::F32, ReduceOp::Sum);
+    (memory.clone(), memory, recv, dev_op(op))
+}
+
 /// A reduce-scatter the GPU reduces ([`reduce_scatter_on_gpu`]), its
 /// jobs run here as the GPU and the progress thread would, on 3 ranks,
 /// whole and cut in slices, in and out of place, an odd block: each job
@@ -308,22 +331,7 @@ fn an_all_reduce_reduced_on_the_gpu_is_a_reduce_scatter_then_an_all_gather() {
     let count = (1 << 19) + 7;
     let mut seed = 0x9e37_79b9_7f4a_7c15u64;
     for in_place_op in [false, true] {
-        let mut mem: Vec<Vec<f32>> = (0..n)
-            .map(|_| {
-                let mut m = vec![f32::NAN; 2 * MEM / 4];
-                m[..count].copy_from_slice(&random_values(&mut seed, count));
-                m
-            })
-            .collect();
-        let input = mem.clone();
-        let recv = if in_place_op { DEV } else { DEV + MEM as u64 };
-        let op = dev_op(Op::all_reduce(
-            p(DEV),
-            p(recv),
-            count,
-            DataType::F32,
-            ReduceOp::Sum,
-        ));
+        let (mut mem, input, recv, op) = all_reduce_setup(n, count, MEM, &mut seed, in_place_op);
         let jobs: Vec<Vec<Staged>> = (0..n)
             .map(|r| stage(&[op], r, n, 64 << 20, &ON_GPU, &no_regions))
             .collect();
@@ -386,29 +394,15 @@ fn an_all_reduce_reduced_on_the_gpu_is_a_reduce_scatter_then_an_all_gather() {
 #[test]
 // Rank r of every job: indices read plainer here.
 #[allow(clippy::needless_range_loop)]
-fn an_all_reduce_on_two_ranks_is_one_exchange_of_the_whole_buffer_per_slice() {
+fn an_all_reduce_on_two_ranks_under_2_mib_is_one_exchange_of_the_whole_buffer() {
     const MEM: usize = 1 << 20;
     let n = 2;
     let mut seed = 0x5851_f42d_4c95_7f2du64;
     for (count, slice_bytes, jobs_each) in [(1, 0, 1), (1023, 0, 1), (20 * 1024 + 5, 1 << 20, 1)] {
         for in_place_op in [false, true] {
             for on_cpu in [false, true] {
-                let mut mem: Vec<Vec<f32>> = (0..n)
-                    .map(|_| {
-                        let mut m = vec![f32::NAN; 2 * MEM / 4];
-                        m[..count].copy_from_slice(&random_values(&mut seed, count));
-                        m
-                    })
-                    .collect();
-                let input = mem.clone();
-                let recv = if in_place_op { DEV } else { DEV + MEM as u64 };
-                let op = dev_op(Op::all_reduce(
-                    p(DEV),
-                    p(recv),
-                    count,
-                    DataType::F32,
-                    ReduceOp::Sum,
-                ));
+                let (mut mem, input, recv, op) =
+                    all_reduce_setup(n, count, MEM, &mut seed, in_place_op);
                 let jobs: Vec<Vec<Staged>> = (0..n)
                     .map(|r| stage(&[op], r, n, slice_bytes, &ON_GPU, &no_regions))
                     .collect();
