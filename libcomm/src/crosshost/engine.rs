@@ -23,7 +23,13 @@
 //! whom it waits for ([`Links::send_waits`]) and listens for the others'
 //! waits for [`TIMEOUT_GRACE`]: the chain of waits ends at the stuck rank,
 //! which is the one named (a rank blocked behind the stuck one, locally or
-//! over the network, is only a link of the chain).
+//! over the network, is only a link of the chain). A failure notice
+//! explains such a wait only if it started on that chain (every notice
+//! carries its origin, the rank whose own failure started it, however
+//! often relayed); one that started elsewhere (another rank, held up
+//! behind the stuck one, timing out first and naming what it waits for)
+//! is only noted. A failure heard of while this rank's own call had been
+//! stalled says what that call waited for.
 
 use super::flags::Flags;
 use super::links::{Links, Notice, chain_of_waits};
@@ -47,6 +53,9 @@ const NOTICE_DEADLINE: Duration = Duration::from_millis(250);
 pub const TIMEOUT_GRACE: Duration = Duration::from_millis(500);
 /// How often an idle or waiting engine looks for notices.
 const NOTICE_POLL: Duration = Duration::from_millis(2);
+/// A failure heard of from another rank carries this rank's own wait when
+/// its call had made no progress for this long ([`Runner::own_wait_note`]).
+const OWN_WAIT_NOTED: Duration = Duration::from_millis(100);
 
 /// What an engine is told at start.
 #[derive(Debug, Clone)]
@@ -355,6 +364,9 @@ struct Runner {
     last_notice_poll: Instant,
     /// Whom each rank said it waits for (their waits timed out).
     waits: BTreeMap<usize, usize>,
+    /// The rank whose failure this engine took for its own (a notice's
+    /// origin); none: it failed for its own reasons.
+    origin: Option<usize>,
 }
 
 impl Runner {
@@ -367,6 +379,7 @@ impl Runner {
             last_progress: Instant::now(),
             last_notice_poll: Instant::now(),
             waits: BTreeMap::new(),
+            origin: None,
         }
     }
 
@@ -399,6 +412,10 @@ impl Runner {
             if self.last_notice_poll.elapsed() >= NOTICE_POLL {
                 self.last_notice_poll = Instant::now();
                 if let Some(e) = self.failure_notice(Instant::now()) {
+                    let e = match self.own_wait_note() {
+                        Some(note) => self.with_note(e, &note),
+                        None => e,
+                    };
                     return self.fail(e);
                 }
             }
@@ -453,7 +470,10 @@ impl Runner {
     fn failure_notice(&mut self, until: Instant) -> Option<Error> {
         loop {
             match self.links.take_notice(until)? {
-                Notice::Failed { rank, why } => return Some(self.noticed(rank, &why)),
+                Notice::Failed { rank, origin, why } => {
+                    self.origin = Some(origin);
+                    return Some(self.noticed(rank, &why));
+                }
                 Notice::Waits { rank, on } => {
                     self.waits.insert(rank, on);
                 }
@@ -467,11 +487,13 @@ impl Runner {
     /// rank 2 (host 1) is stuck: it reported no wait of its own"). Err: a
     /// failure notice that came meanwhile, which explains it.
     fn blame_stall(&mut self, on: usize) -> std::result::Result<String, Error> {
-        if let Some(e) = self.failure_notice(Instant::now()) {
+        let mut elsewhere = Vec::new();
+        if let Some(e) = self.notice_explaining(on, Instant::now(), &mut elsewhere) {
             return Err(e);
         }
         self.links.send_waits(on, NOTICE_DEADLINE);
-        if let Some(e) = self.failure_notice(Instant::now() + TIMEOUT_GRACE) {
+        let until = Instant::now() + TIMEOUT_GRACE;
+        if let Some(e) = self.notice_explaining(on, until, &mut elsewhere) {
             return Err(e);
         }
         let chain = chain_of_waits(on, &self.waits);
@@ -492,7 +514,43 @@ impl Runner {
                 name(&last)
             )),
         }
+        if !elsewhere.is_empty() {
+            let who: Vec<String> = elsewhere.iter().map(name).collect();
+            text.push_str(&format!("; meanwhile {} failed", who.join(", ")));
+        }
         Ok(text)
+    }
+
+    /// The first failure notice by `until` that explains this rank's wait
+    /// for rank `on`: one whose origin (the rank whose own failure started
+    /// it, whoever relays it) is `on` or a rank on the chain of waits from
+    /// it (as known when it arrives). The others' origins go to `elsewhere`
+    /// (a failure that started off the chain, such as another rank held up
+    /// by the stuck one timing out first, does not explain this wait:
+    /// taking its error as this rank's hid the stuck rank this rank waits
+    /// for, across hosts on 2 x H200); the waits that come are remembered.
+    fn notice_explaining(
+        &mut self,
+        on: usize,
+        until: Instant,
+        elsewhere: &mut Vec<usize>,
+    ) -> Option<Error> {
+        loop {
+            match self.links.take_notice(until)? {
+                Notice::Failed { rank, origin, why } => {
+                    if chain_of_waits(on, &self.waits).contains(&origin) {
+                        self.origin = Some(origin);
+                        return Some(self.noticed(rank, &why));
+                    }
+                    if !elsewhere.contains(&origin) {
+                        elsewhere.push(origin);
+                    }
+                }
+                Notice::Waits { rank, on } => {
+                    self.waits.insert(rank, on);
+                }
+            }
+        }
     }
 
     /// `e` with `note` appended to what it says (a remote error's detail, a
@@ -539,21 +597,22 @@ impl Runner {
     fn fail(self, e: Error) {
         let e = self.sh.set_error(e);
         self.sh.flags.release_all();
+        let origin = self.origin.unwrap_or(self.sh.cfg.rank);
         let Runner { links, running, .. } = self;
-        links.send_notices(&e.to_string(), NOTICE_DEADLINE);
+        links.send_notices(origin, &e.to_string(), NOTICE_DEADLINE);
         // Close every connection (stopping its threads) before the call's
         // staging goes: nothing may land in freed memory.
         drop(links);
         drop(running);
     }
 
-    fn timed_out(&mut self) -> Option<Error> {
-        let t = self.sh.cfg.timeout?;
-        let r = self.running.as_ref()?;
-        if self.last_progress.elapsed() < t {
-            return None;
-        }
-        // What is pending: peers first (the likelier culprits), then flags.
+    /// What the running call waits for, peers first (the likelier
+    /// culprits), then flags ("for rank 3 (host 1) to send (1 chunk(s) in
+    /// flight)"); empty without a running call.
+    fn pending_waits(&self) -> Vec<String> {
+        let Some(r) = self.running.as_ref() else {
+            return Vec::new();
+        };
         let mut waits: Vec<String> = Vec::new();
         for l in &r.lanes {
             if !l.inflight.is_empty() {
@@ -579,6 +638,35 @@ impl Runner {
         if waits.is_empty() {
             waits.push("for a step whose dependency never completed".into());
         }
+        waits
+    }
+
+    /// A note on what this rank's own call was waiting for, to add to a
+    /// failure it heard of from another rank, when its call had made no
+    /// progress for [`OWN_WAIT_NOTED`]: the failure named may be another
+    /// rank's view (a rank held up behind the stuck one), and this rank's
+    /// own wait may name the stuck one ("; this rank had waited 2900 ms for
+    /// rank 3 (host 1) to send").
+    fn own_wait_note(&self) -> Option<String> {
+        self.running.as_ref()?;
+        let waited = self.last_progress.elapsed();
+        (waited >= OWN_WAIT_NOTED).then(|| {
+            format!(
+                "; this rank had waited {} ms {}",
+                waited.as_millis(),
+                self.pending_waits().join(", ")
+            )
+        })
+    }
+
+    fn timed_out(&mut self) -> Option<Error> {
+        let t = self.sh.cfg.timeout?;
+        self.running.as_ref()?;
+        if self.last_progress.elapsed() < t {
+            return None;
+        }
+        let waits = self.pending_waits();
+        let r = self.running.as_ref()?;
         // The peer waited for may itself be held up by the stuck rank: the
         // chain of waits names it. Without a peer (the local producer), a
         // failure notice that comes within the grace may explain it.

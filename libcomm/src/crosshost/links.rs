@@ -39,8 +39,14 @@ const NOTICE_PARALLEL: usize = 16;
 /// What arrives on the listener after setup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notice {
-    /// `rank` failed, for this reason.
-    Failed { rank: usize, why: String },
+    /// `rank` failed, for this reason; `origin`: the rank whose own
+    /// failure started it (`rank` itself, or the rank whose notice `rank`
+    /// failed from: a rank that relays a failure explains no wait).
+    Failed {
+        rank: usize,
+        origin: usize,
+        why: String,
+    },
     /// `rank` timed out waiting for rank `on` (it has not failed yet).
     Waits { rank: usize, on: usize },
 }
@@ -147,11 +153,13 @@ impl Links {
 
     /// Tells every other rank why this rank failed (its host's ranks too:
     /// a local phase waiting on this rank then learns the cause, not only
-    /// that this rank went): a fresh connection each, up to
-    /// `NOTICE_PARALLEL` at once, bounded by `within` in all (a lost host
-    /// never answers).
-    pub fn send_notices(&self, reason: &str, within: Duration) {
-        self.broadcast(NOTICE_STREAM, reason.as_bytes(), within);
+    /// that this rank went), and which rank's failure started it
+    /// (`origin`: this rank, or the rank whose notice it failed from): a
+    /// fresh connection each, up to `NOTICE_PARALLEL` at once, bounded by
+    /// `within` in all (a lost host never answers).
+    pub fn send_notices(&self, origin: usize, reason: &str, within: Duration) {
+        let text = format!("{origin}\n{reason}");
+        self.broadcast(NOTICE_STREAM, text.as_bytes(), within);
     }
 
     /// Tells every other rank that this rank timed out waiting for rank
@@ -190,8 +198,17 @@ impl Links {
             let text = || read_notice(c, Instant::now() + Duration::from_millis(200));
             match who.stream {
                 NOTICE_STREAM => {
-                    let why = text().unwrap_or_else(|| "it failed (no reason arrived)".into());
-                    return Some(Notice::Failed { rank, why });
+                    let text = text().unwrap_or_else(|| "it failed (no reason arrived)".into());
+                    // "origin\nreason"; a notice without a valid origin is
+                    // the sender's own.
+                    let (origin, why) = match text.split_once('\n') {
+                        Some((o, why)) => match o.parse::<usize>() {
+                            Ok(o) if o < self.handles.len() => (o, why.to_string()),
+                            _ => (rank, text.clone()),
+                        },
+                        None => (rank, text.clone()),
+                    };
+                    return Some(Notice::Failed { rank, origin, why });
                 }
                 WAITS_STREAM => {
                     // A rank that names no valid rank is ignored (it fails
