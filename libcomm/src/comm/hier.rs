@@ -75,13 +75,7 @@ impl Sub for CommShared {
         match self.state.get() {
             CommState::Failed => Some(self.failure("a hierarchical collective").to_string()),
             // Aborted by a peer: the state stays, the fault says so.
-            CommState::Ready => self.fault().and_then(|f| f.check()).map(|r| {
-                if r.origin == self.rank {
-                    r.reason
-                } else {
-                    format!("rank {} reported a failure: {}", r.origin, r.reason)
-                }
-            }),
+            CommState::Ready => self.fault().and_then(|f| f.check().map(|r| f.describe(&r))),
             _ => None,
         }
     }

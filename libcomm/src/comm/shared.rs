@@ -256,11 +256,7 @@ impl CommShared {
             Error::Remote {
                 comm: self.label.clone(),
                 rank: self.rank,
-                detail: if r.origin == self.rank {
-                    r.reason
-                } else {
-                    format!("rank {} reported a failure: {}", r.origin, r.reason)
-                },
+                detail: f.describe(&r),
             }
         };
         self.record_failure(&e);

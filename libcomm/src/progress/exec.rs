@@ -367,13 +367,7 @@ impl Resources {
             Some(r) => Err(Error::Remote {
                 comm: self.ctx.label.clone(),
                 rank: self.ctx.rank,
-                detail: if r.origin == self.ctx.rank {
-                    r.reason
-                } else if r.reason.is_empty() {
-                    format!("rank {} failed", r.origin)
-                } else {
-                    format!("rank {} reported a failure: {}", r.origin, r.reason)
-                },
+                detail: self.fault.describe(&r),
             }),
         }
     }

@@ -143,6 +143,49 @@ impl Fault {
         })
     }
 
+    /// Local peers whose process is stopped (SIGSTOP, a debugger): alive,
+    /// so no failure of theirs is ever seen, and everything that waits for
+    /// them waits. A failure reported by another rank (which names what it
+    /// waited for, possibly a rank held up behind a stopped one) gets them
+    /// named ([`Fault::describe`]).
+    pub fn stopped_locals(&self) -> Vec<(usize, u32)> {
+        self.locals
+            .iter()
+            .map(|(rank, m)| (*rank, m.control().pid.load(Ordering::Relaxed)))
+            .filter(|&(_, pid)| crate::sys::topology::pid_stopped(pid))
+            .collect()
+    }
+
+    /// A raised failure as this rank's error detail: its own reason, or
+    /// "rank X reported a failure: ..." for another rank's, led by this
+    /// host's stopped peers if any ("rank 3 of this host (pid N) is
+    /// stopped (SIGSTOP or a debugger); rank 0 reported a failure: ..."):
+    /// the reporting rank names what it waited for, which may be a rank
+    /// held up behind the stopped one (first, since a relayed reason may
+    /// be cut short).
+    pub fn describe(&self, r: &Raised) -> String {
+        if r.origin == self.rank {
+            return r.reason.clone();
+        }
+        let reported = if r.reason.is_empty() {
+            format!("rank {} failed", r.origin)
+        } else {
+            format!("rank {} reported a failure: {}", r.origin, r.reason)
+        };
+        let stopped: Vec<String> = self
+            .stopped_locals()
+            .into_iter()
+            .filter(|&(rank, _)| rank != r.origin)
+            .map(|(rank, pid)| {
+                format!("rank {rank} of this host (pid {pid}) is stopped (SIGSTOP or a debugger)")
+            })
+            .collect();
+        match stopped.is_empty() {
+            true => reported,
+            false => format!("{}; {reported}", stopped.join("; ")),
+        }
+    }
+
     #[inline]
     pub fn check(&self) -> Option<Raised> {
         let (origin, kind) = self.own.control().failure()?;
@@ -253,5 +296,66 @@ mod tests {
             assert_eq!(got.origin, 2);
             assert_eq!(got.reason, "rank 3 (pid 9) exited", "rank {}", f.rank);
         }
+    }
+
+    /// A failure reported by another rank comes led by this host's stopped
+    /// peers (SIGSTOP): alive, never failing themselves, they may be what
+    /// the reporting rank's wait was held up behind (issue 32: a survivor
+    /// across hosts named a rank blocked behind a stopped one). Running
+    /// again, a peer is not named; the rank's own failure is its reason.
+    #[test]
+    fn a_reported_failure_names_a_stopped_local_peer_first() {
+        let a = Arc::new(
+            Mapping::create_memfd("fault-test-stop-a", 2, 4096)
+                .unwrap()
+                .0,
+        );
+        let b = Arc::new(
+            Mapping::create_memfd("fault-test-stop-b", 2, 4096)
+                .unwrap()
+                .0,
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        b.control().pid.store(pid, Ordering::Relaxed);
+        let f = fault(0, &a, (1, &b));
+        let reported = Raised {
+            origin: 2,
+            abort: false,
+            reason: "timed out waiting for rank 0".into(),
+        };
+        let plain = "rank 2 reported a failure: timed out waiting for rank 0";
+        assert!(f.stopped_locals().is_empty());
+        assert_eq!(f.describe(&reported), plain);
+        let signal = |sig| unsafe { libc::kill(pid as libc::pid_t, sig) };
+        signal(libc::SIGSTOP);
+        let t = Instant::now();
+        while f.stopped_locals().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5), "never seen stopped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(f.stopped_locals(), vec![(1, pid)]);
+        assert_eq!(
+            f.describe(&reported),
+            format!("rank 1 of this host (pid {pid}) is stopped (SIGSTOP or a debugger); {plain}")
+        );
+        let own = Raised {
+            origin: 0,
+            abort: false,
+            reason: "mine".into(),
+        };
+        assert_eq!(f.describe(&own), "mine", "its own failure: its reason");
+        signal(libc::SIGCONT);
+        let t = Instant::now();
+        while !f.stopped_locals().is_empty() {
+            assert!(t.elapsed() < Duration::from_secs(5), "never seen running");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(f.describe(&reported), plain);
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }

@@ -58,13 +58,22 @@ pub fn pid_alive(pid: u32) -> bool {
 /// Whether `/proc/<pid>/stat` says the process has exited (Z or X) and
 /// only waits to be reaped.
 fn is_zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
+    proc_state(pid).is_some_and(|c| c == 'Z' || c == 'X')
+}
+
+/// Whether the process is stopped: by a signal (SIGSTOP, SIGTSTP: state T)
+/// or under a debugger (t). Such a peer is alive but makes no progress.
+pub fn pid_stopped(pid: u32) -> bool {
+    pid != 0 && proc_state(pid).is_some_and(|c| c == 'T' || c == 't')
+}
+
+/// The state letter of `/proc/<pid>/stat` (None: no such process, or not
+/// readable).
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // "pid (comm) S ...": comm may hold spaces and parentheses.
     stat.rsplit_once(')')
         .and_then(|(_, rest)| rest.trim_start().chars().next())
-        .is_some_and(|c| c == 'Z' || c == 'X')
 }
 
 pub fn online_cpus() -> usize {

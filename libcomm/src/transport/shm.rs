@@ -28,6 +28,10 @@ use std::time::{Duration, Instant};
 
 const MAGIC_READY: u64 = 0x5745_4654_5348_4d31; // "WEFTSHM1"
 const CTRL_BYTES: usize = 4096;
+/// Room for a failure's reason in a rank's control block: a cross-host
+/// timeout's chain of waits runs to 400-500 bytes, and the end of it names
+/// the stuck rank (256 bytes cut it off).
+const REASON_BYTES: usize = 1024;
 const RING_HDR_BYTES: usize = 128;
 pub(crate) const MSG_HDR: usize = 8;
 
@@ -55,7 +59,7 @@ pub(crate) struct Control {
     pub sleepers: AtomicU32,
     _pad2: [u8; 124],
     /// NUL-terminated reason written by this rank before it raises a failure.
-    reason: [AtomicU64; 32],
+    reason: [AtomicU64; REASON_BYTES / 8],
 }
 
 const _: () = assert!(std::mem::size_of::<Control>() <= CTRL_BYTES);
@@ -71,8 +75,8 @@ impl Control {
     }
 
     pub fn set_reason(&self, s: &str) {
-        let mut bytes = [0u8; 256];
-        let n = s.len().min(255);
+        let mut bytes = [0u8; REASON_BYTES];
+        let n = s.len().min(REASON_BYTES - 1);
         bytes[..n].copy_from_slice(&s.as_bytes()[..n]);
         for (i, w) in self.reason.iter().enumerate() {
             w.store(
@@ -85,7 +89,7 @@ impl Control {
 
     pub fn reason(&self) -> String {
         std::sync::atomic::fence(Ordering::Acquire);
-        let mut bytes = Vec::with_capacity(256);
+        let mut bytes = Vec::with_capacity(REASON_BYTES);
         for w in &self.reason {
             bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
         }
