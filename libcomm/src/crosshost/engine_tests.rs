@@ -215,25 +215,38 @@ fn a_failure_reaches_ranks_that_never_talked_to_the_failed_one_with_its_name() {
     }
 }
 
+/// Four engines timing out after `timeout`: rank 0 waits for rank 2 and,
+/// `gap` later, rank 1 for rank 3 (chain broadcasts ranks 2 and 3 never
+/// send; their engines stay up, idle). Returns the engines by rank and
+/// the receive buffers (alive until the calls end).
+fn waiting_on_silent_peers(timeout: Duration, gap: Duration) -> (Vec<Engine>, Vec<Vec<u8>>) {
+    let es: Vec<Engine> = engines(4, 2, Some(timeout))
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect();
+    let mut bufs = vec![vec![0u8; 4096]; 2];
+    es[0]
+        .submit(chain_call(&[2, 0], 0, &mut bufs[0], 4096))
+        .unwrap();
+    std::thread::sleep(gap);
+    es[1]
+        .submit(chain_call(&[3, 1], 1, &mut bufs[1], 4096))
+        .unwrap();
+    (es, bufs)
+}
+
 /// Ranks 0 and 1 wait for ranks 2 and 3, which never send. Rank 0 times
 /// out first, names rank 2 and tells everyone; rank 1, timing out within
 /// the grace, names the rank it waits for (rank 3), not rank 0's view:
-/// a failure from a rank off its chain of waits does not explain its
-/// own wait (it is noted as having failed meanwhile).
+/// a failure that started off its chain of waits (rank 0's, relayed by
+/// ranks 2 and 3 too) does not explain its own wait (it is noted as
+/// having failed meanwhile).
 #[test]
 fn a_rank_timing_out_names_its_own_stuck_peer_not_another_ranks_failure() {
     let timeout = Duration::from_millis(300);
-    let mut es = engines(4, 2, Some(timeout));
-    let (_e3, _) = es.pop().unwrap();
-    let (_e2, _) = es.pop().unwrap();
-    let (e1, _) = es.pop().unwrap();
-    let (e0, _) = es.pop().unwrap();
-    let (mut b0, mut b1) = (vec![0u8; 4096], vec![0u8; 4096]);
-    e0.submit(chain_call(&[2, 0], 0, &mut b0, 4096)).unwrap();
-    std::thread::sleep(Duration::from_millis(150));
-    e1.submit(chain_call(&[3, 1], 1, &mut b1, 4096)).unwrap();
-    let err0 = e0.wait(1, 1).unwrap_err().to_string();
-    let err1 = e1.wait(1, 1).unwrap_err().to_string();
+    let (es, _bufs) = waiting_on_silent_peers(timeout, Duration::from_millis(150));
+    let err0 = es[0].wait(1, 1).unwrap_err().to_string();
+    let err1 = es[1].wait(1, 1).unwrap_err().to_string();
     assert!(err0.contains("rank 2 (host 2) is stuck"), "{err0}");
     assert!(err1.contains("for rank 3 (host 3) to send"), "{err1}");
     assert!(err1.contains("rank 3 (host 3) is stuck"), "{err1}");
@@ -245,24 +258,15 @@ fn a_rank_timing_out_names_its_own_stuck_peer_not_another_ranks_failure() {
 /// rank 0's error, and says what it had itself been waiting for.
 #[test]
 fn a_failure_heard_from_another_rank_carries_this_ranks_own_long_wait() {
-    let timeout = Duration::from_millis(1000);
-    let mut es = engines(4, 2, Some(timeout));
-    let (_e3, _) = es.pop().unwrap();
-    let (_e2, _) = es.pop().unwrap();
-    let (e1, _) = es.pop().unwrap();
-    let (e0, _) = es.pop().unwrap();
-    let (mut b0, mut b1) = (vec![0u8; 4096], vec![0u8; 4096]);
-    let t = Instant::now();
-    e0.submit(chain_call(&[2, 0], 0, &mut b0, 4096)).unwrap();
-    std::thread::sleep(Duration::from_millis(1100));
-    e1.submit(chain_call(&[3, 1], 1, &mut b1, 4096)).unwrap();
-    let err1 = e1.wait(1, 1).unwrap_err().to_string();
+    let timeout = Duration::from_millis(2000);
+    let (es, _bufs) = waiting_on_silent_peers(timeout, Duration::from_millis(1200));
+    let err1 = es[1].wait(1, 1).unwrap_err().to_string();
     assert!(
-        t.elapsed() < Duration::from_millis(2100),
+        !err1.contains("engine-test (rank 1) waiting"),
         "rank 1 timed out itself: {err1}"
     );
     assert!(err1.contains("rank 0 (host 0) failed"), "{err1}");
     assert!(err1.contains("this rank had waited"), "{err1}");
     assert!(err1.contains("for rank 3 (host 3) to send"), "{err1}");
-    let _ = e0.wait(1, 1);
+    let _ = es[0].wait(1, 1);
 }
