@@ -58,7 +58,7 @@ HALF=$((NP / 2))   # ranks per host of the two-host runs (check, engine)
 # The wrapper gives each rank its host identity from its MPI rank.
 xrun() { local who=$1 per=$2; shift 2
   local ld=$WEFT:$NVRTC; [ $who = nccl ] && ld=$NCCL/lib
-  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_HIER WEFT_CROSSHOST_COPY WEFT_CROSSHOST_PIPELINE WEFT_DEBUG WEFT_CROSSHOST_SLICE_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
+  local xs= v; for v in WEFT_CROSSHOST_MIN_BYTES WEFT_CROSSHOST_HIER WEFT_CROSSHOST_COPY WEFT_CROSSHOST_PIPELINE WEFT_DEBUG WEFT_CROSSHOST_SLICE_BYTES WEFT_CROSSHOST_NET WEFT_NET_SOCKETS WEFT_CPU_AFFINITY WEFT_TIMEOUT_MS NCCL_DEBUG XH_SC WEFT_JOB WEFT_JOB_SECRET; do
     [ -n "${!v:-}" ] && xs="$xs -x $v"; done
   LD_LIBRARY_PATH=$ld NCCL_TESTS_DEVICE=0 XH_PER=$per XH_WHO=$who timeout ${TMO:-300} \
     mpirun --allow-run-as-root --oversubscribe -np $NP --bind-to none \
