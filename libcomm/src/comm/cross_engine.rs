@@ -314,36 +314,23 @@ impl Communicator {
         progress: Option<Arc<dyn JobProgress>>,
     ) -> Result<()> {
         let obs = observe::start(&self.s.who(), std::slice::from_ref(op), false, "crosshost");
-        let r = self.run_on_engine(op, device, progress);
-        observe::finish(obs, &r);
-        r
-    }
-
-    fn run_on_engine(
-        &self,
-        op: &Op,
-        device: bool,
-        progress: Option<Arc<dyn JobProgress>>,
-    ) -> Result<()> {
-        let mut state = lock(&self.s.cross.state);
-        let (State::On(x), Some(coll)) = (&mut *state, coll(op, device)) else {
-            return Err(Error::Internal(
-                "the cross-host engine is gone (destroyed meanwhile?)".into(),
-            ));
-        };
-        let redop = op.redop.unwrap_or(crate::data::types::ReduceOp::Sum);
-        let (send, recv, count, dtype) = (op.send, op.recv, op.count, op.dtype);
-        // SAFETY: validated by the caller; every rank passes both buffers
-        // of these collectives.
-        let r = match progress {
-            None => unsafe { x.collective(coll, send, recv, count, dtype, redop) },
-            Some(p) => unsafe {
-                x.collective_progressive(coll, send, recv, count, dtype, redop, p)
-            },
-        };
+        let r = (|| {
+            let mut state = lock(&self.s.cross.state);
+            let (State::On(x), Some(coll)) = (&mut *state, coll(op, device)) else {
+                return Err(Error::Internal(
+                    "the cross-host engine is gone (destroyed meanwhile?)".into(),
+                ));
+            };
+            let redop = op.redop.unwrap_or(crate::data::types::ReduceOp::Sum);
+            let (send, recv, count, dtype) = (op.send, op.recv, op.count, op.dtype);
+            // SAFETY: validated by the caller; every rank passes both buffers
+            // of these collectives.
+            unsafe { x.collective_progressive(coll, send, recv, count, dtype, redop, progress) }
+        })();
         if let Err(e) = &r {
             self.s.record_failure(e);
         }
+        observe::finish(obs, &r);
         r
     }
 

@@ -468,11 +468,29 @@ impl Runner {
     /// The first failure notice that arrives by `until` (none: `None`),
     /// remembering the waits that come before it.
     fn failure_notice(&mut self, until: Instant) -> Option<Error> {
+        self.first_notice(until, |_, _| true, &mut Vec::new())
+    }
+
+    /// The first failure notice by `until` whose origin `explains` (given
+    /// the waits known when it arrives) it, taking that origin as this
+    /// engine's; the others' origins go to `elsewhere`, the waits that
+    /// come are remembered.
+    fn first_notice(
+        &mut self,
+        until: Instant,
+        explains: impl Fn(&BTreeMap<usize, usize>, usize) -> bool,
+        elsewhere: &mut Vec<usize>,
+    ) -> Option<Error> {
         loop {
             match self.links.take_notice(until)? {
                 Notice::Failed { rank, origin, why } => {
-                    self.origin = Some(origin);
-                    return Some(self.noticed(rank, &why));
+                    if explains(&self.waits, origin) {
+                        self.origin = Some(origin);
+                        return Some(self.noticed(rank, &why));
+                    }
+                    if !elsewhere.contains(&origin) {
+                        elsewhere.push(origin);
+                    }
                 }
                 Notice::Waits { rank, on } => {
                     self.waits.insert(rank, on);
@@ -535,22 +553,9 @@ impl Runner {
         until: Instant,
         elsewhere: &mut Vec<usize>,
     ) -> Option<Error> {
-        loop {
-            match self.links.take_notice(until)? {
-                Notice::Failed { rank, origin, why } => {
-                    if chain_of_waits(on, &self.waits).contains(&origin) {
-                        self.origin = Some(origin);
-                        return Some(self.noticed(rank, &why));
-                    }
-                    if !elsewhere.contains(&origin) {
-                        elsewhere.push(origin);
-                    }
-                }
-                Notice::Waits { rank, on } => {
-                    self.waits.insert(rank, on);
-                }
-            }
-        }
+        let on_chain =
+            |waits: &BTreeMap<usize, usize>, origin| chain_of_waits(on, waits).contains(&origin);
+        self.first_notice(until, on_chain, elsewhere)
     }
 
     /// `e` with `note` appended to what it says (a remote error's detail, a
@@ -661,8 +666,7 @@ impl Runner {
 
     fn timed_out(&mut self) -> Option<Error> {
         let t = self.sh.cfg.timeout?;
-        self.running.as_ref()?;
-        if self.last_progress.elapsed() < t {
+        if self.running.is_none() || self.last_progress.elapsed() < t {
             return None;
         }
         let waits = self.pending_waits();

@@ -190,37 +190,24 @@ impl CrossHost {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        unsafe { self.collective_with(coll, send, recv, count, dtype, op, None) }
+        unsafe { self.collective_progressive(coll, send, recv, count, dtype, op, None) }
     }
 
     /// As [`collective`](Self::collective), for a device job whose stream
     /// is still putting `send` in place and copies `recv` out as it becomes
-    /// final (`progress`): when the plan is one network phase (a rank
-    /// alone on its host), its steps read each input chunk once it is in
-    /// place and tell `progress` how far the output is final as chunks
-    /// land; otherwise (local phases would read the input on this thread)
-    /// it waits for the whole input first. When that wait is given up (the
-    /// job is released: an abort) nothing runs and it returns `Ok`.
+    /// final (`progress`; None: as `collective`): when the plan is one
+    /// network phase (a rank alone on its host), its steps read each input
+    /// chunk once it is in place and tell `progress` how far the output is
+    /// final as chunks land; otherwise (local phases would read the input
+    /// on this thread) it waits for the whole input first. When that wait
+    /// is given up (the job is released: an abort) nothing runs and it
+    /// returns `Ok`.
     ///
     /// # Safety
     /// As [`collective`](Self::collective); bytes of `send` may be read
     /// as soon as `progress` says they are in place.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn collective_progressive(
-        &mut self,
-        coll: Coll,
-        send: *const u8,
-        recv: *mut u8,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        progress: Arc<dyn JobProgress>,
-    ) -> Result<()> {
-        unsafe { self.collective_with(coll, send, recv, count, dtype, op, Some(progress)) }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn collective_with(
         &mut self,
         coll: Coll,
         send: *const u8,

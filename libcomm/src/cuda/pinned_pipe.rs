@@ -284,6 +284,14 @@ mod tests {
         assert!(!pipelines(&part), "a copy of part of the region");
     }
 
+    /// The pipe of a 1 MiB job whose pieces take the numbers after `last`.
+    fn pipe_numbered_after(mut last: u32) -> Pipe {
+        Pipe::new(1 << 20, || {
+            last += 1;
+            last
+        })
+    }
+
     /// A header as the kernel and the thread share it.
     fn header() -> Vec<u32> {
         vec![0u32; 512 / 4]
@@ -293,11 +301,7 @@ mod tests {
     fn the_input_is_in_place_piece_by_piece_once_every_block_said_so() {
         let mut h = header();
         let flags = JobFlags::with_slots(h.as_mut_ptr(), 4);
-        let mut n = 40u32;
-        let pipe = Pipe::new(1 << 20, || {
-            n += 1;
-            n
-        });
+        let pipe = pipe_numbered_after(40);
         assert_eq!(pipe.pieces.len(), 4);
         assert_eq!(pipe.seq(), 44);
         let p = StreamProgress::new(flags, pipe, 1 << 20, true, Box::new(|| false));
@@ -320,11 +324,7 @@ mod tests {
     fn the_output_is_released_piece_by_piece_and_never_lowered() {
         let mut h = header();
         let flags = JobFlags::with_slots(h.as_mut_ptr(), 4);
-        let mut n = 0u32;
-        let pipe = Pipe::new(1 << 20, || {
-            n += 1;
-            n
-        });
+        let pipe = pipe_numbered_after(0);
         let p = StreamProgress::new(flags, pipe, 1 << 20, false, Box::new(|| false));
         assert_eq!(p.input_ready(), 1 << 20, "no input: all of it is there");
         p.output_final(100);

@@ -9,7 +9,7 @@ const MIB: usize = 1 << 20;
 /// Device addresses in these tests are at or above this.
 pub(in crate::cuda) const DEV: u64 = 1 << 40;
 
-pub(in crate::cuda) fn on_device(p: u64) -> bool {
+pub(super) fn on_device(p: u64) -> bool {
     p >= DEV
 }
 

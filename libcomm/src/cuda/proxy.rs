@@ -417,8 +417,7 @@ impl ProxySide {
             match self.pool.take(s.bytes, seq, slots, &|| shared.stopping()) {
                 Ok(buf) => {
                     let mut job = job_on(s, seq, &buf, host_reduce);
-                    job.early =
-                        self.early && starts_before_its_stream(s, ops, &on_device, (rank, n));
+                    job.early = self.early && starts_before_its_stream(s, (rank, n));
                     if let Some(p) = &pipe {
                         let shared = Arc::downgrade(&self.shared);
                         job.progress = Some(Arc::new(StreamProgress::new(
@@ -541,27 +540,29 @@ fn job_on(s: &Staged, seq: u32, buf: &Lease, host_reduce: Option<HostReduce>) ->
     }
 }
 
-/// Whether job `s` of the call `ops` (rank `me.0` of `me.1`) may start its
-/// network part as soon as the progress thread takes it, before its stream
-/// reaches it: it reads nothing the stream puts in place (no copies in: a
-/// broadcast's or a reduce's receiving ranks, receives alone), and every
-/// buffer of the call is device memory (so nothing it writes is the
-/// caller's host memory, which only the stream's order may hand over). Its
-/// pinned buffer is free (the pool leases only buffers their stream
-/// released) and its copies out still wait for `done`. The receiving rank
-/// of a 1 MiB broadcast waited 34-38 us per call for its stream (the
-/// previous call's copies out) before its receive could start
-/// (docs/PERFORMANCE-GPU.md, "Across hosts"); now the two overlap.
-fn starts_before_its_stream(
-    s: &Staged,
-    ops: &[Op],
-    on_device: &dyn Fn(u64) -> bool,
-    (rank, n): (usize, usize),
-) -> bool {
+/// Whether job `s` (of rank `me.0` of `me.1`) may start its network part
+/// as soon as the progress thread takes it, before its stream reaches it:
+/// it reads nothing the stream puts in place (no copies in: a broadcast's
+/// or a reduce's receiving ranks, receives alone), and every buffer of its
+/// operations is device memory staged in its pinned buffer (inside a
+/// region of its map: so nothing it writes is the caller's host memory,
+/// which only the stream's order may hand over; `stage` asked the driver
+/// already, so this asks nothing). Its pinned buffer is free (the pool
+/// leases only buffers their stream released) and its copies out still
+/// wait for `done`. The receiving rank of a 1 MiB broadcast waited 34-38
+/// us per call for its stream (the previous call's copies out) before its
+/// receive could start (docs/PERFORMANCE-GPU.md, "Across hosts"); now the
+/// two overlap.
+fn starts_before_its_stream(s: &Staged, (rank, n): (usize, usize)) -> bool {
+    let staged = |ptr: u64, bytes: usize| {
+        s.map
+            .iter()
+            .any(|&(dev, len, _)| ptr >= dev && ptr + bytes as u64 <= dev + len as u64)
+    };
     s.to_host.is_empty()
-        && ops.iter().all(|o| {
+        && s.ops.iter().all(|o| {
             o.memory != crate::op::Memory::Host
-                && o.buffers(rank, n).iter().all(|b| on_device(b.ptr))
+                && o.buffers(rank, n).iter().all(|b| staged(b.ptr, b.bytes))
         })
 }
 

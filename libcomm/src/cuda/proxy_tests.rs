@@ -98,6 +98,20 @@ fn wait_done(f: JobFlags, seq: u32) {
     }
 }
 
+/// Three f32 of this rank's own at offset 0 reduced with `op` with two
+/// received parts at 64 and 128.
+fn own_and_two_received(op: ReduceOp) -> HostReduce {
+    HostReduce {
+        into: 0,
+        received: Received {
+            from: vec![64, 128],
+            count: 3,
+            dtype: DataType::F32,
+            op,
+        },
+    }
+}
+
 /// A job whose rank cannot launch the reducing kernel: after its
 /// operations the progress thread combines its own part with each
 /// received one in the pinned buffer, an average divided once by the
@@ -122,15 +136,7 @@ fn a_job_reduced_on_the_host_combines_after_its_operations_and_averages_once() {
         (ReduceOp::Max, vec![5.0, 6.0, 7.0]),
     ] {
         let mut b = buf.clone();
-        let r = HostReduce {
-            into: 0,
-            received: Received {
-                from: vec![64, 128],
-                count: 3,
-                dtype: DataType::F32,
-                op,
-            },
-        };
+        let r = own_and_two_received(op);
         unsafe { reduce_in_pinned(b.as_mut_ptr() as usize, &r) };
         assert_eq!(read(&b), want, "{op:?}");
         assert_eq!(&b[64..76], &buf[64..76], "the received parts are read only");
@@ -143,15 +149,7 @@ fn a_job_reduced_on_the_host_combines_after_its_operations_and_averages_once() {
     for (count, reduced) in [(20, true), (10, false)] {
         let mut b = buf.clone();
         let mut words = [0u32; 4];
-        let host_reduce = HostReduce {
-            into: 0,
-            received: Received {
-                from: vec![64, 128],
-                count: 3,
-                dtype: DataType::F32,
-                op: ReduceOp::Sum,
-            },
-        };
+        let host_reduce = own_and_two_received(ReduceOp::Sum);
         let at = b.as_mut_ptr() as usize;
         let (seq, flags) = push_reducing(&mut px, &mut words, count, Some((at, host_reduce)));
         flags.set_ready(seq);
@@ -305,13 +303,13 @@ fn a_job_that_reads_nothing_from_its_stream_starts_before_the_stream_reaches_it(
 /// host path may time out (the clock would count the stream's backlog).
 #[test]
 fn only_jobs_that_copy_nothing_in_from_device_buffers_start_early_and_not_with_a_timeout() {
-    use crate::cuda::pinned_plan::tests::{DEV, ON_CPU, dev_op, no_regions, on_device, p};
+    use crate::cuda::pinned_plan::tests::{DEV, ON_CPU, dev_op, no_regions, p};
     let bcast = dev_op(Op::broadcast(p(DEV), p(DEV), 1 << 18, DataType::F32, 0));
     let staged = |op: &Op, rank: usize| stage(&[*op], rank, 2, 0, &ON_CPU, &no_regions);
     let early = |op: &Op, rank: usize| {
         staged(op, rank)
             .iter()
-            .all(|s| starts_before_its_stream(s, &[*op], &on_device, (rank, 2)))
+            .all(|s| starts_before_its_stream(s, (rank, 2)))
     };
     assert!(early(&bcast, 1), "a broadcast's receiving rank");
     assert!(!early(&bcast, 0), "its root copies its input in");
@@ -330,19 +328,13 @@ fn only_jobs_that_copy_nothing_in_from_device_buffers_start_early_and_not_with_a
     // A receive into host memory, or a call with a host-memory op.
     let host_recv = dev_op(Op::recv(p(4096), 1 << 18, DataType::F32, 0));
     let s = stage(&[recv], 1, 2, 0, &ON_CPU, &no_regions);
-    assert!(!starts_before_its_stream(
-        &s[0],
-        &[recv, host_recv],
-        &on_device,
-        (1, 2)
-    ));
-    let host_op = Op::recv(p(4096), 16, DataType::F32, 0);
-    assert!(!starts_before_its_stream(
-        &s[0],
-        &[recv, host_op],
-        &on_device,
-        (1, 2)
-    ));
+    let with = |extra: Op| {
+        let mut j = s[0].clone();
+        j.ops.push(extra);
+        starts_before_its_stream(&j, (1, 2))
+    };
+    assert!(!with(host_recv));
+    assert!(!with(Op::recv(p(4096), 16, DataType::F32, 0)));
     // The side starts jobs early only where nothing times out.
     let (px, _) = side(usize::MAX);
     assert!(!px.early, "the Recorder's host path may time out");
