@@ -25,6 +25,9 @@
 #           and the engine through the proxy (=proxy), these two from XH_ENGINE_MIN
 #           (default 1048576); XH_ENGINE_COLLS: which collectives
 #   table   busbw side by side from $OUT/crosshost.txt
+#   machine what the machine itself moves now (bench/gpu/machine.py: host memcpy, loopback
+#           TCP, a short sleep), a line into $OUT/crosshost.txt: put it before and after
+#           perf and nccl, since Weft runs near these limits and NCCL far below them
 # XH_ITERS: nccl-tests iterations (default "-n 5 -w 2"). XH_EXTRA: more nccl-tests arguments
 # after the perf, engine, proxy and nccl phases' own (e.g. "-d all -o all": every type and op). XH_LABEL: the perf phase's column name (default ours). XH_NP: ranks (default 4). XH_DEV=local: each rank on its own GPU (nccl-tests'
 # local rank; one process per GPU, e.g. XH_NP=2 on 2 GPUs: 2 hosts x 1); XH_DEV=mod:
@@ -83,6 +86,8 @@ info)
   echo "NCCL=$NCCL NVRTC=$NVRTC"; mpirun --version 2>&1 | head -1 ;;
 build)
   OUT=$OUT $D/run.sh mpibuild ;;
+machine)
+  log machine; python3 $D/machine.py | tee -a $OUT/crosshost.txt ;;
 rtest)
   log rust GPU tests across simulated hosts
   LD_LIBRARY_PATH=$WEFT:$NVRTC timeout 600 $D/weft/crosshost-test --ignored --nocapture --test-threads 1 2>&1 | grep -E "^test |@ (call_us|median|failed)|panicked|test result" ; echo "rc=$?" ;;
