@@ -1,12 +1,12 @@
 //! Bootstrap: how the ranks of a new communicator find each other.
 //!
-//! Every rank connects to the root named by the [`UniqueId`](crate::UniqueId),
+//! Every rank connects to the root named by the [`UniqueId`](crate::bootstrap::unique_id::UniqueId),
 //! answers its challenge with an authenticated `Hello` (rank, world size, host
 //! identity, pid, the address of its peer endpoint), and receives the table of
 //! all ranks once everyone has arrived. Splits need no root: they derive the
 //! child's table from the parent's over the parent communicator itself.
 //!
-//! Here too, below the transports that use them: the [`UniqueId`](crate::UniqueId)
+//! Here too, below the transports that use them: the [`UniqueId`](crate::bootstrap::unique_id::UniqueId)
 //! (`unique_id.rs`), the job-secret handshake every listener of Weft shares
 //! (`handshake.rs`), and the context a communicator is built from
 //! (`ctx.rs`: id, rank, peers, secret, configuration, the job's label).
@@ -106,7 +106,7 @@ pub(crate) fn decode_table(b: &[u8], expect: usize) -> Result<([u8; 16], Vec<Pee
     let id = d.array::<16>()?;
     let n = d.u32()? as usize;
     if n != expect {
-        return Err(crate::Error::Bootstrap(format!(
+        return Err(crate::error::Error::Bootstrap(format!(
             "root sent a table of {n} ranks, expected {expect}"
         )));
     }

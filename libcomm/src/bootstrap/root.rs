@@ -201,7 +201,7 @@ impl Handler for Root {
 }
 
 fn root_timeout() -> Duration {
-    crate::Config::from_env()
+    crate::config::Config::from_env()
         .map(|c| c.init_timeout)
         .unwrap_or(Duration::from_secs(120))
 }

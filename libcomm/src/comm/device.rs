@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn a_host_runner_builds_the_cross_host_engine_for_its_thread() {
         let comms = Communicator::init_on_simulated_hosts(4, 2, |c| {
-            crate::Config {
+            crate::config::Config {
                 cross_engine_min_bytes: Some(4096),
                 // A rank that fails must not leave the others waiting.
                 timeout: Some(std::time::Duration::from_secs(20)),
@@ -447,7 +447,7 @@ mod tests {
     /// should. Four ranks on two simulated hosts, host memory.
     #[test]
     fn a_host_runner_runs_large_sends_and_receives_on_the_engine_and_small_ones_flat() {
-        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::config::Config {
             cross_engine_min_bytes: Some(4096),
             // A rank that fails must not leave the others waiting.
             timeout: Some(std::time::Duration::from_secs(20)),
@@ -505,7 +505,7 @@ mod tests {
         // The documented default (`cross_engine::DEVICE_P2P_MIN_BYTES`,
         // named here by value: this file may not import that one).
         const DEVICE_P2P_MIN_BYTES: usize = 256 << 10;
-        let comms = Communicator::init_on_simulated_hosts(2, 1, |c| crate::Config {
+        let comms = Communicator::init_on_simulated_hosts(2, 1, |c| crate::config::Config {
             // The default, whatever the environment says.
             cross_engine_min_bytes: None,
             // A rank that fails must not leave the other waiting.
@@ -552,7 +552,7 @@ mod tests {
     /// message alike although it knows only its own side.
     #[test]
     fn a_lone_send_meets_a_lone_receive_on_the_engine() {
-        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+        let comms = Communicator::init_on_simulated_hosts(4, 2, |c| crate::config::Config {
             cross_engine_min_bytes: Some(4096),
             // A rank that fails must not leave the others waiting.
             timeout: Some(std::time::Duration::from_secs(20)),

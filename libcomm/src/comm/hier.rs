@@ -473,7 +473,7 @@ pub(super) mod tests {
     /// configurations' host names), every collective the hierarchy takes
     /// with its threshold at 0.
     pub(in crate::comm) fn four_on_two_hosts() -> Vec<Communicator> {
-        Communicator::init_on_simulated_hosts(4, 2, |c| crate::Config {
+        Communicator::init_on_simulated_hosts(4, 2, |c| crate::config::Config {
             device_hier_min_bytes: 0,
             timeout: Some(std::time::Duration::from_secs(10)),
             ..c
@@ -602,7 +602,7 @@ pub(super) mod tests {
             (4, &round_robin as &(dyn Fn(usize) -> usize + Sync)),
             (5, &uneven),
         ] {
-            let comms = Communicator::init_on_hosts(n, host_of, |c| crate::Config {
+            let comms = Communicator::init_on_hosts(n, host_of, |c| crate::config::Config {
                 device_hier_min_bytes: 0,
                 timeout: Some(std::time::Duration::from_secs(10)),
                 ..c
@@ -676,7 +676,7 @@ pub(super) mod tests {
 
     #[test]
     fn uneven_hosts_run_hierarchically_and_match_the_reference() {
-        let comms = Communicator::init_on_simulated_hosts(5, 3, |c| crate::Config {
+        let comms = Communicator::init_on_simulated_hosts(5, 3, |c| crate::config::Config {
             device_hier_min_bytes: 0,
             timeout: Some(std::time::Duration::from_secs(10)),
             ..c

@@ -27,7 +27,11 @@ pub(super) fn near(dev: i32) -> Option<CpuSet> {
 /// the guard drops; None where that changes nothing (see
 /// [`affinity::run_on`]).
 pub(super) fn run_near(dev: i32) -> Option<OnCpus> {
-    affinity::run_on(&near(dev)?)
+    affinity::run_on(&near(dev)?, |before, why| {
+        crate::log::warn_log!(
+            "could not put this thread back on CPUs {before:?} (its mask before the host buffers were pinned): {why}"
+        )
+    })
 }
 
 /// The CPUs near `dev` within the calling thread's mask, where that

@@ -5,7 +5,7 @@
 //!
 //! Every layer takes an [`Op`]: the Rust API's typed methods build one (in
 //! [`typed`], with the slice-length checks) and call
-//! [`Communicator::submit`](crate::Communicator::submit); the C ABI builds
+//! [`Communicator::submit`](crate::comm::Communicator::submit); the C ABI builds
 //! one per call; groups hold them; the host algorithms, the CUDA
 //! planner, the observer and the benchmark read them. This module alone owns
 //! what an operation means: [`Op::bytes`], [`Op::buffers`] (what it reads and
@@ -490,8 +490,8 @@ impl Op {
 /// communicator's. The descriptors hold the slices' pointers and do not
 /// borrow them: the caller keeps the slices alive until the operation ran.
 ///
-/// [`Communicator`]: crate::Communicator
-/// [`Group`]: crate::Group
+/// [`Communicator`]: crate::comm::Communicator
+/// [`Group`]: crate::comm::Group
 pub mod typed {
     use super::Op;
     use crate::data::types::{Element, ReduceOp};

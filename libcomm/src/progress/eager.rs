@@ -37,7 +37,7 @@
 //!   set, else by `WEFT_PEER_TIMEOUT_MS` without progress, by the peer's
 //!   exit or destroy, and by abort; if the flush fails, destroy still
 //!   releases everything and returns an error naming the peer. **Abort**
-//!   drops pending sends. [`Communicator::flush`](crate::Communicator::flush)
+//!   drops pending sends. [`Communicator::flush`](crate::comm::Communicator::flush)
 //!   waits for them explicitly.
 //! - **Limit.** At most `WEFT_EAGER_MAX_BYTES` (default 1 GiB) of copies are
 //!   held per communicator; a send that would exceed it blocks until it is in

@@ -194,25 +194,26 @@ pub(crate) fn placed<R>(f: impl FnOnce() -> R) -> impl FnOnce() -> R {
 #[must_use = "the old mask comes back when the guard is dropped"]
 pub(crate) struct OnCpus {
     before: CpuSet,
+    /// Told when the old mask could not be put back (the caller's layer
+    /// logs; this one stays below the logger).
+    unrestored: fn(&CpuSet, std::io::Error),
 }
 
 /// Moves the calling thread onto `cpus` within its own mask, until the
 /// guard is dropped; None, and nothing changed, where that would not
-/// narrow its mask (see [`narrowing`]) or the kernel refused.
-pub(crate) fn run_on(cpus: &CpuSet) -> Option<OnCpus> {
+/// narrow its mask (see [`narrowing`]) or the kernel refused. Should the
+/// old mask not come back at the drop, `unrestored` hears it and why.
+pub(crate) fn run_on(cpus: &CpuSet, unrestored: fn(&CpuSet, std::io::Error)) -> Option<OnCpus> {
     let before = CpuSet::of_this_thread()?;
     let now = narrowed(&before, cpus)?;
-    now.apply_to_this_thread().then_some(OnCpus { before })
+    now.apply_to_this_thread()
+        .then_some(OnCpus { before, unrestored })
 }
 
 impl Drop for OnCpus {
     fn drop(&mut self) {
         if !self.before.apply_to_this_thread() {
-            crate::log::warn_log!(
-                "could not put this thread back on CPUs {:?} (its mask before the host buffers were pinned): {}",
-                self.before,
-                std::io::Error::last_os_error()
-            );
+            (self.unrestored)(&self.before, std::io::Error::last_os_error());
         }
     }
 }
@@ -250,7 +251,9 @@ mod tests {
             let (before, one) = mask_and_its_first_cpu();
             let moved = before.cpus().len() > 1;
             {
-                let guard = run_on(&one);
+                let guard = run_on(&one, |before, why| {
+                    panic!("the mask {before:?} did not come back: {why}")
+                });
                 assert_eq!(guard.is_some(), moved);
                 if moved {
                     assert_eq!(CpuSet::of_this_thread().unwrap(), one);
@@ -259,7 +262,7 @@ mod tests {
             assert_eq!(CpuSet::of_this_thread().unwrap(), before);
             let outside = CpuSet::parse_list(&(MAX_CPUS - 1).to_string()).unwrap();
             if !before.contains(MAX_CPUS - 1) {
-                assert!(run_on(&outside).is_none());
+                assert!(run_on(&outside, |_, _| unreachable!("nothing was moved")).is_none());
                 assert!(narrowing(&outside).is_none());
                 assert_eq!(CpuSet::of_this_thread().unwrap(), before);
             }

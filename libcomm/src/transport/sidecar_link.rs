@@ -87,8 +87,8 @@ pub fn socket_path() -> Result<Option<PathBuf>> {
 
 /// Whether a rank with `cfg` sends to other hosts through its sidecar's
 /// proxy (what it tells its peers at bootstrap).
-pub(crate) fn would_proxy(cfg: &crate::Config) -> bool {
-    cfg.transport != crate::TransportPref::Tcp && matches!(socket_path(), Ok(Some(_)))
+pub(crate) fn would_proxy(cfg: &crate::config::Config) -> bool {
+    cfg.transport != crate::config::TransportPref::Tcp && matches!(socket_path(), Ok(Some(_)))
 }
 
 /// A remote peer of an opening rank.

@@ -44,7 +44,8 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// What `cuda/` may import from the rest of the crate: the operation
 /// descriptor, the backend seam and the tuner's names, the data types, errors
 /// and logging, how a thread waits microseconds (a leaf on `std` alone), and
-/// which CPUs a thread runs on (a leaf on `libc` and logging).
+/// which CPUs a thread runs on (a leaf on `libc`: its guard tells its
+/// caller, who logs, when a thread's old mask does not come back).
 const SEAM: &[&str] = &[
     "op",
     "op::backend",

@@ -87,8 +87,8 @@ impl TcpConfig {
     /// `WEFT_JOB_SECRET_FILE`, through the job's unique id), for ranks
     /// started by a launcher.
     pub fn for_job() -> Result<TcpConfig, NetError> {
-        let id =
-            crate::UniqueId::from_env().map_err(|e| NetError::InvalidArgument(e.to_string()))?;
+        let id = crate::bootstrap::unique_id::UniqueId::from_env()
+            .map_err(|e| NetError::InvalidArgument(e.to_string()))?;
         Self::from_env(id.secret)
     }
 
