@@ -87,7 +87,7 @@ info)
 build)
   OUT=$OUT $D/run.sh mpibuild ;;
 machine)
-  log machine; python3 $D/machine.py | tee -a $OUT/crosshost.txt ;;
+  log machine; timeout 120 python3 $D/machine.py | tee -a $OUT/crosshost.txt ;;
 rtest)
   log rust GPU tests across simulated hosts
   LD_LIBRARY_PATH=$WEFT:$NVRTC timeout 600 $D/weft/crosshost-test --ignored --nocapture --test-threads 1 2>&1 | grep -E "^test |@ (call_us|median|failed)|panicked|test result" ; echo "rc=$?" ;;

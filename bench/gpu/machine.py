@@ -34,12 +34,14 @@ def memcpy_gbs():
 
 def tcp_gbs(total=256 * MIB, chunk=4 * MIB):
     lst = socket.socket()
+    lst.settimeout(10)  # bounded: a stuck loopback fails the line, never hangs the table
     lst.bind(("127.0.0.1", 0))
     lst.listen(1)
     port = lst.getsockname()[1]
 
     def sink():
         c, _ = lst.accept()
+        c.settimeout(10)
         buf = bytearray(chunk)
         got = 0
         while got < total:
@@ -50,9 +52,9 @@ def tcp_gbs(total=256 * MIB, chunk=4 * MIB):
         c.sendall(b"k")
         c.close()
 
-    th = threading.Thread(target=sink)
+    th = threading.Thread(target=sink, daemon=True)
     th.start()
-    s = socket.create_connection(("127.0.0.1", port))
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
     data = bytes(chunk)
     t = time.perf_counter()
     for _ in range(total // chunk):
