@@ -666,11 +666,11 @@ impl Runner {
 
     fn timed_out(&mut self) -> Option<Error> {
         let t = self.sh.cfg.timeout?;
-        if self.running.is_none() || self.last_progress.elapsed() < t {
+        let r = self.running.as_ref()?;
+        if self.last_progress.elapsed() < t {
             return None;
         }
         let waits = self.pending_waits();
-        let r = self.running.as_ref()?;
         // The peer waited for may itself be held up by the stuck rank: the
         // chain of waits names it. Without a peer (the local producer), a
         // failure notice that comes within the grace may explain it.

@@ -230,6 +230,11 @@ impl NoticeSink for Fault {
 mod tests {
     use super::*;
 
+    /// A rank's shared-memory control block of its own (a memfd).
+    fn control_block(name: &str) -> Arc<Mapping> {
+        Arc::new(Mapping::create_memfd(name, 2, 4096).unwrap().0)
+    }
+
     fn fault(rank: usize, own: &Arc<Mapping>, peer: (usize, &Arc<Mapping>)) -> Fault {
         Fault {
             rank,
@@ -246,16 +251,8 @@ mod tests {
     /// by the first query after the interval.
     #[test]
     fn peer_processes_are_looked_at_once_per_interval() {
-        let a = Arc::new(
-            Mapping::create_memfd("fault-test-scan-a", 2, 4096)
-                .unwrap()
-                .0,
-        );
-        let b = Arc::new(
-            Mapping::create_memfd("fault-test-scan-b", 2, 4096)
-                .unwrap()
-                .0,
-        );
+        let a = control_block("fault-test-scan-a");
+        let b = control_block("fault-test-scan-b");
         // The peer's pid: a child that has exited and been reaped.
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
@@ -283,8 +280,8 @@ mod tests {
     /// survivor of a SIGKILL on the other host named the wrong rank).
     #[test]
     fn a_remote_reason_reaches_every_local_rank() {
-        let a = Arc::new(Mapping::create_memfd("fault-test-a", 2, 4096).unwrap().0);
-        let b = Arc::new(Mapping::create_memfd("fault-test-b", 2, 4096).unwrap().0);
+        let a = control_block("fault-test-a");
+        let b = control_block("fault-test-b");
         let (r0, r1) = (fault(0, &a, (1, &b)), fault(1, &b, (0, &a)));
         r0.learn(
             2,
@@ -305,16 +302,8 @@ mod tests {
     /// again, a peer is not named; the rank's own failure is its reason.
     #[test]
     fn a_reported_failure_names_a_stopped_local_peer_first() {
-        let a = Arc::new(
-            Mapping::create_memfd("fault-test-stop-a", 2, 4096)
-                .unwrap()
-                .0,
-        );
-        let b = Arc::new(
-            Mapping::create_memfd("fault-test-stop-b", 2, 4096)
-                .unwrap()
-                .0,
-        );
+        let a = control_block("fault-test-stop-a");
+        let b = control_block("fault-test-stop-b");
         let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
