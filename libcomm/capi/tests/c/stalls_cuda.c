@@ -31,11 +31,23 @@
  * length, so the tail of a call that long without the library is the
  * machine's share of the collectives' p99.
  *
+ * With STALLS_SLOW=F (e.g. 1.6) each rank also prints every call slower
+ * than F x its cell's p50, one line each:
+ *
+ *   slow OP BYTES rank R: at T us lat L enq E cpu C
+ *
+ * T on CLOCK_MONOTONIC (comparable between the ranks of one machine: a
+ * slow call on both ranks at once is one rank's delay the other waited
+ * for), E the enqueue's share, C the CPU the call ended on: whether the
+ * slow calls come at a timer's period, on one rank, on one CPU.
+ *
  * Every result of the last call of a cell is checked (inputs are the rank
  * plus one, so a sum, a gather and a scatter have known values); a wrong
  * one prints "WRONG" and the exit status is 1. */
+#define _GNU_SOURCE /* sched_getcpu */
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,15 +78,32 @@ static int cmp_double(const void* a, const void* b) {
     }                                                                           \
   } while (0)
 
-/* p50, p99 and max of `lat` (sorted here), printed as a cell. */
-static void report(const char* name, size_t bytes, int rank, double* lat, int iters,
+/* One cell's calls, in order: start (CLOCK_MONOTONIC, us), latency,
+ * enqueue time, the CPU each ended on. `sorted` is scratch for the
+ * percentiles. */
+struct calls {
+  double *at, *lat, *enq, *sorted;
+  int* cpu;
+};
+
+/* p50, p99 and max of the cell's calls, printed as a cell; with
+ * STALLS_SLOW=F every call over F x p50 too. */
+static void report(const char* name, size_t bytes, int rank, const struct calls* c, int iters,
                    double enq_max) {
+  double* lat = c->sorted;
+  memcpy(lat, c->lat, iters * sizeof(double));
   qsort(lat, iters, sizeof(double), cmp_double);
   double p50 = lat[iters / 2], p99 = lat[(iters * 99) / 100], max = lat[iters - 1];
   double p90 = lat[(iters * 9) / 10];
   printf("cell %s %zu rank %d: p50 %.1f p99 %.1f max %.1f enq_max %.1f p90 %.1f us (%s)\n", name,
          bytes, rank, p50, p99, max, enq_max, p90,
          p99 <= 2 * p50 && max < 1000 ? "ok" : "STALL");
+  const char* slow = getenv("STALLS_SLOW");
+  double f = slow ? atof(slow) : 0;
+  for (int i = 0; f > 0 && i < iters; i++)
+    if (c->lat[i] > f * p50)
+      printf("slow %s %zu rank %d: at %.1f us lat %.1f enq %.1f cpu %d\n", name, bytes, rank,
+             c->at[i], c->lat[i], c->enq[i], c->cpu[i]);
   fflush(stdout);
 }
 
@@ -99,10 +128,10 @@ static ncclResult_t enqueue(int op, float* in, float* out, size_t count, ncclCom
 }
 
 /* 100 warm-up calls, then `iters` calls each timed alone (the call and a
- * synchronize) into `lat`; the slowest enqueue in `enq_max`. Exits on an
+ * synchronize) into `c`; the slowest enqueue in `enq_max`. Exits on an
  * error. */
 static void time_calls(int rank, int op, float* in, float* out, size_t count, ncclComm_t comm,
-                       cudaStream_t s, int iters, double* lat, double* enq_max) {
+                       cudaStream_t s, int iters, struct calls* c, double* enq_max) {
   *enq_max = 0;
   for (int it = -100; it < iters; it++) {
     double t0 = now_us();
@@ -114,7 +143,10 @@ static void time_calls(int rank, int op, float* in, float* out, size_t count, nc
     }
     double t2 = now_us();
     if (it >= 0) {
-      lat[it] = t2 - t0;
+      c->at[it] = t0;
+      c->lat[it] = t2 - t0;
+      c->enq[it] = t1 - t0;
+      c->cpu[it] = sched_getcpu();
       if (t1 - t0 > *enq_max) *enq_max = t1 - t0;
     }
   }
@@ -142,19 +174,21 @@ int main(int argc, char** argv) {
   cudaMalloc((void**)&out, most * sizeof(float));
   for (size_t i = 0; i < most; i++) host[i] = (float)(rank + 1);
   cudaMemcpy(in, host, most * sizeof(float), cudaMemcpyHostToDevice);
-  double* lat = malloc(iters * sizeof(double));
+  struct calls calls = {malloc(iters * sizeof(double)), malloc(iters * sizeof(double)),
+                        malloc(iters * sizeof(double)), malloc(iters * sizeof(double)),
+                        malloc(iters * sizeof(int))};
   int wrong = 0;
   double enq_max;
-  time_calls(rank, FLOOR, in, out, 8, comm, s, iters, lat, &enq_max);
-  report(NAMES[FLOOR], 8, rank, lat, iters, enq_max);
+  time_calls(rank, FLOOR, in, out, 8, comm, s, iters, &calls, &enq_max);
+  report(NAMES[FLOOR], 8, rank, &calls, iters, enq_max);
   size_t long_floor = 32 << 20;
   void* big = NULL;
   if (cudaMalloc(&big, long_floor) != cudaSuccess) {
     printf("rank %d: cudaMalloc of the long floor's %zu B failed\n", rank, long_floor);
     return 2;
   }
-  time_calls(rank, FLOOR, in, (float*)big, long_floor, comm, s, iters, lat, &enq_max);
-  report(NAMES[FLOOR], long_floor, rank, lat, iters, enq_max);
+  time_calls(rank, FLOOR, in, (float*)big, long_floor, comm, s, iters, &calls, &enq_max);
+  report(NAMES[FLOOR], long_floor, rank, &calls, iters, enq_max);
   cudaFree(big);
   for (int op = ALL_REDUCE; op <= REDUCE_SCATTER; op++) {
     for (int si = 0; si < 4; si++) {
@@ -163,7 +197,7 @@ int main(int argc, char** argv) {
       size_t all = sizes[si] / sizeof(float);
       size_t count = op == ALL_REDUCE ? all : all / n;
       if (count == 0) count = 1;
-      time_calls(rank, op, in, out, count, comm, s, iters, lat, &enq_max);
+      time_calls(rank, op, in, out, count, comm, s, iters, &calls, &enq_max);
       size_t outn = op == ALL_GATHER ? count * n : count;
       cudaMemcpy(host, out, outn * sizeof(float), cudaMemcpyDeviceToHost);
       for (size_t i = 0; i < outn; i++) {
@@ -175,7 +209,7 @@ int main(int argc, char** argv) {
           break;
         }
       }
-      report(NAMES[op], sizes[si], rank, lat, iters, enq_max);
+      report(NAMES[op], sizes[si], rank, &calls, iters, enq_max);
     }
   }
   CHECK(ncclCommDestroy(comm));
