@@ -1,7 +1,12 @@
 //! Moving ranks' output to ours: one thread polls every rank's stdout and
-//! stderr pipe and writes whole lines, each as a single `write(2)` prefixed
-//! with the rank (`[3] ...`), so lines of different ranks never interleave
-//! mid-line. Bytes are passed through untouched (invalid UTF-8 included).
+//! stderr pipe and writes whole lines prefixed with the rank (`[3] ...`),
+//! several to a `write(2)` of at most [`BATCH`] bytes (a longer line alone):
+//! a write that size is never split by another writer (the launcher's own
+//! messages, `diag`), so lines never interleave mid-line, and a rank that
+//! prints 1,000 lines at once costs a few dozen system calls, not 1,000
+//! (each competing for a CPU with the ranks: a benchmark that printed its
+//! per-call table slowed its own next calls). Bytes are passed through
+//! untouched (invalid UTF-8 included).
 //!
 //! Two exceptions to "whole lines": a line longer than [`MAX_LINE`] is written
 //! in pieces (bounded memory), and a final line without a newline is written
@@ -17,6 +22,10 @@ use std::time::{Duration, Instant};
 
 /// Longest piece buffered while waiting for a newline.
 pub const MAX_LINE: usize = 64 * 1024;
+
+/// Whole lines are gathered into writes of up to this many bytes: POSIX's
+/// PIPE_BUF, the size a pipe never splits between writers.
+pub const BATCH: usize = 4096;
 
 /// How long to keep draining pipes after every rank has ended. Only a process
 /// that escaped its rank's process group can hold a pipe open that long.
@@ -88,12 +97,7 @@ impl Pump {
         let handle = std::thread::Builder::new()
             .name("weft-output".into())
             .spawn(move || {
-                let mut w = Writer {
-                    sink,
-                    width: digits(ranks.saturating_sub(1)),
-                    out: vec![RankOutput::default(); ranks],
-                    broken: [false; 2],
-                };
+                let mut w = Writer::new(sink, ranks, [1, 2]);
                 pump(&mut streams, &mut w, &flag, &incoming);
                 w.out
             })
@@ -190,20 +194,16 @@ fn pump(streams: &mut Vec<Stream>, w: &mut Writer, done: &AtomicBool, added: &Ad
 
 /// Writes every complete line in `s.pending`, and a piece of an over-long line.
 fn emit_lines(s: &mut Stream, w: &mut Writer) {
-    let mut start = 0;
-    while let Some(nl) = s.pending[start..].iter().position(|&b| b == b'\n') {
-        let end = start + nl + 1;
-        w.write(
-            s.rank,
-            s.is_stderr,
-            &s.pending[start..end],
-            !s.mid_line,
-            false,
-        );
+    let whole = s
+        .pending
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |nl| nl + 1);
+    if whole > 0 {
+        w.lines(s.rank, s.is_stderr, &s.pending[..whole], !s.mid_line);
         s.mid_line = false;
-        start = end;
     }
-    s.pending.drain(..start);
+    s.pending.drain(..whole);
     if s.pending.len() >= MAX_LINE {
         w.write(s.rank, s.is_stderr, &s.pending, !s.mid_line, false);
         s.pending.clear();
@@ -224,11 +224,63 @@ struct Writer {
     sink: Sink,
     width: usize,
     out: Vec<RankOutput>,
+    /// Where printed output goes: our stdout and stderr (a pipe in tests).
+    fds: [RawFd; 2],
     /// Our stdout/stderr went away (EPIPE...): keep draining, stop writing.
     broken: [bool; 2],
+    /// `write_all` calls made (each one `write(2)` but for short writes).
+    writes: usize,
 }
 
 impl Writer {
+    fn new(sink: Sink, ranks: usize, fds: [RawFd; 2]) -> Writer {
+        Writer {
+            sink,
+            width: digits(ranks.saturating_sub(1)),
+            out: vec![RankOutput::default(); ranks],
+            fds,
+            broken: [false; 2],
+            writes: 0,
+        }
+    }
+
+    /// Whole lines of one rank's stream (`bytes` ends with a newline), each
+    /// prefixed but the first when it continues a piece already written
+    /// (`first_prefixed` false), gathered into writes of at most [`BATCH`].
+    fn lines(&mut self, rank: usize, is_stderr: bool, bytes: &[u8], first_prefixed: bool) {
+        let Sink::Print { prefix: want } = self.sink else {
+            return self.write(rank, is_stderr, bytes, false, false);
+        };
+        let idx = usize::from(is_stderr);
+        let tag = format!("[{rank:>w$}] ", w = self.width);
+        let mut batch = Vec::with_capacity(BATCH);
+        for (i, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+            let tagged = want && (i > 0 || first_prefixed);
+            let len = line.len() + if tagged { tag.len() } else { 0 };
+            if !batch.is_empty() && batch.len() + len > BATCH {
+                self.flush(idx, &batch);
+                batch.clear();
+            }
+            if tagged {
+                batch.extend_from_slice(tag.as_bytes());
+            }
+            batch.extend_from_slice(line);
+        }
+        if !batch.is_empty() {
+            self.flush(idx, &batch);
+        }
+    }
+
+    fn flush(&mut self, idx: usize, bytes: &[u8]) {
+        if self.broken[idx] {
+            return;
+        }
+        self.writes += 1;
+        if write_all(self.fds[idx], bytes).is_err() {
+            self.broken[idx] = true;
+        }
+    }
+
     fn write(&mut self, rank: usize, is_stderr: bool, bytes: &[u8], prefix: bool, add_nl: bool) {
         match self.sink {
             Sink::Capture => {
@@ -253,9 +305,7 @@ impl Writer {
                 if add_nl {
                     line.push(b'\n');
                 }
-                if write_all(if is_stderr { 2 } else { 1 }, &line).is_err() {
-                    self.broken[idx] = true;
-                }
+                self.flush(idx, &line);
             }
         }
     }
@@ -297,7 +347,107 @@ pub(crate) fn diag(label: &str, msg: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::digits;
+    use super::*;
+
+    /// A pipe as the writer's stdout: its read end and the writer.
+    fn piped(ranks: usize, prefix: bool) -> (std::fs::File, Writer) {
+        let mut fds = [0; 2];
+        // SAFETY: a valid array of two fds to fill.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both fds were just opened and are owned here.
+        let read = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fds[0]) };
+        (
+            read,
+            Writer::new(Sink::Print { prefix }, ranks, [fds[1], 2]),
+        )
+    }
+
+    fn stream(rank: usize, text: &[u8]) -> Stream {
+        let [s, _] = Stream::of_rank(
+            rank,
+            std::fs::File::open("/dev/null").unwrap().into(),
+            std::fs::File::open("/dev/null").unwrap().into(),
+        );
+        Stream {
+            pending: text.to_vec(),
+            ..s
+        }
+    }
+
+    /// Everything written, once the write end is closed.
+    fn drained(mut read: std::fs::File, w: Writer) -> Vec<u8> {
+        // SAFETY: the write end is ours and closed once.
+        unsafe { libc::close(w.fds[0]) };
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut read, &mut got).unwrap();
+        got
+    }
+
+    /// 1,000 short lines read at once go out in writes of at most BATCH
+    /// bytes, each prefixed, none split, the partial last line kept.
+    #[test]
+    fn many_lines_go_out_in_few_writes_of_whole_lines() {
+        let (read, mut w) = piped(12, true);
+        let mut text: Vec<u8> = (0..1000)
+            .flat_map(|i| format!("cell {i} p50 12.5 p99 20.1\n").into_bytes())
+            .collect();
+        text.extend_from_slice(b"partial");
+        let mut s = stream(7, &text);
+        // Drain concurrently: 1,000 lines are more than a pipe holds.
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut read = read;
+            std::io::Read::read_to_end(&mut read, &mut got).unwrap();
+            got
+        });
+        emit_lines(&mut s, &mut w);
+        assert_eq!(s.pending, b"partial", "the partial line waits");
+        let writes = w.writes;
+        // SAFETY: the write end is ours and closed once.
+        unsafe { libc::close(w.fds[0]) };
+        let got = String::from_utf8(reader.join().unwrap()).unwrap();
+        let lines: Vec<&str> = got.lines().collect();
+        assert_eq!(lines.len(), 1000);
+        for (i, l) in lines.iter().enumerate() {
+            assert_eq!(*l, format!("[ 7] cell {i} p50 12.5 p99 20.1"));
+        }
+        let bytes = got.len();
+        assert!(
+            writes <= bytes / (BATCH - 40) + 1 && writes >= bytes.div_ceil(BATCH),
+            "{writes} writes for {bytes} bytes"
+        );
+    }
+
+    /// A line longer than BATCH goes alone in one write; a piece that
+    /// continues an over-long line is not prefixed again.
+    #[test]
+    fn a_long_line_goes_alone_and_a_continued_line_keeps_no_prefix() {
+        let (read, mut w) = piped(2, true);
+        let long = vec![b'x'; BATCH + 10];
+        let mut text = b"rest of a long line\nshort\n".to_vec();
+        text.extend_from_slice(&long);
+        text.push(b'\n');
+        text.extend_from_slice(b"after\n");
+        let mut s = stream(1, &text);
+        s.mid_line = true;
+        emit_lines(&mut s, &mut w);
+        assert_eq!(w.writes, 3, "short lines, the long one, the line after it");
+        let got = drained(read, w);
+        let mut want = b"rest of a long line\n[1] short\n[1] ".to_vec();
+        want.extend_from_slice(&long);
+        want.extend_from_slice(b"\n[1] after\n");
+        assert!(got == want, "{:?}", String::from_utf8_lossy(&got[..60]));
+    }
+
+    /// Without prefixes the bytes pass through unchanged, batched alike.
+    #[test]
+    fn without_prefixes_lines_pass_through() {
+        let (read, mut w) = piped(2, false);
+        let mut s = stream(0, b"a\nb\n\xff\xfe\n");
+        emit_lines(&mut s, &mut w);
+        assert_eq!(w.writes, 1);
+        assert_eq!(drained(read, w), b"a\nb\n\xff\xfe\n");
+    }
 
     #[test]
     fn prefix_width() {
