@@ -143,13 +143,9 @@ impl DevComm {
         let m = if direct { p.count } else { p.count.min(chunk) };
         let bytes = p.count * p.elem;
         let bcast = self.tuning.bcast_algo(bytes);
-        let max_blocks = self
+        let blocks = self
             .tuning
-            .max_blocks(p.kind, bcast, direct)
-            .clamp(1, MAX_BLOCKS);
-        let blocks = (m * p.elem * p.parts)
-            .div_ceil(32 << 10)
-            .clamp(1, max_blocks);
+            .blocks(p.kind, bcast, direct, self.nranks, m * p.elem * p.parts);
         let mut a = self.args(p, direct, exit_barrier);
         a.chunk = chunk as u64;
         a.bcast = bcast;

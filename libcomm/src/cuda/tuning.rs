@@ -263,20 +263,50 @@ impl Tuning {
     /// Blocks per kernel at most. In direct mode the copying collectives
     /// and reduce use every SM's worth (128 measured 3-6% faster than 64 at
     /// 512 MB - 2 GB); all-reduce, reduce-scatter and the ring broadcast
-    /// measured no faster. Scratch mode (ranks in other processes) keeps 64,
-    /// as measured there. Every rank must launch the same number (block b
-    /// waits on block b of its peers): `WEFT_CUDA_BLOCKS` must be set alike.
-    pub(super) fn max_blocks(&self, kind: i32, bcast: i32, direct: bool) -> usize {
+    /// measured no faster. In scratch mode (ranks in other processes) every
+    /// block reads each peer's scratch, so what keeps NVLink busy is blocks
+    /// x peers: 64 blocks with 3 peers measured best on 4 x H200, while with
+    /// one peer (two ranks) 64 left it idle: on 2 x H200, one process per
+    /// GPU, 128 blocks moved 7-17% more from 16 MiB to 1 GiB (all-reduce 1
+    /// GiB 300-304 against 280-285 GB/s, all-gather 256 MiB 281-283 against
+    /// 245, reduce-scatter 253-258 against 224; docs/PERFORMANCE-GPU.md).
+    /// Every rank must launch the same number (block b waits on block b of
+    /// its peers): `WEFT_CUDA_BLOCKS` must be set alike.
+    pub(super) fn max_blocks(&self, kind: i32, bcast: i32, direct: bool, nranks: usize) -> usize {
         if self.blocks > 0 {
             return self.blocks;
         }
         let by_kind = match kind {
+            _ if !direct && nranks <= 2 => 128,
             _ if !direct => 64,
             K_REDUCE | K_ALLGATHER | K_ALLTOALL => 128,
             K_BROADCAST if bcast == BCAST_SCATTER => 128,
             _ => 64,
         };
         by_kind.min(self.block_cap)
+    }
+
+    /// Blocks of a direct or staged kernel moving `bytes` per chunk (all
+    /// its parts): one per 32 KiB up to 64 blocks, and in scratch mode
+    /// beyond 64 (two ranks: [`Tuning::max_blocks`]) only as blocks of at
+    /// least 64 KiB each: at 4 MiB, 128 blocks of 32 KiB measured 5% slower
+    /// than 64 (reduce-scatter, all-to-all; each block pays its barriers).
+    pub(super) fn blocks(
+        &self,
+        kind: i32,
+        bcast: i32,
+        direct: bool,
+        nranks: usize,
+        bytes: usize,
+    ) -> usize {
+        let most = self
+            .max_blocks(kind, bcast, direct, nranks)
+            .clamp(1, MAX_BLOCKS);
+        let by_32k = bytes.div_ceil(32 << 10).clamp(1, most);
+        if direct || self.blocks > 0 || most <= 64 {
+            return by_32k;
+        }
+        by_32k.min(64).max(bytes.div_ceil(64 << 10).min(most))
     }
 
     pub(super) fn bcast_algo(&self, bytes: usize) -> i32 {
@@ -362,8 +392,11 @@ mod tests {
         t.cap_blocks(20);
         for kind in [K_ALLREDUCE, K_REDUCE, K_BROADCAST] {
             for bcast in [BCAST_RING, BCAST_SCATTER] {
-                assert!(t.max_blocks(kind, bcast, true) <= 20);
-                assert!(t.max_blocks(kind, bcast, false) <= 20);
+                for nranks in [2, 4] {
+                    assert!(t.max_blocks(kind, bcast, true, nranks) <= 20);
+                    assert!(t.max_blocks(kind, bcast, false, nranks) <= 20);
+                    assert!(t.blocks(kind, bcast, false, nranks, 1 << 30) <= 20);
+                }
             }
         }
         for bytes in [4 << 10, 1 << 20, 256 << 20, 2 << 30] {
@@ -374,11 +407,11 @@ mod tests {
         let mut forced = defaults();
         forced.blocks = 100;
         forced.cap_blocks(7);
-        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
+        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false, 4), 7);
         let mut none = defaults();
         none.cap_blocks(MAX_BLOCKS);
         assert_eq!(
-            none.max_blocks(K_REDUCE, BCAST_RING, true),
+            none.max_blocks(K_REDUCE, BCAST_RING, true, 4),
             128,
             "no cap, no change"
         );
@@ -410,10 +443,11 @@ mod tests {
         let t = defaults();
         assert_eq!(t.bcast_algo(32 << 20), BCAST_SCATTER);
         assert_eq!(t.bcast_algo(256 << 20), BCAST_RING);
-        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_SCATTER, true), 128);
-        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_RING, true), 64);
-        assert_eq!(t.max_blocks(K_ALLREDUCE, BCAST_RING, true), 64);
-        assert_eq!(t.max_blocks(K_REDUCE, BCAST_RING, false), 64);
+        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_SCATTER, true, 4), 128);
+        assert_eq!(t.max_blocks(K_BROADCAST, BCAST_RING, true, 4), 64);
+        assert_eq!(t.max_blocks(K_ALLREDUCE, BCAST_RING, true, 4), 64);
+        assert_eq!(t.max_blocks(K_REDUCE, BCAST_RING, false, 4), 64);
+        assert_eq!(t.max_blocks(K_ALLREDUCE, BCAST_RING, false, 2), 128);
         // Steps: multiples of 16 within [16 KiB, 256 KiB].
         for bytes in [300_001usize, 32 << 20, 2 << 30] {
             for algo in [BCAST_RING, BCAST_SCATTER] {
@@ -441,7 +475,30 @@ mod tests {
         };
         assert_eq!(forced.bcast_algo(1 << 20), BCAST_RING);
         assert_eq!(forced.bcast_step(1 << 30, 64, 4, BCAST_RING), 1008);
-        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false), 7);
+        assert_eq!(forced.max_blocks(K_REDUCE, BCAST_RING, false, 4), 7);
+        assert_eq!(forced.blocks(K_ALLREDUCE, BCAST_RING, false, 2, 1 << 30), 7);
+    }
+
+    /// Scratch mode with one peer goes past 64 blocks only with 64 KiB or
+    /// more per block; with more peers, and in direct mode, one block per
+    /// 32 KiB up to the kind's cap, as before.
+    #[test]
+    fn blocks_grow_past_64_only_for_two_ranks_across_processes_and_large_chunks() {
+        let t = defaults();
+        let b = |direct, nranks, bytes| t.blocks(K_ALLREDUCE, BCAST_RING, direct, nranks, bytes);
+        assert_eq!(b(false, 2, 8), 1);
+        assert_eq!(b(false, 2, 1 << 20), 32);
+        assert_eq!(b(false, 2, 4 << 20), 64, "128 x 32 KiB measured slower");
+        assert_eq!(b(false, 2, 6 << 20), 96);
+        assert_eq!(b(false, 2, 8 << 20), 128);
+        assert_eq!(b(false, 2, 32 << 20), 128);
+        assert_eq!(b(false, 4, 32 << 20), 64, "three peers: 64 as measured");
+        assert_eq!(b(true, 2, 32 << 20), 64, "direct all-reduce: its own cap");
+        assert_eq!(
+            t.blocks(K_ALLGATHER, BCAST_RING, true, 2, 4 << 20),
+            128,
+            "direct all-gather: one block per 32 KiB up to 128, as before"
+        );
     }
 
     #[test]
