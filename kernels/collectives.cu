@@ -506,10 +506,13 @@ __device__ void collective(const Args& a) {
         u8* mine = (u8*)a.scratch[a.rank] + par;
         u64 lo, hi;
         slice<T>(m, lo, hi);
-        // 1. Stage my input for this chunk into my scratch.
+        // 1. Stage my input for this chunk into my scratch. Per destination:
+        // only the peers' parts (they read nothing else of mine); my own
+        // part is read from my input in place below.
         if (per_dest) {
             for (int r = 0; r < n; r++)
-                copy_bytes(mine + (r * a.chunk + lo) * E, in + (r * count + base + lo) * E, (hi - lo) * E, false);
+                if (r != a.rank)
+                    copy_bytes(mine + (r * a.chunk + lo) * E, in + (r * count + base + lo) * E, (hi - lo) * E, false);
         } else if (a.kind != K_BROADCAST || a.rank == a.root) {
             copy_bytes(mine + lo * E, in + (base + lo) * E, (hi - lo) * E, false);
         }
@@ -525,10 +528,17 @@ __device__ void collective(const Args& a) {
             if (F::move) break;
             if (a.rank == a.root) reduce_src<T, Op>(scr, n, par, (T*)(out + base * E), lo, hi);
             break;
-        case K_REDUCESCATTER:
+        case K_REDUCESCATTER: {
             if (F::move) break;
-            reduce_src<T, Op>(scr, n, par + a.rank * a.chunk * E, (T*)(out + base * E), lo, hi);
+            // Every peer's part for me from its scratch, mine from my input
+            // (in place, that input is this output: each element is read by
+            // the thread that then writes it).
+            u64 src[WEFT_MAX_RANKS];
+            for (int r = 0; r < n; r++)
+                src[r] = r == a.rank ? (u64)(in + (a.rank * count + base) * E) : scr[r] + par + a.rank * a.chunk * E;
+            reduce_src<T, Op>(src, n, 0, (T*)(out + base * E), lo, hi);
             break;
+        }
         case K_ALLGATHER:
             if (F::reduce) break;
             for (int k = 0; k < n; k++) {
@@ -544,8 +554,11 @@ __device__ void collective(const Args& a) {
             if (F::reduce) break;
             for (int k = 0; k < n; k++) {
                 int r = (a.rank + k) % n;
-                copy_bytes(out + (r * count + base + lo) * E,
-                           (const u8*)a.scratch[r] + par + (a.rank * a.chunk + lo) * E, (hi - lo) * E, true);
+                if (r == a.rank)
+                    copy_bytes(out + (r * count + base + lo) * E, in + (r * count + base + lo) * E, (hi - lo) * E, false);
+                else
+                    copy_bytes(out + (r * count + base + lo) * E,
+                               (const u8*)a.scratch[r] + par + (a.rank * a.chunk + lo) * E, (hi - lo) * E, true);
             }
             break;
         case K_ALLREDUCE_2SHOT: {

@@ -293,8 +293,8 @@ unsafe fn set_up_devices(comms: &dyn Comms, devices: &[(usize, i32)]) -> Result<
 /// and one stream runs them one after the other, so the first would wait for
 /// ever (NCCL cannot meet this: it refuses two ranks on one GPU).
 fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
-    // (every rank's area as mapped here: the same for every rank of a
-    // communicator that is all in this process; the device and stream: the
+    // (every rank's area as mapped here: the same for the ranks of a
+    // communicator that are in this process; the device and stream: the
     // null stream is per device; the communicator's index; the rank).
     type Seen = (Vec<u64>, (i32, usize), usize, usize);
     let mut seen: Vec<Seen> = Vec::new();
@@ -305,12 +305,11 @@ fn same_stream_check(comms: &dyn Comms, ops: &[Item]) -> Result<()> {
             continue;
         }
         let mut slot = comms.device_slot(o.comm);
+        // Direct or staged through scratch (`WEFT_CUDA_DIRECT=0`): two ranks
+        // of this process on one stream deadlock either way.
         let Some(dc) = dev_comm(&mut slot) else {
             continue;
         };
-        if !dc.direct {
-            continue;
-        }
         let stream = (dc.dev, o.op.stream as usize);
         if let Some((_, _, c, rank)) = seen
             .iter()
