@@ -228,7 +228,8 @@ struct Writer {
     fds: [RawFd; 2],
     /// Our stdout/stderr went away (EPIPE...): keep draining, stop writing.
     broken: [bool; 2],
-    /// `write_all` calls made (each one `write(2)` but for short writes).
+    /// `write_all` calls made (each one `write(2)` but for short writes):
+    /// what the tests count to see lines gathered.
     writes: usize,
 }
 
@@ -252,7 +253,7 @@ impl Writer {
             return self.write(rank, is_stderr, bytes, false, false);
         };
         let idx = usize::from(is_stderr);
-        let tag = format!("[{rank:>w$}] ", w = self.width);
+        let tag = self.tag(rank);
         let mut batch = Vec::with_capacity(BATCH);
         for (i, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
             let tagged = want && (i > 0 || first_prefixed);
@@ -269,6 +270,11 @@ impl Writer {
         if !batch.is_empty() {
             self.flush(idx, &batch);
         }
+    }
+
+    /// The prefix of rank `rank`'s lines, padded to the widest rank.
+    fn tag(&self, rank: usize) -> String {
+        format!("[{rank:>w$}] ", w = self.width)
     }
 
     fn flush(&mut self, idx: usize, bytes: &[u8]) {
@@ -294,12 +300,9 @@ impl Writer {
             }
             Sink::Print { prefix: want } => {
                 let idx = usize::from(is_stderr);
-                if self.broken[idx] {
-                    return;
-                }
                 let mut line = Vec::with_capacity(bytes.len() + self.width + 4);
                 if want && prefix {
-                    line.extend_from_slice(format!("[{rank:>w$}] ", w = self.width).as_bytes());
+                    line.extend_from_slice(self.tag(rank).as_bytes());
                 }
                 line.extend_from_slice(bytes);
                 if add_nl {
